@@ -1,0 +1,448 @@
+//! The engram context: validated configuration, per-sequence history, the
+//! registered layer weights, and the `hash` / `apply` entry points that the C
+//! ABI forwards to. Safe Rust; the Rust tests drive it directly.
+
+use crate::cpu;
+use crate::error::{bail, Error, Result};
+use crate::formats::{bf16_to_f32, f32_to_bf16, RowDataError, RowFormat, Weights};
+use crate::hash::{HashTables, HashTablesIn, History, Limits, ROW_ID_DEAD};
+use std::sync::{Mutex, RwLock};
+
+/// Where `apply` runs.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngramBackend {
+    /// Host memory, host threads.
+    Cpu = 1,
+    /// Caller-owned device memory and CUDA stream (not in this build yet).
+    Cuda = 2,
+}
+
+/// Model geometry (SPEC section 1 symbols).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Geometry {
+    /// Hidden size `D`.
+    pub d: usize,
+    /// Hyper-connection streams `hc`.
+    pub hc: usize,
+    /// Row width `Hd`.
+    pub hd: usize,
+    /// RMS epsilon of the gate.
+    pub eps: f32,
+}
+
+/// Everything `Context::new` needs.
+pub struct ContextConfig<'a> {
+    pub geometry: Geometry,
+    pub tables: HashTablesIn<'a>,
+    pub limits: Limits,
+    /// Threads the CPU backend may use for one call (0 means 1).
+    pub n_threads: usize,
+    pub backend: u32,
+}
+
+/// One layer's table as the engine hands it over: `rows` rows of `format`,
+/// `data` exactly `rows * row_bytes` long.
+pub struct TableIn<'w> {
+    pub data: &'w [u8],
+    pub format: RowFormat,
+    pub rows: u64,
+}
+
+/// One layer's weights, borrowed for the context's lifetime `'w`.
+pub struct LayerIn<'w> {
+    pub layer_id: u32,
+    pub table: TableIn<'w>,
+    /// `[D*(hc+1), C*Hd]`
+    pub wkv: Weights<'w>,
+    /// `[hc, D]`
+    pub q: Weights<'w>,
+    /// `[hc, D]`
+    pub k: Weights<'w>,
+}
+
+struct Layer<'w> {
+    table: &'w [u8],
+    format: RowFormat,
+    rows: u64,
+    wkv: Weights<'w>,
+    /// `q * k` in f32 (`[hc, D]`): the two norm weights enter only as their
+    /// product, so it is formed once here (a copy of `hc*D` floats).
+    qk: Vec<f32>,
+}
+
+/// A highway `[n_tokens, hc, D]` updated in place.
+pub enum Highway<'a> {
+    F32(&'a mut [f32]),
+    /// bf16 bit patterns; each updated value is rounded to nearest-even.
+    Bf16(&'a mut [u16]),
+}
+
+impl Highway<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Highway::F32(v) => v.len(),
+            Highway::Bf16(v) => v.len(),
+        }
+    }
+}
+
+pub struct Context<'w> {
+    geo: Geometry,
+    tables: HashTables,
+    limits: Limits,
+    n_threads: usize,
+    history: Mutex<History>,
+    layers: RwLock<Vec<Option<Layer<'w>>>>,
+}
+
+impl<'w> Context<'w> {
+    pub fn new(cfg: &ContextConfig<'_>) -> Result<Context<'w>> {
+        let g = cfg.geometry;
+        if g.d == 0 || g.hc == 0 || g.hd == 0 {
+            bail!(
+                ErrInvalidConfig,
+                "geometry D = {}, hc = {}, Hd = {}: each must be positive",
+                g.d,
+                g.hc,
+                g.hd
+            );
+        }
+        // Keep every buffer size well inside usize and i32 element counts.
+        if g.d > 1 << 20 || g.hc > 64 || g.hd > 1 << 16 {
+            bail!(
+                ErrInvalidConfig,
+                "geometry D = {}, hc = {}, Hd = {} out of range (at most 2^20, 64, 2^16)",
+                g.d,
+                g.hc,
+                g.hd
+            );
+        }
+        if !(g.eps.is_finite() && g.eps >= 0.0) {
+            bail!(ErrInvalidConfig, "eps = {} must be finite and >= 0", g.eps);
+        }
+        match cfg.backend {
+            b if b == EngramBackend::Cpu as u32 => {}
+            b if b == EngramBackend::Cuda as u32 => bail!(
+                ErrUnsupported,
+                "the CUDA backend is not in this build yet; use ENGRAM_BACKEND_CPU"
+            ),
+            b => bail!(ErrUnsupported, "unknown backend {b}"),
+        }
+        let lim = cfg.limits;
+        if lim.max_tokens == 0 || lim.max_seqs == 0 || lim.max_positions == 0 {
+            bail!(
+                ErrInvalidConfig,
+                "capacities max_tokens = {}, max_seqs = {}, max_positions = {}: each must be positive",
+                lim.max_tokens,
+                lim.max_seqs,
+                lim.max_positions
+            );
+        }
+        if lim.max_positions > i32::MAX as usize
+            || lim.max_seqs > 1 << 24
+            || lim.max_tokens > 1 << 24
+        {
+            bail!(
+                ErrInvalidConfig,
+                "capacities out of range (max_positions <= 2^31-1, max_seqs and max_tokens <= 2^24)"
+            );
+        }
+        let tables = HashTables::new(&cfg.tables)?;
+        let n_layers = tables.n_layers();
+        Ok(Context {
+            geo: g,
+            tables,
+            limits: lim,
+            n_threads: cfg.n_threads.max(1),
+            history: Mutex::new(History::new(lim.max_seqs)),
+            layers: RwLock::new((0..n_layers).map(|_| None).collect()),
+        })
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    pub fn tables(&self) -> &HashTables {
+        &self.tables
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Row ids one token produces across all layers (`n_layers * C`).
+    pub fn ids_per_token(&self) -> usize {
+        self.tables.n_layers() * self.tables.cols()
+    }
+
+    /// Inputs of the projection per token, `C * Hd`.
+    pub fn kv_in(&self) -> usize {
+        self.tables.cols() * self.geo.hd
+    }
+
+    /// Outputs of the projection per token, `D * (hc + 1)`.
+    pub fn kv_out(&self) -> usize {
+        self.geo.d * (self.geo.hc + 1)
+    }
+
+    fn history(&self) -> std::sync::MutexGuard<'_, History> {
+        // A panic while holding the lock cannot leave the history half-written
+        // (hash commits only after every check), so a poisoned lock is safe to reuse.
+        self.history.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hash a batch; see [`History::hash`].
+    pub fn hash(
+        &self,
+        tokens: &[i32],
+        seq_ids: &[i32],
+        pos: &[i32],
+        out: &mut [i64],
+    ) -> Result<()> {
+        self.history()
+            .hash(&self.tables, &self.limits, tokens, seq_ids, pos, out)
+    }
+
+    pub fn seq_copy(&self, src: i32, dst: i32) -> Result<()> {
+        self.history().copy(src, dst)
+    }
+
+    pub fn seq_drop(&self, seq: i32) -> Result<()> {
+        self.history().drop_seq(seq)
+    }
+
+    /// Positions hashed so far in `seq` (one past the highest position written).
+    pub fn seq_len(&self, seq: i32) -> Result<usize> {
+        let h = self.history();
+        let s = h.check_seq(seq)?;
+        Ok(h.len(s))
+    }
+
+    /// Bytes this context holds beyond the borrowed weights.
+    pub fn memory_bytes(&self) -> usize {
+        let t = &self.tables;
+        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
+        std::mem::size_of::<Self>()
+            + t.token_map.len() * 4
+            + (t.multipliers.len() + t.primes.len() + t.offsets.len()) * 8
+            + self.history().bytes()
+            + layers
+                .iter()
+                .flatten()
+                .map(|l| l.qk.len() * 4)
+                .sum::<usize>()
+    }
+
+    /// Register (or replace) one layer's weights.
+    pub fn set_layer(&self, w: LayerIn<'w>) -> Result<()> {
+        let Some(li) = self.tables.layer_index(w.layer_id) else {
+            bail!(
+                ErrUnknownLayer,
+                "layer {} is not an engram layer (engram layers: {:?})",
+                w.layer_id,
+                self.tables.layer_ids
+            );
+        };
+        let g = self.geo;
+        let rb = w.table.format.row_bytes(g.hd) as u64;
+        let need = self.tables.rows_needed[li];
+        if w.table.rows < need {
+            bail!(
+                ErrInvalidConfig,
+                "layer {}: the hash offsets and primes reach row {} but the table has {} rows",
+                w.layer_id,
+                need - 1,
+                w.table.rows
+            );
+        }
+        if w.table.rows.checked_mul(rb) != Some(w.table.data.len() as u64) {
+            bail!(
+                ErrInvalidArgument,
+                "layer {}: table of {} rows of {} bytes ({}) is {} bytes",
+                w.layer_id,
+                w.table.rows,
+                rb,
+                w.table.format.name(),
+                w.table.data.len()
+            );
+        }
+        let want = [
+            ("wkv", w.wkv.len(), self.kv_out() * self.kv_in()),
+            ("q", w.q.len(), g.hc * g.d),
+            ("k", w.k.len(), g.hc * g.d),
+        ];
+        for (name, got, want) in want {
+            if got != want {
+                bail!(
+                    ErrInvalidArgument,
+                    "layer {}: {name} has {got} values, expected {want}",
+                    w.layer_id
+                );
+            }
+        }
+        let qk = (0..g.hc * g.d).map(|i| w.q.get(i) * w.k.get(i)).collect();
+        let layer = Layer {
+            table: w.table.data,
+            format: w.table.format,
+            rows: w.table.rows,
+            wkv: w.wkv,
+            qk,
+        };
+        self.layers.write().unwrap_or_else(|p| p.into_inner())[li] = Some(layer);
+        Ok(())
+    }
+
+    /// Checks shared by `apply` and `stages`, then gather + dequantise and the
+    /// projection for the live tokens of `row_ids`: returns the live token
+    /// indices, their rows `[n_live, C*Hd]` and `kv` `[n_live, D*(hc+1)]`,
+    /// bf16 values held as f32.
+    fn prepare(
+        &self,
+        layer_id: u32,
+        row_ids: &[i64],
+        n: usize,
+        highway_len: Option<usize>,
+    ) -> Result<Prepared> {
+        let Some(li) = self.tables.layer_index(layer_id) else {
+            bail!(
+                ErrUnknownLayer,
+                "layer {layer_id} is not an engram layer (engram layers: {:?})",
+                self.tables.layer_ids
+            );
+        };
+        if n > self.limits.max_tokens {
+            bail!(
+                ErrCapacity,
+                "{n} tokens in one call, the context was created for at most {}",
+                self.limits.max_tokens
+            );
+        }
+        let (g, cols, per) = (self.geo, self.tables.cols(), self.ids_per_token());
+        if row_ids.len() != n * per {
+            bail!(
+                ErrInvalidArgument,
+                "{} row ids for {n} tokens, expected {} ([n, n_layers, C])",
+                row_ids.len(),
+                n * per
+            );
+        }
+        if let Some(len) = highway_len {
+            if len != n * g.hc * g.d {
+                bail!(
+                    ErrInvalidArgument,
+                    "highway holds {len} values for {n} tokens, expected {}",
+                    n * g.hc * g.d
+                );
+            }
+        }
+        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
+        let Some(layer) = layers[li].as_ref() else {
+            bail!(ErrNoWeights, "layer {layer_id}: weights were never set");
+        };
+        // Which tokens are live, and their ids for this layer.
+        let mut live: Vec<usize> = Vec::with_capacity(n);
+        let mut ids: Vec<i64> = Vec::with_capacity(n * cols);
+        for t in 0..n {
+            let tid = &row_ids[t * per + li * cols..t * per + (li + 1) * cols];
+            if tid.iter().all(|&r| r == ROW_ID_DEAD) {
+                continue;
+            }
+            for (c, &r) in tid.iter().enumerate() {
+                if r < 0 || r as u64 >= layer.rows {
+                    bail!(
+                        ErrInvalidRowId,
+                        "token {t}, layer {layer_id}, column {c}: row id {r} outside the table [0, {})",
+                        layer.rows
+                    );
+                }
+            }
+            live.push(t);
+            ids.extend_from_slice(tid);
+        }
+        let nl = live.len();
+        let (k_in, k_out) = (self.kv_in(), self.kv_out());
+        let mut rows = vec![0f32; nl * k_in];
+        cpu::gather_rows(layer.table, layer.format, g.hd, &ids, &mut rows).map_err(|(j, e)| {
+            let (t, c, r) = (live[j / cols], j % cols, ids[j]);
+            let what = match e {
+                RowDataError::NanScale(b) => format!("e8m0 scale {b} is the NaN code 255"),
+                RowDataError::NanCode(i) => format!("element {i} is an e4m3 NaN code"),
+            };
+            Error::new(
+                crate::EngramStatus::ErrInvalidData,
+                format!("layer {layer_id}, row {r} (token {t}, column {c}): {what}"),
+            )
+        })?;
+        let mut kv = vec![0f32; nl * k_out];
+        cpu::project(&rows, nl, k_in, layer.wkv, k_out, &mut kv, self.n_threads);
+        Ok(Prepared {
+            live,
+            rows,
+            kv,
+            qk: layer.qk.clone(),
+        })
+    }
+
+    /// Apply engram layer `layer_id` to `n` tokens. `row_ids` is the `hash`
+    /// output for those tokens (`[n, n_layers, C]`); `highway` is `[n, hc, D]`
+    /// and is updated in place, except for dead tokens. On error nothing is written.
+    pub fn apply(
+        &self,
+        layer_id: u32,
+        row_ids: &[i64],
+        n: usize,
+        mut highway: Highway<'_>,
+    ) -> Result<()> {
+        let p = self.prepare(layer_id, row_ids, n, Some(highway.len()))?;
+        let (g, k_out) = (self.geo, self.kv_out());
+        let (hc, d) = (g.hc, g.d);
+        let mut x = vec![0f32; hc * d];
+        let mut gate = vec![0f32; hc];
+        for (j, &t) in p.live.iter().enumerate() {
+            let kvt = &p.kv[j * k_out..(j + 1) * k_out];
+            let value = &kvt[hc * d..];
+            match &mut highway {
+                Highway::F32(h) => x.copy_from_slice(&h[t * hc * d..(t + 1) * hc * d]),
+                Highway::Bf16(h) => {
+                    for (xv, &b) in x.iter_mut().zip(&h[t * hc * d..(t + 1) * hc * d]) {
+                        *xv = bf16_to_f32(b);
+                    }
+                }
+            }
+            cpu::gates(&x, kvt, &p.qk, hc, d, g.eps, &mut gate);
+            // out = x + gate * value in f32; the bf16 highway rounds once, here.
+            for s in 0..hc {
+                for (xv, &v) in x[s * d..(s + 1) * d].iter_mut().zip(value) {
+                    *xv += gate[s] * v;
+                }
+            }
+            match &mut highway {
+                Highway::F32(h) => h[t * hc * d..(t + 1) * hc * d].copy_from_slice(&x),
+                Highway::Bf16(h) => {
+                    for (hv, &xv) in h[t * hc * d..(t + 1) * hc * d].iter_mut().zip(&x) {
+                        *hv = f32_to_bf16(xv);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pipeline's intermediate results for one layer, for tests and
+    /// diagnostics: the dequantised rows `[n_live, C*Hd]` and `kv`
+    /// `[n_live, D*(hc+1)]` of the live tokens, as bf16 bit patterns.
+    pub fn stages(&self, layer_id: u32, row_ids: &[i64], n: usize) -> Result<(Vec<u16>, Vec<u16>)> {
+        let p = self.prepare(layer_id, row_ids, n, None)?;
+        let bits = |v: &[f32]| v.iter().map(|&x| f32_to_bf16(x)).collect();
+        Ok((bits(&p.rows), bits(&p.kv)))
+    }
+}
+
+struct Prepared {
+    live: Vec<usize>,
+    rows: Vec<f32>,
+    kv: Vec<f32>,
+    qk: Vec<f32>,
+}

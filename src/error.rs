@@ -1,0 +1,136 @@
+//! Status codes and the error type every fallible call returns.
+
+use std::fmt;
+
+/// Status of every `engram_*` call. `ENGRAM_OK` is zero; every error code sits
+/// above a nonzero base so that a stray `0`/`1`/`-1` from elsewhere in an engine
+/// is never mistaken for one of ours.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EngramStatus {
+    /// Success.
+    Ok = 0,
+    /// A required pointer argument was NULL.
+    ErrNullArgument = 7001,
+    /// An options struct's `struct_size` does not match this library's.
+    ErrStructSize = 7002,
+    /// The configuration is invalid (geometry, hash tables, capacities).
+    ErrInvalidConfig = 7003,
+    /// A token id is negative (other than `ENGRAM_TOKEN_DEAD`) or outside `token_map`.
+    ErrInvalidToken = 7004,
+    /// A look-back position of a sequence was never hashed.
+    ErrMissingHistory = 7005,
+    /// The layer id is not one of the configured engram layers.
+    ErrUnknownLayer = 7006,
+    /// A call exceeds a capacity fixed at create time (tokens per call,
+    /// sequences, positions).
+    ErrCapacity = 7007,
+    /// A format, dtype or backend this build does not support.
+    ErrUnsupported = 7008,
+    /// Table data that must not be turned into numbers (a NaN e8m0 scale, a NaN
+    /// e4m3 code).
+    ErrInvalidData = 7009,
+    /// `engram_apply` on a layer whose weights were never set.
+    ErrNoWeights = 7010,
+    /// A row id outside the layer's table, or a token whose ids are only partly dead.
+    ErrInvalidRowId = 7011,
+    /// A sequence id outside `[0, max_seqs)`, a position outside
+    /// `[0, max_positions)`, or the same (sequence, position) twice in one batch.
+    ErrInvalidSequence = 7012,
+    /// Any other invalid argument (sizes, dtypes of the highway, ...).
+    ErrInvalidArgument = 7013,
+    /// The backend's device is not usable (no driver, bad ordinal, ...).
+    ErrDevice = 7014,
+    /// A bug: a panic was caught at the C boundary. The context is still valid
+    /// but the call had no effect that can be relied on.
+    ErrInternal = 7099,
+}
+
+impl EngramStatus {
+    /// A short, static description.
+    pub fn as_str(self) -> &'static str {
+        use EngramStatus::*;
+        match self {
+            Ok => "ok",
+            ErrNullArgument => "null argument",
+            ErrStructSize => "struct_size mismatch",
+            ErrInvalidConfig => "invalid configuration",
+            ErrInvalidToken => "invalid token id",
+            ErrMissingHistory => "look-back position never hashed",
+            ErrUnknownLayer => "unknown engram layer",
+            ErrCapacity => "capacity exceeded",
+            ErrUnsupported => "unsupported format, dtype or backend",
+            ErrInvalidData => "invalid table data",
+            ErrNoWeights => "layer weights not set",
+            ErrInvalidRowId => "invalid row id",
+            ErrInvalidSequence => "invalid sequence or position",
+            ErrInvalidArgument => "invalid argument",
+            ErrDevice => "device unavailable",
+            ErrInternal => "internal error (caught panic)",
+        }
+    }
+
+    /// Every status, for tests and for `engram_status_str`.
+    pub(crate) const ALL: [EngramStatus; 16] = {
+        use EngramStatus::*;
+        [
+            Ok,
+            ErrNullArgument,
+            ErrStructSize,
+            ErrInvalidConfig,
+            ErrInvalidToken,
+            ErrMissingHistory,
+            ErrUnknownLayer,
+            ErrCapacity,
+            ErrUnsupported,
+            ErrInvalidData,
+            ErrNoWeights,
+            ErrInvalidRowId,
+            ErrInvalidSequence,
+            ErrInvalidArgument,
+            ErrDevice,
+            ErrInternal,
+        ]
+    };
+
+    pub fn from_i32(v: i32) -> Option<EngramStatus> {
+        Self::ALL.iter().copied().find(|s| *s as i32 == v)
+    }
+}
+
+/// A failed call: its status and a message naming what was wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    pub status: EngramStatus,
+    pub message: String,
+}
+
+impl Error {
+    pub fn new(status: EngramStatus, message: impl Into<String>) -> Error {
+        Error {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status.as_str(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// `return Err(Error::new(status, format!(...)))` in one line.
+macro_rules! bail {
+    ($status:ident, $($arg:tt)*) => {
+        return Err($crate::error::Error::new(
+            $crate::error::EngramStatus::$status,
+            format!($($arg)*),
+        ))
+    };
+}
+pub(crate) use bail;

@@ -1,0 +1,587 @@
+//! The C ABI. It converts and checks arguments and forwards to [`Context`];
+//! it holds no engram logic. Every exported body runs inside [`guard`], one
+//! panic boundary that turns a panic into `ENGRAM_ERR_INTERNAL`.
+
+use crate::context::{Context, ContextConfig, Geometry, Highway, LayerIn, TableIn};
+use crate::error::{bail, EngramStatus, Error, Result};
+use crate::formats::{EngramType, RowFormat, WeightDtype, Weights};
+use crate::hash::{HashTablesIn, Limits};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Opaque engram context. Create with `engram_create`, release with `engram_free`.
+pub struct EngramContext {
+    inner: Context<'static>,
+}
+
+/// Configuration for `engram_create`. Fill it with `engram_config_init`, which
+/// sets `struct_size` and the defaults, then set the fields. Every pointer is
+/// read during `engram_create` only: the tables are copied (validated and
+/// widened), so the caller may free them afterwards.
+#[repr(C)]
+pub struct EngramConfig {
+    /// `sizeof(engram_config)`; checked, so that a header and library of
+    /// different versions are caught instead of misread.
+    pub struct_size: usize,
+    /// `ENGRAM_BACKEND_CPU` (`ENGRAM_BACKEND_CUDA` is not in this build yet).
+    pub backend: u32,
+    /// CUDA device ordinal (ignored by the CPU backend).
+    pub device: i32,
+    /// Hidden size `D`.
+    pub hidden_size: u32,
+    /// Hyper-connection streams `hc`.
+    pub hc: u32,
+    /// Row width `Hd` (head_dim).
+    pub head_dim: u32,
+    /// Hash heads per n-gram size `H`.
+    pub n_heads: u32,
+    /// Max n-gram size `N`; `C = (N-1)*H` row ids per token per layer.
+    pub max_ngram: u32,
+    /// RMS epsilon of the gate.
+    pub eps: f32,
+    /// Model layer ids of the engram layers, `[n_layers]`; row ids come out in this order.
+    pub layer_ids: *const u32,
+    pub n_layers: u32,
+    /// Raw token id -> compressed id (`-1`: the token is dead), `[token_map_len]`.
+    pub token_map: *const i32,
+    pub token_map_len: usize,
+    /// The pad token's compressed id (`token_map[pad_token_id]`, as GGUF stores it).
+    pub pad_id: i64,
+    /// `[n_layers * max_ngram]`, i64 values as u64 bits.
+    pub multipliers: *const u64,
+    pub n_multipliers: usize,
+    /// `[n_layers * C]`, column `(k-1)*H + h`.
+    pub primes: *const u64,
+    pub n_primes: usize,
+    /// `[n_layers * C]`.
+    pub offsets: *const u64,
+    pub n_offsets: usize,
+    /// Most tokens in one `engram_hash` or `engram_apply` call.
+    pub max_tokens: u32,
+    /// Sequence ids run over `[0, max_seqs)`.
+    pub max_seqs: u32,
+    /// Positions run over `[0, max_positions)`.
+    pub max_positions: u32,
+    /// Threads the CPU backend may use in one call (0 or 1: the calling thread only).
+    pub n_threads: u32,
+}
+
+/// One engram layer's weights for `engram_set_layer`. All pointers are
+/// borrowed: they must stay valid and unchanged until the layer is set again
+/// or the context is freed. Nothing is copied except `q * k` (`hc * D` floats).
+#[repr(C)]
+pub struct EngramLayerWeights {
+    /// `sizeof(engram_layer_weights)`.
+    pub struct_size: usize,
+    /// Model layer id (one of the config's `layer_ids`).
+    pub layer_id: u32,
+    /// Format of the table rows (`ENGRAM_TYPE_*`).
+    pub table_type: u32,
+    /// The table: `table_rows` rows of `Hd` values in `table_type`.
+    pub table: *const c_void,
+    pub table_rows: u64,
+    /// `[D*(hc+1), C*Hd]` row-major, `wkv_type` f32 or bf16.
+    pub wkv: *const c_void,
+    pub wkv_type: u32,
+    /// `q` and `k` norm weights, `[hc, D]` each, `qk_type` f32 or bf16.
+    pub q: *const c_void,
+    pub k: *const c_void,
+    pub qk_type: u32,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// The panic boundary: run `f`, record a failure's message for
+/// `engram_last_error`, and return its status.
+fn guard(f: impl FnOnce() -> Result<()>) -> EngramStatus {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => EngramStatus::Ok,
+        Ok(Err(e)) => {
+            set_last_error(&e.message);
+            e.status
+        }
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            set_last_error(&format!(
+                "internal error (panic caught at the C boundary): {what}"
+            ));
+            EngramStatus::ErrInternal
+        }
+    }
+}
+
+/// A borrowed slice from a C pointer and element count. NULL is accepted only
+/// for an empty slice; misaligned or oversized pointers are refused.
+///
+/// # Safety
+/// When non-null, `p` must point to `n` readable `T`s that outlive `'a`.
+unsafe fn slice<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    check_ptr(
+        p as *const c_void,
+        n,
+        std::mem::size_of::<T>(),
+        std::mem::align_of::<T>(),
+        what,
+    )?;
+    Ok(std::slice::from_raw_parts(p, n))
+}
+
+/// # Safety
+/// As [`slice`], for writable memory that no other reference aliases.
+unsafe fn slice_mut<'a, T>(p: *mut T, n: usize, what: &str) -> Result<&'a mut [T]> {
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    check_ptr(
+        p as *const c_void,
+        n,
+        std::mem::size_of::<T>(),
+        std::mem::align_of::<T>(),
+        what,
+    )?;
+    Ok(std::slice::from_raw_parts_mut(p, n))
+}
+
+fn check_ptr(p: *const c_void, n: usize, size: usize, align: usize, what: &str) -> Result<()> {
+    if p.is_null() {
+        bail!(ErrNullArgument, "{what} is NULL");
+    }
+    if (p as usize) % align != 0 {
+        bail!(ErrInvalidArgument, "{what} is not aligned to {align} bytes");
+    }
+    if n.checked_mul(size).is_none_or(|b| b > isize::MAX as usize) {
+        bail!(ErrInvalidArgument, "{what}: {n} elements is too large");
+    }
+    Ok(())
+}
+
+fn non_null<T>(p: *const T, what: &str) -> Result<()> {
+    if p.is_null() {
+        bail!(ErrNullArgument, "{what} is NULL");
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `p` must be NULL or point to a live context.
+unsafe fn ctx<'a>(p: *const EngramContext) -> Result<&'a Context<'static>> {
+    non_null(p, "ctx")?;
+    Ok(&(*p).inner)
+}
+
+/// Read `struct_size` (the first field) before touching the rest of a struct.
+///
+/// # Safety
+/// `p` must be NULL or point to at least a `usize`.
+unsafe fn check_struct_size<T>(p: *const T, name: &str) -> Result<()> {
+    non_null(p, name)?;
+    let got = std::ptr::read(p as *const usize);
+    let want = std::mem::size_of::<T>();
+    if got != want {
+        bail!(
+            ErrStructSize,
+            "{name}.struct_size is {got}, this library (v{}) expects {want}",
+            env!("CARGO_PKG_VERSION")
+        );
+    }
+    Ok(())
+}
+
+/// Fill `cfg` with defaults: zero everywhere, `struct_size` set, the CPU
+/// backend, `eps = 1e-6`, one thread. NULL is ignored.
+///
+/// # Safety
+/// `cfg` must be NULL or point to writable memory of `sizeof(engram_config)`.
+#[no_mangle]
+pub unsafe extern "C" fn engram_config_init(cfg: *mut EngramConfig) {
+    if cfg.is_null() {
+        return;
+    }
+    std::ptr::write(
+        cfg,
+        EngramConfig {
+            struct_size: std::mem::size_of::<EngramConfig>(),
+            backend: crate::EngramBackend::Cpu as u32,
+            device: 0,
+            hidden_size: 0,
+            hc: 0,
+            head_dim: 0,
+            n_heads: 0,
+            max_ngram: 0,
+            eps: 1e-6,
+            layer_ids: std::ptr::null(),
+            n_layers: 0,
+            token_map: std::ptr::null(),
+            token_map_len: 0,
+            pad_id: 0,
+            multipliers: std::ptr::null(),
+            n_multipliers: 0,
+            primes: std::ptr::null(),
+            n_primes: 0,
+            offsets: std::ptr::null(),
+            n_offsets: 0,
+            max_tokens: 0,
+            max_seqs: 0,
+            max_positions: 0,
+            n_threads: 1,
+        },
+    );
+}
+
+/// Fill `w` with `struct_size` set and everything else zero. NULL is ignored.
+///
+/// # Safety
+/// `w` must be NULL or point to writable memory of `sizeof(engram_layer_weights)`.
+#[no_mangle]
+pub unsafe extern "C" fn engram_layer_weights_init(w: *mut EngramLayerWeights) {
+    if w.is_null() {
+        return;
+    }
+    std::ptr::write(
+        w,
+        EngramLayerWeights {
+            struct_size: std::mem::size_of::<EngramLayerWeights>(),
+            layer_id: 0,
+            table_type: 0,
+            table: std::ptr::null(),
+            table_rows: 0,
+            wkv: std::ptr::null(),
+            wkv_type: 0,
+            q: std::ptr::null(),
+            k: std::ptr::null(),
+            qk_type: 0,
+        },
+    );
+}
+
+/// Create a context. On success `*out` receives it; on failure `*out` is left
+/// as it was and `engram_last_error()` says why.
+///
+/// # Safety
+/// `cfg` must be NULL or a valid `engram_config` whose pointers hold the counts
+/// it states; `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn engram_create(
+    cfg: *const EngramConfig,
+    out: *mut *mut EngramContext,
+) -> EngramStatus {
+    guard(|| {
+        check_struct_size(cfg, "config")?;
+        non_null(out, "out")?;
+        let c = &*cfg;
+        let n_layers = c.n_layers as usize;
+        let layer_ids = slice(c.layer_ids, n_layers, "config.layer_ids")?;
+        let token_map = slice(c.token_map, c.token_map_len, "config.token_map")?;
+        let multipliers = slice(c.multipliers, c.n_multipliers, "config.multipliers")?;
+        let primes = slice(c.primes, c.n_primes, "config.primes")?;
+        let offsets = slice(c.offsets, c.n_offsets, "config.offsets")?;
+        let cc = ContextConfig {
+            geometry: Geometry {
+                d: c.hidden_size as usize,
+                hc: c.hc as usize,
+                hd: c.head_dim as usize,
+                eps: c.eps,
+            },
+            tables: HashTablesIn {
+                layer_ids,
+                max_ngram: c.max_ngram as usize,
+                n_heads: c.n_heads as usize,
+                token_map,
+                pad_id: c.pad_id,
+                multipliers,
+                primes,
+                offsets,
+            },
+            limits: Limits {
+                max_tokens: c.max_tokens as usize,
+                max_seqs: c.max_seqs as usize,
+                max_positions: c.max_positions as usize,
+            },
+            n_threads: c.n_threads as usize,
+            backend: c.backend,
+        };
+        let inner = Context::new(&cc)?;
+        *out = Box::into_raw(Box::new(EngramContext { inner }));
+        Ok(())
+    })
+}
+
+/// Free a context. NULL is a no-op.
+///
+/// # Safety
+/// `ctx` must be NULL or a context from `engram_create` not yet freed, with no
+/// call on it in flight.
+#[no_mangle]
+pub unsafe extern "C" fn engram_free(ctx: *mut EngramContext) {
+    if ctx.is_null() {
+        return;
+    }
+    // Dropping frees only what the context allocated; borrowed weights are untouched.
+    let _ = catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(ctx))));
+}
+
+fn weights(p: *const c_void, n: usize, ty: u32, what: &str) -> Result<Weights<'static>> {
+    let dt = WeightDtype::new(ty, what)?;
+    // SAFETY: the caller promises `p` holds `n` values of `ty` for the context's life.
+    unsafe {
+        Ok(match dt {
+            WeightDtype::F32 => Weights::F32(slice(p as *const f32, n, what)?),
+            WeightDtype::Bf16 => Weights::Bf16(slice(p as *const u16, n, what)?),
+        })
+    }
+}
+
+/// Register (or replace) the weights of one engram layer. The pointers are
+/// borrowed (see `engram_layer_weights`).
+///
+/// # Safety
+/// `ctx` as in `engram_free`; `w` must be NULL or a valid struct whose pointers
+/// hold the sizes the geometry implies and outlive their use by the context.
+#[no_mangle]
+pub unsafe extern "C" fn engram_set_layer(
+    ctx: *mut EngramContext,
+    w: *const EngramLayerWeights,
+) -> EngramStatus {
+    guard(|| {
+        let c = self::ctx(ctx)?;
+        check_struct_size(w, "layer weights")?;
+        let w = &*w;
+        let g = c.geometry();
+        if c.tables().layer_index(w.layer_id).is_none() {
+            bail!(
+                ErrUnknownLayer,
+                "layer {} is not an engram layer (engram layers: {:?})",
+                w.layer_id,
+                c.tables().layer_ids
+            );
+        }
+        let format = RowFormat::new(w.table_type, g.hd)?;
+        non_null(w.table, "weights.table")?;
+        let rb = format.row_bytes(g.hd) as u64;
+        let bytes = w
+            .table_rows
+            .checked_mul(rb)
+            .filter(|&b| b <= isize::MAX as u64)
+            .ok_or_else(|| {
+                Error::new(
+                    EngramStatus::ErrInvalidArgument,
+                    format!("table of {} rows of {rb} bytes is too large", w.table_rows),
+                )
+            })?;
+        let table = slice(w.table as *const u8, bytes as usize, "weights.table")?;
+        let n_wkv = c.kv_in() * c.kv_out();
+        let n_qk = g.hc * g.d;
+        let layer = LayerIn {
+            layer_id: w.layer_id,
+            table: TableIn {
+                data: table,
+                format,
+                rows: w.table_rows,
+            },
+            wkv: weights(w.wkv, n_wkv, w.wkv_type, "weights.wkv")?,
+            q: weights(w.q, n_qk, w.qk_type, "weights.q")?,
+            k: weights(w.k, n_qk, w.qk_type, "weights.k")?,
+        };
+        c.set_layer(layer)
+    })
+}
+
+/// Row ids each token produces: `n_layers * C`. The output of `engram_hash` is
+/// `[n_tokens, n_layers, C]`. NULL `ctx` gives 0.
+///
+/// # Safety
+/// `ctx` must be NULL or a live context.
+#[no_mangle]
+pub unsafe extern "C" fn engram_row_ids_per_token(ctx: *const EngramContext) -> usize {
+    catch_unwind(AssertUnwindSafe(|| {
+        self::ctx(ctx).map(|c| c.ids_per_token()).unwrap_or(0)
+    }))
+    .unwrap_or(0)
+}
+
+/// Hash a batch of `n_tokens` tokens. Token `i` is at absolute position
+/// `pos[i]` of sequence `seq_ids[i]`; `tokens[i]` is a raw token id or
+/// `ENGRAM_TOKEN_DEAD`. Writes `[n_tokens, n_layers, C]` row ids into
+/// `row_ids` (capacity `row_ids_cap` elements); a dead token gets
+/// `ENGRAM_ROW_ID_DEAD` in every column. Each position is recorded in its
+/// sequence's history (hashing a position again overwrites it: rollback is
+/// re-hashing). On error nothing is written and the history is unchanged.
+///
+/// # Safety
+/// `ctx` as in `engram_free`; the arrays must hold `n_tokens` elements and
+/// `row_ids` `row_ids_cap`.
+#[no_mangle]
+pub unsafe extern "C" fn engram_hash(
+    ctx: *mut EngramContext,
+    tokens: *const i32,
+    seq_ids: *const i32,
+    pos: *const i32,
+    n_tokens: u32,
+    row_ids: *mut i64,
+    row_ids_cap: usize,
+) -> EngramStatus {
+    guard(|| {
+        let c = self::ctx(ctx)?;
+        let n = n_tokens as usize;
+        let tokens = slice(tokens, n, "tokens")?;
+        let seq_ids = slice(seq_ids, n, "seq_ids")?;
+        let pos = slice(pos, n, "pos")?;
+        let need = n * c.ids_per_token();
+        if row_ids_cap < need {
+            bail!(
+                ErrInvalidArgument,
+                "row_ids holds {row_ids_cap} elements, {n} tokens need {need}"
+            );
+        }
+        let out = slice_mut(row_ids, need, "row_ids")?;
+        c.hash(tokens, seq_ids, pos, out)
+    })
+}
+
+/// Make sequence `dst`'s history an exact copy of `src`'s (fork, shared prefix).
+///
+/// # Safety
+/// `ctx` as in `engram_free`.
+#[no_mangle]
+pub unsafe extern "C" fn engram_seq_copy(
+    ctx: *mut EngramContext,
+    src: i32,
+    dst: i32,
+) -> EngramStatus {
+    guard(|| self::ctx(ctx)?.seq_copy(src, dst))
+}
+
+/// Forget every position of sequence `seq`.
+///
+/// # Safety
+/// `ctx` as in `engram_free`.
+#[no_mangle]
+pub unsafe extern "C" fn engram_seq_drop(ctx: *mut EngramContext, seq: i32) -> EngramStatus {
+    guard(|| self::ctx(ctx)?.seq_drop(seq))
+}
+
+/// Apply engram layer `layer_id` to `n_tokens` tokens: `row_ids` is the
+/// `engram_hash` output for them (`[n_tokens, n_layers, C]`), `highway` is
+/// `[n_tokens, hc, D]` of `highway_type` (`ENGRAM_TYPE_F32` or
+/// `ENGRAM_TYPE_BF16`), updated in place: `x += gate * value` per stream,
+/// computed in f32, rounded once to nearest-even for bf16. Dead tokens are
+/// left untouched. `stream` is the CUDA stream for the CUDA backend and is
+/// ignored by the CPU backend. On error the highway is unchanged.
+///
+/// # Safety
+/// `ctx` as in `engram_free`; `row_ids` and `highway` must hold the sizes above.
+#[no_mangle]
+pub unsafe extern "C" fn engram_apply(
+    ctx: *mut EngramContext,
+    layer_id: u32,
+    row_ids: *const i64,
+    n_tokens: u32,
+    highway: *mut c_void,
+    highway_type: u32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    let _ = stream;
+    guard(|| {
+        let c = self::ctx(ctx)?;
+        let n = n_tokens as usize;
+        let g = c.geometry();
+        let ids = slice(row_ids, n * c.ids_per_token(), "row_ids")?;
+        let len = n * g.hc * g.d;
+        let hw = match EngramType::from_u32(highway_type) {
+            Some(EngramType::F32) => Highway::F32(slice_mut(highway as *mut f32, len, "highway")?),
+            Some(EngramType::Bf16) => {
+                Highway::Bf16(slice_mut(highway as *mut u16, len, "highway")?)
+            }
+            _ => bail!(
+                ErrUnsupported,
+                "highway type {highway_type} is not supported (ENGRAM_TYPE_F32 or ENGRAM_TYPE_BF16)"
+            ),
+        };
+        c.apply(layer_id, ids, n, hw)
+    })
+}
+
+/// The library version, `"MAJOR.MINOR.PATCH"` (equal to the header's
+/// `ENGRAM_VERSION_STRING` when header and library match).
+#[no_mangle]
+pub extern "C" fn engram_version() -> *const c_char {
+    static V: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(v) => v,
+            Err(_) => panic!("version string"),
+        };
+    V.as_ptr()
+}
+
+/// A static description of a status code (unknown codes included).
+#[no_mangle]
+pub extern "C" fn engram_status_str(status: i32) -> *const c_char {
+    let s: &'static CStr = match EngramStatus::from_i32(status) {
+        Some(st) => status_cstr(st),
+        None => c"unknown status",
+    };
+    s.as_ptr()
+}
+
+/// `EngramStatus::as_str` as C strings, built once.
+fn status_cstr(s: EngramStatus) -> &'static CStr {
+    static T: std::sync::OnceLock<Vec<CString>> = std::sync::OnceLock::new();
+    let t = T.get_or_init(|| {
+        EngramStatus::ALL
+            .iter()
+            .map(|s| CString::new(s.as_str()).expect("no NUL in status text"))
+            .collect()
+    });
+    let i = EngramStatus::ALL
+        .iter()
+        .position(|x| *x == s)
+        .expect("every status is in ALL");
+    &t[i]
+}
+
+/// The message of the last failed call on the calling thread ("" if none).
+/// Valid until the next failing call on this thread.
+#[no_mangle]
+pub extern "C" fn engram_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_strings_cover_every_status() {
+        for s in EngramStatus::ALL {
+            let c = unsafe { CStr::from_ptr(engram_status_str(s as i32)) };
+            assert_eq!(c.to_str().unwrap(), s.as_str());
+        }
+        let c = unsafe { CStr::from_ptr(engram_status_str(12345)) };
+        assert_eq!(c.to_str().unwrap(), "unknown status");
+    }
+
+    #[test]
+    fn panics_become_internal_errors() {
+        let st = guard(|| panic!("boom"));
+        assert_eq!(st, EngramStatus::ErrInternal);
+        let msg = unsafe { CStr::from_ptr(engram_last_error()) }
+            .to_str()
+            .unwrap();
+        assert!(msg.contains("boom"), "{msg}");
+    }
+}

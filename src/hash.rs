@@ -1,0 +1,506 @@
+//! The n-gram hash: tables, per-sequence history, and the hash itself
+//! (SPEC section 1, steps 1-3). Pure integer code with no backend knowledge.
+
+use crate::error::{bail, Error, Result};
+use std::collections::HashMap;
+
+/// Token id that marks a dead position explicitly (a position fed by an
+/// embedding instead of a token id, an image token, ...). It hashes like a
+/// token whose `token_map` entry is `-1`.
+pub const TOKEN_DEAD: i32 = -1;
+
+/// Row id written for every column of a dead token. `apply` leaves such
+/// tokens untouched.
+pub const ROW_ID_DEAD: i64 = -1;
+
+/// History entry for a position that was never hashed.
+const UNSET: i32 = i32::MIN;
+
+/// The validated hash tables of all engram layers, in the GGUF flat layout.
+#[derive(Clone, Debug)]
+pub struct HashTables {
+    /// Model layer ids of the engram layers, in hash-output order.
+    pub layer_ids: Vec<u32>,
+    /// Max n-gram size `N` (look-backs `0..N`).
+    pub max_ngram: usize,
+    /// Hash heads per n-gram size `H`.
+    pub n_heads: usize,
+    /// Raw token id -> compressed id, `-1` for a token the map leaves out.
+    pub token_map: Vec<i32>,
+    /// The pad in the compressed space (`token_map[pad_token_id]`).
+    pub pad_id: i64,
+    /// `[layers * N]`
+    pub multipliers: Vec<i64>,
+    /// `[layers * C]`, column `(k-1)*H + h`
+    pub primes: Vec<i64>,
+    /// `[layers * C]`
+    pub offsets: Vec<i64>,
+    /// Rows each layer's table needs: the largest `offset + prime` of its columns.
+    pub rows_needed: Vec<u64>,
+}
+
+/// The raw tables as an engine hands them over (GGUF widths).
+pub struct HashTablesIn<'a> {
+    pub layer_ids: &'a [u32],
+    pub max_ngram: usize,
+    pub n_heads: usize,
+    pub token_map: &'a [i32],
+    pub pad_id: i64,
+    pub multipliers: &'a [u64],
+    pub primes: &'a [u64],
+    pub offsets: &'a [u64],
+}
+
+impl HashTables {
+    pub fn new(t: &HashTablesIn<'_>) -> Result<HashTables> {
+        let nl = t.layer_ids.len();
+        if nl == 0 {
+            bail!(ErrInvalidConfig, "no engram layers (n_layers = 0)");
+        }
+        for (i, a) in t.layer_ids.iter().enumerate() {
+            if t.layer_ids[..i].contains(a) {
+                bail!(
+                    ErrInvalidConfig,
+                    "engram layer id {a} appears twice in layer_ids"
+                );
+            }
+        }
+        if t.max_ngram < 2 {
+            bail!(
+                ErrInvalidConfig,
+                "max_ngram is {}, must be at least 2",
+                t.max_ngram
+            );
+        }
+        if t.n_heads == 0 {
+            bail!(ErrInvalidConfig, "n_heads is 0");
+        }
+        if t.max_ngram > 64 || t.n_heads > 1024 {
+            bail!(
+                ErrInvalidConfig,
+                "max_ngram {} / n_heads {} out of range (at most 64 / 1024)",
+                t.max_ngram,
+                t.n_heads
+            );
+        }
+        let cols = (t.max_ngram - 1) * t.n_heads;
+        if t.token_map.is_empty() {
+            bail!(ErrInvalidConfig, "token_map is empty");
+        }
+        if let Some(i) = t.token_map.iter().position(|&m| m < -1) {
+            bail!(
+                ErrInvalidConfig,
+                "token_map[{i}] = {} (entries are compressed ids >= 0, or -1)",
+                t.token_map[i]
+            );
+        }
+        if t.pad_id < 0 || t.pad_id > i32::MAX as i64 {
+            bail!(
+                ErrInvalidConfig,
+                "pad_id {} is not a compressed id",
+                t.pad_id
+            );
+        }
+        let check_len = |name: &str, got: usize, want: usize| -> Result<()> {
+            if got != want {
+                bail!(
+                    ErrInvalidConfig,
+                    "{name} has {got} entries, expected {want} (n_layers {nl} x {})",
+                    if name == "multipliers" {
+                        "max_ngram"
+                    } else {
+                        "C"
+                    }
+                );
+            }
+            Ok(())
+        };
+        check_len("multipliers", t.multipliers.len(), nl * t.max_ngram)?;
+        check_len("primes", t.primes.len(), nl * cols)?;
+        check_len("offsets", t.offsets.len(), nl * cols)?;
+        let mut rows_needed = Vec::with_capacity(nl);
+        for l in 0..nl {
+            let mut need = 0u64;
+            for c in 0..cols {
+                let i = l * cols + c;
+                let (p, o) = (t.primes[i], t.offsets[i]);
+                if p == 0 || p > i64::MAX as u64 {
+                    bail!(
+                        ErrInvalidConfig,
+                        "primes[{i}] (layer {}, column {c}) = {p} is not a positive i64",
+                        t.layer_ids[l]
+                    );
+                }
+                let end = o.checked_add(p).filter(|&e| e <= i64::MAX as u64);
+                let Some(end) = end else {
+                    bail!(
+                        ErrInvalidConfig,
+                        "offsets[{i}] + primes[{i}] overflows i64 (layer {}, column {c})",
+                        t.layer_ids[l]
+                    );
+                };
+                need = need.max(end);
+            }
+            rows_needed.push(need);
+        }
+        Ok(HashTables {
+            layer_ids: t.layer_ids.to_vec(),
+            max_ngram: t.max_ngram,
+            n_heads: t.n_heads,
+            token_map: t.token_map.to_vec(),
+            pad_id: t.pad_id,
+            // The multipliers are i64 values (GGUF stores them as u64 bits).
+            multipliers: t.multipliers.iter().map(|&m| m as i64).collect(),
+            primes: t.primes.iter().map(|&p| p as i64).collect(),
+            offsets: t.offsets.iter().map(|&o| o as i64).collect(),
+            rows_needed,
+        })
+    }
+
+    /// Hash columns per token per layer, `C = (N-1)*H`.
+    pub fn cols(&self) -> usize {
+        (self.max_ngram - 1) * self.n_heads
+    }
+
+    pub fn n_layers(&self) -> usize {
+        self.layer_ids.len()
+    }
+
+    /// Index of model layer `layer_id` among the engram layers.
+    pub fn layer_index(&self, layer_id: u32) -> Option<usize> {
+        self.layer_ids.iter().position(|&l| l == layer_id)
+    }
+
+    /// Number of distinct compressed ids the map produces.
+    pub fn compressed_vocab(&self) -> usize {
+        self.token_map
+            .iter()
+            .map(|&m| m as i64 + 1)
+            .max()
+            .unwrap_or(0) as usize
+    }
+
+    /// The compressed id of raw token `tok` (`-1` for a dead one), or an error.
+    fn compress(&self, i: usize, tok: i32) -> Result<i32> {
+        if tok == TOKEN_DEAD {
+            return Ok(-1);
+        }
+        match usize::try_from(tok).ok().and_then(|t| self.token_map.get(t)) {
+            Some(&m) => Ok(m),
+            None => bail!(
+                ErrInvalidToken,
+                "token {i}: id {tok} is outside token_map [0, {}) (use {TOKEN_DEAD} to mark a dead position)",
+                self.token_map.len()
+            ),
+        }
+    }
+
+    /// Row ids of every layer for one position whose look-back window (compressed
+    /// ids, `w[0]` the position itself) is `w`; `out` is `[n_layers * C]`.
+    #[inline]
+    pub fn hash_window(&self, w: &[i64], out: &mut [i64]) {
+        let (n, h, cols) = (self.max_ngram, self.n_heads, self.cols());
+        for l in 0..self.n_layers() {
+            let m = &self.multipliers[l * n..(l + 1) * n];
+            let primes = &self.primes[l * cols..(l + 1) * cols];
+            let offsets = &self.offsets[l * cols..(l + 1) * cols];
+            let o = &mut out[l * cols..(l + 1) * cols];
+            let mut rolling = w[0].wrapping_mul(m[0]);
+            for k in 1..n {
+                rolling ^= w[k].wrapping_mul(m[k]);
+                for hh in 0..h {
+                    let c = (k - 1) * h + hh;
+                    o[c] = rolling.rem_euclid(primes[c]) + offsets[c];
+                }
+            }
+        }
+    }
+}
+
+/// Per-sequence history of compressed ids by absolute position.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    seqs: Vec<Vec<i32>>,
+}
+
+/// Capacity limits fixed at create time.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_tokens: usize,
+    pub max_seqs: usize,
+    pub max_positions: usize,
+}
+
+impl History {
+    pub fn new(max_seqs: usize) -> History {
+        History {
+            seqs: vec![Vec::new(); max_seqs],
+        }
+    }
+
+    fn get(&self, seq: usize, pos: usize) -> i32 {
+        self.seqs[seq].get(pos).copied().unwrap_or(UNSET)
+    }
+
+    /// Bytes held by the histories (for memory reporting).
+    pub fn bytes(&self) -> usize {
+        self.seqs.iter().map(|s| s.capacity() * 4).sum::<usize>()
+            + self.seqs.capacity() * std::mem::size_of::<Vec<i32>>()
+    }
+
+    /// Positions hashed so far in `seq` (one past the highest written).
+    pub fn len(&self, seq: usize) -> usize {
+        self.seqs[seq].len()
+    }
+
+    pub fn check_seq(&self, seq: i32) -> Result<usize> {
+        match usize::try_from(seq) {
+            Ok(s) if s < self.seqs.len() => Ok(s),
+            _ => bail!(
+                ErrInvalidSequence,
+                "sequence id {seq} outside [0, max_seqs = {})",
+                self.seqs.len()
+            ),
+        }
+    }
+
+    /// Make `dst` an exact copy of `src`'s history (a fork or a shared prefix).
+    pub fn copy(&mut self, src: i32, dst: i32) -> Result<()> {
+        let (s, d) = (self.check_seq(src)?, self.check_seq(dst)?);
+        if s != d {
+            let v = self.seqs[s].clone();
+            self.seqs[d] = v;
+        }
+        Ok(())
+    }
+
+    /// Forget every position of `seq`.
+    pub fn drop_seq(&mut self, seq: i32) -> Result<()> {
+        let s = self.check_seq(seq)?;
+        self.seqs[s] = Vec::new();
+        Ok(())
+    }
+
+    /// Hash a batch. Each token `i` sits at absolute position `pos[i]` of sequence
+    /// `seq_ids[i]`; the batch's own tokens are visible to each other's look-back,
+    /// whatever their order in the batch. Writes `[n, n_layers, C]` row ids into
+    /// `out` and records the batch in the history. On any error nothing is
+    /// written, to `out` or to the history.
+    pub fn hash(
+        &mut self,
+        t: &HashTables,
+        lim: &Limits,
+        tokens: &[i32],
+        seq_ids: &[i32],
+        pos: &[i32],
+        out: &mut [i64],
+    ) -> Result<()> {
+        let n = tokens.len();
+        let row = t.n_layers() * t.cols();
+        if seq_ids.len() != n || pos.len() != n {
+            bail!(
+                ErrInvalidArgument,
+                "tokens, seq_ids and pos have {n}, {} and {} entries",
+                seq_ids.len(),
+                pos.len()
+            );
+        }
+        if out.len() != n * row {
+            bail!(
+                ErrInvalidArgument,
+                "output holds {} row ids, {n} tokens need {}",
+                out.len(),
+                n * row
+            );
+        }
+        if n > lim.max_tokens {
+            bail!(
+                ErrCapacity,
+                "{n} tokens in one call, the context was created for at most {}",
+                lim.max_tokens
+            );
+        }
+        // Validate and compress the batch, then lay it over the history.
+        let mut batch: Vec<(usize, usize, i32)> = Vec::with_capacity(n);
+        let mut overlay: HashMap<(usize, usize), i32> = HashMap::with_capacity(n);
+        for i in 0..n {
+            let s = self.check_seq(seq_ids[i]).map_err(|e| at_token(i, e))?;
+            let p = match usize::try_from(pos[i]) {
+                Ok(p) if p < lim.max_positions => p,
+                _ => bail!(
+                    ErrInvalidSequence,
+                    "token {i}: position {} outside [0, max_positions = {})",
+                    pos[i],
+                    lim.max_positions
+                ),
+            };
+            let c = t.compress(i, tokens[i])?;
+            if overlay.insert((s, p), c).is_some() {
+                bail!(
+                    ErrInvalidSequence,
+                    "token {i}: sequence {s} position {p} appears twice in one batch"
+                );
+            }
+            batch.push((s, p, c));
+        }
+        let mut ids = vec![0i64; n * row];
+        let mut w = vec![0i64; t.max_ngram];
+        for (i, &(s, p, c)) in batch.iter().enumerate() {
+            let o = &mut ids[i * row..(i + 1) * row];
+            if c == -1 {
+                o.fill(ROW_ID_DEAD);
+                continue;
+            }
+            let mut blocked = false;
+            for (k, wk) in w.iter_mut().enumerate() {
+                if !blocked {
+                    if k > p {
+                        blocked = true;
+                    } else {
+                        let q = p - k;
+                        let src = match overlay.get(&(s, q)) {
+                            Some(&v) => v,
+                            None => self.get(s, q),
+                        };
+                        if src == UNSET {
+                            bail!(
+                                ErrMissingHistory,
+                                "token {i}: sequence {s} position {p} looks back to position {q}, which was never hashed"
+                            );
+                        }
+                        blocked = src == -1;
+                        *wk = src as i64;
+                    }
+                }
+                if blocked {
+                    *wk = t.pad_id;
+                }
+            }
+            t.hash_window(&w, o);
+        }
+        // Commit.
+        for &(s, p, c) in &batch {
+            let h = &mut self.seqs[s];
+            if h.len() <= p {
+                h.resize(p + 1, UNSET);
+            }
+            h[p] = c;
+        }
+        out.copy_from_slice(&ids);
+        Ok(())
+    }
+}
+
+fn at_token(i: usize, e: Error) -> Error {
+    Error::new(e.status, format!("token {i}: {}", e.message))
+}
+
+/// The primes of SPEC section 3: for each layer, each n-gram size, each head,
+/// the next prime above the current value (restarting at `vocab_size - 1` for
+/// every n-gram size) that no earlier (layer, n-gram, head) took. Returns
+/// `[n_layers * (max_ngram-1) * n_heads]`.
+pub fn derive_primes(
+    n_layers: usize,
+    max_ngram: usize,
+    n_heads: usize,
+    vocab_size: u64,
+) -> Vec<u64> {
+    let mut taken = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(n_layers * (max_ngram - 1) * n_heads);
+    for _ in 0..n_layers {
+        for _ in 1..max_ngram {
+            let mut cur = vocab_size.saturating_sub(1);
+            for _ in 0..n_heads {
+                let mut c = cur + 1;
+                while !is_prime(c) || taken.contains(&c) {
+                    c += 1;
+                }
+                taken.insert(c);
+                out.push(c);
+                cur = c;
+            }
+        }
+    }
+    out
+}
+
+/// Per-layer exclusive prefix sums of `primes` over each layer's `cols` columns.
+pub fn derive_offsets(primes: &[u64], cols: usize) -> Vec<u64> {
+    let mut out = Vec::with_capacity(primes.len());
+    for layer in primes.chunks(cols) {
+        let mut acc = 0u64;
+        for &p in layer {
+            out.push(acc);
+            acc += p;
+        }
+    }
+    out
+}
+
+/// Deterministic Miller-Rabin for all u64.
+pub fn is_prime(n: u64) -> bool {
+    if n < 2 {
+        return false;
+    }
+    for p in [2u64, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37] {
+        if n % p == 0 {
+            return n == p;
+        }
+    }
+    let (mut d, mut r) = (n - 1, 0);
+    while d % 2 == 0 {
+        d /= 2;
+        r += 1;
+    }
+    let mul = |a: u64, b: u64| ((a as u128 * b as u128) % n as u128) as u64;
+    let pow = |mut a: u64, mut e: u64| {
+        let mut x = 1u64;
+        while e > 0 {
+            if e & 1 == 1 {
+                x = mul(x, a);
+            }
+            a = mul(a, a);
+            e >>= 1;
+        }
+        x
+    };
+    'witness: for a in [2u64, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37] {
+        let mut x = pow(a, d);
+        if x == 1 || x == n - 1 {
+            continue;
+        }
+        for _ in 1..r {
+            x = mul(x, x);
+            if x == n - 1 {
+                continue 'witness;
+            }
+        }
+        return false;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn miller_rabin_agrees_with_trial_division() {
+        for n in 0u64..5000 {
+            let trial = n >= 2 && (2..n).take_while(|d| d * d <= n).all(|d| n % d != 0);
+            assert_eq!(is_prime(n), trial, "{n}");
+        }
+        assert!(is_prime(18446744073709551557)); // largest u64 prime
+        assert!(!is_prime(3215031751)); // strong pseudoprime to bases 2, 3, 5, 7
+    }
+
+    #[test]
+    fn primes_restart_per_ngram_and_never_repeat() {
+        let p = derive_primes(2, 3, 2, 100);
+        assert_eq!(p, vec![101, 103, 107, 109, 113, 127, 131, 137]);
+        assert_eq!(
+            derive_offsets(&p, 4),
+            vec![0, 101, 204, 311, 0, 113, 240, 371]
+        );
+    }
+}
