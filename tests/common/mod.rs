@@ -1,0 +1,331 @@
+//! Shared by the Rust tests: the golden's deterministic filler (see
+//! `tests/golden/README.md`), the tiny model rebuilt from it, and the golden
+//! data loaded from `tests/golden/data/`.
+#![allow(dead_code)]
+
+use engram::formats::f32_to_bf16;
+use engram::{
+    Context, ContextConfig, EngramType, Geometry, HashTablesIn, LayerIn, Limits, RowFormat,
+    TableIn, Weights,
+};
+use serde_json::Value;
+use std::path::PathBuf;
+
+// ---- the filler ----
+
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h = 0xcbf29ce484222325u64;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+pub fn mix64(z: u64) -> u64 {
+    let mut z = z.wrapping_add(0x9e3779b97f4a7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+    z ^ (z >> 31)
+}
+
+pub fn bits(name: &str, i: u64) -> u64 {
+    let salted = format!("engram-golden-v1:{name}");
+    mix64(fnv1a64(salted.as_bytes()) ^ mix64(i))
+}
+
+/// A name's salt, computed once for a run of indices.
+pub struct Filler(u64);
+
+impl Filler {
+    pub fn new(name: &str) -> Filler {
+        Filler(fnv1a64(format!("engram-golden-v1:{name}").as_bytes()))
+    }
+    pub fn bits(&self, i: u64) -> u64 {
+        mix64(self.0 ^ mix64(i))
+    }
+    pub fn unit(&self, i: u64) -> f32 {
+        ((self.bits(i) >> 40) as i64 - (1 << 23)) as f32 / (1u32 << 23) as f32
+    }
+    pub fn value(&self, i: u64, scale: f32, offset: f32) -> f32 {
+        offset + scale * self.unit(i)
+    }
+}
+
+pub fn values(name: &str, n: usize, scale: f32, offset: f32) -> Vec<f32> {
+    let f = Filler::new(name);
+    (0..n as u64).map(|i| f.value(i, scale, offset)).collect()
+}
+
+// ---- the golden files ----
+
+pub fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/data")
+}
+
+pub fn load_json(name: &str) -> Value {
+    let p = golden_dir().join(name);
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+pub fn ints(v: &Value) -> Vec<i64> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|x| {
+            x.as_i64()
+                .or_else(|| x.as_u64().map(|u| u as i64))
+                .expect("integer")
+        })
+        .collect()
+}
+
+pub fn u64s(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| {
+            x.as_u64()
+                .or_else(|| x.as_i64().map(|i| i as u64))
+                .expect("integer")
+        })
+        .collect()
+}
+
+pub fn i32s(v: &Value) -> Vec<i32> {
+    ints(v).into_iter().map(|x| x as i32).collect()
+}
+
+pub fn u16s(v: &Value) -> Vec<u16> {
+    ints(v).into_iter().map(|x| x as u16).collect()
+}
+
+pub fn f32_bits(v: &Value) -> Vec<f32> {
+    ints(v)
+        .into_iter()
+        .map(|x| f32::from_bits(x as u32))
+        .collect()
+}
+
+// ---- the tiny model ----
+
+/// A layer's weights, owned; borrowed by the context.
+pub struct LayerData {
+    pub layer_id: u32,
+    pub table: Vec<u8>,
+    pub format: EngramType,
+    pub rows: u64,
+    pub wkv: Dense,
+    pub q: Dense,
+    pub k: Dense,
+}
+
+pub enum Dense {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+impl Dense {
+    pub fn new(vals: Vec<f32>, dtype: &str) -> Dense {
+        match dtype {
+            "f32" => Dense::F32(vals),
+            "bf16" => Dense::Bf16(vals.iter().map(|&v| f32_to_bf16(v)).collect()),
+            d => panic!("dtype {d}"),
+        }
+    }
+    pub fn weights(&self) -> Weights<'_> {
+        match self {
+            Dense::F32(v) => Weights::F32(v),
+            Dense::Bf16(v) => Weights::Bf16(v),
+        }
+    }
+    pub fn f32(&self) -> Vec<f32> {
+        match self {
+            Dense::F32(v) => v.clone(),
+            Dense::Bf16(v) => v.iter().map(|&b| engram::formats::bf16_to_f32(b)).collect(),
+        }
+    }
+}
+
+/// Build a table of `rows` rows of `hd` values in `fmt` from the filler,
+/// following the golden README's rule. `full_fp8_range` selects the `formats`
+/// section's rule (all codes but NaN, wide scales) instead of the model's.
+pub fn table_bytes(name: &str, fmt: &str, rows: usize, hd: usize, full_fp8_range: bool) -> Vec<u8> {
+    let n = rows * hd;
+    match fmt {
+        "fp8" => {
+            let f = Filler::new(name);
+            let fs = Filler::new(&format!("{name}.scale"));
+            let nb = hd / 32;
+            let mut out = Vec::with_capacity(rows * (hd + nb));
+            for r in 0..rows {
+                for d in 0..hd {
+                    let b = f.bits((r * hd + d) as u64);
+                    let code = if full_fp8_range {
+                        let c = (b & 0xFF) as u8;
+                        if c & 0x7F == 0x7F {
+                            c ^ 1
+                        } else {
+                            c
+                        }
+                    } else {
+                        (b & 0xBF) as u8
+                    };
+                    out.push(code);
+                }
+                for blk in 0..nb {
+                    let b = fs.bits((r * nb + blk) as u64);
+                    out.push(if full_fp8_range {
+                        117 + (b % 21) as u8
+                    } else {
+                        125 + (b % 5) as u8
+                    });
+                }
+            }
+            out
+        }
+        "bf16" => values(name, n, 1.0, 0.0)
+            .iter()
+            .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
+            .collect(),
+        "f32" => values(name, n, 1.0, 0.0)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        f => panic!("format {f}"),
+    }
+}
+
+pub fn engram_type(fmt: &str) -> EngramType {
+    match fmt {
+        "fp8" => EngramType::Fp8E4m3E8m0,
+        "bf16" => EngramType::Bf16,
+        "f32" => EngramType::F32,
+        "f16" => EngramType::F16,
+        f => panic!("format {f}"),
+    }
+}
+
+pub struct Tiny {
+    pub golden: Value,
+    pub d: usize,
+    pub hc: usize,
+    pub hd: usize,
+    pub heads: usize,
+    pub ngram: usize,
+    pub eps: f32,
+    pub layer_ids: Vec<u32>,
+    pub token_map: Vec<i32>,
+    pub pad_id: i64,
+    pub multipliers: Vec<u64>,
+    pub primes: Vec<u64>,
+    pub offsets: Vec<u64>,
+    pub layers: Vec<LayerData>,
+}
+
+impl Tiny {
+    pub fn load() -> Tiny {
+        let golden = load_json("tiny.json");
+        let m = &golden["model"];
+        let u = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("model.{k}")) as usize;
+        let (d, hc, hd, heads, ngram) = (u("D"), u("hc"), u("Hd"), u("H"), u("N"));
+        let cols = (ngram - 1) * heads;
+        let layer_ids: Vec<u32> = ints(&m["layer_ids"]).iter().map(|&l| l as u32).collect();
+        let rows = ints(&m["rows"]);
+        let layers = layer_ids
+            .iter()
+            .enumerate()
+            .map(|(li, &lid)| {
+                let fmt = m["table_format"][li].as_str().unwrap();
+                let wdt = m["wkv_dtype"][li].as_str().unwrap();
+                let qdt = m["qk_dtype"][li].as_str().unwrap();
+                let p = format!("layers.{lid}.engram");
+                LayerData {
+                    layer_id: lid,
+                    table: table_bytes(&format!("{p}.table"), fmt, rows[li] as usize, hd, false),
+                    format: engram_type(fmt),
+                    rows: rows[li] as u64,
+                    wkv: Dense::new(
+                        values(&format!("{p}.wkv"), d * (hc + 1) * cols * hd, 0.0625, 0.0),
+                        wdt,
+                    ),
+                    q: Dense::new(values(&format!("{p}.q"), hc * d, 0.125, 1.0), qdt),
+                    k: Dense::new(values(&format!("{p}.k"), hc * d, 0.125, 1.0), qdt),
+                }
+            })
+            .collect();
+        Tiny {
+            d,
+            hc,
+            hd,
+            heads,
+            ngram,
+            eps: f32::from_bits(m["eps_f32"].as_u64().unwrap() as u32),
+            layer_ids,
+            token_map: i32s(&m["token_map"]),
+            pad_id: m["pad_id"].as_i64().unwrap(),
+            multipliers: u64s(&m["multipliers"]),
+            primes: u64s(&m["primes"]),
+            offsets: u64s(&m["offsets"]),
+            layers,
+            golden,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        (self.ngram - 1) * self.heads
+    }
+
+    pub fn config(&self, limits: Limits) -> ContextConfig<'_> {
+        ContextConfig {
+            geometry: Geometry {
+                d: self.d,
+                hc: self.hc,
+                hd: self.hd,
+                eps: self.eps,
+            },
+            tables: HashTablesIn {
+                layer_ids: &self.layer_ids,
+                max_ngram: self.ngram,
+                n_heads: self.heads,
+                token_map: &self.token_map,
+                pad_id: self.pad_id,
+                multipliers: &self.multipliers,
+                primes: &self.primes,
+                offsets: &self.offsets,
+            },
+            limits,
+            n_threads: 2,
+            backend: engram::EngramBackend::Cpu as u32,
+        }
+    }
+
+    pub fn limits() -> Limits {
+        Limits {
+            max_tokens: 64,
+            max_seqs: 4,
+            max_positions: 256,
+        }
+    }
+
+    /// A context with both layers' weights set.
+    pub fn context(&self) -> Context<'_> {
+        let ctx = Context::new(&self.config(Self::limits())).expect("create");
+        for l in &self.layers {
+            ctx.set_layer(LayerIn {
+                layer_id: l.layer_id,
+                table: TableIn {
+                    data: &l.table,
+                    format: RowFormat::new(l.format as u32, self.hd).unwrap(),
+                    rows: l.rows,
+                },
+                wkv: l.wkv.weights(),
+                q: l.q.weights(),
+                k: l.k.weights(),
+            })
+            .expect("set_layer");
+        }
+        ctx
+    }
+}

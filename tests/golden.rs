@@ -1,0 +1,415 @@
+//! The library against the independent Python golden (`tests/golden/`).
+//!
+//! Hash ids are compared exactly and dequantised rows bit for bit. `kv` and the
+//! highway are compared within bounds derived below from f32/bf16 rounding;
+//! each bound is stated where it is computed.
+
+mod common;
+
+use common::*;
+use engram::formats::{bf16_to_f32, dequant_row_bf16, f32_to_bf16};
+use engram::{Highway, RowFormat};
+
+/// Unit roundoff of f32.
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// One bf16 ulp at magnitude `x` (the spacing of bf16 values around it).
+fn ulp_bf16(x: f64) -> f64 {
+    let x = x.abs().max(f32::MIN_POSITIVE as f64);
+    2f64.powi(x.log2().floor() as i32 - 7)
+}
+
+#[test]
+fn filler_matches_the_generator() {
+    let g = load_json("tiny.json");
+    let c = &g["filler_check"];
+    let f = Filler::new("check");
+    for i in 0..4u64 {
+        assert_eq!(
+            bits("check", i),
+            c["bits"][i as usize].as_u64().unwrap(),
+            "bits {i}"
+        );
+        assert_eq!(
+            f.unit(i).to_bits() as u64,
+            c["unit_f32"][i as usize].as_u64().unwrap(),
+            "unit {i}"
+        );
+        assert_eq!(
+            f.value(i, 0.125, 1.0).to_bits() as u64,
+            c["value_f32"][i as usize].as_u64().unwrap(),
+            "value {i}"
+        );
+    }
+}
+
+#[test]
+fn formats_dequantise_bit_exactly() {
+    let g = load_json("tiny.json");
+    for fmt in ["fp8", "bf16", "f32"] {
+        let f = &g["formats"][fmt];
+        let (rows, hd) = (
+            f["rows"].as_u64().unwrap() as usize,
+            f["Hd"].as_u64().unwrap() as usize,
+        );
+        let name = f["name"].as_str().unwrap();
+        let table = table_bytes(name, fmt, rows, hd, true);
+        let rf = RowFormat::new(engram_type(fmt) as u32, hd).unwrap();
+        let rb = rf.row_bytes(hd);
+        let want = u16s(&f["dequant_bf16"]);
+        let mut got = vec![0u16; rows * hd];
+        for r in 0..rows {
+            dequant_row_bf16(
+                rf,
+                &table[r * rb..(r + 1) * rb],
+                &mut got[r * hd..(r + 1) * hd],
+            )
+            .unwrap();
+        }
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                a,
+                b,
+                "{fmt}: row {} value {}: {a:#06x} vs golden {b:#06x}",
+                i / hd,
+                i % hd
+            );
+        }
+    }
+}
+
+struct Call {
+    tokens: Vec<i32>,
+    seq_ids: Vec<i32>,
+    pos: Vec<i32>,
+    ids: Vec<i64>,
+    dead: Vec<bool>,
+    highway: String,
+    layers: Vec<serde_json::Value>,
+}
+
+fn calls(tiny: &Tiny, regime: &str) -> Vec<Call> {
+    tiny.golden["regimes"][regime]["calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("regime {regime}"))
+        .iter()
+        .map(|c| Call {
+            tokens: i32s(&c["tokens"]),
+            seq_ids: i32s(&c["seq_ids"]),
+            pos: i32s(&c["pos"]),
+            ids: ints(&c["ids"]),
+            dead: c["dead"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_bool().unwrap())
+                .collect(),
+            highway: c["highway_name"].as_str().unwrap().to_string(),
+            layers: c["layers"].as_array().unwrap().clone(),
+        })
+        .collect()
+}
+
+const REGIMES: [&str; 6] = [
+    "prefill",
+    "decode",
+    "chunked",
+    "interleaved",
+    "rollback",
+    "dead",
+];
+
+#[test]
+fn hash_ids_are_exact_in_every_regime() {
+    let tiny = Tiny::load();
+    for regime in REGIMES {
+        let ctx = tiny.context();
+        for (ci, c) in calls(&tiny, regime).iter().enumerate() {
+            let mut out = vec![0i64; c.tokens.len() * ctx.ids_per_token()];
+            ctx.hash(&c.tokens, &c.seq_ids, &c.pos, &mut out).unwrap();
+            assert_eq!(out, c.ids, "{regime} call {ci}");
+            for (t, &d) in c.dead.iter().enumerate() {
+                let per = ctx.ids_per_token();
+                assert_eq!(
+                    out[t * per..(t + 1) * per].iter().all(|&r| r == -1),
+                    d,
+                    "{regime} call {ci} token {t}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rollback_then_rehash_equals_the_straight_run() {
+    let tiny = Tiny::load();
+    let r = &tiny.golden["regimes"]["rollback"];
+    let straight_tokens = i32s(&r["straight_tokens"]);
+    let straight_ids = ints(&r["straight_ids"]);
+    let ctx = tiny.context();
+    let per = ctx.ids_per_token();
+    let n = straight_tokens.len();
+    let mut out = vec![0i64; n * per];
+    let pos: Vec<i32> = (0..n as i32).collect();
+    ctx.hash(&straight_tokens, &vec![0; n], &pos, &mut out)
+        .unwrap();
+    assert_eq!(out, straight_ids, "the straight run itself");
+    let cs = calls(&tiny, "rollback");
+    let last = cs.last().unwrap();
+    assert_eq!(last.ids[..], straight_ids[(n - last.tokens.len()) * per..]);
+}
+
+/// Per-layer data of a call, from the golden.
+struct LayerGolden {
+    rows: Vec<u16>,
+    kv: Vec<u16>,
+    out_f32: Vec<f32>,
+    out_bf16: Vec<u16>,
+}
+
+fn layer_golden(v: &serde_json::Value) -> LayerGolden {
+    LayerGolden {
+        rows: u16s(&v["rows_bf16"]),
+        kv: u16s(&v["kv_bf16"]),
+        out_f32: f32_bits(&v["highway_out_f32"]),
+        out_bf16: u16s(&v["highway_out_bf16"]),
+    }
+}
+
+/// Bound on |kv_lib - kv_golden| for one output.
+///
+/// Both sides round one real sum `s = sum_i r_i w_i` (K = C*Hd terms; rows are
+/// bf16, so with bf16 `wkv` each product is exact in f32, with f32 `wkv` it is
+/// rounded once). The library accumulates in f32 in some order: error at most
+/// `(K+1) u S` with `S = sum |r_i w_i|`. The golden sums in f64 and rounds to
+/// f32: error at most `u |s| <= u S`. Both then round to bf16, which can move
+/// two nearby f32 values to neighbouring bf16 values: one more bf16 ulp.
+fn kv_bound(s_abs: f64, kv: f64, k: usize) -> f64 {
+    (k as f64 + 2.0) * U * s_abs + ulp_bf16(kv)
+}
+
+/// The gate and highway update in f64 from given inputs (the reference the
+/// library's f32 arithmetic is held to), with a bound on the library's
+/// f32 error. Returns (out values, bound per value) for one token.
+///
+/// The library computes three sums of D terms in f32 (`x.x`, `key.key`,
+/// `x.qk.key`, each term with up to 3 roundings): `|d dot| <= (2D + 16) u A`
+/// with `A = sum|x qk key| rstd_x rstd_k / sqrt(D)` (the sums' relative errors,
+/// the rstd square roots and the final products). Through the gate:
+/// `g = sign(dot) sqrt(max(|dot|, 1e-6))` moves by at most
+/// `d_dot / (2 sqrt(max(|dot| - d_dot, 1e-6)))`, or by `2 sqrt(|dot| + d_dot)`
+/// when `|dot| <= d_dot` (the sign may flip); the sigmoid's slope is at most
+/// 1/4, and sqrt/exp/divide add a few f32 roundings (8u). Then
+/// `out = x + gate * value` in f32 on both sides (the golden rounds its f64
+/// gate to f32 first): `|d out| <= |value| (d_gate + u) + 4u (|x| + |value|)`.
+fn gate_reference(
+    x: &[f32],
+    kv: &[f32],
+    qk: &[f32],
+    hc: usize,
+    d: usize,
+    eps: f32,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut out = vec![0f64; hc * d];
+    let mut bound = vec![0f64; hc * d];
+    let value = &kv[hc * d..];
+    for s in 0..hc {
+        let xs = &x[s * d..(s + 1) * d];
+        let key = &kv[s * d..(s + 1) * d];
+        let q = &qk[s * d..(s + 1) * d];
+        let (mut hh, mut kk, mut dt, mut a) = (0f64, 0f64, 0f64, 0f64);
+        for j in 0..d {
+            let (xv, kv, qv) = (xs[j] as f64, key[j] as f64, q[j] as f64);
+            hh += xv * xv;
+            kk += kv * kv;
+            dt += xv * qv * kv;
+            a += (xv * qv * kv).abs();
+        }
+        let rx = 1.0 / (hh / d as f64 + eps as f64).sqrt();
+        let rk = 1.0 / (kk / d as f64 + eps as f64).sqrt();
+        let scale = rx * rk / (d as f64).sqrt();
+        let dot = dt * scale;
+        let ddot = (2.0 * d as f64 + 16.0) * U * a * scale;
+        let sign = if dot > 0.0 {
+            1.0
+        } else if dot < 0.0 {
+            -1.0
+        } else {
+            0.0
+        };
+        let g = sign * dot.abs().max(1e-6).sqrt();
+        let gate = 1.0 / (1.0 + (-g).exp());
+        let dg = if dot.abs() <= ddot {
+            2.0 * (dot.abs() + ddot).max(1e-6).sqrt()
+        } else {
+            ddot / (2.0 * (dot.abs() - ddot).max(1e-6).sqrt())
+        };
+        let dgate = dg / 4.0 + 8.0 * U;
+        for j in 0..d {
+            let (xv, v) = (xs[j] as f64, value[j] as f64);
+            out[s * d + j] = xv + gate * v;
+            bound[s * d + j] = v.abs() * (dgate + U) + 4.0 * U * (xv.abs() + v.abs());
+        }
+    }
+    (out, bound)
+}
+
+#[test]
+fn rows_kv_and_highway_match_the_golden_in_every_regime() {
+    let tiny = Tiny::load();
+    let (hc, d, cols, hd) = (tiny.hc, tiny.d, tiny.cols(), tiny.hd);
+    let k_in = cols * hd;
+    let k_out = d * (hc + 1);
+    let mut kv_differences = 0usize;
+    let mut kv_values = 0usize;
+    let mut worst_f32 = 0f64; // largest |error| / bound seen
+    for regime in REGIMES {
+        let ctx = tiny.context();
+        for (ci, c) in calls(&tiny, regime).iter().enumerate() {
+            let n = c.tokens.len();
+            let mut ids = vec![0i64; n * ctx.ids_per_token()];
+            ctx.hash(&c.tokens, &c.seq_ids, &c.pos, &mut ids).unwrap();
+            let hw_in = values(&c.highway, n * hc * d, 1.0, 0.0);
+            let live: Vec<usize> = (0..n).filter(|&t| !c.dead[t]).collect();
+            for (li, lg) in c.layers.iter().enumerate() {
+                let layer = &tiny.layers[li];
+                let lid = layer.layer_id;
+                assert_eq!(lg["layer_id"].as_u64().unwrap() as u32, lid);
+                let gold = layer_golden(lg);
+                let at = |t: usize| format!("{regime} call {ci} layer {lid} token {t}");
+
+                // Rows: bit-exact.
+                let (rows, kv) = ctx.stages(lid, &ids, n).unwrap();
+                assert_eq!(rows.len(), live.len() * k_in);
+                for (j, &t) in live.iter().enumerate() {
+                    let got = &rows[j * k_in..(j + 1) * k_in];
+                    let want = &gold.rows[t * k_in..(t + 1) * k_in];
+                    assert!(got == want, "{}: dequantised rows differ", at(t));
+                }
+
+                // kv: within kv_bound, computed from the regenerated weights.
+                let wkv = layer.wkv.f32();
+                let kv_f: Vec<f32> = kv.iter().map(|&b| bf16_to_f32(b)).collect();
+                for (j, &t) in live.iter().enumerate() {
+                    let r: Vec<f64> = rows[j * k_in..(j + 1) * k_in]
+                        .iter()
+                        .map(|&b| bf16_to_f32(b) as f64)
+                        .collect();
+                    for o in 0..k_out {
+                        let got = kv_f[j * k_out + o] as f64;
+                        let want = bf16_to_f32(gold.kv[t * k_out + o]) as f64;
+                        kv_values += 1;
+                        if got != want {
+                            kv_differences += 1;
+                            let w = &wkv[o * k_in..(o + 1) * k_in];
+                            let s_abs: f64 =
+                                r.iter().zip(w).map(|(a, &b)| (a * b as f64).abs()).sum();
+                            let b = kv_bound(s_abs, want.abs().max(got.abs()), k_in);
+                            assert!(
+                                (got - want).abs() <= b,
+                                "{}: kv[{o}] {got} vs golden {want}, bound {b}",
+                                at(t)
+                            );
+                        }
+                    }
+                }
+
+                // Highway, f32 and bf16.
+                let qk: Vec<f32> = layer
+                    .q
+                    .f32()
+                    .iter()
+                    .zip(layer.k.f32())
+                    .map(|(a, b)| a * b)
+                    .collect();
+                let mut h32 = hw_in.clone();
+                ctx.apply(lid, &ids, n, Highway::F32(&mut h32)).unwrap();
+                let hb_in: Vec<u16> = hw_in.iter().map(|&v| f32_to_bf16(v)).collect();
+                let mut hb = hb_in.clone();
+                ctx.apply(lid, &ids, n, Highway::Bf16(&mut hb)).unwrap();
+                for t in 0..n {
+                    let sl = t * hc * d..(t + 1) * hc * d;
+                    if c.dead[t] {
+                        assert!(
+                            h32[sl.clone()]
+                                .iter()
+                                .zip(&hw_in[sl.clone()])
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{}: dead token changed (f32)",
+                            at(t)
+                        );
+                        assert_eq!(
+                            hb[sl.clone()],
+                            hb_in[sl.clone()],
+                            "{}: dead token changed (bf16)",
+                            at(t)
+                        );
+                        assert!(
+                            gold.out_f32[sl.clone()]
+                                .iter()
+                                .zip(&hw_in[sl.clone()])
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{}: golden changed a dead token",
+                            at(t)
+                        );
+                        continue;
+                    }
+                    let j = live.iter().position(|&x| x == t).unwrap();
+                    let kvt = &kv_f[j * k_out..(j + 1) * k_out];
+                    let same_kv = kvt
+                        .iter()
+                        .zip(&gold.kv[t * k_out..(t + 1) * k_out])
+                        .all(|(a, &b)| f32_to_bf16(*a) == b);
+                    // With the same kv the golden's highway is the reference;
+                    // otherwise (kv within its bound, rarely one bf16 ulp apart) the
+                    // f64 reference is recomputed on the library's own kv.
+                    for (hw, is_bf16) in [
+                        (&hw_in, false),
+                        (
+                            &hb_in.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<f32>>(),
+                            true,
+                        ),
+                    ] {
+                        let x = &hw[sl.clone()];
+                        let (reference, bound) = gate_reference(x, kvt, &qk, hc, d, tiny.eps);
+                        for i in 0..hc * d {
+                            let got = if is_bf16 {
+                                bf16_to_f32(hb[t * hc * d + i]) as f64
+                            } else {
+                                h32[t * hc * d + i] as f64
+                            };
+                            let want = match (same_kv, is_bf16) {
+                                (true, false) => gold.out_f32[t * hc * d + i] as f64,
+                                (true, true) => bf16_to_f32(gold.out_bf16[t * hc * d + i]) as f64,
+                                (false, _) => reference[i],
+                            };
+                            // bf16: both sides round an f32 within `bound` of each
+                            // other; the roundings can land one bf16 ulp apart.
+                            let b = bound[i]
+                                + if is_bf16 {
+                                    ulp_bf16(want.abs().max(got.abs()))
+                                } else {
+                                    0.0
+                                };
+                            let err = (got - want).abs();
+                            assert!(
+                                err <= b,
+                                "{}: highway{} [{i}] {got} vs {want}, bound {b}",
+                                at(t),
+                                if is_bf16 { " bf16" } else { "" }
+                            );
+                            if !is_bf16 && b > 0.0 {
+                                worst_f32 = worst_f32.max(err / b);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "kv: {kv_differences} of {kv_values} values differ from the golden (each within its bound); \
+         f32 highway: largest error is {:.3} of its bound",
+        worst_f32
+    );
+}
