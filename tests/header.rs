@@ -42,7 +42,7 @@ fn header_has_guard_and_cpp_linkage() {
     for f in ["engram_create", "engram_hash", "engram_apply", "engram_free", "engram_version", "engram_last_error"] {
         let declared = COMMITTED
             .lines()
-            .any(|l| l.ends_with(");") && (l.contains(&format!(" {f}(")) || l.contains(&format!("*{f}("))));
+            .any(|l| !l.starts_with(' ') && (l.contains(&format!(" {f}(")) || l.contains(&format!("*{f}("))));
         assert!(declared, "{f} is not declared in the header");
     }
 }
