@@ -1,0 +1,161 @@
+//! The main job on a built-in tiny model: two sequences share a batch, one
+//! prefilling while the other decodes; the hash turns tokens into row ids,
+//! `apply` adds the engram term into each token's hyper-connection streams.
+//!
+//!     cargo run --release --example demo
+
+use engram::formats::f32_to_bf16;
+use engram::hash::{derive_offsets, derive_primes};
+use engram::{
+    Context, ContextConfig, EngramType, Geometry, HashTablesIn, Highway, LayerIn, Limits,
+    RowFormat, TableIn, Weights,
+};
+
+/// A tiny deterministic generator for the demo's weights.
+fn noise(seed: u64, i: u64) -> f32 {
+    let mut z = seed.wrapping_mul(0x9e3779b97f4a7c15) ^ i.wrapping_add(0x632be59bd9b4e019);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+    z ^= z >> 31;
+    ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+fn main() -> Result<(), engram::Error> {
+    // Geometry: D = 128, hc = 4, Hd = 64, N = 3 (2-grams and 3-grams), H = 4 heads.
+    let (d, hc, hd, heads, ngram) = (128usize, 4usize, 64usize, 4usize, 3usize);
+    let cols = (ngram - 1) * heads;
+    let layer_ids = [1u32, 14];
+    // A 1000-token vocabulary compressed to 700 ids; tokens 990.. are "image" tokens (-1).
+    let token_map: Vec<i32> = (0..1000)
+        .map(|t| if t >= 990 { -1 } else { (t % 700) as i32 })
+        .collect();
+    let primes = derive_primes(layer_ids.len(), ngram, heads, 2000);
+    let offsets = derive_offsets(&primes, cols);
+    let multipliers: Vec<u64> = (0..layer_ids.len() * ngram)
+        .map(|i| ((noise(7, i as u64).to_bits() as u64) << 20) * 2 + 1)
+        .collect();
+    let cfg = ContextConfig {
+        geometry: Geometry {
+            d,
+            hc,
+            hd,
+            eps: 1e-6,
+        },
+        tables: HashTablesIn {
+            layer_ids: &layer_ids,
+            max_ngram: ngram,
+            n_heads: heads,
+            token_map: &token_map,
+            pad_id: token_map[2] as i64,
+            multipliers: &multipliers,
+            primes: &primes,
+            offsets: &offsets,
+        },
+        limits: Limits {
+            max_tokens: 64,
+            max_seqs: 2,
+            max_positions: 1024,
+        },
+        n_threads: 2,
+        backend: engram::EngramBackend::Cpu as u32,
+    };
+
+    // Per-layer weights the engine owns: a bf16 table, bf16 wkv, f32 q and k.
+    let weights: Vec<(u64, Vec<u8>, Vec<u16>, Vec<f32>, Vec<f32>)> = (0..layer_ids.len())
+        .map(|li| {
+            let rows: u64 = primes[li * cols..(li + 1) * cols].iter().sum();
+            let table = (0..rows * hd as u64)
+                .flat_map(|i| f32_to_bf16(noise(100 + li as u64, i)).to_le_bytes())
+                .collect();
+            let n_wkv = d * (hc + 1) * cols * hd;
+            let wkv = (0..n_wkv as u64)
+                .map(|i| f32_to_bf16(noise(200 + li as u64, i) / 16.0))
+                .collect();
+            let q = (0..(hc * d) as u64)
+                .map(|i| 1.0 + noise(300 + li as u64, i) / 8.0)
+                .collect();
+            let k = (0..(hc * d) as u64)
+                .map(|i| 1.0 + noise(400 + li as u64, i) / 8.0)
+                .collect();
+            (rows, table, wkv, q, k)
+        })
+        .collect();
+
+    let ctx = Context::new(&cfg)?;
+    for (li, (rows, table, wkv, q, k)) in weights.iter().enumerate() {
+        ctx.set_layer(LayerIn {
+            layer_id: layer_ids[li],
+            table: TableIn {
+                data: table,
+                format: RowFormat::new(EngramType::Bf16 as u32, hd)?,
+                rows: *rows,
+            },
+            wkv: Weights::Bf16(wkv),
+            q: Weights::F32(q),
+            k: Weights::F32(k),
+        })?;
+        println!(
+            "layer {:>2}: table {rows} rows x {hd} (bf16), wkv [{} x {}]",
+            layer_ids[li],
+            d * (hc + 1),
+            cols * hd
+        );
+    }
+    let per = ctx.ids_per_token();
+
+    // Step 1: sequence 0 prefills 6 tokens.
+    let step = |name: &str,
+                tokens: &[i32],
+                seqs: &[i32],
+                pos: &[i32]|
+     -> Result<(), engram::Error> {
+        let n = tokens.len();
+        let mut ids = vec![0i64; n * per];
+        ctx.hash(tokens, seqs, pos, &mut ids)?;
+        let mut highway: Vec<f32> = (0..n * hc * d).map(|i| noise(999, i as u64)).collect();
+        let before = highway.clone();
+        for &lid in &layer_ids {
+            ctx.apply(lid, &ids, n, Highway::F32(&mut highway))?;
+        }
+        println!("\n{name}: {n} tokens");
+        for t in 0..n {
+            let sl = t * hc * d..(t + 1) * hc * d;
+            let delta: f32 = highway[sl.clone()]
+                .iter()
+                .zip(&before[sl])
+                .map(|(a, b)| (a - b).abs())
+                .sum::<f32>()
+                / (hc * d) as f32;
+            let first = &ids[t * per..t * per + 4];
+            println!(
+                "  seq {} pos {:>2} token {:>4}: row ids (layer {}) {:?}...  mean |engram term| {:.4}{}",
+                seqs[t],
+                pos[t],
+                tokens[t],
+                layer_ids[0],
+                first,
+                delta,
+                if delta == 0.0 { "  (dead: untouched)" } else { "" }
+            );
+        }
+        Ok(())
+    };
+    step(
+        "prefill seq 0",
+        &[11, 25, 990, 4, 310, 42],
+        &[0; 6],
+        &[0, 1, 2, 3, 4, 5],
+    )?;
+    // Step 2: sequence 1 prefills while sequence 0 decodes, in one batch.
+    step("mixed batch", &[7, 8, 9, 600], &[1, 1, 1, 0], &[0, 1, 2, 6])?;
+    // Step 3: both decode; sequence 0's look-back reaches into step 2's token.
+    step("decode both", &[55, 66], &[0, 1], &[7, 3])?;
+    // Step 4: a speculative token for seq 0 is rejected: re-hash position 7.
+    step("rollback seq 0 pos 7", &[56], &[0], &[7])?;
+    // A bad call changes nothing and says why.
+    let mut ids = vec![0i64; per];
+    let err = ctx.hash(&[5], &[1], &[9], &mut ids).unwrap_err();
+    println!("\nbad call (seq 1 pos 9, positions 4..8 never hashed): {err}");
+    println!("context memory: {} bytes", ctx.memory_bytes());
+    Ok(())
+}
