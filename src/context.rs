@@ -6,6 +6,7 @@ use crate::cpu;
 use crate::error::{bail, Error, Result};
 use crate::formats::{bf16_to_f32, f32_to_bf16, RowDataError, RowFormat, Weights};
 use crate::hash::{HashTables, HashTablesIn, History, Limits, ROW_ID_DEAD};
+use crate::projection::{Kernel, Projection};
 use std::sync::{Mutex, RwLock};
 
 /// Where `apply` runs.
@@ -91,7 +92,7 @@ pub struct Context<'w> {
     geo: Geometry,
     tables: HashTables,
     limits: Limits,
-    n_threads: usize,
+    projection: Projection,
     history: Mutex<History>,
     layers: RwLock<Vec<Option<Layer<'w>>>>,
 }
@@ -150,14 +151,38 @@ impl<'w> Context<'w> {
         }
         let tables = HashTables::new(&cfg.tables)?;
         let n_layers = tables.n_layers();
+        if cfg.n_threads > 1024 {
+            bail!(
+                ErrInvalidConfig,
+                "n_threads = {} (at most 1024)",
+                cfg.n_threads
+            );
+        }
+        let projection = Projection::new(cfg.n_threads).map_err(|e| {
+            Error::new(
+                crate::EngramStatus::ErrInvalidConfig,
+                format!("cannot start {} threads: {e}", cfg.n_threads),
+            )
+        })?;
         Ok(Context {
             geo: g,
             tables,
             limits: lim,
-            n_threads: cfg.n_threads.max(1),
+            projection,
             history: Mutex::new(History::new(lim.max_seqs)),
             layers: RwLock::new((0..n_layers).map(|_| None).collect()),
         })
+    }
+
+    /// The projection kernel in use.
+    pub fn kernel(&self) -> Kernel {
+        self.projection.kernel()
+    }
+
+    /// Use `kernel` for the projection (tests and benchmarks compare kernels;
+    /// a kernel the CPU lacks falls back to the portable one).
+    pub fn set_kernel(&mut self, kernel: Kernel) {
+        self.projection.set_kernel(kernel);
     }
 
     pub fn geometry(&self) -> Geometry {
@@ -296,8 +321,8 @@ impl<'w> Context<'w> {
 
     /// Checks shared by `apply` and `stages`, then gather + dequantise and the
     /// projection for the live tokens of `row_ids`: returns the live token
-    /// indices, their rows `[n_live, C*Hd]` and `kv` `[n_live, D*(hc+1)]`,
-    /// bf16 values held as f32.
+    /// indices, their rows `[n_live, C*Hd]` (bf16 bits) and `kv`
+    /// `[n_live, D*(hc+1)]` (bf16 values held as f32).
     fn prepare(
         &self,
         layer_id: u32,
@@ -363,7 +388,7 @@ impl<'w> Context<'w> {
         }
         let nl = live.len();
         let (k_in, k_out) = (self.kv_in(), self.kv_out());
-        let mut rows = vec![0f32; nl * k_in];
+        let mut rows = vec![0u16; nl * k_in];
         cpu::gather_rows(layer.table, layer.format, g.hd, &ids, &mut rows).map_err(|(j, e)| {
             let (t, c, r) = (live[j / cols], j % cols, ids[j]);
             let what = match e {
@@ -376,7 +401,8 @@ impl<'w> Context<'w> {
             )
         })?;
         let mut kv = vec![0f32; nl * k_out];
-        cpu::project(&rows, nl, k_in, layer.wkv, k_out, &mut kv, self.n_threads);
+        self.projection
+            .run(&rows, nl, k_in, layer.wkv, k_out, &mut kv);
         Ok(Prepared {
             live,
             rows,
@@ -435,14 +461,13 @@ impl<'w> Context<'w> {
     /// `[n_live, D*(hc+1)]` of the live tokens, as bf16 bit patterns.
     pub fn stages(&self, layer_id: u32, row_ids: &[i64], n: usize) -> Result<(Vec<u16>, Vec<u16>)> {
         let p = self.prepare(layer_id, row_ids, n, None)?;
-        let bits = |v: &[f32]| v.iter().map(|&x| f32_to_bf16(x)).collect();
-        Ok((bits(&p.rows), bits(&p.kv)))
+        Ok((p.rows, p.kv.iter().map(|&x| f32_to_bf16(x)).collect()))
     }
 }
 
 struct Prepared {
     live: Vec<usize>,
-    rows: Vec<f32>,
+    rows: Vec<u16>,
     kv: Vec<f32>,
     qk: Vec<f32>,
 }

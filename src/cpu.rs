@@ -1,98 +1,9 @@
-//! The CPU backend's arithmetic: gather + dequantise, projection, gate.
-//! Plain safe Rust over host slices.
+//! The CPU backend's gather + dequantise and gate (the projection is in
+//! `projection`). Plain safe Rust over host slices.
 
-use crate::formats::{
-    bf16_to_f32, dequant_row_bf16, f32_to_bf16, RowDataError, RowFormat, Weights,
-};
+use crate::formats::{dequant_row_bf16, RowDataError, RowFormat};
 
-/// `kv[t][o] = bf16(sum_i rows[t][i] * w[o][i])` with an f32 accumulator:
-/// `rows` is `[n, k]` (bf16 values held as f32), `w` is `[n_out, k]`, `kv` is
-/// `[n, n_out]` and receives bf16-rounded values held as f32. Output rows of
-/// `w` are split over `threads` scoped threads.
-pub fn project(
-    rows: &[f32],
-    n: usize,
-    k: usize,
-    w: Weights<'_>,
-    n_out: usize,
-    kv: &mut [f32],
-    threads: usize,
-) {
-    debug_assert_eq!(rows.len(), n * k);
-    debug_assert_eq!(w.len(), n_out * k);
-    debug_assert_eq!(kv.len(), n * n_out);
-    if n == 0 {
-        return;
-    }
-    let threads = threads.clamp(1, n_out.max(1));
-    // Each thread owns a contiguous range of outputs and writes them through a
-    // transposed scratch `[range, n]`, copied into `kv` afterwards.
-    let chunk = n_out.div_ceil(threads);
-    let mut parts: Vec<Vec<f32>> = Vec::with_capacity(threads);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|ti| {
-                let lo = (ti * chunk).min(n_out);
-                let hi = ((ti + 1) * chunk).min(n_out);
-                s.spawn(move || project_range(rows, n, k, w, lo, hi))
-            })
-            .collect();
-        for h in handles {
-            parts.push(h.join().expect("projection worker panicked"));
-        }
-    });
-    for (ti, part) in parts.iter().enumerate() {
-        let lo = (ti * chunk).min(n_out);
-        let width = part.len() / n.max(1);
-        for j in 0..width {
-            for t in 0..n {
-                kv[t * n_out + lo + j] = part[j * n + t];
-            }
-        }
-    }
-}
-
-fn project_range(
-    rows: &[f32],
-    n: usize,
-    k: usize,
-    w: Weights<'_>,
-    lo: usize,
-    hi: usize,
-) -> Vec<f32> {
-    let mut out = vec![0f32; (hi - lo) * n];
-    let mut wrow = vec![0f32; k];
-    for o in lo..hi {
-        w.to_f32(o * k, &mut wrow);
-        for t in 0..n {
-            let acc = dot(&rows[t * k..(t + 1) * k], &wrow);
-            out[(o - lo) * n + t] = bf16_to_f32(f32_to_bf16(acc));
-        }
-    }
-    out
-}
-
-/// An f32 dot product with eight independent partial sums (so the compiler
-/// can keep them in vector registers), summed pairwise at the end.
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let ca = a.chunks_exact(8);
-    let cb = b.chunks_exact(8);
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    let mut tail = 0f32;
-    for (x, y) in ra.iter().zip(rb) {
-        tail += x * y;
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
-/// Gather rows by id and dequantise them to bf16 values held as f32.
+/// Gather rows by id and dequantise them to bf16 (bit patterns).
 /// `ids` are already checked to lie inside the table. On bad data the error
 /// names the position in `ids` and what was wrong.
 pub fn gather_rows(
@@ -100,16 +11,12 @@ pub fn gather_rows(
     fmt: RowFormat,
     width: usize,
     ids: &[i64],
-    out: &mut [f32],
+    out: &mut [u16],
 ) -> Result<(), (usize, RowDataError)> {
     let rb = fmt.row_bytes(width);
-    let mut tmp = vec![0u16; width];
     for (j, (&id, o)) in ids.iter().zip(out.chunks_exact_mut(width)).enumerate() {
         let r = id as usize;
-        dequant_row_bf16(fmt, &table[r * rb..(r + 1) * rb], &mut tmp).map_err(|e| (j, e))?;
-        for (v, &b) in o.iter_mut().zip(&tmp) {
-            *v = bf16_to_f32(b);
-        }
+        dequant_row_bf16(fmt, &table[r * rb..(r + 1) * rb], o).map_err(|e| (j, e))?;
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 //!
 //! The core is plain safe Rust: [`hash`] (tables, per-sequence history, the
 //! hash), [`formats`] (row and weight formats, dequantisation), [`cpu`]
-//! (gather, projection, gate) and [`context`] (the object the C ABI wraps).
+//! (gather, gate), [`projection`] (the `wkv` GEMM/GEMV) and [`context`] (the object the C ABI wraps).
 //! [`ffi`] is the C boundary only.
 
 pub mod context;
@@ -13,6 +13,7 @@ pub mod error;
 pub mod ffi;
 pub mod formats;
 pub mod hash;
+pub mod projection;
 
 pub use context::{Context, ContextConfig, EngramBackend, Geometry, Highway, LayerIn, TableIn};
 pub use error::{EngramStatus, Error, Result};

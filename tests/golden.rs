@@ -8,6 +8,7 @@ mod common;
 
 use common::*;
 use engram::formats::{bf16_to_f32, dequant_row_bf16, f32_to_bf16};
+use engram::projection::Kernel;
 use engram::{Highway, RowFormat};
 
 /// Unit roundoff of f32.
@@ -263,8 +264,13 @@ fn rows_kv_and_highway_match_the_golden_in_every_regime() {
     let mut kv_differences = 0usize;
     let mut kv_values = 0usize;
     let mut worst_f32 = 0f64; // largest |error| / bound seen
-    for regime in REGIMES {
-        let ctx = tiny.context();
+    let kernels = [Kernel::Portable, Kernel::detect()];
+    for (regime, kernel) in REGIMES
+        .iter()
+        .flat_map(|r| kernels.iter().map(move |k| (*r, *k)))
+    {
+        let ctx = tiny.context_with(kernel);
+        assert_eq!(ctx.kernel(), kernel);
         for (ci, c) in calls(&tiny, regime).iter().enumerate() {
             let n = c.tokens.len();
             let mut ids = vec![0i64; n * ctx.ids_per_token()];
@@ -276,7 +282,8 @@ fn rows_kv_and_highway_match_the_golden_in_every_regime() {
                 let lid = layer.layer_id;
                 assert_eq!(lg["layer_id"].as_u64().unwrap() as u32, lid);
                 let gold = layer_golden(lg);
-                let at = |t: usize| format!("{regime} call {ci} layer {lid} token {t}");
+                let at =
+                    |t: usize| format!("{regime} call {ci} layer {lid} token {t} ({kernel:?})");
 
                 // Rows: bit-exact.
                 let (rows, kv) = ctx.stages(lid, &ids, n).unwrap();
@@ -408,7 +415,7 @@ fn rows_kv_and_highway_match_the_golden_in_every_regime() {
         }
     }
     println!(
-        "kv: {kv_differences} of {kv_values} values differ from the golden (each within its bound); \
+        "kernels {kernels:?}: kv: {kv_differences} of {kv_values} values differ from the golden (each within its bound); \
          f32 highway: largest error is {:.3} of its bound",
         worst_f32
     );

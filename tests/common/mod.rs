@@ -311,7 +311,13 @@ impl Tiny {
 
     /// A context with both layers' weights set.
     pub fn context(&self) -> Context<'_> {
-        let ctx = Context::new(&self.config(Self::limits())).expect("create");
+        self.context_with(engram::projection::Kernel::detect())
+    }
+
+    /// The same, with the projection kernel chosen.
+    pub fn context_with(&self, kernel: engram::projection::Kernel) -> Context<'_> {
+        let mut ctx = Context::new(&self.config(Self::limits())).expect("create");
+        ctx.set_kernel(kernel);
         for l in &self.layers {
             ctx.set_layer(LayerIn {
                 layer_id: l.layer_id,

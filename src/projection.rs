@@ -1,0 +1,410 @@
+//! The projection `kv = rows @ wkv^T` on the CPU: bf16 rows, f32 accumulate,
+//! bf16 result (held as f32). One portable kernel, and one using AVX-512 BF16
+//! dot products (`vdpbf16ps`) chosen at run time where the CPU has them. Work is
+//! split over output rows on the context's own thread pool.
+//!
+//! Both kernels sum the `K` products of an output in f32, in different orders;
+//! `vdpbf16ps` also flushes f32 denormals to zero. The tests hold both to the
+//! same bound (see `tests/golden.rs`).
+
+use crate::formats::{bf16_to_f32, f32_to_bf16, Weights};
+use rayon::prelude::*;
+
+/// Which kernel computes the dot products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Plain Rust, f32 arithmetic (vectorised by the compiler).
+    Portable,
+    /// AVX-512 BF16 dot products, for bf16 weights.
+    Avx512Bf16,
+}
+
+impl Kernel {
+    /// The best kernel this CPU runs.
+    pub fn detect() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+            {
+                return Kernel::Avx512Bf16;
+            }
+        }
+        Kernel::Portable
+    }
+}
+
+/// Output rows of `wkv` per task handed to a worker.
+const CHUNK: usize = 64;
+/// Tokens whose rows are kept hot in cache while a chunk of weights is reused.
+const TOKEN_BLOCK: usize = 64;
+
+/// The projection with its thread pool.
+pub struct Projection {
+    pool: Option<rayon::ThreadPool>,
+    threads: usize,
+    kernel: Kernel,
+}
+
+impl Projection {
+    /// A projection using at most `threads` threads (the caller's thread
+    /// included: a pool of `threads` workers runs the work while the caller
+    /// waits). `threads <= 1` runs everything on the calling thread.
+    pub fn new(threads: usize) -> std::io::Result<Projection> {
+        let pool = if threads > 1 {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("engram-{i}"))
+                    .build()
+                    .map_err(std::io::Error::other)?,
+            )
+        } else {
+            None
+        };
+        Ok(Projection {
+            pool,
+            threads: threads.max(1),
+            kernel: Kernel::detect(),
+        })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// Use `kernel` from now on (for tests and benchmarks comparing kernels).
+    /// Asking for a kernel the CPU lacks keeps the portable one.
+    pub fn set_kernel(&mut self, kernel: Kernel) {
+        self.kernel = if kernel == Kernel::Portable || Kernel::detect() == kernel {
+            kernel
+        } else {
+            Kernel::Portable
+        };
+    }
+
+    /// `kv[t][o] = bf16(sum_i rows[t][i] * w[o][i])` for `rows` `[n, k]` (bf16
+    /// bits) and `w` `[n_out, k]`; `kv` is `[n, n_out]` and receives the bf16
+    /// values as f32.
+    pub fn run(
+        &self,
+        rows: &[u16],
+        n: usize,
+        k: usize,
+        w: Weights<'_>,
+        n_out: usize,
+        kv: &mut [f32],
+    ) {
+        assert_eq!(rows.len(), n * k);
+        assert_eq!(w.len(), n_out * k);
+        assert_eq!(kv.len(), n * n_out);
+        if n == 0 || n_out == 0 {
+            return;
+        }
+        let kernel = match w {
+            Weights::Bf16(_) => self.kernel,
+            _ => Kernel::Portable,
+        };
+        // The portable kernel works on f32 rows, converted once.
+        let rows_f32: Vec<f32> = if kernel == Kernel::Portable {
+            rows.iter().map(|&b| bf16_to_f32(b)).collect()
+        } else {
+            Vec::new()
+        };
+        // Outputs are computed o-major (`[n_out, n]`) so that each task owns a
+        // contiguous slice, then transposed into `kv`.
+        let mut kvt = vec![0f32; n_out * n];
+        let body = |(ci, out): (usize, &mut [f32])| {
+            let lo = ci * CHUNK;
+            let hi = (lo + CHUNK).min(n_out);
+            match (kernel, w) {
+                #[cfg(target_arch = "x86_64")]
+                (Kernel::Avx512Bf16, Weights::Bf16(wb)) => {
+                    // SAFETY: `Kernel::Avx512Bf16` is only selected when the CPU
+                    // has avx512f, avx512bw and avx512bf16; sizes are asserted above.
+                    unsafe { avx512::range(rows, n, k, wb, lo, hi, out) }
+                }
+                _ => portable_range(&rows_f32, n, k, w, lo, hi, out),
+            }
+        };
+        match &self.pool {
+            Some(p) if n_out > CHUNK => {
+                p.install(|| kvt.par_chunks_mut(CHUNK * n).enumerate().for_each(body))
+            }
+            _ => kvt.chunks_mut(CHUNK * n).enumerate().for_each(body),
+        }
+        for o in 0..n_out {
+            for t in 0..n {
+                kv[t * n_out + o] = kvt[o * n + t];
+            }
+        }
+    }
+}
+
+/// Round an f32 sum to bf16, held as f32.
+#[inline]
+fn to_bf16_value(x: f32) -> f32 {
+    bf16_to_f32(f32_to_bf16(x))
+}
+
+fn portable_range(
+    rows: &[f32],
+    n: usize,
+    k: usize,
+    w: Weights<'_>,
+    lo: usize,
+    hi: usize,
+    out: &mut [f32],
+) {
+    let mut wrow = vec![0f32; k];
+    for o in lo..hi {
+        w.to_f32(o * k, &mut wrow);
+        for t in 0..n {
+            out[(o - lo) * n + t] = to_bf16_value(dot(&rows[t * k..(t + 1) * k], &wrow));
+        }
+    }
+}
+
+/// An f32 dot product with eight independent partial sums (so the compiler
+/// can keep them in vector registers), summed pairwise at the end.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let ca = a.chunks_exact(8);
+    let cb = b.chunks_exact(8);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{to_bf16_value, TOKEN_BLOCK};
+    use std::arch::x86_64::*;
+
+    /// Weight rows per micro-kernel call, tokens per micro-kernel call.
+    const R: usize = 4;
+    const T: usize = 4;
+
+    /// Outputs `lo..hi` for all `n` tokens into `out` (`[hi-lo, n]`).
+    ///
+    /// # Safety
+    /// The CPU must have avx512f, avx512bw and avx512bf16; `rows` is `[n, k]`,
+    /// `w` is `[_, k]` with at least `hi` rows, `out` is `[hi-lo, n]`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub unsafe fn range(
+        rows: &[u16],
+        n: usize,
+        k: usize,
+        w: &[u16],
+        lo: usize,
+        hi: usize,
+        out: &mut [f32],
+    ) {
+        debug_assert!(w.len() >= hi * k && rows.len() == n * k && out.len() == (hi - lo) * n);
+        let mut tb = 0;
+        while tb < n {
+            let te = (tb + TOKEN_BLOCK).min(n);
+            let mut o = lo;
+            while o < hi {
+                let r = (hi - o).min(R);
+                let mut t = tb;
+                while t < te {
+                    let tt = (te - t).min(T);
+                    let mut wp = [w.as_ptr(); R];
+                    for (i, p) in wp.iter_mut().enumerate().take(r) {
+                        *p = w.as_ptr().add((o + i) * k);
+                    }
+                    let mut xp = [rows.as_ptr(); T];
+                    for (j, p) in xp.iter_mut().enumerate().take(tt) {
+                        *p = rows.as_ptr().add((t + j) * k);
+                    }
+                    let s = match (r, tt) {
+                        (4, 4) => micro::<4, 4>(&wp, &xp, k),
+                        (4, _) => micro_any::<4>(&wp, &xp, tt, k),
+                        (_, 4) => micro_rows::<4>(&wp, &xp, r, k),
+                        _ => micro_small(&wp, &xp, r, tt, k),
+                    };
+                    for i in 0..r {
+                        for j in 0..tt {
+                            out[(o + i - lo) * n + t + j] = to_bf16_value(s[i][j]);
+                        }
+                    }
+                    t += tt;
+                }
+                o += r;
+            }
+            tb = te;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load(p: *const u16, at: usize) -> __m512bh {
+        std::mem::transmute(_mm512_loadu_si512(p.add(at) as *const _))
+    }
+
+    #[inline(always)]
+    unsafe fn load_tail(p: *const u16, at: usize, m: __mmask32) -> __m512bh {
+        std::mem::transmute(_mm512_maskz_loadu_epi16(m, p.add(at) as *const i16))
+    }
+
+    /// The full `RR x TT` tile: every weight row against every token.
+    #[inline(always)]
+    unsafe fn micro<const RR: usize, const TT: usize>(
+        wp: &[*const u16; R],
+        xp: &[*const u16; T],
+        k: usize,
+    ) -> [[f32; T]; R] {
+        let mut acc = [[_mm512_setzero_ps(); TT]; RR];
+        let mut kk = 0;
+        while kk + 32 <= k {
+            let mut wv = [load(wp[0], kk); RR];
+            for i in 1..RR {
+                wv[i] = load(wp[i], kk);
+            }
+            let mut xv = [load(xp[0], kk); TT];
+            for j in 1..TT {
+                xv[j] = load(xp[j], kk);
+            }
+            for i in 0..RR {
+                for j in 0..TT {
+                    acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv[j]);
+                }
+            }
+            kk += 32;
+        }
+        if kk < k {
+            let m: __mmask32 = (1u32 << (k - kk)) - 1;
+            for i in 0..RR {
+                let wv = load_tail(wp[i], kk, m);
+                for j in 0..TT {
+                    acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv, load_tail(xp[j], kk, m));
+                }
+            }
+        }
+        let mut s = [[0f32; T]; R];
+        for i in 0..RR {
+            for j in 0..TT {
+                s[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+            }
+        }
+        s
+    }
+
+    /// `RR` rows against `tt < T` tokens.
+    #[inline(always)]
+    unsafe fn micro_any<const RR: usize>(
+        wp: &[*const u16; R],
+        xp: &[*const u16; T],
+        tt: usize,
+        k: usize,
+    ) -> [[f32; T]; R] {
+        match tt {
+            1 => micro::<RR, 1>(wp, xp, k),
+            2 => micro::<RR, 2>(wp, xp, k),
+            _ => micro::<RR, 3>(wp, xp, k),
+        }
+    }
+
+    /// `r < R` rows against `TT` tokens.
+    #[inline(always)]
+    unsafe fn micro_rows<const TT: usize>(
+        wp: &[*const u16; R],
+        xp: &[*const u16; T],
+        r: usize,
+        k: usize,
+    ) -> [[f32; T]; R] {
+        match r {
+            1 => micro::<1, TT>(wp, xp, k),
+            2 => micro::<2, TT>(wp, xp, k),
+            _ => micro::<3, TT>(wp, xp, k),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn micro_small(
+        wp: &[*const u16; R],
+        xp: &[*const u16; T],
+        r: usize,
+        tt: usize,
+        k: usize,
+    ) -> [[f32; T]; R] {
+        match r {
+            1 => micro_any::<1>(wp, xp, tt, k),
+            2 => micro_any::<2>(wp, xp, tt, k),
+            _ => micro_any::<3>(wp, xp, tt, k),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, k: usize, n_out: usize) -> (Vec<u16>, Vec<u16>) {
+        let f = |i: usize, s: u64| {
+            let z = crate::hash::is_prime(i as u64 + s) as i32 as f32;
+            f32_to_bf16(((i as f32 * 0.37 + s as f32).sin() + z) * 0.5)
+        };
+        (
+            (0..n * k).map(|i| f(i, 1)).collect(),
+            (0..n_out * k).map(|i| f(i, 2)).collect(),
+        )
+    }
+
+    /// Every kernel, every tile shape and K tail, against an f64 reference
+    /// within (K+2) u sum|a b| + 1 bf16 ulp (see tests/golden.rs).
+    #[test]
+    fn kernels_agree_with_f64_on_all_tile_shapes() {
+        for &(n, k, n_out) in &[
+            (1, 64, 9),
+            (3, 100, 7),
+            (5, 256, 130),
+            (70, 40, 5),
+            (4, 33, 4),
+        ] {
+            let (rows, w) = data(n, k, n_out);
+            for kernel in [Kernel::Portable, Kernel::Avx512Bf16] {
+                for threads in [1, 2] {
+                    let mut p = Projection::new(threads).unwrap();
+                    p.set_kernel(kernel);
+                    let mut kv = vec![0f32; n * n_out];
+                    p.run(&rows, n, k, Weights::Bf16(&w), n_out, &mut kv);
+                    for t in 0..n {
+                        for o in 0..n_out {
+                            let (mut s, mut a) = (0f64, 0f64);
+                            for i in 0..k {
+                                let x = bf16_to_f32(rows[t * k + i]) as f64
+                                    * bf16_to_f32(w[o * k + i]) as f64;
+                                s += x;
+                                a += x.abs();
+                            }
+                            let got = kv[t * n_out + o] as f64;
+                            let ulp = 2f64.powi(
+                                (s.abs().max(got.abs()).max(1e-30)).log2().floor() as i32 - 7,
+                            );
+                            let bound = (k as f64 + 2.0) * a / (1u64 << 24) as f64 + ulp;
+                            assert!(
+                                (got - s).abs() <= bound,
+                                "{kernel:?} n{n} k{k} t{t} o{o}: {got} vs {s}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
