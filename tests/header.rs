@@ -27,9 +27,18 @@ fn define(name: &str) -> String {
 
 #[test]
 fn version_macros_equal_the_crate_version() {
-    assert_eq!(define("ENGRAM_VERSION_MAJOR"), env!("CARGO_PKG_VERSION_MAJOR"));
-    assert_eq!(define("ENGRAM_VERSION_MINOR"), env!("CARGO_PKG_VERSION_MINOR"));
-    assert_eq!(define("ENGRAM_VERSION_PATCH"), env!("CARGO_PKG_VERSION_PATCH"));
+    assert_eq!(
+        define("ENGRAM_VERSION_MAJOR"),
+        env!("CARGO_PKG_VERSION_MAJOR")
+    );
+    assert_eq!(
+        define("ENGRAM_VERSION_MINOR"),
+        env!("CARGO_PKG_VERSION_MINOR")
+    );
+    assert_eq!(
+        define("ENGRAM_VERSION_PATCH"),
+        env!("CARGO_PKG_VERSION_PATCH")
+    );
     assert_eq!(define("ENGRAM_VERSION_STRING"), env!("CARGO_PKG_VERSION"));
     let v = unsafe { CStr::from_ptr(engram::ffi::engram_version()) };
     assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
@@ -39,10 +48,17 @@ fn version_macros_equal_the_crate_version() {
 fn header_has_guard_and_cpp_linkage() {
     assert!(COMMITTED.contains("#ifndef ENGRAM_H") && COMMITTED.contains("#define ENGRAM_H"));
     assert!(COMMITTED.contains("extern \"C\" {"));
-    for f in ["engram_create", "engram_hash", "engram_apply", "engram_free", "engram_version", "engram_last_error"] {
-        let declared = COMMITTED
-            .lines()
-            .any(|l| !l.starts_with(' ') && (l.contains(&format!(" {f}(")) || l.contains(&format!("*{f}("))));
+    for f in [
+        "engram_create",
+        "engram_hash",
+        "engram_apply",
+        "engram_free",
+        "engram_version",
+        "engram_last_error",
+    ] {
+        let declared = COMMITTED.lines().any(|l| {
+            !l.starts_with(' ') && (l.contains(&format!(" {f}(")) || l.contains(&format!("*{f}(")))
+        });
         assert!(declared, "{f} is not declared in the header");
     }
 }

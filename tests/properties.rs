@@ -53,7 +53,8 @@ fn any_split_equals_one_call() {
             let len = 1 + rng.below(n - p);
             let pos: Vec<i32> = (p as i32..(p + len) as i32).collect();
             let mut out = vec![0i64; len * per];
-            ctx.hash(&tokens[p..p + len], &vec![0; len], &pos, &mut out).unwrap();
+            ctx.hash(&tokens[p..p + len], &vec![0; len], &pos, &mut out)
+                .unwrap();
             got.extend(out);
             p += len;
         }
@@ -75,7 +76,11 @@ fn interleaved_and_shuffled_batches_equal_separate_runs() {
         let mut batch: Vec<(i32, i32, i32)> = seqs
             .iter()
             .enumerate()
-            .flat_map(|(s, t)| t.iter().enumerate().map(move |(p, &x)| (s as i32, p as i32, x)))
+            .flat_map(|(s, t)| {
+                t.iter()
+                    .enumerate()
+                    .map(move |(p, &x)| (s as i32, p as i32, x))
+            })
             .collect();
         for i in (1..batch.len()).rev() {
             batch.swap(i, rng.below(i + 1));
@@ -90,7 +95,11 @@ fn interleaved_and_shuffled_batches_equal_separate_runs() {
         let alone: Vec<Vec<i64>> = seqs.iter().map(|t| straight(&tiny, t)).collect();
         for (i, &(s, p, _)) in batch.iter().enumerate() {
             let w = &alone[s as usize][p as usize * per..(p as usize + 1) * per];
-            assert_eq!(&out[i * per..(i + 1) * per], w, "case {case} seq {s} pos {p}");
+            assert_eq!(
+                &out[i * per..(i + 1) * per],
+                w,
+                "case {case} seq {s} pos {p}"
+            );
         }
     }
 }
@@ -119,7 +128,8 @@ fn rollback_then_rehash_equals_straight() {
         // ... then roll back to `cut` by re-hashing the true tokens from there.
         let pos: Vec<i32> = (cut as i32..n as i32).collect();
         let mut out = vec![0i64; (n - cut) * per];
-        ctx.hash(&tokens[cut..], &vec![0; n - cut], &pos, &mut out).unwrap();
+        ctx.hash(&tokens[cut..], &vec![0; n - cut], &pos, &mut out)
+            .unwrap();
         assert_eq!(out[..], want[cut * per..], "case {case}");
     }
 }
@@ -130,17 +140,24 @@ fn a_failing_hash_changes_nothing() {
     let ctx = tiny.context();
     let per = ctx.ids_per_token();
     let mut out = vec![0i64; 3 * per];
-    ctx.hash(&[1, 2, 3], &[0, 0, 0], &[0, 1, 2], &mut out).unwrap();
+    ctx.hash(&[1, 2, 3], &[0, 0, 0], &[0, 1, 2], &mut out)
+        .unwrap();
     // A batch whose last token is bad: its first two tokens are not recorded.
     let mut bad = vec![7i64; 3 * per];
-    let e = ctx.hash(&[4, 6, 99], &[0, 0, 0], &[3, 4, 5], &mut bad).unwrap_err();
+    let e = ctx
+        .hash(&[4, 6, 99], &[0, 0, 0], &[3, 4, 5], &mut bad)
+        .unwrap_err();
     assert_eq!(e.status, engram::EngramStatus::ErrInvalidToken);
     assert!(bad.iter().all(|&x| x == 7), "output untouched");
     assert_eq!(ctx.seq_len(0).unwrap(), 3, "history untouched");
     // A look-back to a position never written names the sequence and position.
     let e = ctx.hash(&[4], &[1], &[5], &mut bad[..per]).unwrap_err();
     assert_eq!(e.status, engram::EngramStatus::ErrMissingHistory);
-    assert!(e.message.contains("sequence 1") && e.message.contains("position 4"), "{}", e.message);
+    assert!(
+        e.message.contains("sequence 1") && e.message.contains("position 4"),
+        "{}",
+        e.message
+    );
     // The history continues exactly as if the bad calls never happened.
     let mut next = vec![0i64; per];
     ctx.hash(&[4], &[0], &[3], &mut next).unwrap();
@@ -153,11 +170,16 @@ fn copy_and_drop_sequences() {
     let ctx = tiny.context();
     let per = ctx.ids_per_token();
     let mut out = vec![0i64; 4 * per];
-    ctx.hash(&[1, 2, 3, 4], &[0; 4], &[0, 1, 2, 3], &mut out).unwrap();
+    ctx.hash(&[1, 2, 3, 4], &[0; 4], &[0, 1, 2, 3], &mut out)
+        .unwrap();
     ctx.seq_copy(0, 2).unwrap();
     let mut a = vec![0i64; per];
     ctx.hash(&[9], &[2], &[4], &mut a).unwrap();
-    assert_eq!(a[..], straight(&tiny, &[1, 2, 3, 4, 9])[4 * per..], "fork continues the copied history");
+    assert_eq!(
+        a[..],
+        straight(&tiny, &[1, 2, 3, 4, 9])[4 * per..],
+        "fork continues the copied history"
+    );
     ctx.seq_drop(2).unwrap();
     assert_eq!(ctx.seq_len(2).unwrap(), 0);
     let e = ctx.hash(&[9], &[2], &[4], &mut a).unwrap_err();

@@ -11,7 +11,9 @@ use engram::{Context, ContextConfig, Geometry, HashTablesIn, Limits};
 
 fn token_map() -> Vec<i32> {
     let b = std::fs::read(golden_dir().join("v41_token_map.i32")).unwrap();
-    b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 #[test]
@@ -30,7 +32,11 @@ fn derived_figures_match_the_published_ones() {
     assert_eq!(map.iter().map(|&m| m as usize + 1).max().unwrap(), distinct);
 
     let primes = derive_primes(2, 4, 8, 16_000_000);
-    assert_eq!(primes, u64s(&g["primes"]), "primes derived in Rust vs the generator");
+    assert_eq!(
+        primes,
+        u64s(&g["primes"]),
+        "primes derived in Rust vs the generator"
+    );
     assert_eq!(derive_offsets(&primes, 24), u64s(&g["offsets"]));
     let rows: Vec<u64> = primes.chunks(24).map(|c| c.iter().sum()).collect();
     assert_eq!(rows, vec![384_006_168, 384_016_682]);
@@ -42,7 +48,11 @@ fn real_texts_hash_to_the_generators_ids() {
     let g = load_json("v41_hash.json");
     let map = token_map();
     let layer_ids: Vec<u32> = ints(&g["layer_ids"]).iter().map(|&l| l as u32).collect();
-    let (multipliers, primes, offsets) = (u64s(&g["multipliers"]), u64s(&g["primes"]), u64s(&g["offsets"]));
+    let (multipliers, primes, offsets) = (
+        u64s(&g["multipliers"]),
+        u64s(&g["primes"]),
+        u64s(&g["offsets"]),
+    );
     let pad_id = map[g["pad_token_id"].as_u64().unwrap() as usize] as i64;
     assert_eq!(pad_id, g["pad_id"].as_i64().unwrap());
     let cfg = ContextConfig {
@@ -82,7 +92,8 @@ fn real_texts_hash_to_the_generators_ids() {
         assert_eq!(compressed, i32s(&t["compressed"]), "text {si}");
         let pos: Vec<i32> = (0..n as i32).collect();
         let mut out = vec![0i64; n * 48];
-        ctx.hash(&tokens, &vec![si as i32; n], &pos, &mut out).unwrap();
+        ctx.hash(&tokens, &vec![si as i32; n], &pos, &mut out)
+            .unwrap();
         assert_eq!(out, ints(&t["ids"]), "text {si}: {:?}", t["text"].as_str());
     }
 }
