@@ -374,6 +374,13 @@ impl<'w> Context<'w> {
             if tid.iter().all(|&r| r == ROW_ID_DEAD) {
                 continue;
             }
+            if let Some(c) = tid.iter().position(|&r| r == ROW_ID_DEAD) {
+                bail!(
+                    ErrInvalidRowId,
+                    "token {t}, layer {layer_id}: column {c} is ENGRAM_ROW_ID_DEAD (-1) but other columns are not; \
+                     a dead token has -1 in every column"
+                );
+            }
             for (c, &r) in tid.iter().enumerate() {
                 if r < 0 || r as u64 >= layer.rows {
                     bail!(

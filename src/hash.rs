@@ -217,10 +217,73 @@ impl HashTables {
     }
 }
 
+/// Positions per history page.
+const PAGE: usize = 4096;
+
+/// One sequence's compressed ids by absolute position, in pages of `PAGE`
+/// positions allocated on first write: memory follows the positions actually
+/// hashed, so a dead token far out (which needs no look-back) costs one page.
+#[derive(Clone, Debug, Default)]
+struct SeqHistory {
+    pages: Vec<Option<Box<[i32]>>>,
+    /// One past the highest position written.
+    len: usize,
+}
+
+impl SeqHistory {
+    #[inline]
+    fn get(&self, pos: usize) -> i32 {
+        match self.pages.get(pos / PAGE) {
+            Some(Some(p)) => p[pos % PAGE],
+            _ => UNSET,
+        }
+    }
+
+    /// Make `pos` writable, allocating fallibly: an allocation failure is an
+    /// error status, not an abort. Adds only pages of unset entries, which
+    /// `get` cannot tell from no page.
+    fn reserve(&mut self, pos: usize) -> Result<()> {
+        let pi = pos / PAGE;
+        let oom = || {
+            Error::new(
+                crate::EngramStatus::ErrCapacity,
+                format!("out of memory for the history at position {pos}"),
+            )
+        };
+        if self.pages.len() <= pi {
+            self.pages
+                .try_reserve(pi + 1 - self.pages.len())
+                .map_err(|_| oom())?;
+            self.pages.resize_with(pi + 1, || None);
+        }
+        if self.pages[pi].is_none() {
+            let mut v: Vec<i32> = Vec::new();
+            v.try_reserve_exact(PAGE).map_err(|_| oom())?;
+            v.resize(PAGE, UNSET);
+            self.pages[pi] = Some(v.into_boxed_slice());
+        }
+        Ok(())
+    }
+
+    /// Write a reserved position.
+    fn set(&mut self, pos: usize, v: i32) {
+        let page = self.pages[pos / PAGE]
+            .as_mut()
+            .expect("reserved before set");
+        page[pos % PAGE] = v;
+        self.len = self.len.max(pos + 1);
+    }
+
+    fn bytes(&self) -> usize {
+        self.pages.capacity() * std::mem::size_of::<Option<Box<[i32]>>>()
+            + self.pages.iter().flatten().count() * PAGE * 4
+    }
+}
+
 /// Per-sequence history of compressed ids by absolute position.
 #[derive(Clone, Debug, Default)]
 pub struct History {
-    seqs: Vec<Vec<i32>>,
+    seqs: Vec<SeqHistory>,
 }
 
 /// Capacity limits fixed at create time.
@@ -234,23 +297,23 @@ pub struct Limits {
 impl History {
     pub fn new(max_seqs: usize) -> History {
         History {
-            seqs: vec![Vec::new(); max_seqs],
+            seqs: vec![SeqHistory::default(); max_seqs],
         }
     }
 
     fn get(&self, seq: usize, pos: usize) -> i32 {
-        self.seqs[seq].get(pos).copied().unwrap_or(UNSET)
+        self.seqs[seq].get(pos)
     }
 
     /// Bytes held by the histories (for memory reporting).
     pub fn bytes(&self) -> usize {
-        self.seqs.iter().map(|s| s.capacity() * 4).sum::<usize>()
-            + self.seqs.capacity() * std::mem::size_of::<Vec<i32>>()
+        self.seqs.iter().map(SeqHistory::bytes).sum::<usize>()
+            + self.seqs.capacity() * std::mem::size_of::<SeqHistory>()
     }
 
     /// Positions hashed so far in `seq` (one past the highest written).
     pub fn len(&self, seq: usize) -> usize {
-        self.seqs[seq].len()
+        self.seqs[seq].len
     }
 
     pub fn check_seq(&self, seq: i32) -> Result<usize> {
@@ -277,7 +340,7 @@ impl History {
     /// Forget every position of `seq`.
     pub fn drop_seq(&mut self, seq: i32) -> Result<()> {
         let s = self.check_seq(seq)?;
-        self.seqs[s] = Vec::new();
+        self.seqs[s] = SeqHistory::default();
         Ok(())
     }
 
@@ -378,13 +441,13 @@ impl History {
             }
             t.hash_window(&w, o);
         }
-        // Commit.
+        // Commit: reserve every page first (the only step that can fail),
+        // then write.
+        for &(s, p, _) in &batch {
+            self.seqs[s].reserve(p)?;
+        }
         for &(s, p, c) in &batch {
-            let h = &mut self.seqs[s];
-            if h.len() <= p {
-                h.resize(p + 1, UNSET);
-            }
-            h[p] = c;
+            self.seqs[s].set(p, c);
         }
         out.copy_from_slice(&ids);
         Ok(())

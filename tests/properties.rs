@@ -186,3 +186,25 @@ fn copy_and_drop_sequences() {
     assert_eq!(e.status, engram::EngramStatus::ErrMissingHistory);
     assert!(ctx.seq_copy(0, 99).is_err() && ctx.seq_drop(-1).is_err());
 }
+
+#[test]
+fn history_memory_follows_the_positions_written() {
+    // A dead token needs no look-back, so it may sit far out; it must cost a
+    // page, not a history filled up to its position.
+    let tiny = Tiny::load();
+    let mut cfg = tiny.config(Tiny::limits());
+    cfg.limits.max_positions = i32::MAX as usize;
+    let ctx = engram::Context::new(&cfg).unwrap();
+    let before = ctx.memory_bytes();
+    let per = ctx.ids_per_token();
+    let mut out = vec![0i64; 2 * per];
+    let p = 1 << 30;
+    ctx.hash(&[-1, 4], &[0, 0], &[p, p + 1], &mut out).unwrap();
+    assert!(out[..per].iter().all(|&r| r == -1));
+    let grown = ctx.memory_bytes() - before;
+    assert!(
+        grown < 8 << 20,
+        "history grew by {grown} bytes for two positions"
+    );
+    assert_eq!(ctx.seq_len(0).unwrap(), p as usize + 2);
+}
