@@ -251,18 +251,21 @@ mod avx512 {
         }
     }
 
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn load(p: *const u16, at: usize) -> __m512bh {
         std::mem::transmute(_mm512_loadu_si512(p.add(at) as *const _))
     }
 
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn load_tail(p: *const u16, at: usize, m: __mmask32) -> __m512bh {
         std::mem::transmute(_mm512_maskz_loadu_epi16(m, p.add(at) as *const i16))
     }
 
     /// The full `RR x TT` tile: every weight row against every token.
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn micro<const RR: usize, const TT: usize>(
         wp: &[*const u16; R],
         xp: &[*const u16; T],
@@ -305,7 +308,8 @@ mod avx512 {
     }
 
     /// `RR` rows against `tt < T` tokens.
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn micro_any<const RR: usize>(
         wp: &[*const u16; R],
         xp: &[*const u16; T],
@@ -320,7 +324,8 @@ mod avx512 {
     }
 
     /// `r < R` rows against `TT` tokens.
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn micro_rows<const TT: usize>(
         wp: &[*const u16; R],
         xp: &[*const u16; T],
@@ -334,7 +339,8 @@ mod avx512 {
         }
     }
 
-    #[inline(always)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn micro_small(
         wp: &[*const u16; R],
         xp: &[*const u16; T],
