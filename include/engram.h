@@ -285,7 +285,9 @@ typedef struct engram_layer_weights {
   const void *table;
   uint64_t table_rows;
   /*
-   `[D*(hc+1), C*Hd]` row-major, `wkv_type` f32 or bf16.
+   `[D*(hc+1), C*Hd]` row-major; `wkv_type` f32, bf16, or a GGUF block
+   format (`ENGRAM_TYPE_Q8_0`, `Q4_0`, `Q2_K` ... `Q6_K`, each row whole
+   blocks), read in place and dequantised on the fly.
    */
   const void *wkv;
   uint32_t wkv_type;

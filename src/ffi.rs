@@ -4,7 +4,7 @@
 
 use crate::context::{Context, ContextConfig, Geometry, Highway, LayerIn, TableIn};
 use crate::error::{bail, EngramStatus, Error, Result};
-use crate::formats::{EngramType, RowFormat, WeightDtype, Weights};
+use crate::formats::{EngramType, RowFormat, WeightDtype, WeightFormat, Weights};
 use crate::hash::{HashTablesIn, Limits};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -81,7 +81,9 @@ pub struct EngramLayerWeights {
     /// The table: `table_rows` rows of `Hd` values in `table_type`.
     pub table: *const c_void,
     pub table_rows: u64,
-    /// `[D*(hc+1), C*Hd]` row-major, `wkv_type` f32 or bf16.
+    /// `[D*(hc+1), C*Hd]` row-major; `wkv_type` f32, bf16, or a GGUF block
+    /// format (`ENGRAM_TYPE_Q8_0`, `Q4_0`, `Q2_K` ... `Q6_K`, each row whole
+    /// blocks), read in place and dequantised on the fly.
     pub wkv: *const c_void,
     pub wkv_type: u32,
     /// `q` and `k` norm weights, `[hc, D]` each, `qk_type` f32 or bf16.
@@ -335,13 +337,37 @@ pub unsafe extern "C" fn engram_free(ctx: *mut EngramContext) {
     let _ = catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(ctx))));
 }
 
-fn weights(p: *const c_void, n: usize, ty: u32, what: &str) -> Result<Weights<'static>> {
-    let dt = WeightDtype::new(ty, what)?;
+/// A borrowed weight of `n` values in rows of `row_len`: f32, bf16, or (where
+/// `quant_ok`) a GGUF block format read in place.
+fn weights(
+    p: *const c_void,
+    n: usize,
+    row_len: usize,
+    ty: u32,
+    quant_ok: bool,
+    what: &str,
+) -> Result<Weights<'static>> {
+    let fmt = if quant_ok {
+        WeightFormat::new(ty, row_len, what)?
+    } else {
+        WeightFormat::Dense(WeightDtype::new(ty, what)?)
+    };
     // SAFETY: the caller promises `p` holds `n` values of `ty` for the context's life.
     unsafe {
-        Ok(match dt {
-            WeightDtype::F32 => Weights::F32(slice(p as *const f32, n, what)?),
-            WeightDtype::Bf16 => Weights::Bf16(slice(p as *const u16, n, what)?),
+        Ok(match fmt {
+            WeightFormat::Dense(WeightDtype::F32) => Weights::F32(slice(p as *const f32, n, what)?),
+            WeightFormat::Dense(WeightDtype::Bf16) => {
+                Weights::Bf16(slice(p as *const u16, n, what)?)
+            }
+            WeightFormat::Quant(f) => {
+                let bytes = fmt.bytes(n / row_len, row_len).ok_or_else(|| {
+                    Error::new(
+                        EngramStatus::ErrInvalidArgument,
+                        format!("{what}: {n} values is too large"),
+                    )
+                })?;
+                Weights::quant(f, slice(p as *const u8, bytes, what)?, row_len)?
+            }
         })
     }
 }
@@ -393,9 +419,9 @@ pub unsafe extern "C" fn engram_set_layer(
                 format,
                 rows: w.table_rows,
             },
-            wkv: weights(w.wkv, n_wkv, w.wkv_type, "weights.wkv")?,
-            q: weights(w.q, n_qk, w.qk_type, "weights.q")?,
-            k: weights(w.k, n_qk, w.qk_type, "weights.k")?,
+            wkv: weights(w.wkv, n_wkv, c.kv_in(), w.wkv_type, true, "weights.wkv")?,
+            q: weights(w.q, n_qk, g.d, w.qk_type, false, "weights.q")?,
+            k: weights(w.k, n_qk, g.d, w.qk_type, false, "weights.k")?,
         };
         c.set_layer(layer)
     })

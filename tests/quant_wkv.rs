@@ -1,0 +1,124 @@
+//! A quantised `wkv` (GGUF Q8_0, Q4_0, Q4_K) is read in place and dequantised
+//! on the fly. Its `kv` equals, bit for bit, the f32 path on the same
+//! dequantised weights, and stays within a stated bound of the bf16 path on
+//! those weights rounded to bf16.
+
+mod common;
+
+use common::*;
+use engram::formats::{bf16_to_f32, dequant_row_f32, f32_to_bf16};
+use engram::{Context, LayerIn, RowFormat, TableIn, Weights};
+
+/// Quantise `vals` (rows of whole 32-blocks) to Q8_0 the way llama.cpp's
+/// reference quantiser does: `d = max|x| / 127` as f16, `q = round(x / d)`.
+fn q8_0(vals: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in vals.chunks(32) {
+        let amax = b.iter().fold(0f32, |m, &x| m.max(x.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(half::f16::from_f32(d).to_bits().to_le_bytes());
+        out.extend(b.iter().map(|&x| (x * id).round() as i8 as u8));
+    }
+    out
+}
+
+/// Q4_0: `d = max / -8` (the signed value of largest magnitude), nibbles `q + 8`.
+fn q4_0(vals: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in vals.chunks(32) {
+        let max = b
+            .iter()
+            .fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(half::f16::from_f32(d).to_bits().to_le_bytes());
+        for j in 0..16 {
+            let lo = ((b[j] * id + 8.5) as i32).clamp(0, 15) as u8;
+            let hi = ((b[j + 16] * id + 8.5) as i32).clamp(0, 15) as u8;
+            out.push(lo | (hi << 4));
+        }
+    }
+    out
+}
+
+#[test]
+fn quantised_wkv_matches_the_dense_paths() {
+    let tiny = Tiny::load();
+    let (d, hc, hd, cols) = (tiny.d, tiny.hc, tiny.hd, tiny.cols());
+    let (k_in, k_out) = (cols * hd, d * (hc + 1));
+    let layer = &tiny.layers[0];
+    let vals = layer.wkv.f32();
+    for (name, ty, bytes) in [
+        ("q8_0", engram::EngramType::Q8_0, q8_0(&vals)),
+        ("q4_0", engram::EngramType::Q4_0, q4_0(&vals)),
+    ] {
+        let fmt = RowFormat::new(ty as u32, k_in).unwrap();
+        let mut deq = vec![0f32; vals.len()];
+        for (o, row) in deq.chunks_mut(k_in).enumerate() {
+            let rb = fmt.row_bytes(k_in);
+            dequant_row_f32(fmt, &bytes[o * rb..(o + 1) * rb], row).unwrap();
+        }
+        let deq_bf16: Vec<u16> = deq.iter().map(|&v| f32_to_bf16(v)).collect();
+        let run = |wkv: Weights<'_>| {
+            let ctx = Context::new(&tiny.config(Tiny::limits())).unwrap();
+            ctx.set_layer(LayerIn {
+                layer_id: layer.layer_id,
+                table: TableIn {
+                    data: &layer.table,
+                    format: RowFormat::new(layer.format as u32, hd).unwrap(),
+                    rows: layer.rows,
+                },
+                wkv,
+                q: layer.q.weights(),
+                k: layer.k.weights(),
+            })
+            .unwrap();
+            let tokens: Vec<i32> = (0..16).map(|i| (i * 7 % 48) as i32).collect();
+            let pos: Vec<i32> = (0..16).collect();
+            let mut ids = vec![0i64; 16 * ctx.ids_per_token()];
+            ctx.hash(&tokens, &[0; 16], &pos, &mut ids).unwrap();
+            ctx.stages(layer.layer_id, &ids, 16).unwrap()
+        };
+        let (rows, kv_q) = run(Weights::quant(fmt, &bytes, k_in).unwrap());
+        let (_, kv_f32) = run(Weights::F32(&deq));
+        let (_, kv_bf16) = run(Weights::Bf16(&deq_bf16));
+        assert_eq!(
+            kv_q, kv_f32,
+            "{name}: the quantised path must equal the f32 path on the same values"
+        );
+        // Against the bf16 path: the weights differ by their bf16 rounding
+        // (|dw| <= 2^-9 |w|), so sums differ by at most 2^-9 sum|r w| on top of
+        // the two f32 summation errors ((K+2) u sum|r w|) and one bf16 ulp.
+        let n_live = rows.len() / k_in;
+        let mut differ = 0;
+        for t in 0..n_live {
+            let r: Vec<f64> = rows[t * k_in..(t + 1) * k_in]
+                .iter()
+                .map(|&b| bf16_to_f32(b) as f64)
+                .collect();
+            for o in 0..k_out {
+                let (a, b) = (
+                    bf16_to_f32(kv_q[t * k_out + o]) as f64,
+                    bf16_to_f32(kv_bf16[t * k_out + o]) as f64,
+                );
+                let s: f64 = r
+                    .iter()
+                    .zip(&deq[o * k_in..(o + 1) * k_in])
+                    .map(|(x, &w)| (x * w as f64).abs())
+                    .sum();
+                let ulp = 2f64.powi(a.abs().max(b.abs()).max(1e-30).log2().floor() as i32 - 7);
+                let bound = s * (2f64.powi(-9) + (k_in as f64 + 2.0) * 2f64.powi(-24)) + ulp;
+                assert!(
+                    (a - b).abs() <= bound,
+                    "{name}: token {t} kv[{o}] {a} vs bf16 path {b}, bound {bound}"
+                );
+                differ += (a != b) as usize;
+            }
+        }
+        println!(
+            "{name}: {differ} of {} kv values differ from the bf16 path, all within bound",
+            n_live * k_out
+        );
+    }
+}
