@@ -2,6 +2,8 @@
 # Every test: formatting, the Rust tests (golden, properties, header freshness,
 # unit tests), the C ABI tests under AddressSanitizer, and the demo.
 # Needs only what a fresh machine of this project has: cargo, gcc/g++.
+# The install check at the end also needs cmake and pkg-config; it installs
+# them with apt-get when they are missing (scripts/ensure-tools.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,3 +22,6 @@ bash c_tests/run.sh
 echo "== demo"
 cargo run --quiet --example demo > target/demo.log
 tail -n 3 target/demo.log
+
+echo "== install into a fresh prefix; examples/cpp_host through CMake and pkg-config; static link"
+bash scripts/check-install.sh
