@@ -2,7 +2,6 @@
 //! (SPEC section 1, steps 1-3). Pure integer code with no backend knowledge.
 
 use crate::error::{bail, Error, Result};
-use std::collections::HashMap;
 
 /// Token id that marks a dead position explicitly (a position fed by an
 /// embedding instead of a token id, an image token, ...). It hashes like a
@@ -37,6 +36,80 @@ pub struct HashTables {
     pub offsets: Vec<i64>,
     /// Rows each layer's table needs: the largest `offset + prime` of its columns.
     pub rows_needed: Vec<u64>,
+    /// `1/prime` per column, when every prime allows the floating-point
+    /// reduction of [`rem_fast`] (all of them in `[2^14, 2^62)`).
+    inv_primes: Option<Vec<f64>>,
+    /// Whether the AVX-512 form of that reduction runs (8 heads at a time).
+    simd: bool,
+}
+
+/// `x.rem_euclid(p)` without a division, for `p` in `[2^14, 2^62)` and
+/// `inv = 1.0 / p as f64`.
+///
+/// `x as f64` is within 2^9 of `x` and the product carries two more roundings
+/// of 2^-53, so the quotient estimate is within `(2^9 + 2^11) / p < 0.16` of
+/// `x / p`; truncated, it is within 1.16 of `x / p`. The remainder from it,
+/// computed in wrapping i64 (exact, as the true value is small), lies in
+/// `(-1.16 p, 1.16 p)`: at most two additions of `p` or one subtraction make it
+/// exact. (Truncation, not `floor`, because `floor` is a library call on
+/// baseline x86-64.)
+#[inline(always)]
+pub fn rem_fast(x: i64, p: i64, inv: f64) -> i64 {
+    let q = (x as f64 * inv) as i64;
+    let mut r = x.wrapping_sub(q.wrapping_mul(p));
+    if r < 0 {
+        r += p;
+    }
+    if r < 0 {
+        r += p;
+    }
+    if r >= p {
+        r -= p;
+    }
+    r
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    /// The columns of one look-back `k` of one layer, 8 heads at a time, with
+    /// the same reduction as [`super::rem_fast`] in AVX-512 (DQ for the 64-bit
+    /// conversions and multiply).
+    ///
+    /// # Safety
+    /// The CPU must have avx512f and avx512dq; the slices hold a multiple of 8.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn columns(
+        rolling: i64,
+        primes: &[i64],
+        inv: &[f64],
+        offsets: &[i64],
+        out: &mut [i64],
+    ) {
+        let x = _mm512_set1_epi64(rolling);
+        let xf = _mm512_cvtepi64_pd(x);
+        let zero = _mm512_setzero_si512();
+        for j in (0..out.len()).step_by(8) {
+            let p = _mm512_loadu_si512(primes.as_ptr().add(j) as *const _);
+            let iv = _mm512_loadu_pd(inv.as_ptr().add(j));
+            let o = _mm512_loadu_si512(offsets.as_ptr().add(j) as *const _);
+            let q = _mm512_cvttpd_epi64(_mm512_mul_pd(xf, iv));
+            let mut r = _mm512_sub_epi64(x, _mm512_mullo_epi64(q, p));
+            let m = _mm512_cmplt_epi64_mask(r, zero);
+            r = _mm512_mask_add_epi64(r, m, r, p);
+            let m = _mm512_cmplt_epi64_mask(r, zero);
+            r = _mm512_mask_add_epi64(r, m, r, p);
+            let m = _mm512_cmpge_epi64_mask(r, p);
+            r = _mm512_mask_sub_epi64(r, m, r, p);
+            _mm512_storeu_si512(out.as_mut_ptr().add(j) as *mut _, _mm512_add_epi64(r, o));
+        }
+    }
+
+    pub fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+    }
 }
 
 /// The raw tables as an engine hands them over (GGUF widths).
@@ -154,7 +227,34 @@ impl HashTables {
             primes: t.primes.iter().map(|&p| p as i64).collect(),
             offsets: t.offsets.iter().map(|&o| o as i64).collect(),
             rows_needed,
-        })
+            simd: false,
+            inv_primes: t
+                .primes
+                .iter()
+                .all(|&p| (1 << 14..1 << 62).contains(&p))
+                .then(|| t.primes.iter().map(|&p| 1.0 / p as f64).collect()),
+        }
+        .with_simd(true))
+    }
+
+    /// Use the AVX-512 reduction where the CPU and the tables allow it
+    /// (`want = false` keeps the scalar one, for tests comparing the two).
+    pub fn with_simd(mut self, want: bool) -> HashTables {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.simd =
+                want && self.inv_primes.is_some() && self.n_heads % 8 == 0 && simd::available();
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self.simd = false && want;
+        }
+        self
+    }
+
+    /// Whether the AVX-512 reduction is in use.
+    pub fn simd(&self) -> bool {
+        self.simd
     }
 
     /// Hash columns per token per layer, `C = (N-1)*H`.
@@ -206,11 +306,44 @@ impl HashTables {
             let offsets = &self.offsets[l * cols..(l + 1) * cols];
             let o = &mut out[l * cols..(l + 1) * cols];
             let mut rolling = w[0].wrapping_mul(m[0]);
-            for k in 1..n {
-                rolling ^= w[k].wrapping_mul(m[k]);
-                for hh in 0..h {
-                    let c = (k - 1) * h + hh;
-                    o[c] = rolling.rem_euclid(primes[c]) + offsets[c];
+            match &self.inv_primes {
+                #[cfg(target_arch = "x86_64")]
+                Some(inv) if self.simd => {
+                    let inv = &inv[l * cols..(l + 1) * cols];
+                    for k in 1..n {
+                        rolling ^= w[k].wrapping_mul(m[k]);
+                        let c = (k - 1) * h..k * h;
+                        // SAFETY: `simd` is set only when the CPU has avx512f and
+                        // avx512dq and `h` is a multiple of 8.
+                        unsafe {
+                            simd::columns(
+                                rolling,
+                                &primes[c.clone()],
+                                &inv[c.clone()],
+                                &offsets[c.clone()],
+                                &mut o[c],
+                            )
+                        };
+                    }
+                }
+                Some(inv) => {
+                    let inv = &inv[l * cols..(l + 1) * cols];
+                    for k in 1..n {
+                        rolling ^= w[k].wrapping_mul(m[k]);
+                        for hh in 0..h {
+                            let c = (k - 1) * h + hh;
+                            o[c] = rem_fast(rolling, primes[c], inv[c]) + offsets[c];
+                        }
+                    }
+                }
+                None => {
+                    for k in 1..n {
+                        rolling ^= w[k].wrapping_mul(m[k]);
+                        for hh in 0..h {
+                            let c = (k - 1) * h + hh;
+                            o[c] = rolling.rem_euclid(primes[c]) + offsets[c];
+                        }
+                    }
                 }
             }
         }
@@ -226,8 +359,6 @@ const PAGE: usize = 4096;
 #[derive(Clone, Debug, Default)]
 struct SeqHistory {
     pages: Vec<Option<Box<[i32]>>>,
-    /// One past the highest position written.
-    len: usize,
 }
 
 impl SeqHistory {
@@ -271,7 +402,18 @@ impl SeqHistory {
             .as_mut()
             .expect("reserved before set");
         page[pos % PAGE] = v;
-        self.len = self.len.max(pos + 1);
+    }
+
+    /// One past the highest position written (0 for none).
+    fn len(&self) -> usize {
+        for (pi, page) in self.pages.iter().enumerate().rev() {
+            if let Some(page) = page {
+                if let Some(j) = page.iter().rposition(|&v| v != UNSET) {
+                    return pi * PAGE + j + 1;
+                }
+            }
+        }
+        0
     }
 
     fn bytes(&self) -> usize {
@@ -284,7 +426,24 @@ impl SeqHistory {
 #[derive(Clone, Debug, Default)]
 pub struct History {
     seqs: Vec<SeqHistory>,
+    /// Per-call scratch, kept to avoid allocating on every call.
+    scratch: Scratch,
 }
+
+#[derive(Clone, Debug, Default)]
+struct Scratch {
+    /// (sequence, position, compressed id) of each token of the batch.
+    batch: Vec<(usize, usize, i32)>,
+    /// What each batch position held before the call, to restore on error.
+    saved: Vec<i32>,
+    /// Look-back windows `[n, N]`.
+    windows: Vec<i64>,
+}
+
+/// A placeholder written while a batch is laid into the history: it names the
+/// batch token that claimed the position, so a second claim is caught.
+/// Real entries are `>= -1` or `UNSET`, so markers never collide with them.
+const MARK_BASE: i32 = i32::MIN + 1;
 
 /// Capacity limits fixed at create time.
 #[derive(Clone, Copy, Debug)]
@@ -298,11 +457,8 @@ impl History {
     pub fn new(max_seqs: usize) -> History {
         History {
             seqs: vec![SeqHistory::default(); max_seqs],
+            scratch: Scratch::default(),
         }
-    }
-
-    fn get(&self, seq: usize, pos: usize) -> i32 {
-        self.seqs[seq].get(pos)
     }
 
     /// Bytes held by the histories (for memory reporting).
@@ -313,7 +469,7 @@ impl History {
 
     /// Positions hashed so far in `seq` (one past the highest written).
     pub fn len(&self, seq: usize) -> usize {
-        self.seqs[seq].len
+        self.seqs[seq].len()
     }
 
     pub fn check_seq(&self, seq: i32) -> Result<usize> {
@@ -348,7 +504,7 @@ impl History {
     /// `seq_ids[i]`; the batch's own tokens are visible to each other's look-back,
     /// whatever their order in the batch. Writes `[n, n_layers, C]` row ids into
     /// `out` and records the batch in the history. On any error nothing is
-    /// written, to `out` or to the history.
+    /// written to `out` and the history is as it was.
     pub fn hash(
         &mut self,
         t: &HashTables,
@@ -383,9 +539,27 @@ impl History {
                 lim.max_tokens
             );
         }
-        // Validate and compress the batch, then lay it over the history.
-        let mut batch: Vec<(usize, usize, i32)> = Vec::with_capacity(n);
-        let mut overlay: HashMap<(usize, usize), i32> = HashMap::with_capacity(n);
+        let mut sc = std::mem::take(&mut self.scratch);
+        let r = self.hash_with(t, lim, tokens, seq_ids, pos, out, &mut sc);
+        self.scratch = sc;
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn hash_with(
+        &mut self,
+        t: &HashTables,
+        lim: &Limits,
+        tokens: &[i32],
+        seq_ids: &[i32],
+        pos: &[i32],
+        out: &mut [i64],
+        sc: &mut Scratch,
+    ) -> Result<()> {
+        let n = tokens.len();
+        let nn = t.max_ngram;
+        // 1. Validate every token; nothing is written yet.
+        sc.batch.clear();
         for i in 0..n {
             let s = self.check_seq(seq_ids[i]).map_err(|e| at_token(i, e))?;
             let p = match usize::try_from(pos[i]) {
@@ -397,60 +571,89 @@ impl History {
                     lim.max_positions
                 ),
             };
-            let c = t.compress(i, tokens[i])?;
-            if overlay.insert((s, p), c).is_some() {
+            sc.batch.push((s, p, t.compress(i, tokens[i])?));
+        }
+        // 2. Claim each (sequence, position) with a marker, saving what was
+        //    there; a position claimed twice is an error.
+        sc.saved.clear();
+        for (i, &(s, p, _)) in sc.batch.iter().enumerate() {
+            let h = &mut self.seqs[s];
+            let old = h.get(p);
+            if (MARK_BASE..MARK_BASE + n as i32).contains(&old) {
+                let first = (old - MARK_BASE) as usize;
+                self.restore(sc);
                 bail!(
                     ErrInvalidSequence,
-                    "token {i}: sequence {s} position {p} appears twice in one batch"
+                    "tokens {first} and {i}: sequence {s} position {p} appears twice in one batch"
                 );
             }
-            batch.push((s, p, c));
+            if let Err(e) = h.reserve(p) {
+                self.restore(sc);
+                return Err(e);
+            }
+            sc.saved.push(old);
+            h.set(p, MARK_BASE + i as i32);
         }
-        let mut ids = vec![0i64; n * row];
-        let mut w = vec![0i64; t.max_ngram];
-        for (i, &(s, p, c)) in batch.iter().enumerate() {
-            let o = &mut ids[i * row..(i + 1) * row];
+        // 3. Lay the batch in, then read every look-back window.
+        for &(s, p, c) in &sc.batch {
+            self.seqs[s].set(p, c);
+        }
+        sc.windows.clear();
+        sc.windows.resize(n * nn, 0);
+        for (i, &(s, p, c)) in sc.batch.iter().enumerate() {
+            let w = &mut sc.windows[i * nn..(i + 1) * nn];
             if c == -1 {
-                o.fill(ROW_ID_DEAD);
+                w[0] = -1;
                 continue;
             }
+            let h = &self.seqs[s];
+            w[0] = c as i64;
             let mut blocked = false;
-            for (k, wk) in w.iter_mut().enumerate() {
+            for k in 1..nn {
                 if !blocked {
                     if k > p {
                         blocked = true;
                     } else {
-                        let q = p - k;
-                        let src = match overlay.get(&(s, q)) {
-                            Some(&v) => v,
-                            None => self.get(s, q),
-                        };
+                        let src = h.get(p - k);
                         if src == UNSET {
+                            let q = p - k;
+                            self.restore(sc);
                             bail!(
                                 ErrMissingHistory,
                                 "token {i}: sequence {s} position {p} looks back to position {q}, which was never hashed"
                             );
                         }
                         blocked = src == -1;
-                        *wk = src as i64;
+                        w[k] = src as i64;
                     }
                 }
                 if blocked {
-                    *wk = t.pad_id;
+                    w[k] = t.pad_id;
                 }
             }
-            t.hash_window(&w, o);
         }
-        // Commit: reserve every page first (the only step that can fail),
-        // then write.
-        for &(s, p, _) in &batch {
-            self.seqs[s].reserve(p)?;
+        // 4. Hash; nothing below can fail.
+        let row = t.n_layers() * t.cols();
+        for (i, o) in out.chunks_exact_mut(row).enumerate() {
+            let w = &sc.windows[i * nn..(i + 1) * nn];
+            if w[0] == -1 {
+                o.fill(ROW_ID_DEAD);
+            } else {
+                t.hash_window(w, o);
+            }
         }
-        for &(s, p, c) in &batch {
-            self.seqs[s].set(p, c);
-        }
-        out.copy_from_slice(&ids);
         Ok(())
+    }
+
+    /// Put back what the positions claimed so far held, newest first (so a
+    /// position claimed twice ends with its original value).
+    fn restore(&mut self, sc: &Scratch) {
+        for (&(s, p, _), &old) in sc.batch.iter().zip(&sc.saved).rev() {
+            let h = &mut self.seqs[s];
+            if let Some(Some(page)) = h.pages.get_mut(p / PAGE) {
+                page[p % PAGE] = old;
+            }
+        }
     }
 }
 
@@ -555,6 +758,86 @@ mod tests {
         }
         assert!(is_prime(18446744073709551557)); // largest u64 prime
         assert!(!is_prime(3215031751)); // strong pseudoprime to bases 2, 3, 5, 7
+    }
+
+    #[test]
+    fn rem_fast_equals_rem_euclid() {
+        let mut z = 1u64;
+        let mut next = || {
+            z = z.wrapping_add(0x9e3779b97f4a7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d049bb133111eb);
+            x ^ (x >> 31)
+        };
+        let primes = [
+            1i64 << 14,
+            16_000_057,
+            16_777_259,
+            (1 << 31) - 1,
+            (1 << 61) - 1,
+            (1 << 62) - 57,
+        ];
+        let edges = [0i64, 1, -1, i64::MAX, i64::MIN, i64::MIN + 1, i64::MAX - 1];
+        for &p in &primes {
+            let inv = 1.0 / p as f64;
+            for &x in &edges {
+                assert_eq!(rem_fast(x, p, inv), x.rem_euclid(p), "{x} mod {p}");
+            }
+            for m in [-2i64, -1, 1, 2, 1 << 20] {
+                for d in -3..=3 {
+                    let x = (p.wrapping_mul(m)).wrapping_add(d);
+                    assert_eq!(rem_fast(x, p, inv), x.rem_euclid(p), "{x} mod {p}");
+                }
+            }
+            for _ in 0..200_000 {
+                let x = next() as i64;
+                assert_eq!(rem_fast(x, p, inv), x.rem_euclid(p), "{x} mod {p}");
+            }
+        }
+    }
+
+    /// The AVX-512, scalar-float and `rem_euclid` reductions give the same row
+    /// ids on windows of V4.1-like tables, negative rolling values included.
+    #[test]
+    fn hash_window_paths_agree() {
+        let primes = derive_primes(2, 4, 8, 16_000_000);
+        let offsets = derive_offsets(&primes, 24);
+        let mut z = 7u64;
+        let mut next = move || {
+            z = z.wrapping_add(0x9e3779b97f4a7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+            x ^ (x >> 29)
+        };
+        let multipliers: Vec<u64> = (0..8).map(|_| next() | 1).collect();
+        let map = vec![0i32; 4];
+        let input = HashTablesIn {
+            layer_ids: &[1, 14],
+            max_ngram: 4,
+            n_heads: 8,
+            token_map: &map,
+            pad_id: 2,
+            multipliers: &multipliers,
+            primes: &primes,
+            offsets: &offsets,
+        };
+        let fast = HashTables::new(&input).unwrap();
+        let scalar = HashTables::new(&input).unwrap().with_simd(false);
+        let mut reference = HashTables::new(&input).unwrap().with_simd(false);
+        reference.inv_primes = None;
+        assert!(fast.inv_primes.is_some() && !scalar.simd && !reference.simd);
+        let (mut a, mut b, mut c) = (vec![0i64; 48], vec![0i64; 48], vec![0i64; 48]);
+        for i in 0..20_000 {
+            let w: Vec<i64> = (0..4)
+                .map(|_| (next() % 200_000) as i64 - (i % 2) * 100)
+                .collect();
+            fast.hash_window(&w, &mut a);
+            scalar.hash_window(&w, &mut b);
+            reference.hash_window(&w, &mut c);
+            assert_eq!(a, c, "{w:?}");
+            assert_eq!(b, c, "{w:?}");
+        }
     }
 
     #[test]
