@@ -11,7 +11,8 @@ use engram::formats::f32_to_bf16;
 use engram::hash::derive_primes;
 use engram::projection::{Kernel, Projection};
 use engram::{
-    Context, ContextConfig, EngramType, Geometry, HashTablesIn, Highway, LayerIn, Limits, RowFormat, TableIn, Weights,
+    Context, ContextConfig, EngramType, Geometry, HashTablesIn, Highway, LayerIn, Limits,
+    RowFormat, TableIn, Weights,
 };
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -58,7 +59,8 @@ fn python() -> Option<PathBuf> {
 
 fn run_peer(mode: &str, spec: &Value) -> Option<Value> {
     let py = python()?;
-    let path = std::env::temp_dir().join(format!("engram-bench-{mode}-{}.json", std::process::id()));
+    let path =
+        std::env::temp_dir().join(format!("engram-bench-{mode}-{}.json", std::process::id()));
     std::fs::write(&path, spec.to_string()).unwrap();
     let out = std::process::Command::new(py)
         .arg(root().join("bench/peers.py"))
@@ -68,10 +70,17 @@ fn run_peer(mode: &str, spec: &Value) -> Option<Value> {
         .expect("run bench/peers.py");
     let _ = std::fs::remove_file(&path);
     if !out.status.success() {
-        eprintln!("peer {mode} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        eprintln!(
+            "peer {mode} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         return None;
     }
-    let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("").to_string();
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or("")
+        .to_string();
     serde_json::from_str(&line).ok()
 }
 
@@ -80,7 +89,11 @@ fn load(path: &Path) -> Value {
 }
 
 fn u64s(v: &Value) -> Vec<u64> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
 }
 
 /// Read bandwidth of main memory with `threads` threads: best of 3 passes
@@ -107,7 +120,9 @@ fn memory_bandwidth(threads: usize) -> f64 {
                     })
                 })
                 .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).fold(0u64, |a, b| a.wrapping_add(b))
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .fold(0u64, |a, b| a.wrapping_add(b))
         });
         std::hint::black_box(total);
         best = best.max((n * 8) as f64 / s.elapsed().as_secs_f64());
@@ -122,8 +137,15 @@ fn main() {
     let threads: usize = std::env::var("ENGRAM_BENCH_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    println!("engram CPU benchmark: {threads} threads, projection kernel {:?}", Kernel::detect());
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
+    println!(
+        "engram CPU benchmark: {threads} threads, projection kernel {:?}",
+        Kernel::detect()
+    );
     if python().is_none() {
         println!("(bench/.venv missing: run `bash bench/setup.sh` for the numpy and PyTorch peers; skipping them)");
     }
@@ -145,7 +167,11 @@ fn bench_hash() {
         .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     let layer_ids: Vec<u32> = [1, 14].into();
-    let (mult, primes, offsets) = (u64s(&g["multipliers"]), u64s(&g["primes"]), u64s(&g["offsets"]));
+    let (mult, primes, offsets) = (
+        u64s(&g["multipliers"]),
+        u64s(&g["primes"]),
+        u64s(&g["offsets"]),
+    );
     let pad_id = map[2] as i64;
     let (prefill_n, seqs, steps) = (4096usize, 64usize, 256usize);
     let cfg = ContextConfig {
@@ -183,7 +209,9 @@ fn bench_hash() {
     let mut out = vec![0i64; prefill_n * per];
     ctx.hash(&prefill, &zeros, &pos, &mut out).unwrap();
     let prefill_sum: i64 = out.iter().sum();
-    let t_prefill = median(20, 0.5, || ctx.hash(&prefill, &zeros, &pos, &mut out).unwrap());
+    let t_prefill = median(20, 0.5, || {
+        ctx.hash(&prefill, &zeros, &pos, &mut out).unwrap()
+    });
 
     // Decode: 64 sequences, each first given its 3-token look-back, then one
     // token per sequence per step.
@@ -194,7 +222,8 @@ fn bench_hash() {
     let mut dout = vec![0i64; seqs * per];
     let run_decode = |sum: &mut i64, dout: &mut [i64]| {
         for (s, toks) in stream.iter().enumerate() {
-            ctx.hash(toks, &seq_ids, &vec![s as i32; seqs], dout).unwrap();
+            ctx.hash(toks, &seq_ids, &vec![s as i32; seqs], dout)
+                .unwrap();
             if s >= 3 {
                 *sum += dout.iter().sum::<i64>();
             }
@@ -208,17 +237,36 @@ fn bench_hash() {
     }) / (steps + 3) as f64;
 
     println!("\n## hash (DeepSeek-V4.1 tables, 2 layers x 24 ids per token, one thread)");
-    println!("prefill {prefill_n} tokens: {:.3} ms ({:.1} M tokens/s)", t_prefill * 1e3, prefill_n as f64 / t_prefill / 1e6);
-    println!("decode step of {seqs} sequences: {:.2} us ({:.1} M tokens/s)", t_decode * 1e6, seqs as f64 / t_decode / 1e6);
+    println!(
+        "prefill {prefill_n} tokens: {:.3} ms ({:.1} M tokens/s)",
+        t_prefill * 1e3,
+        prefill_n as f64 / t_prefill / 1e6
+    );
+    println!(
+        "decode step of {seqs} sequences: {:.2} us ({:.1} M tokens/s)",
+        t_decode * 1e6,
+        seqs as f64 / t_decode / 1e6
+    );
     let spec = json!({
         "token_map": map_path, "n_layers": 2, "max_ngram": 4, "heads": 8,
         "multipliers": mult.iter().map(|&m| m as i64).collect::<Vec<_>>(), "primes": primes, "offsets": offsets,
         "pad_id": pad_id, "prefill": prefill, "decode": stream,
     });
     if let Some(p) = run_peer("hash", &spec) {
-        let (np_prefill, np_decode) = (p["prefill_s"].as_f64().unwrap(), p["decode_step_s"].as_f64().unwrap());
-        assert_eq!(p["prefill_sum"].as_i64().unwrap(), prefill_sum, "numpy and engram disagree on the prefill ids");
-        assert_eq!(p["decode_sum"].as_i64().unwrap(), decode_sum, "numpy and engram disagree on the decode ids");
+        let (np_prefill, np_decode) = (
+            p["prefill_s"].as_f64().unwrap(),
+            p["decode_step_s"].as_f64().unwrap(),
+        );
+        assert_eq!(
+            p["prefill_sum"].as_i64().unwrap(),
+            prefill_sum,
+            "numpy and engram disagree on the prefill ids"
+        );
+        assert_eq!(
+            p["decode_sum"].as_i64().unwrap(),
+            decode_sum,
+            "numpy and engram disagree on the decode ids"
+        );
         println!(
             "numpy approach: prefill {:.3} ms, decode step {:.1} us; ids identical (checksums)",
             np_prefill * 1e3,
@@ -241,7 +289,11 @@ fn bench_apply(threads: usize) {
     let nl = 4usize;
     let primes = derive_primes(nl, ngram, heads, 40_000);
     let offsets = engram::hash::derive_offsets(&primes, cols);
-    let rows: u64 = primes.chunks(cols).map(|c| c.iter().sum::<u64>()).max().unwrap();
+    let rows: u64 = primes
+        .chunks(cols)
+        .map(|c| c.iter().sum::<u64>())
+        .max()
+        .unwrap();
     let mult: Vec<u64> = (0..(nl * ngram) as u64).map(|i| 2 * i + 1).collect();
     let token_map: Vec<i32> = (0..1000).collect();
     // Four layers' weights (1.26 GB of wkv), visited in turn, so that wkv is
@@ -249,7 +301,12 @@ fn bench_apply(threads: usize) {
     let layer_ids = [1u32, 14, 27, 40];
     let ns = [1usize, 8, 64, 512];
     let cfg = ContextConfig {
-        geometry: Geometry { d, hc, hd, eps: 1e-6 },
+        geometry: Geometry {
+            d,
+            hc,
+            hd,
+            eps: 1e-6,
+        },
         tables: HashTablesIn {
             layer_ids: &layer_ids,
             max_ngram: ngram,
@@ -269,7 +326,9 @@ fn bench_apply(threads: usize) {
         backend: engram::EngramBackend::Cpu as u32,
     };
     let mut rng = Rng(7);
-    let rb = RowFormat::new(EngramType::Fp8E4m3E8m0 as u32, hd).unwrap().row_bytes(hd);
+    let rb = RowFormat::new(EngramType::Fp8E4m3E8m0 as u32, hd)
+        .unwrap()
+        .row_bytes(hd);
     println!("\n## apply at the V4.1 geometry (D 5120, hc 4, C 24, Hd 256; bf16 wkv [{k_out} x {k_in}], fp8 rows; {rows} table rows)");
     let data: Vec<(Vec<u8>, Vec<u16>, Vec<f32>, Vec<f32>)> = (0..nl)
         .map(|_| {
@@ -287,7 +346,9 @@ fn bench_apply(threads: usize) {
                     }
                 })
                 .collect();
-            let wkv: Vec<u16> = (0..k_in * k_out).map(|_| f32_to_bf16(rng.f32() / 32.0)).collect();
+            let wkv: Vec<u16> = (0..k_in * k_out)
+                .map(|_| f32_to_bf16(rng.f32() / 32.0))
+                .collect();
             let q: Vec<f32> = (0..hc * d).map(|_| 1.0 + rng.f32() / 8.0).collect();
             let k: Vec<f32> = (0..hc * d).map(|_| 1.0 + rng.f32() / 8.0).collect();
             (table, wkv, q, k)
@@ -332,7 +393,8 @@ fn bench_apply(threads: usize) {
         let mut layer = 0usize;
         let t = median(if n <= 64 { 12 } else { 4 }, 1.0, || {
             layer = (layer + 1) % nl;
-            ctx.apply(layer_ids[layer], &ids, n, Highway::F32(&mut hw)).unwrap();
+            ctx.apply(layer_ids[layer], &ids, n, Highway::F32(&mut hw))
+                .unwrap();
         });
         ours.push(t);
     }
@@ -345,7 +407,9 @@ fn bench_apply(threads: usize) {
         "memory read bandwidth {:.1} GB/s; bf16 GEMM rate: engram {:.1} GFLOP/s{}",
         bw / 1e9,
         gemm_ours / 1e9,
-        gemm_torch.map(|g| format!(", torch {:.1} GFLOP/s", g / 1e9)).unwrap_or_default()
+        gemm_torch
+            .map(|g| format!(", torch {:.1} GFLOP/s", g / 1e9))
+            .unwrap_or_default()
     );
     println!("| tokens | engram ms | torch ms | torch/engram | roofline ms | engram/roofline |");
     println!("|---:|---:|---:|---:|---:|---:|");
@@ -356,8 +420,12 @@ fn bench_apply(threads: usize) {
         println!(
             "| {n} | {:.2} | {} | {} | {:.2} | {:.2} |",
             ours[i] * 1e3,
-            torch.map(|t| format!("{:.2}", t * 1e3)).unwrap_or("-".into()),
-            torch.map(|t| format!("{:.2}x", t / ours[i])).unwrap_or("-".into()),
+            torch
+                .map(|t| format!("{:.2}", t * 1e3))
+                .unwrap_or("-".into()),
+            torch
+                .map(|t| format!("{:.2}x", t / ours[i]))
+                .unwrap_or("-".into()),
             roof * 1e3,
             ours[i] / roof
         );

@@ -106,6 +106,66 @@ mod simd {
         }
     }
 
+    /// Row ids of every window: `windows` is `[n, N]` (a dead window has
+    /// `w[0] == -1`), `out` is `[n, L*C]`. The same arithmetic as [`columns`],
+    /// for a whole batch inside one target-feature function so that nothing is
+    /// a call.
+    ///
+    /// # Safety
+    /// As [`columns`]; `multipliers` is `[L*N]`, the column arrays `[L*C]` with
+    /// `C = (N-1)*H`, `H` a multiple of 8.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn windows(
+        windows: &[i64],
+        nn: usize,
+        h: usize,
+        multipliers: &[i64],
+        primes: &[i64],
+        inv: &[f64],
+        offsets: &[i64],
+        dead: i64,
+        out: &mut [i64],
+    ) {
+        let cols = (nn - 1) * h;
+        let nl = multipliers.len() / nn;
+        let row = nl * cols;
+        let zero = _mm512_setzero_si512();
+        for (w, o) in windows.chunks_exact(nn).zip(out.chunks_exact_mut(row)) {
+            if w[0] == -1 {
+                o.fill(dead);
+                continue;
+            }
+            for l in 0..nl {
+                let m = &multipliers[l * nn..(l + 1) * nn];
+                let mut rolling = w[0].wrapping_mul(m[0]);
+                for k in 1..nn {
+                    rolling ^= w[k].wrapping_mul(m[k]);
+                    let x = _mm512_set1_epi64(rolling);
+                    let xf = _mm512_cvtepi64_pd(x);
+                    let base = l * cols + (k - 1) * h;
+                    for j in (base..base + h).step_by(8) {
+                        let p = _mm512_loadu_si512(primes.as_ptr().add(j) as *const _);
+                        let iv = _mm512_loadu_pd(inv.as_ptr().add(j));
+                        let off = _mm512_loadu_si512(offsets.as_ptr().add(j) as *const _);
+                        let q = _mm512_cvttpd_epi64(_mm512_mul_pd(xf, iv));
+                        let mut r = _mm512_sub_epi64(x, _mm512_mullo_epi64(q, p));
+                        let mk = _mm512_cmplt_epi64_mask(r, zero);
+                        r = _mm512_mask_add_epi64(r, mk, r, p);
+                        let mk = _mm512_cmplt_epi64_mask(r, zero);
+                        r = _mm512_mask_add_epi64(r, mk, r, p);
+                        let mk = _mm512_cmpge_epi64_mask(r, p);
+                        r = _mm512_mask_sub_epi64(r, mk, r, p);
+                        _mm512_storeu_si512(
+                            o.as_mut_ptr().add(j) as *mut _,
+                            _mm512_add_epi64(r, off),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     pub fn available() -> bool {
         std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512dq")
@@ -295,6 +355,41 @@ impl HashTables {
         }
     }
 
+    /// Row ids of every layer for a batch of look-back windows (`[n, N]`, a
+    /// dead one starting with -1) into `out` (`[n, n_layers * C]`).
+    pub fn hash_windows(&self, windows: &[i64], out: &mut [i64]) {
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Some(inv)) = (self.simd, &self.inv_primes) {
+            // SAFETY: `simd` is set only when the CPU has avx512f and avx512dq
+            // and `n_heads` is a multiple of 8; the sizes are the tables'.
+            unsafe {
+                simd::windows(
+                    windows,
+                    self.max_ngram,
+                    self.n_heads,
+                    &self.multipliers,
+                    &self.primes,
+                    inv,
+                    &self.offsets,
+                    ROW_ID_DEAD,
+                    out,
+                )
+            };
+            return;
+        }
+        let row = self.n_layers() * self.cols();
+        for (w, o) in windows
+            .chunks_exact(self.max_ngram)
+            .zip(out.chunks_exact_mut(row))
+        {
+            if w[0] == -1 {
+                o.fill(ROW_ID_DEAD);
+            } else {
+                self.hash_window(w, o);
+            }
+        }
+    }
+
     /// Row ids of every layer for one position whose look-back window (compressed
     /// ids, `w[0]` the position itself) is `w`; `out` is `[n_layers * C]`.
     #[inline]
@@ -394,6 +489,17 @@ impl SeqHistory {
             self.pages[pi] = Some(v.into_boxed_slice());
         }
         Ok(())
+    }
+
+    /// Reserve `pos`, write `v` there and return what it held.
+    #[inline]
+    fn claim(&mut self, pos: usize, v: i32) -> Result<i32> {
+        let pi = pos / PAGE;
+        if !matches!(self.pages.get(pi), Some(Some(_))) {
+            self.reserve(pos)?;
+        }
+        let page = self.pages[pi].as_mut().expect("reserved above");
+        Ok(std::mem::replace(&mut page[pos % PAGE], v))
     }
 
     /// Write a reserved position.
@@ -577,8 +683,14 @@ impl History {
         //    there; a position claimed twice is an error.
         sc.saved.clear();
         for (i, &(s, p, _)) in sc.batch.iter().enumerate() {
-            let h = &mut self.seqs[s];
-            let old = h.get(p);
+            let old = match self.seqs[s].claim(p, MARK_BASE + i as i32) {
+                Ok(old) => old,
+                Err(e) => {
+                    self.restore(sc);
+                    return Err(e);
+                }
+            };
+            sc.saved.push(old);
             if (MARK_BASE..MARK_BASE + n as i32).contains(&old) {
                 let first = (old - MARK_BASE) as usize;
                 self.restore(sc);
@@ -587,12 +699,6 @@ impl History {
                     "tokens {first} and {i}: sequence {s} position {p} appears twice in one batch"
                 );
             }
-            if let Err(e) = h.reserve(p) {
-                self.restore(sc);
-                return Err(e);
-            }
-            sc.saved.push(old);
-            h.set(p, MARK_BASE + i as i32);
         }
         // 3. Lay the batch in, then read every look-back window.
         for &(s, p, c) in &sc.batch {
@@ -633,15 +739,7 @@ impl History {
             }
         }
         // 4. Hash; nothing below can fail.
-        let row = t.n_layers() * t.cols();
-        for (i, o) in out.chunks_exact_mut(row).enumerate() {
-            let w = &sc.windows[i * nn..(i + 1) * nn];
-            if w[0] == -1 {
-                o.fill(ROW_ID_DEAD);
-            } else {
-                t.hash_window(w, o);
-            }
-        }
+        t.hash_windows(&sc.windows, out);
         Ok(())
     }
 
