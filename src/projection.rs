@@ -15,8 +15,9 @@ use rayon::prelude::*;
 pub enum Kernel {
     /// Plain Rust, f32 arithmetic (vectorised by the compiler).
     Portable,
-    /// AVX-512 BF16 dot products, for bf16 weights.
-    Avx512Bf16,
+    /// AVX-512: BF16 dot products for bf16 weights, f32 FMA tiles for f32
+    /// and (dequantised per task) quantised weights.
+    Avx512,
 }
 
 impl Kernel {
@@ -28,7 +29,7 @@ impl Kernel {
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512bf16")
             {
-                return Kernel::Avx512Bf16;
+                return Kernel::Avx512;
             }
         }
         Kernel::Portable
@@ -106,12 +107,9 @@ impl Projection {
         if n == 0 || n_out == 0 {
             return;
         }
-        let kernel = match w {
-            Weights::Bf16(_) => self.kernel,
-            _ => Kernel::Portable,
-        };
-        // The portable kernel works on f32 rows, converted once.
-        let rows_f32: Vec<f32> = if kernel == Kernel::Portable {
+        let kernel = self.kernel;
+        // Every path but bf16 x bf16 works on f32 rows, converted once.
+        let rows_f32: Vec<f32> = if kernel == Kernel::Portable || !matches!(w, Weights::Bf16(_)) {
             rows.iter().map(|&b| bf16_to_f32(b)).collect()
         } else {
             Vec::new()
@@ -124,10 +122,19 @@ impl Projection {
             let hi = (lo + CHUNK).min(n_out);
             match (kernel, w) {
                 #[cfg(target_arch = "x86_64")]
-                (Kernel::Avx512Bf16, Weights::Bf16(wb)) => {
-                    // SAFETY: `Kernel::Avx512Bf16` is only selected when the CPU
+                (Kernel::Avx512, Weights::Bf16(wb)) => {
+                    // SAFETY: `Kernel::Avx512` is only selected when the CPU
                     // has avx512f, avx512bw and avx512bf16; sizes are asserted above.
                     unsafe { avx512::range(rows, n, k, wb, lo, hi, out) }
+                }
+                #[cfg(target_arch = "x86_64")]
+                (Kernel::Avx512, _) => {
+                    // f32 or quantised weights: dequantise this task's rows to
+                    // f32 once, then f32 FMA tiles against every token.
+                    let mut wf = vec![0f32; (hi - lo) * k];
+                    w.to_f32(lo * k, &mut wf);
+                    // SAFETY: as above (avx512f is part of the kernel's features).
+                    unsafe { avx512::range_f32(&rows_f32, n, k, &wf, hi - lo, out) }
                 }
                 _ => portable_range(&rows_f32, n, k, w, lo, hi, out),
             }
@@ -198,6 +205,118 @@ mod avx512 {
     /// Weight rows per micro-kernel call, tokens per micro-kernel call.
     const R: usize = 4;
     const T: usize = 4;
+
+    /// All `m` rows of `w` (`[m, k]` f32) against all `n` f32 token rows into
+    /// `out` (`[m, n]`), f32 FMA in tiles of 4 x 4, bf16-rounded.
+    ///
+    /// # Safety
+    /// The CPU must have avx512f; sizes as stated.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn range_f32(
+        rows: &[f32],
+        n: usize,
+        k: usize,
+        w: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) {
+        debug_assert!(w.len() == m * k && rows.len() == n * k && out.len() == m * n);
+        let mut tb = 0;
+        while tb < n {
+            let te = (tb + TOKEN_BLOCK).min(n);
+            let mut o = 0;
+            while o < m {
+                let r = (m - o).min(R);
+                let mut t = tb;
+                while t < te {
+                    let tt = (te - t).min(T);
+                    let mut wp = [w.as_ptr(); R];
+                    for (i, p) in wp.iter_mut().enumerate().take(r) {
+                        *p = w.as_ptr().add((o + i) * k);
+                    }
+                    let mut xp = [rows.as_ptr(); T];
+                    for (j, p) in xp.iter_mut().enumerate().take(tt) {
+                        *p = rows.as_ptr().add((t + j) * k);
+                    }
+                    let s = match (r, tt) {
+                        (4, 4) => fma::<4, 4>(&wp, &xp, k),
+                        (4, 1) => fma::<4, 1>(&wp, &xp, k),
+                        _ => fma_any(&wp, &xp, r, tt, k),
+                    };
+                    for i in 0..r {
+                        for j in 0..tt {
+                            out[(o + i) * n + t + j] = to_bf16_value(s[i][j]);
+                        }
+                    }
+                    t += tt;
+                }
+                o += r;
+            }
+            tb = te;
+        }
+    }
+
+    /// An `RR x TT` tile of f32 dot products with FMA, 16 lanes at a time.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fma<const RR: usize, const TT: usize>(
+        wp: &[*const f32; R],
+        xp: &[*const f32; T],
+        k: usize,
+    ) -> [[f32; T]; R] {
+        let mut acc = [[_mm512_setzero_ps(); TT]; RR];
+        let mut kk = 0;
+        while kk + 16 <= k {
+            let mut wv = [_mm512_loadu_ps(wp[0].add(kk)); RR];
+            for i in 1..RR {
+                wv[i] = _mm512_loadu_ps(wp[i].add(kk));
+            }
+            for j in 0..TT {
+                let x = _mm512_loadu_ps(xp[j].add(kk));
+                for i in 0..RR {
+                    acc[i][j] = _mm512_fmadd_ps(wv[i], x, acc[i][j]);
+                }
+            }
+            kk += 16;
+        }
+        if kk < k {
+            let m: __mmask16 = (1u32 << (k - kk)) as u16 - 1;
+            for i in 0..RR {
+                let wv = _mm512_maskz_loadu_ps(m, wp[i].add(kk));
+                for j in 0..TT {
+                    acc[i][j] =
+                        _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xp[j].add(kk)), acc[i][j]);
+                }
+            }
+        }
+        let mut s = [[0f32; T]; R];
+        for i in 0..RR {
+            for j in 0..TT {
+                s[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+            }
+        }
+        s
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fma_any(
+        wp: &[*const f32; R],
+        xp: &[*const f32; T],
+        r: usize,
+        tt: usize,
+        k: usize,
+    ) -> [[f32; T]; R] {
+        macro_rules! tile {
+            ($($rr:literal, $t:literal);*) => {
+                match (r, tt) {
+                    $(($rr, $t) => fma::<$rr, $t>(wp, xp, k),)*
+                    _ => unreachable!("tiles are at most {R} x {T}"),
+                }
+            };
+        }
+        tile!(1, 1; 1, 2; 1, 3; 1, 4; 2, 1; 2, 2; 2, 3; 2, 4; 3, 1; 3, 2; 3, 3; 3, 4; 4, 1; 4, 2; 4, 3; 4, 4)
+    }
 
     /// Outputs `lo..hi` for all `n` tokens into `out` (`[hi-lo, n]`).
     ///
@@ -383,12 +502,23 @@ mod tests {
             (4, 33, 4),
         ] {
             let (rows, w) = data(n, k, n_out);
-            for kernel in [Kernel::Portable, Kernel::Avx512Bf16] {
+            let wf: Vec<f32> = w.iter().map(|&b| bf16_to_f32(b)).collect();
+            for (kernel, dense_f32) in [
+                (Kernel::Portable, false),
+                (Kernel::Avx512, false),
+                (Kernel::Portable, true),
+                (Kernel::Avx512, true),
+            ] {
                 for threads in [1, 2] {
                     let mut p = Projection::new(threads).unwrap();
                     p.set_kernel(kernel);
                     let mut kv = vec![0f32; n * n_out];
-                    p.run(&rows, n, k, Weights::Bf16(&w), n_out, &mut kv);
+                    let weights = if dense_f32 {
+                        Weights::F32(&wf)
+                    } else {
+                        Weights::Bf16(&w)
+                    };
+                    p.run(&rows, n, k, weights, n_out, &mut kv);
                     for t in 0..n {
                         for o in 0..n_out {
                             let (mut s, mut a) = (0f64, 0f64);
