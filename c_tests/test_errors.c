@@ -1132,9 +1132,11 @@ static void test_misc(void) {
         ENGRAM_STATUS_ERR_INVALID_SEQUENCE,
         ENGRAM_STATUS_ERR_INVALID_ARGUMENT,
         ENGRAM_STATUS_ERR_DEVICE,
+        ENGRAM_STATUS_ERR_IO,
+        ENGRAM_STATUS_ERR_FORMAT,
         ENGRAM_STATUS_ERR_INTERNAL,
     };
-    static const int32_t unknown[] = {-1, 1, 2, 7000, 7015, 7098, 7100, 12345, INT32_MIN, INT32_MAX};
+    static const int32_t unknown[] = {-1, 1, 2, 7000, 7017, 7098, 7100, 12345, INT32_MIN, INT32_MAX};
     const size_t nk = sizeof known / sizeof known[0], nu = sizeof unknown / sizeof unknown[0];
     const char *u0 = engram_status_str(unknown[0]);
     check(u0 != NULL && u0[0] != '\0', "engram_status_str(-1): a non-empty text \"%s\"", u0 ? u0 : "(null)");

@@ -100,6 +100,17 @@ typedef enum engram_status {
    */
   ENGRAM_STATUS_ERR_DEVICE = 7014,
   /*
+   A file could not be opened, read or mapped, or a read of table rows
+   from a file failed (an I/O error).
+   */
+  ENGRAM_STATUS_ERR_IO = 7015,
+  /*
+   A file is not what it claims: not GGUF (wrong magic), truncated, or
+   inconsistent (a tensor whose data lies outside the file or overlaps
+   another, metadata of the wrong type or length).
+   */
+  ENGRAM_STATUS_ERR_FORMAT = 7016,
+  /*
    A bug: a panic was caught at the C boundary. The context is still valid
    but the call had no effect that can be relied on.
    */

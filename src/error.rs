@@ -41,6 +41,13 @@ pub enum EngramStatus {
     ErrInvalidArgument = 7013,
     /// The backend's device is not usable (no driver, bad ordinal, ...).
     ErrDevice = 7014,
+    /// A file could not be opened, read or mapped, or a read of table rows
+    /// from a file failed (an I/O error).
+    ErrIo = 7015,
+    /// A file is not what it claims: not GGUF (wrong magic), truncated, or
+    /// inconsistent (a tensor whose data lies outside the file or overlaps
+    /// another, metadata of the wrong type or length).
+    ErrFormat = 7016,
     /// A bug: a panic was caught at the C boundary. The context is still valid
     /// but the call had no effect that can be relied on.
     ErrInternal = 7099,
@@ -66,12 +73,14 @@ impl EngramStatus {
             ErrInvalidSequence => "invalid sequence or position",
             ErrInvalidArgument => "invalid argument",
             ErrDevice => "device unavailable",
+            ErrIo => "I/O error",
+            ErrFormat => "malformed file",
             ErrInternal => "internal error (caught panic)",
         }
     }
 
     /// Every status, for tests and for `engram_status_str`.
-    pub(crate) const ALL: [EngramStatus; 16] = {
+    pub(crate) const ALL: [EngramStatus; 18] = {
         use EngramStatus::*;
         [
             Ok,
@@ -89,6 +98,8 @@ impl EngramStatus {
             ErrInvalidSequence,
             ErrInvalidArgument,
             ErrDevice,
+            ErrIo,
+            ErrFormat,
             ErrInternal,
         ]
     };

@@ -14,6 +14,7 @@ pub mod ffi;
 pub mod formats;
 pub mod hash;
 pub mod projection;
+pub mod tables;
 
 pub use context::{Context, ContextConfig, EngramBackend, Geometry, Highway, LayerIn, TableIn};
 pub use error::{EngramStatus, Error, Result};

@@ -17,5 +17,7 @@ fi
     gguf==0.19.0
 
 "$VENV/bin/python" "$HERE/gen.py"
+# The hash-table derivation's extra references (configs, numpy captures): data/tables_expected.json.
+"$VENV/bin/python" "$HERE/gen_tables.py"
 # The GGUF block formats' oracle (gguf-py's dequantisers): data/gguf_blocks.json.
 "$VENV/bin/python" "$HERE/gen_formats.py"

@@ -1,0 +1,273 @@
+//! The engram fields of a model's `config.json`, under the names the released
+//! DeepSeek-V4.1 config uses (in `text_config` or at the top level) and the
+//! names of DeepSeek's Engram demo (`EngramConfig`). The first name found
+//! wins; the README lists them.
+
+use crate::error::{bail, Error, Result};
+use crate::EngramStatus;
+use serde_json::Value;
+
+/// The engram hash parameters of a model config.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngramConfig {
+    /// Model layer ids of the engram layers.
+    pub layer_ids: Vec<u32>,
+    /// Max n-gram size `N`.
+    pub max_ngram: usize,
+    /// Hash heads per n-gram size `H`.
+    pub n_heads: usize,
+    /// Table size per n-gram size (`N - 1` entries; the prime search starts
+    /// above `size - 1`).
+    pub vocab_per_ngram: Vec<u64>,
+    /// The raw pad token id (mapped through the token map for the hash).
+    pub pad_token_id: u32,
+    /// The multiplier seed (`seed + 10007 * layer_id`); 0 unless the config sets it.
+    pub seed: u64,
+    /// Row width `Hd`, where the config gives it.
+    pub head_dim: Option<usize>,
+    /// Hidden size `D`, where the config gives it.
+    pub hidden_size: Option<usize>,
+    /// Hyper-connection streams `hc`, where the config gives it.
+    pub hc: Option<usize>,
+    /// Rows per layer the config states (V4.1's `engram_num_embeddings`): checked.
+    pub num_embeddings: Option<Vec<u64>>,
+    /// Compressed vocabulary the config states: checked against the tokenizer.
+    pub compressed_vocab: Option<u64>,
+}
+
+/// Accepted names, first match wins: `(field, [V4.1 name, Engram demo name, ...])`.
+pub const FIELD_NAMES: &[(&str, &[&str])] = &[
+    ("layer ids", &["engram_layer_ids", "layer_ids"]),
+    (
+        "max n-gram size",
+        &["engram_max_ngram_size", "max_ngram_size"],
+    ),
+    (
+        "heads per n-gram",
+        &["engram_n_heads", "n_head_per_ngram", "engram_num_heads"],
+    ),
+    (
+        "table size per n-gram",
+        &["engram_vocab_size", "engram_table_size"],
+    ),
+    (
+        "pad token id",
+        &["engram_pad_token_id", "pad_id", "engram_pad_id"],
+    ),
+    ("seed", &["engram_seed", "seed"]),
+    ("head dim", &["engram_head_dim"]),
+    (
+        "embedding per n-gram (demo: head dim * heads)",
+        &["n_embed_per_ngram"],
+    ),
+    ("hidden size", &["hidden_size", "dim"]),
+    ("hyper-connection streams", &["hc_mult"]),
+    ("rows per layer (checked)", &["engram_num_embeddings"]),
+    (
+        "compressed vocabulary (checked)",
+        &["engram_compressed_vocab_size"],
+    ),
+];
+
+fn names(field: &str) -> &'static [&'static str] {
+    FIELD_NAMES
+        .iter()
+        .find(|(f, _)| *f == field)
+        .map(|(_, n)| *n)
+        .expect("known field")
+}
+
+fn bad(msg: String) -> Error {
+    Error::new(EngramStatus::ErrInvalidConfig, msg)
+}
+
+/// The objects searched, in order: `text_config`, the top level, then an
+/// `engram_config` or `engram` object inside either.
+fn scopes(root: &Value) -> Vec<&Value> {
+    let mut cand = vec![root.get("text_config"), Some(root)];
+    for base in [root.get("text_config"), Some(root)].into_iter().flatten() {
+        cand.push(base.get("engram_config"));
+        cand.push(base.get("engram"));
+    }
+    cand.into_iter()
+        .flatten()
+        .filter(|v| v.is_object())
+        .collect()
+}
+
+struct Lookup<'a> {
+    scopes: Vec<&'a Value>,
+}
+
+impl<'a> Lookup<'a> {
+    /// The first value under any of `field`'s names, with the name found.
+    fn get(&self, field: &str) -> Option<(&'static str, &'a Value)> {
+        for s in &self.scopes {
+            for &n in names(field) {
+                if let Some(v) = s.get(n).filter(|v| !v.is_null()) {
+                    return Some((n, v));
+                }
+            }
+        }
+        None
+    }
+
+    fn uint(&self, field: &str) -> Result<Option<u64>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some((n, v)) => v.as_u64().map(Some).ok_or_else(|| {
+                bad(format!(
+                    "config.json: {n} = {v} is not a non-negative integer"
+                ))
+            }),
+        }
+    }
+
+    fn uints(&self, field: &str) -> Result<Option<Vec<u64>>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some((n, v)) => {
+                let arr = v.as_array().ok_or_else(|| {
+                    bad(format!("config.json: {n} = {v} is not a list of integers"))
+                })?;
+                arr.iter()
+                    .map(|x| {
+                        x.as_u64().ok_or_else(|| {
+                            bad(format!(
+                                "config.json: {n} holds {x}, not a non-negative integer"
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<u64>>>()
+                    .map(Some)
+            }
+        }
+    }
+
+    fn required<T>(&self, field: &str, v: Option<T>) -> Result<T> {
+        v.ok_or_else(|| {
+            bad(format!(
+                "config.json has no {field} (looked for {})",
+                names(field).join(", ")
+            ))
+        })
+    }
+}
+
+impl EngramConfig {
+    /// Parse the engram fields of a `config.json` text.
+    pub fn from_json(text: &str) -> Result<EngramConfig> {
+        let root: Value = serde_json::from_str(text)
+            .map_err(|e| bad(format!("config.json is not valid JSON: {e}")))?;
+        if !root.is_object() {
+            bail!(ErrInvalidConfig, "config.json is not a JSON object");
+        }
+        let l = Lookup {
+            scopes: scopes(&root),
+        };
+        let layer_ids = l.uints("layer ids")?;
+        let layer_ids = l.required("layer ids", layer_ids)?;
+        let layer_ids = layer_ids
+            .iter()
+            .map(|&x| {
+                u32::try_from(x).map_err(|_| bad(format!("config.json: layer id {x} is too large")))
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        if layer_ids.is_empty() {
+            bail!(
+                ErrInvalidConfig,
+                "config.json: the engram layer id list is empty"
+            );
+        }
+        let max_ngram = l.uint("max n-gram size")?;
+        let max_ngram = l.required("max n-gram size", max_ngram)? as usize;
+        if !(2..=64).contains(&max_ngram) {
+            bail!(
+                ErrInvalidConfig,
+                "config.json: max n-gram size {max_ngram} (2 to 64)"
+            );
+        }
+        let n_heads = l.uint("heads per n-gram")?;
+        let n_heads = l.required("heads per n-gram", n_heads)? as usize;
+        if !(1..=1024).contains(&n_heads) {
+            bail!(
+                ErrInvalidConfig,
+                "config.json: {n_heads} heads per n-gram (1 to 1024)"
+            );
+        }
+        let vocab_per_ngram = match l.get("table size per n-gram") {
+            None => l.required("table size per n-gram", None)?,
+            Some((n, v)) => {
+                let sizes = if let Some(x) = v.as_u64() {
+                    vec![x; max_ngram - 1]
+                } else {
+                    l.uints("table size per n-gram")?.unwrap_or_default()
+                };
+                if sizes.len() != max_ngram - 1 {
+                    bail!(
+                        ErrInvalidConfig,
+                        "config.json: {n} has {} sizes, max n-gram size {max_ngram} needs {} (one per n-gram size 2..={max_ngram}) or one integer",
+                        sizes.len(),
+                        max_ngram - 1
+                    );
+                }
+                if let Some(&s) = sizes.iter().find(|&&s| s == 0 || s > 1 << 62) {
+                    bail!(ErrInvalidConfig, "config.json: {n} holds {s} (1 to 2^62)");
+                }
+                sizes
+            }
+        };
+        let pad = l.uint("pad token id")?;
+        let pad_token_id = l.required("pad token id", pad)?;
+        let pad_token_id = u32::try_from(pad_token_id).map_err(|_| {
+            bad(format!(
+                "config.json: pad token id {pad_token_id} is too large"
+            ))
+        })?;
+        let seed = l.uint("seed")?.unwrap_or(0);
+        let head_dim = match l.uint("head dim")? {
+            Some(h) => Some(h as usize),
+            None => l
+                .uint("embedding per n-gram (demo: head dim * heads)")?
+                .map(|e| e as usize / n_heads),
+        };
+        let hidden_size = l.uint("hidden size")?.map(|x| x as usize);
+        let hc = l.uint("hyper-connection streams")?.map(|x| x as usize);
+        let num_embeddings = l.uints("rows per layer (checked)")?;
+        if let Some(ne) = &num_embeddings {
+            if ne.len() != layer_ids.len() {
+                bail!(
+                    ErrInvalidConfig,
+                    "config.json: engram_num_embeddings has {} entries for {} engram layers",
+                    ne.len(),
+                    layer_ids.len()
+                );
+            }
+        }
+        Ok(EngramConfig {
+            layer_ids,
+            max_ngram,
+            n_heads,
+            vocab_per_ngram,
+            pad_token_id,
+            seed,
+            head_dim,
+            hidden_size,
+            hc,
+            num_embeddings,
+            compressed_vocab: l.uint("compressed vocabulary (checked)")?,
+        })
+    }
+
+    /// Read and parse a `config.json` file.
+    pub fn from_file(path: &std::path::Path) -> Result<EngramConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::new(
+                EngramStatus::ErrIo,
+                format!("config {}: {e}", path.display()),
+            )
+        })?;
+        EngramConfig::from_json(&text)
+            .map_err(|e| Error::new(e.status, format!("{}: {}", path.display(), e.message)))
+    }
+}
