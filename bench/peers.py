@@ -103,7 +103,7 @@ def run_apply(spec):
 
     def forward(layer, ids, x):
         table, scales, wkv, qk = layer
-        n = ids.shape[0]
+        n = ids.shape[0] // C
         r = table[ids].view(torch.float8_e4m3fn).to(torch.float32)  # [n*C, Hd]
         s = torch.exp2(scales[ids].to(torch.float32) - 127.0)  # [n*C, Hd/32]
         r = (r.view(-1, Hd // 32, 32) * s[:, :, None]).to(torch.bfloat16).view(n, K)

@@ -97,37 +97,60 @@ fn u64s(v: &Value) -> Vec<u64> {
 }
 
 /// Read bandwidth of main memory with `threads` threads: best of 3 passes
-/// over a 2 GiB buffer (far larger than the last-level cache).
+/// over a 2 GiB buffer (far larger than the last-level cache), each thread
+/// summing its half with wide loads and eight independent accumulators.
 fn memory_bandwidth(threads: usize) -> f64 {
-    let n = (2usize << 30) / 8;
-    let buf: Vec<u64> = (0..n as u64).collect();
+    let n = (2usize << 30) / 4;
+    let buf: Vec<f32> = (0..n).map(|i| (i & 0xff) as f32).collect();
     let chunk = n.div_ceil(threads);
     let mut best = 0f64;
     for _ in 0..3 {
         let s = Instant::now();
-        let total: u64 = std::thread::scope(|sc| {
+        let total: f32 = std::thread::scope(|sc| {
             let hs: Vec<_> = buf
                 .chunks(chunk)
-                .map(|c| {
-                    sc.spawn(move || {
-                        let mut acc = [0u64; 8];
-                        for b in c.chunks_exact(8) {
-                            for j in 0..8 {
-                                acc[j] = acc[j].wrapping_add(b[j]);
-                            }
-                        }
-                        acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
-                    })
-                })
+                .map(|c| sc.spawn(move || read_sum(c)))
                 .collect();
-            hs.into_iter()
-                .map(|h| h.join().unwrap())
-                .fold(0u64, |a, b| a.wrapping_add(b))
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
         });
         std::hint::black_box(total);
-        best = best.max((n * 8) as f64 / s.elapsed().as_secs_f64());
+        best = best.max((n * 4) as f64 / s.elapsed().as_secs_f64());
     }
     best
+}
+
+fn read_sum(c: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has avx512f.
+        return unsafe { read_sum_avx512(c) };
+    }
+    let mut acc = [0f32; 16];
+    for b in c.chunks_exact(16) {
+        for j in 0..16 {
+            acc[j] += b[j];
+        }
+    }
+    acc.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn read_sum_avx512(c: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_ps(); 8];
+    let mut i = 0;
+    while i + 128 <= c.len() {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_add_ps(*a, _mm512_loadu_ps(c.as_ptr().add(i + 16 * j)));
+        }
+        i += 128;
+    }
+    let mut s = c[i..].iter().sum::<f32>();
+    for a in acc {
+        s += _mm512_reduce_add_ps(a);
+    }
+    s
 }
 
 fn main() {
@@ -280,129 +303,176 @@ fn bench_hash() {
     }
 }
 
-fn bench_apply(threads: usize) {
-    // V4.1 geometry; the table is smaller than the real 384M rows (the gather
-    // reads 48 rows a token either way), the hash tables are sized to it.
-    let (d, hc, hd, heads, ngram) = (5120usize, 4usize, 256usize, 8usize, 4usize);
-    let cols = (ngram - 1) * heads;
-    let (k_in, k_out) = (cols * hd, d * (hc + 1));
-    let nl = 4usize;
-    let primes = derive_primes(nl, ngram, heads, 40_000);
-    let offsets = engram::hash::derive_offsets(&primes, cols);
-    let rows: u64 = primes
-        .chunks(cols)
-        .map(|c| c.iter().sum::<u64>())
-        .max()
-        .unwrap();
-    let mult: Vec<u64> = (0..(nl * ngram) as u64).map(|i| 2 * i + 1).collect();
-    let token_map: Vec<i32> = (0..1000).collect();
-    // Four layers' weights (1.26 GB of wkv), visited in turn, so that wkv is
-    // read from memory as in a model, not from the last-level cache.
-    let layer_ids = [1u32, 14, 27, 40];
-    let ns = [1usize, 8, 64, 512];
-    let cfg = ContextConfig {
-        geometry: Geometry {
-            d,
-            hc,
-            hd,
-            eps: 1e-6,
-        },
-        tables: HashTablesIn {
-            layer_ids: &layer_ids,
-            max_ngram: ngram,
-            n_heads: heads,
-            token_map: &token_map,
-            pad_id: 0,
-            multipliers: &mult,
-            primes: &primes,
-            offsets: &offsets,
-        },
-        limits: Limits {
-            max_tokens: 512,
-            max_seqs: 1,
-            max_positions: 1,
-        },
-        n_threads: threads,
-        backend: engram::EngramBackend::Cpu as u32,
-    };
-    let mut rng = Rng(7);
-    let rb = RowFormat::new(EngramType::Fp8E4m3E8m0 as u32, hd)
-        .unwrap()
-        .row_bytes(hd);
-    println!("\n## apply at the V4.1 geometry (D 5120, hc 4, C 24, Hd 256; bf16 wkv [{k_out} x {k_in}], fp8 rows; {rows} table rows)");
-    let data: Vec<(Vec<u8>, Vec<u16>, Vec<f32>, Vec<f32>)> = (0..nl)
-        .map(|_| {
-            let table: Vec<u8> = (0..rows as usize * rb)
-                .map(|i| {
-                    if i % rb >= hd {
-                        120 + rng.below(10) as u8
+/// A V4.1-shaped model with `nl` engram layers sharing one fp8 table and one
+/// `q`/`k` (the gather reads 48 rows a token whatever the table's size, so the
+/// table is far smaller than the real 384M rows; the hash tables fit it).
+struct Model {
+    layer_ids: Vec<u32>,
+    primes: Vec<u64>,
+    offsets: Vec<u64>,
+    mult: Vec<u64>,
+    token_map: Vec<i32>,
+    rows: u64,
+    table: Vec<u8>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+}
+
+const D: usize = 5120;
+const HC: usize = 4;
+const HD: usize = 256;
+const HEADS: usize = 8;
+const NGRAM: usize = 4;
+const COLS: usize = (NGRAM - 1) * HEADS;
+const K_IN: usize = COLS * HD;
+const K_OUT: usize = D * (HC + 1);
+
+impl Model {
+    fn new(nl: usize, rng: &mut Rng) -> Model {
+        let primes = derive_primes(nl, NGRAM, HEADS, 4_000);
+        let offsets = engram::hash::derive_offsets(&primes, COLS);
+        let rows = primes
+            .chunks(COLS)
+            .map(|c| c.iter().sum::<u64>())
+            .max()
+            .unwrap();
+        let rb = HD + HD / 32;
+        let table = (0..rows as usize * rb)
+            .map(|i| {
+                if i % rb >= HD {
+                    120 + rng.below(10) as u8
+                } else {
+                    let c = rng.next() as u8;
+                    if c & 0x7F == 0x7F {
+                        0
                     } else {
-                        let c = rng.next() as u8;
-                        if c & 0x7F == 0x7F {
-                            0
-                        } else {
-                            c
-                        }
+                        c
                     }
-                })
-                .collect();
-            let wkv: Vec<u16> = (0..k_in * k_out)
-                .map(|_| f32_to_bf16(rng.f32() / 32.0))
-                .collect();
-            let q: Vec<f32> = (0..hc * d).map(|_| 1.0 + rng.f32() / 8.0).collect();
-            let k: Vec<f32> = (0..hc * d).map(|_| 1.0 + rng.f32() / 8.0).collect();
-            (table, wkv, q, k)
-        })
-        .collect();
-    let ctx = Context::new(&cfg).unwrap();
-    for (li, (table, wkv, q, k)) in data.iter().enumerate() {
-        ctx.set_layer(LayerIn {
-            layer_id: layer_ids[li],
-            table: TableIn {
-                data: table,
-                format: RowFormat::new(EngramType::Fp8E4m3E8m0 as u32, hd).unwrap(),
-                rows,
-            },
-            wkv: Weights::Bf16(wkv),
-            q: Weights::F32(q),
-            k: Weights::F32(k),
-        })
-        .unwrap();
+                }
+            })
+            .collect();
+        Model {
+            layer_ids: (0..nl as u32).map(|l| 1 + 13 * l).collect(),
+            mult: (0..(nl * NGRAM) as u64).map(|i| 2 * i + 1).collect(),
+            token_map: (0..1000).collect(),
+            q: (0..HC * D).map(|_| 1.0 + rng.f32() / 8.0).collect(),
+            k: (0..HC * D).map(|_| 1.0 + rng.f32() / 8.0).collect(),
+            primes,
+            offsets,
+            rows,
+            table,
+        }
     }
-    let per = ctx.ids_per_token();
+
+    fn context<'a>(&'a self, threads: usize, wkv: &[Weights<'a>]) -> Context<'a> {
+        let cfg = ContextConfig {
+            geometry: Geometry {
+                d: D,
+                hc: HC,
+                hd: HD,
+                eps: 1e-6,
+            },
+            tables: HashTablesIn {
+                layer_ids: &self.layer_ids,
+                max_ngram: NGRAM,
+                n_heads: HEADS,
+                token_map: &self.token_map,
+                pad_id: 0,
+                multipliers: &self.mult,
+                primes: &self.primes,
+                offsets: &self.offsets,
+            },
+            limits: Limits {
+                max_tokens: 512,
+                max_seqs: 1,
+                max_positions: 1,
+            },
+            n_threads: threads,
+            backend: engram::EngramBackend::Cpu as u32,
+        };
+        let ctx = Context::new(&cfg).unwrap();
+        for (li, w) in wkv.iter().enumerate() {
+            ctx.set_layer(LayerIn {
+                layer_id: self.layer_ids[li],
+                table: TableIn {
+                    data: &self.table,
+                    format: RowFormat::new(EngramType::Fp8E4m3E8m0 as u32, HD).unwrap(),
+                    rows: self.rows,
+                },
+                wkv: *w,
+                q: Weights::F32(&self.q),
+                k: Weights::F32(&self.k),
+            })
+            .unwrap();
+        }
+        ctx
+    }
+
+    /// Median seconds of one `apply` of `n` tokens, visiting the layers in turn
+    /// (as a model does) so that wkv comes from memory, not the cache.
+    fn time_apply(&self, ctx: &Context<'_>, n: usize, rng: &mut Rng) -> f64 {
+        let nl = self.layer_ids.len();
+        let ids: Vec<i64> = (0..n * nl * COLS)
+            .map(|i| {
+                let c = i % (nl * COLS);
+                self.offsets[c] as i64 + rng.below(self.primes[c]) as i64
+            })
+            .collect();
+        let mut hw: Vec<f32> = (0..n * HC * D).map(|_| rng.f32()).collect();
+        let mut layer = 0usize;
+        median(if n <= 64 { 12 } else { 4 }, 1.0, || {
+            layer = (layer + 1) % nl;
+            ctx.apply(self.layer_ids[layer], &ids, n, Highway::F32(&mut hw))
+                .unwrap();
+        })
+    }
+}
+
+/// Enough layers of `bytes_per_layer` that together they exceed 2.4 GB, about
+/// nine times the last-level cache this machine reports (260 MB), so that
+/// visiting them in turn reads `wkv` from memory.
+fn layers_for(bytes_per_layer: usize) -> usize {
+    (2_400_000_000usize).div_ceil(bytes_per_layer).max(2)
+}
+
+fn bench_apply(threads: usize) {
+    let mut rng = Rng(7);
     let bw = memory_bandwidth(threads);
+    let wkv_bytes = (K_IN * K_OUT * 2) as f64;
+    let nl = layers_for(K_IN * K_OUT * 2);
+    let model = Model::new(nl, &mut rng);
+    println!(
+        "\n## apply at the V4.1 geometry (D {D}, hc {HC}, C {COLS}, Hd {HD}; bf16 wkv [{K_OUT} x {K_IN}], fp8 rows; {nl} layers visited in turn)"
+    );
+    let wkv: Vec<u16> = (0..nl * K_IN * K_OUT)
+        .map(|_| f32_to_bf16(rng.f32() / 32.0))
+        .collect();
+    let ws: Vec<Weights<'_>> = wkv.chunks(K_IN * K_OUT).map(Weights::Bf16).collect();
+    let ctx = model.context(threads, &ws);
     // Our kernel's GEMM rate on a large problem.
     let gemm_ours = {
         let p = Projection::new(threads).unwrap();
         let (n, o) = (512usize, 2048usize);
-        let x: Vec<u16> = (0..n * k_in).map(|_| f32_to_bf16(rng.f32())).collect();
+        let x: Vec<u16> = (0..n * K_IN).map(|_| f32_to_bf16(rng.f32())).collect();
         let mut kv = vec![0f32; n * o];
-        let w = &data[0].1[..o * k_in];
-        let t = median(3, 0.5, || p.run(&x, n, k_in, Weights::Bf16(w), o, &mut kv));
-        2.0 * (n * o * k_in) as f64 / t
-    };
-    let mut ours = Vec::new();
-    for &n in &ns {
-        let ids: Vec<i64> = (0..n * per)
-            .map(|i| {
-                let l = (i / cols) % nl;
-                offsets[l * cols + i % cols] as i64 + rng.below(primes[l * cols + i % cols]) as i64
-            })
-            .collect();
-        let mut hw: Vec<f32> = (0..n * hc * d).map(|_| rng.f32()).collect();
-        let mut layer = 0usize;
-        let t = median(if n <= 64 { 12 } else { 4 }, 1.0, || {
-            layer = (layer + 1) % nl;
-            ctx.apply(layer_ids[layer], &ids, n, Highway::F32(&mut hw))
-                .unwrap();
+        let t = median(3, 0.5, || {
+            p.run(&x, n, K_IN, Weights::Bf16(&wkv[..o * K_IN]), o, &mut kv)
         });
-        ours.push(t);
-    }
-    let spec = json!({"threads": threads, "D": d, "hc": hc, "Hd": hd, "C": cols, "table_rows": rows, "ns": ns});
+        2.0 * (n * o * K_IN) as f64 / t
+    };
+    let ns = [1usize, 8, 64, 512];
+    let ours: Vec<f64> = ns
+        .iter()
+        .map(|&n| model.time_apply(&ctx, n, &mut rng))
+        .collect();
+    let mem = ctx.memory_bytes();
+    drop(ctx);
+    drop(ws);
+    drop(wkv);
+    let spec = json!({"threads": threads, "D": D, "hc": HC, "Hd": HD, "C": COLS, "table_rows": model.rows, "ns": ns});
     let peer = run_peer("apply", &spec);
     let gemm_torch = peer.as_ref().and_then(|p| p["gemm_flops"].as_f64());
     let best_gemm = gemm_ours.max(gemm_torch.unwrap_or(0.0));
-    let wkv_bytes = (k_in * k_out * 2) as f64;
     println!(
         "memory read bandwidth {:.1} GB/s; bf16 GEMM rate: engram {:.1} GFLOP/s{}",
         bw / 1e9,
@@ -414,7 +484,7 @@ fn bench_apply(threads: usize) {
     println!("| tokens | engram ms | torch ms | torch/engram | roofline ms | engram/roofline |");
     println!("|---:|---:|---:|---:|---:|---:|");
     for (i, &n) in ns.iter().enumerate() {
-        let flops = 2.0 * (n * k_in * k_out) as f64;
+        let flops = 2.0 * (n * K_IN * K_OUT) as f64;
         let roof = (wkv_bytes / bw).max(flops / best_gemm);
         let torch = peer.as_ref().and_then(|p| p[n.to_string()].as_f64());
         println!(
@@ -430,12 +500,71 @@ fn bench_apply(threads: usize) {
             ours[i] / roof
         );
     }
-    let hist_formula = |positions: usize, seqs: usize| positions * seqs * 4;
+    let tables = model.token_map.len() * 4
+        + (model.mult.len() + model.primes.len() + model.offsets.len()) * 8;
+    let qk = nl * HC * D * 4;
     println!(
-        "\ncontext memory: measured {} bytes (hash tables {} + q*k {} + history {} by the README's formula)",
-        ctx.memory_bytes(),
-        token_map.len() * 4 + (mult.len() + primes.len() + offsets.len()) * 8,
-        nl * hc * d * 4,
-        hist_formula(0, 1)
+        "\ncontext memory: measured {mem} bytes; README formula: hash tables {tables} + q*k {qk} = {} (+ history: none hashed here)",
+        tables + qk
     );
+    bench_wkv_formats(threads, bw, &mut rng);
+}
+
+/// Decode (one token) with `wkv` in bf16, Q8_0 and Q2_K: time and bytes read
+/// per token against the memory roofline.
+fn bench_wkv_formats(threads: usize, bw: f64, rng: &mut Rng) {
+    println!("\n## decode apply by wkv format (1 token, V4.1 geometry)");
+    println!("| wkv | bytes per token | engram ms | GB/s | roofline ms | engram/roofline |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, ty) in [
+        ("bf16", EngramType::Bf16),
+        ("q8_0", EngramType::Q8_0),
+        ("q2_K", EngramType::Q2_K),
+    ] {
+        let fmt = RowFormat::new(ty as u32, K_IN).unwrap();
+        let row_bytes = fmt.row_bytes(K_IN);
+        let layer_bytes = row_bytes * K_OUT;
+        let nl = layers_for(layer_bytes);
+        let model = Model::new(nl, rng);
+        let mut data = vec![0u8; nl * layer_bytes];
+        let bb = fmt.block().map_or(2, |(_, bytes)| bytes);
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = rng.next() as u8;
+            // Keep each block's f16 scales finite and small.
+            let at = i % bb;
+            match ty {
+                EngramType::Q8_0 if at < 2 => *b = [0x00, 0x1c][at],
+                EngramType::Q2_K if at >= 80 => *b = [0x00, 0x1c, 0x00, 0x18][at - 80],
+                EngramType::Bf16 if at == 1 => *b = 0x3c + (*b & 1),
+                _ => {}
+            }
+        }
+        let ws: Vec<Weights<'_>> = data
+            .chunks(layer_bytes)
+            .map(|c| match ty {
+                EngramType::Bf16 => Weights::Bf16(bytemuck_u16(c)),
+                _ => Weights::quant(fmt, c, K_IN).unwrap(),
+            })
+            .collect();
+        let ctx = model.context(threads, &ws);
+        let t = model.time_apply(&ctx, 1, rng);
+        let bytes = layer_bytes as f64 + (COLS * (HD + HD / 32)) as f64;
+        let roof = bytes / bw;
+        println!(
+            "| {name} | {:.1} MB | {:.2} | {:.1} | {:.2} | {:.2} |",
+            bytes / 1e6,
+            t * 1e3,
+            bytes / t / 1e9,
+            roof * 1e3,
+            t / roof
+        );
+    }
+}
+
+/// View little-endian bytes as u16s (the buffer is 2-aligned: it comes from a
+/// `Vec<u8>` whose allocation is at least 8-aligned).
+fn bytemuck_u16(b: &[u8]) -> &[u16] {
+    assert!(b.as_ptr() as usize % 2 == 0 && b.len() % 2 == 0);
+    // SAFETY: aligned, in bounds, any bit pattern is a valid u16.
+    unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u16, b.len() / 2) }
 }

@@ -132,7 +132,7 @@ impl Projection {
                     // f32 or quantised weights: dequantise this task's rows to
                     // f32 once, then f32 FMA tiles against every token.
                     let mut wf = vec![0f32; (hi - lo) * k];
-                    w.to_f32(lo * k, &mut wf);
+                    dequant_rows(w, lo, hi, k, &mut wf);
                     // SAFETY: as above (avx512f is part of the kernel's features).
                     unsafe { avx512::range_f32(&rows_f32, n, k, &wf, hi - lo, out) }
                 }
@@ -151,6 +151,32 @@ impl Projection {
             }
         }
     }
+}
+
+/// Rows `lo..hi` of `w` (rows of `k` values) as f32 into `out`: the exact
+/// values `formats::dequant_row_f32` gives, with AVX-512 loops for the
+/// formats a decode step reads most (q8_0, q2_K) where the CPU has them.
+pub fn dequant_rows(w: Weights<'_>, lo: usize, hi: usize, k: usize, out: &mut [f32]) {
+    assert_eq!(out.len(), (hi - lo) * k);
+    #[cfg(target_arch = "x86_64")]
+    if let Weights::Quant {
+        format,
+        data,
+        row_len,
+    } = w
+    {
+        if row_len == k && std::arch::is_x86_feature_detected!("avx512f") {
+            let rb = format.row_bytes(k);
+            let bytes = &data[lo * rb..hi * rb];
+            match format {
+                // SAFETY: the CPU has avx512f; whole blocks in and out.
+                crate::RowFormat::Q8_0 => return unsafe { avx512::dequant_q8_0(bytes, out) },
+                crate::RowFormat::Q2_K => return unsafe { avx512::dequant_q2_k(bytes, out) },
+                _ => {}
+            }
+        }
+    }
+    w.to_f32(lo * k, out);
 }
 
 /// Round an f32 sum to bf16, held as f32.
@@ -205,6 +231,70 @@ mod avx512 {
     /// Weight rows per micro-kernel call, tokens per micro-kernel call.
     const R: usize = 4;
     const T: usize = 4;
+
+    fn f16(lo: u8, hi: u8) -> f32 {
+        half::f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32()
+    }
+
+    /// q8_0 blocks (f16 `d`, 32 i8) to f32: `q * d`, exact in f32.
+    ///
+    /// # Safety
+    /// The CPU must have avx512f; `data` is whole 34-byte blocks, `out` 32
+    /// values per block.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dequant_q8_0(data: &[u8], out: &mut [f32]) {
+        assert_eq!(data.len() / 34 * 32, out.len());
+        for (b, o) in data.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
+            let d = _mm512_set1_ps(f16(b[0], b[1]));
+            let q0 = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
+            let q1 = _mm_loadu_si128(b.as_ptr().add(18) as *const __m128i);
+            let f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0));
+            let f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1));
+            _mm512_storeu_ps(o.as_mut_ptr(), _mm512_mul_ps(f0, d));
+            _mm512_storeu_ps(o.as_mut_ptr().add(16), _mm512_mul_ps(f1, d));
+        }
+    }
+
+    /// q2_K super-blocks (`scales[16]`, `qs[64]`, f16 `d`, f16 `dmin`) to f32
+    /// in ggml's order: for each half of 128 values and each 2-bit shift, 16
+    /// values from `qs[0..16]` then 16 from `qs[16..32]`, each group with its
+    /// own 4-bit scale and min: `d*sc * q - dmin*m`. `d*sc`, `dmin*m` and their
+    /// product with `q` are exact in f32, so the fused subtract rounds once,
+    /// exactly as ggml's separate operations do.
+    ///
+    /// # Safety
+    /// The CPU must have avx512f; `data` is whole 84-byte blocks, `out` 256
+    /// values per block.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dequant_q2_k(data: &[u8], out: &mut [f32]) {
+        assert_eq!(data.len() / 84 * 256, out.len());
+        let three = _mm512_set1_epi32(3);
+        for (b, o) in data.chunks_exact(84).zip(out.chunks_exact_mut(256)) {
+            let (scales, qs) = (&b[..16], &b[16..80]);
+            let (d, dmin) = (f16(b[80], b[81]), f16(b[82], b[83]));
+            let mut y = 0;
+            let mut is = 0;
+            for half in 0..2 {
+                let q = &qs[32 * half..32 * half + 32];
+                let qa = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.as_ptr() as *const __m128i));
+                let qb =
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(q.as_ptr().add(16) as *const __m128i));
+                for shift in [0u32, 2, 4, 6] {
+                    let sh = _mm_cvtsi32_si128(shift as i32);
+                    for qv in [qa, qb] {
+                        let sc = scales[is];
+                        is += 1;
+                        let dl = _mm512_set1_ps(d * (sc & 0xF) as f32);
+                        let ml = _mm512_set1_ps(dmin * (sc >> 4) as f32);
+                        let v =
+                            _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srl_epi32(qv, sh), three));
+                        _mm512_storeu_ps(o.as_mut_ptr().add(y), _mm512_fmsub_ps(dl, v, ml));
+                        y += 16;
+                    }
+                }
+            }
+        }
+    }
 
     /// All `m` rows of `w` (`[m, k]` f32) against all `n` f32 token rows into
     /// `out` (`[m, n]`), f32 FMA in tiles of 4 x 4, bf16-rounded.
@@ -478,6 +568,55 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX-512 dequantisers equal `formats::dequant_row_f32` bit for bit on
+    /// random blocks (finite scales; the GGUF oracle tests cover the edges of
+    /// the scalar path).
+    #[test]
+    fn fast_dequant_equals_the_reference() {
+        use crate::formats::{dequant_row_f32, RowFormat};
+        let mut z = 3u64;
+        let mut byte = move || {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (z >> 56) as u8
+        };
+        for (ty, k) in [
+            (crate::EngramType::Q8_0, 256usize),
+            (crate::EngramType::Q2_K, 512),
+        ] {
+            let f = RowFormat::new(ty as u32, k).unwrap();
+            let (_, bb) = f.block().unwrap();
+            let rows = 7;
+            let mut data: Vec<u8> = (0..rows * f.row_bytes(k)).map(|_| byte()).collect();
+            // Finite f16 scales of all magnitudes (exponent field below 31).
+            for blk in data.chunks_mut(bb) {
+                let at: &[usize] = if ty == crate::EngramType::Q8_0 {
+                    &[1]
+                } else {
+                    &[81, 83]
+                };
+                for &i in at {
+                    blk[i] &= 0xF7 | (blk[i] & 0x80);
+                    if blk[i] & 0x7C == 0x7C {
+                        blk[i] ^= 0x04;
+                    }
+                }
+            }
+            let w = Weights::quant(f, &data, k).unwrap();
+            let mut fast = vec![0f32; (rows - 2) * k];
+            dequant_rows(w, 1, rows - 1, k, &mut fast);
+            let mut want = vec![0f32; (rows - 2) * k];
+            for (r, o) in want.chunks_mut(k).enumerate() {
+                let rb = f.row_bytes(k);
+                dequant_row_f32(f, &data[(r + 1) * rb..(r + 2) * rb], o).unwrap();
+            }
+            for (i, (a, b)) in fast.iter().zip(&want).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{ty:?} value {i}: {a} vs {b}");
+            }
+        }
+    }
 
     fn data(n: usize, k: usize, n_out: usize) -> (Vec<u16>, Vec<u16>) {
         let f = |i: usize, s: u64| {
