@@ -15,6 +15,7 @@ pub mod formats;
 pub mod hash;
 pub mod projection;
 pub mod tables;
+pub mod gguf;
 
 pub use context::{Context, ContextConfig, EngramBackend, Geometry, Highway, LayerIn, TableIn};
 pub use error::{EngramStatus, Error, Result};

@@ -19,5 +19,7 @@ fi
 "$VENV/bin/python" "$HERE/gen.py"
 # The hash-table derivation's extra references (configs, numpy captures): data/tables_expected.json.
 "$VENV/bin/python" "$HERE/gen_tables.py"
+# GGUF fixtures of the tiny model written by gguf-py: data/tiny*.gguf, tiny_config.json, gguf_expected.json.
+"$VENV/bin/python" "$HERE/gen_gguf.py"
 # The GGUF block formats' oracle (gguf-py's dequantisers): data/gguf_blocks.json.
 "$VENV/bin/python" "$HERE/gen_formats.py"
