@@ -95,6 +95,8 @@ pub struct Context<'w> {
     projection: Projection,
     history: Mutex<History>,
     layers: RwLock<Vec<Option<Layer<'w>>>>,
+    /// Host tables' sources and the rows staged by `prefetch` (crate::prefetch).
+    stage: crate::prefetch::Stager,
 }
 
 impl<'w> Context<'w> {
@@ -171,6 +173,7 @@ impl<'w> Context<'w> {
             projection,
             history: Mutex::new(History::new(lim.max_seqs)),
             layers: RwLock::new((0..n_layers).map(|_| None).collect()),
+            stage: crate::prefetch::Stager::new(n_layers, cfg.n_threads.max(2)),
         })
     }
 
@@ -260,6 +263,34 @@ impl<'w> Context<'w> {
                 .sum::<usize>()
     }
 
+    /// Start gathering layer `layer_id`'s table rows for a step's `row_ids`
+    /// (`[n, n_layers, C]`, the `hash` output) on worker threads and return;
+    /// `apply` with the same ids then waits only for that gather
+    /// (`engram_prefetch`, see `crate::prefetch`). Bad ids are reported here.
+    pub fn prefetch(&self, layer_id: u32, row_ids: &[i64], n: usize) -> Result<()> {
+        self.stage
+            .prefetch(&self.tables, &self.limits, layer_id, row_ids, n)
+    }
+
+    /// How `apply`'s row gathers were served (staged by `prefetch` or direct).
+    pub fn prefetch_stats(&self) -> crate::prefetch::Stats {
+        self.stage.stats()
+    }
+
+    /// Read layer `layer_id`'s table rows with `pread` from `file`, where the
+    /// table starts at `offset` (after `set_layer`; the GGUF loader does this).
+    pub fn set_table_file(
+        &self,
+        layer_id: u32,
+        file: std::sync::Arc<std::fs::File>,
+        offset: u64,
+    ) -> Result<()> {
+        let Some(li) = self.tables.layer_index(layer_id) else {
+            bail!(ErrUnknownLayer, "layer {layer_id} is not an engram layer");
+        };
+        self.stage.set_file(li, file, offset)
+    }
+
     /// Register (or replace) one layer's weights.
     pub fn set_layer(&self, w: LayerIn<'w>) -> Result<()> {
         let Some(li) = self.tables.layer_index(w.layer_id) else {
@@ -315,6 +346,8 @@ impl<'w> Context<'w> {
             wkv: w.wkv,
             qk,
         };
+        self.stage
+            .set_memory(li, layer.table, layer.format, layer.rows);
         self.layers.write().unwrap_or_else(|p| p.into_inner())[li] = Some(layer);
         Ok(())
     }
@@ -396,7 +429,8 @@ impl<'w> Context<'w> {
         let nl = live.len();
         let (k_in, k_out) = (self.kv_in(), self.kv_out());
         let mut rows = vec![0u16; nl * k_in];
-        cpu::gather_rows(layer.table, layer.format, g.hd, &ids, &mut rows).map_err(|(j, e)| {
+        let gathered = self.stage.gather(li, layer.table, layer.format, g.hd, &ids, &mut rows)?;
+        gathered.map_err(|(j, e)| {
             let (t, c, r) = (live[j / cols], j % cols, ids[j]);
             let what = match e {
                 RowDataError::NanScale(b) => format!("e8m0 scale {b} is the NaN code 255"),

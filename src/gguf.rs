@@ -849,6 +849,9 @@ pub struct GgufOptions {
     pub n_threads: usize,
     pub backend: u32,
     pub eps: f32,
+    /// Read table rows from the mapping (`true`) instead of with `pread` on
+    /// the file (`false`, the default: I/O errors become `ErrIo`, never SIGBUS).
+    pub mmap_tables: bool,
 }
 
 /// A GGUF file mapped into memory, its header, and its engram model. The
@@ -957,6 +960,10 @@ impl GgufModel {
                 k,
             })
             .map_err(at)?;
+            if !o.mmap_tables {
+                ctx.set_table_file(l.layer_id, self.file.clone(), l.embd.offset)
+                    .map_err(at)?;
+            }
         }
         Ok(ctx)
     }

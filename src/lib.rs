@@ -16,6 +16,7 @@ pub mod hash;
 pub mod projection;
 pub mod tables;
 pub mod gguf;
+pub mod prefetch;
 
 pub use context::{Context, ContextConfig, EngramBackend, Geometry, Highway, LayerIn, TableIn};
 pub use error::{EngramStatus, Error, Result};

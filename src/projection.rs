@@ -40,12 +40,17 @@ impl Kernel {
 const CHUNK: usize = 64;
 /// Tokens whose rows are kept hot in cache while a chunk of weights is reused.
 const TOKEN_BLOCK: usize = 64;
+/// Tokens from which f32 tiles broadcast weights against vectors of 16
+/// tokens instead of forming dot products (fewer would waste vector lanes).
+const BROADCAST_FROM: usize = 4;
 
 /// The projection with its thread pool.
 pub struct Projection {
     pool: Option<rayon::ThreadPool>,
     threads: usize,
     kernel: Kernel,
+    /// Token count from which bf16 weights use the f32 FMA tiles.
+    f32_from: usize,
 }
 
 impl Projection {
@@ -68,6 +73,10 @@ impl Projection {
             pool,
             threads: threads.max(1),
             kernel: Kernel::detect(),
+            f32_from: std::env::var("ENGRAM_F32_FROM")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4),
         })
     }
 
@@ -109,8 +118,27 @@ impl Projection {
         }
         let kernel = self.kernel;
         // Every path but bf16 x bf16 works on f32 rows, converted once.
-        let rows_f32: Vec<f32> = if kernel == Kernel::Portable || !matches!(w, Weights::Bf16(_)) {
+        // BF16 dot products win while reading wkv dominates (few tokens); past
+        // that, f32 FMA tiles win here (two FMA ports against one port for
+        // `vdpbf16ps`), on weight rows widened to f32 once per task.
+        let bf16_dots = matches!(w, Weights::Bf16(_)) && n < self.f32_from;
+        let rows_f32: Vec<f32> = if kernel == Kernel::Portable || !bf16_dots {
             rows.iter().map(|&b| bf16_to_f32(b)).collect()
+        } else {
+            Vec::new()
+        };
+        // From BROADCAST_FROM tokens on, the f32 tiles broadcast weights
+        // against token vectors: the tokens go k-major (`[k, n_pad]`), once.
+        let broadcast = kernel == Kernel::Avx512 && !bf16_dots && n >= BROADCAST_FROM;
+        let n_pad = n.next_multiple_of(16);
+        let xt: Vec<f32> = if broadcast {
+            let mut xt = vec![0f32; k * n_pad];
+            for (t, r) in rows_f32.chunks_exact(k).enumerate() {
+                for (kk, &v) in r.iter().enumerate() {
+                    xt[kk * n_pad + t] = v;
+                }
+            }
+            xt
         } else {
             Vec::new()
         };
@@ -122,7 +150,7 @@ impl Projection {
             let hi = (lo + CHUNK).min(n_out);
             match (kernel, w) {
                 #[cfg(target_arch = "x86_64")]
-                (Kernel::Avx512, Weights::Bf16(wb)) => {
+                (Kernel::Avx512, Weights::Bf16(wb)) if bf16_dots => {
                     // SAFETY: `Kernel::Avx512` is only selected when the CPU
                     // has avx512f, avx512bw and avx512bf16; sizes are asserted above.
                     unsafe { avx512::range(rows, n, k, wb, lo, hi, out) }
@@ -134,7 +162,13 @@ impl Projection {
                     let mut wf = vec![0f32; (hi - lo) * k];
                     dequant_rows(w, lo, hi, k, &mut wf);
                     // SAFETY: as above (avx512f is part of the kernel's features).
-                    unsafe { avx512::range_f32(&rows_f32, n, k, &wf, hi - lo, out) }
+                    unsafe {
+                        if broadcast {
+                            avx512::gemm_f32(&xt, n_pad, n, k, &wf, hi - lo, out)
+                        } else {
+                            avx512::range_f32(&rows_f32, n, k, &wf, hi - lo, out)
+                        }
+                    }
                 }
                 _ => portable_range(&rows_f32, n, k, w, lo, hi, out),
             }
@@ -292,6 +326,119 @@ mod avx512 {
                         y += 16;
                     }
                 }
+            }
+        }
+    }
+
+    /// All `m` rows of `w` (`[m, k]` f32) against all `n` tokens given k-major
+    /// in `xt` (`[k, n_pad]`, zero-padded), into `out` (`[m, n]`), bf16-rounded.
+    /// Tiles of 4 outputs x 48 tokens: per `k`, three token vectors and four
+    /// broadcast weights feed twelve FMAs. `k` is blocked so a tile's token
+    /// panel stays in L1 across the outputs; partial sums wait in `out`, so
+    /// each output is one sequential f32 FMA sum over `k`.
+    ///
+    /// # Safety
+    /// The CPU must have avx512f; sizes as stated.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn gemm_f32(
+        xt: &[f32],
+        n_pad: usize,
+        n: usize,
+        k: usize,
+        w: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) {
+        assert!(
+            xt.len() == k * n_pad
+                && n_pad >= n
+                && n_pad % 16 == 0
+                && w.len() == m * k
+                && out.len() == m * n
+        );
+        const KB: usize = 256;
+        out.fill(0.0);
+        let mut kb = 0;
+        while kb < k {
+            let ke = (kb + KB).min(k);
+            let mut t = 0;
+            while t < n {
+                let v = (n - t).div_ceil(16).min(3);
+                let mut o = 0;
+                while o < m {
+                    let r = (m - o).min(4);
+                    macro_rules! tile {
+                        ($($rr:literal, $vv:literal);*) => {
+                            match (r, v) {
+                                $(($rr, $vv) => bcast::<$rr, $vv>(xt, n_pad, n, k, w, kb, ke, o, t, out),)*
+                                _ => unreachable!(),
+                            }
+                        };
+                    }
+                    tile!(4, 3; 4, 2; 4, 1; 3, 3; 3, 2; 3, 1; 2, 3; 2, 2; 2, 1; 1, 3; 1, 2; 1, 1);
+                    o += r;
+                }
+                t += 16 * v;
+            }
+            kb = ke;
+        }
+        for v in out.iter_mut() {
+            *v = to_bf16_value(*v);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn bcast<const RR: usize, const VV: usize>(
+        xt: &[f32],
+        n_pad: usize,
+        n: usize,
+        k: usize,
+        w: &[f32],
+        kb: usize,
+        ke: usize,
+        o: usize,
+        t: usize,
+        out: &mut [f32],
+    ) {
+        let mut mask = [0u16; VV];
+        for (j, m) in mask.iter_mut().enumerate() {
+            let left = n - (t + 16 * j).min(n);
+            *m = if left >= 16 {
+                0xFFFF
+            } else {
+                ((1u32 << left) - 1) as u16
+            };
+        }
+        let mut acc = [[_mm512_setzero_ps(); VV]; RR];
+        for i in 0..RR {
+            for j in 0..VV {
+                acc[i][j] =
+                    _mm512_maskz_loadu_ps(mask[j], out.as_ptr().add((o + i) * n + t + 16 * j));
+            }
+        }
+        let xp = xt.as_ptr().add(t);
+        let wp = w.as_ptr();
+        for kk in kb..ke {
+            let mut xv = [_mm512_setzero_ps(); VV];
+            for (j, x) in xv.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(xp.add(kk * n_pad + 16 * j));
+            }
+            for i in 0..RR {
+                let wb = _mm512_set1_ps(*wp.add((o + i) * k + kk));
+                for j in 0..VV {
+                    acc[i][j] = _mm512_fmadd_ps(wb, xv[j], acc[i][j]);
+                }
+            }
+        }
+        for i in 0..RR {
+            for j in 0..VV {
+                _mm512_mask_storeu_ps(
+                    out.as_mut_ptr().add((o + i) * n + t + 16 * j),
+                    mask[j],
+                    acc[i][j],
+                );
             }
         }
     }

@@ -20,6 +20,7 @@ fn options() -> GgufOptions {
         n_threads: 2,
         backend: engram::EngramBackend::Cpu as u32,
         eps: f32::from_bits(0x358637bd), // f32(1e-6), as the golden
+        mmap_tables: false,
     }
 }
 
