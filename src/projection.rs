@@ -40,6 +40,9 @@ impl Kernel {
 const CHUNK: usize = 64;
 /// Tokens whose rows are kept hot in cache while a chunk of weights is reused.
 const TOKEN_BLOCK: usize = 64;
+/// Tokens from which bf16 weights are widened to f32 for FMA tiles instead of
+/// BF16 dot products.
+const F32_FROM: usize = 4;
 /// Tokens from which f32 tiles broadcast weights against vectors of 16
 /// tokens instead of forming dot products (fewer would waste vector lanes).
 const BROADCAST_FROM: usize = 4;
@@ -73,10 +76,7 @@ impl Projection {
             pool,
             threads: threads.max(1),
             kernel: Kernel::detect(),
-            f32_from: std::env::var("ENGRAM_F32_FROM")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(4),
+            f32_from: F32_FROM,
         })
     }
 
