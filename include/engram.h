@@ -182,6 +182,12 @@ typedef uint32_t engram_backend;
 typedef struct engram_context engram_context;
 
 /*
+ Hash tables derived from a model's `config.json` and `tokenizer.json`
+ (`engram_tables_from_files`). Free with `engram_tables_free`.
+ */
+typedef struct engram_tables engram_tables;
+
+/*
  Configuration for `engram_create`. Fill it with `engram_config_init`, which
  sets `struct_size` and the defaults, then set the fields. Every pointer is
  read during `engram_create` only: the tables are copied (validated and
@@ -309,6 +315,51 @@ typedef struct engram_layer_weights {
   const void *k;
   uint32_t qk_type;
 } engram_layer_weights;
+
+/*
+ Options of `engram_create_from_gguf`. Fill with `engram_gguf_options_init`.
+ */
+typedef struct engram_gguf_options {
+  /*
+   `sizeof(engram_gguf_options)`.
+   */
+  size_t struct_size;
+  /*
+   `ENGRAM_BACKEND_CPU` (the GGUF loader serves host tables to the CPU backend).
+   */
+  uint32_t backend;
+  /*
+   CUDA device ordinal (ignored by the CPU backend).
+   */
+  int32_t device;
+  /*
+   RMS epsilon of the gate (default 1e-6).
+   */
+  float eps;
+  /*
+   As in `engram_config`.
+   */
+  uint32_t max_tokens;
+  uint32_t max_seqs;
+  uint32_t max_positions;
+  /*
+   Threads of one call; the prefetch gathers use `max(2, n_threads)`.
+   */
+  uint32_t n_threads;
+  /*
+   For a file without the hash constants: the model's `config.json` and
+   `tokenizer.json` to derive them from (NULL otherwise). When given, they
+   must agree with any constants the file has.
+   */
+  const char *config_json;
+  const char *tokenizer_json;
+  /*
+   0 (default): table rows are read with `pread` on the file, so an I/O
+   error is `ENGRAM_STATUS_ERR_IO`; 1: read from the mapping (a file
+   truncated while mapped then raises SIGBUS).
+   */
+  uint32_t mmap_tables;
+} engram_gguf_options;
 
 #ifdef __cplusplus
 extern "C" {
@@ -443,6 +494,116 @@ const char *engram_status_str(int32_t status);
  Valid until the next failing call on this thread.
  */
 const char *engram_last_error(void);
+
+/*
+ Derive the hash tables (token map, multipliers, primes, offsets) from a
+ model's `config.json` (its engram fields; the README lists the names
+ accepted) and its Hugging Face `tokenizer.json`, as SPEC section 3 states.
+ On success `*out` receives an object to pass to `engram_tables_fill_config`
+ and to free with `engram_tables_free`; on failure `*out` is left as it was
+ (`ENGRAM_STATUS_ERR_IO` for a file that cannot be read,
+ `ENGRAM_STATUS_ERR_INVALID_CONFIG` for missing or inconsistent fields).
+
+ # Safety
+ `config_json` and `tokenizer_json` must be NULL or NUL-terminated paths;
+ `out` NULL or writable.
+ */
+enum engram_status engram_tables_from_files(const char *config_json,
+                                            const char *tokenizer_json,
+                                            struct engram_tables **out);
+
+/*
+ Point `cfg`'s hash fields at the tables (`n_heads`, `max_ngram`,
+ `layer_ids`/`n_layers`, `token_map`/`token_map_len`, `pad_id`,
+ `multipliers`, `primes`, `offsets` and their counts) and set
+ `hidden_size`, `hc` and `head_dim` where the config.json gave them (the
+ other fields are left as they are). The pointers stay valid until
+ `engram_tables_free`; `engram_create` copies them, so the tables may be
+ freed once the context exists.
+
+ # Safety
+ `tables` must be NULL or from `engram_tables_from_files`; `cfg` NULL or a
+ struct filled by `engram_config_init`.
+ */
+enum engram_status engram_tables_fill_config(const struct engram_tables *tables,
+                                             struct engram_config *cfg);
+
+/*
+ Rows the table of engram layer `layer_id` has (the sum of its primes), or 0
+ when `tables` is NULL or the layer is not an engram layer.
+
+ # Safety
+ `tables` must be NULL or from `engram_tables_from_files`.
+ */
+uint64_t engram_tables_layer_rows(const struct engram_tables *tables, uint32_t layer_id);
+
+/*
+ Distinct compressed token ids of the tables' token map (0 for NULL).
+
+ # Safety
+ `tables` must be NULL or from `engram_tables_from_files`.
+ */
+size_t engram_tables_compressed_vocab(const struct engram_tables *tables);
+
+/*
+ Free tables from `engram_tables_from_files`. NULL is a no-op.
+
+ # Safety
+ `tables` must be NULL or from `engram_tables_from_files`, not yet freed.
+ */
+void engram_tables_free(struct engram_tables *tables);
+
+/*
+ Fill `o` with defaults: `struct_size`, the CPU backend, `eps = 1e-6`,
+ `max_tokens = 4096`, `max_seqs = 64`, `max_positions = 131072`, one thread,
+ no config/tokenizer, `pread` tables. NULL is ignored.
+
+ # Safety
+ `o` must be NULL or point to writable memory of `sizeof(engram_gguf_options)`.
+ */
+void engram_gguf_options_init(struct engram_gguf_options *o);
+
+/*
+ Create a context straight from a GGUF file: the `deepseek41.engram.*`
+ metadata (hash constants in any of the integer widths seen in the wild;
+ offsets may be absent) and each engram layer's `blk.{i}.engram_embd`,
+ `engram_wkv`, `engram_q`, `engram_k` tensors, set as the layers' weights.
+ The file is mapped for the context's life (freed by `engram_free`). A file
+ without the hash constants needs `options.config_json` and
+ `options.tokenizer_json`; without them the call fails naming the missing
+ keys. Statuses: `ERR_IO` (cannot open or map), `ERR_FORMAT` (not GGUF,
+ truncated, tensor sizes that disagree with their shapes, missing tensors),
+ `ERR_UNSUPPORTED` (GGUF version, unknown tensor type), `ERR_INVALID_CONFIG`
+ (missing or inconsistent hash constants). On failure `*out` is left as it was.
+
+ # Safety
+ `path` must be NULL or a NUL-terminated path; `options` NULL or filled by
+ `engram_gguf_options_init`; `out` NULL or writable.
+ */
+enum engram_status engram_create_from_gguf(const char *path,
+                                           const struct engram_gguf_options *options,
+                                           struct engram_context **out);
+
+/*
+ Start gathering the table rows of engram layer `layer_id` for a step on
+ the context's worker threads, right after `engram_hash` gave `row_ids`
+ (`[n_tokens, n_layers, C]`), and return without waiting: hints the kernel
+ about the pages (`madvise`/`posix_fadvise` WILLNEED) and copies the raw
+ rows into one of the layer's two staging buffers. `engram_apply` with the
+ same `row_ids` then waits only for that gather; an apply for ids nobody
+ prefetched reads the table itself. The ids are checked here as
+ `engram_apply` checks them (nothing changes on error); a read that fails
+ later (an I/O error on a file-backed table) is returned by that apply as
+ `ENGRAM_STATUS_ERR_IO`. Host tables only (CPU backend).
+
+ # Safety
+ `ctx` as in `engram_free`; `row_ids` must hold
+ `n_tokens * engram_row_ids_per_token(ctx)` elements.
+ */
+enum engram_status engram_prefetch(struct engram_context *ctx,
+                                   uint32_t layer_id,
+                                   const int64_t *row_ids,
+                                   uint32_t n_tokens);
 
 #ifdef __cplusplus
 }  // extern "C"

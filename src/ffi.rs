@@ -13,6 +13,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// Opaque engram context. Create with `engram_create`, release with `engram_free`.
 pub struct EngramContext {
     inner: Context<'static>,
+    /// What `inner` borrows when the library loaded it (a mapped GGUF file);
+    /// dropped after `inner`.
+    _owner: Option<Box<crate::gguf::GgufModel>>,
 }
 
 /// Configuration for `engram_create`. Fill it with `engram_config_init`, which
@@ -318,7 +321,10 @@ pub unsafe extern "C" fn engram_create(
             backend: c.backend,
         };
         let inner = Context::new(&cc)?;
-        *out = Box::into_raw(Box::new(EngramContext { inner }));
+        *out = Box::into_raw(Box::new(EngramContext {
+            inner,
+            _owner: None,
+        }));
         Ok(())
     })
 }
@@ -610,4 +616,308 @@ mod tests {
             .unwrap();
         assert!(msg.contains("boom"), "{msg}");
     }
+}
+// ---------------------------------------------------------------------------
+// Loading the real model: hash tables from config.json + tokenizer.json, a
+// context straight from a GGUF file, and the prefetching gather.
+// ---------------------------------------------------------------------------
+
+/// Hash tables derived from a model's `config.json` and `tokenizer.json`
+/// (`engram_tables_from_files`). Free with `engram_tables_free`.
+pub struct EngramTablesHandle {
+    inner: crate::tables::EngramTables,
+}
+
+/// A C path argument as a `Path`.
+///
+/// # Safety
+/// `p` must be NULL or a NUL-terminated string.
+unsafe fn path_arg<'a>(p: *const c_char, what: &str) -> Result<&'a std::path::Path> {
+    non_null(p, what)?;
+    let s = CStr::from_ptr(p).to_str().map_err(|_| {
+        Error::new(
+            EngramStatus::ErrInvalidArgument,
+            format!("{what} is not UTF-8"),
+        )
+    })?;
+    if s.is_empty() {
+        bail!(ErrInvalidArgument, "{what} is empty");
+    }
+    Ok(std::path::Path::new(s))
+}
+
+/// Derive the hash tables (token map, multipliers, primes, offsets) from a
+/// model's `config.json` (its engram fields; the README lists the names
+/// accepted) and its Hugging Face `tokenizer.json`, as SPEC section 3 states.
+/// On success `*out` receives an object to pass to `engram_tables_fill_config`
+/// and to free with `engram_tables_free`; on failure `*out` is left as it was
+/// (`ENGRAM_STATUS_ERR_IO` for a file that cannot be read,
+/// `ENGRAM_STATUS_ERR_INVALID_CONFIG` for missing or inconsistent fields).
+///
+/// # Safety
+/// `config_json` and `tokenizer_json` must be NULL or NUL-terminated paths;
+/// `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn engram_tables_from_files(
+    config_json: *const c_char,
+    tokenizer_json: *const c_char,
+    out: *mut *mut EngramTablesHandle,
+) -> EngramStatus {
+    guard(|| {
+        let c = path_arg(config_json, "config_json")?;
+        let t = path_arg(tokenizer_json, "tokenizer_json")?;
+        non_null(out, "out")?;
+        let inner = crate::tables::EngramTables::from_files(c, t)?;
+        *out = Box::into_raw(Box::new(EngramTablesHandle { inner }));
+        Ok(())
+    })
+}
+
+/// Point `cfg`'s hash fields at the tables (`n_heads`, `max_ngram`,
+/// `layer_ids`/`n_layers`, `token_map`/`token_map_len`, `pad_id`,
+/// `multipliers`, `primes`, `offsets` and their counts) and set
+/// `hidden_size`, `hc` and `head_dim` where the config.json gave them (the
+/// other fields are left as they are). The pointers stay valid until
+/// `engram_tables_free`; `engram_create` copies them, so the tables may be
+/// freed once the context exists.
+///
+/// # Safety
+/// `tables` must be NULL or from `engram_tables_from_files`; `cfg` NULL or a
+/// struct filled by `engram_config_init`.
+#[no_mangle]
+pub unsafe extern "C" fn engram_tables_fill_config(
+    tables: *const EngramTablesHandle,
+    cfg: *mut EngramConfig,
+) -> EngramStatus {
+    guard(|| {
+        non_null(tables, "tables")?;
+        check_struct_size(cfg as *const EngramConfig, "config")?;
+        let t = &(*tables).inner;
+        let c = &mut *cfg;
+        c.n_heads = t.config.n_heads as u32;
+        c.max_ngram = t.config.max_ngram as u32;
+        c.layer_ids = t.config.layer_ids.as_ptr();
+        c.n_layers = t.config.layer_ids.len() as u32;
+        c.token_map = t.token_map.as_ptr();
+        c.token_map_len = t.token_map.len();
+        c.pad_id = t.pad_id;
+        c.multipliers = t.multipliers.as_ptr();
+        c.n_multipliers = t.multipliers.len();
+        c.primes = t.primes.as_ptr();
+        c.n_primes = t.primes.len();
+        c.offsets = t.offsets.as_ptr();
+        c.n_offsets = t.offsets.len();
+        let small = |v: Option<usize>| v.and_then(|x| u32::try_from(x).ok());
+        if let Some(d) = small(t.config.hidden_size) {
+            c.hidden_size = d;
+        }
+        if let Some(h) = small(t.config.hc) {
+            c.hc = h;
+        }
+        if let Some(h) = small(t.config.head_dim) {
+            c.head_dim = h;
+        }
+        Ok(())
+    })
+}
+
+/// Rows the table of engram layer `layer_id` has (the sum of its primes), or 0
+/// when `tables` is NULL or the layer is not an engram layer.
+///
+/// # Safety
+/// `tables` must be NULL or from `engram_tables_from_files`.
+#[no_mangle]
+pub unsafe extern "C" fn engram_tables_layer_rows(
+    tables: *const EngramTablesHandle,
+    layer_id: u32,
+) -> u64 {
+    if tables.is_null() {
+        return 0;
+    }
+    let t = &(*tables).inner;
+    t.config
+        .layer_ids
+        .iter()
+        .position(|&l| l == layer_id)
+        .map_or(0, |i| t.rows[i])
+}
+
+/// Distinct compressed token ids of the tables' token map (0 for NULL).
+///
+/// # Safety
+/// `tables` must be NULL or from `engram_tables_from_files`.
+#[no_mangle]
+pub unsafe extern "C" fn engram_tables_compressed_vocab(
+    tables: *const EngramTablesHandle,
+) -> usize {
+    if tables.is_null() {
+        return 0;
+    }
+    (*tables).inner.compressed_vocab
+}
+
+/// Free tables from `engram_tables_from_files`. NULL is a no-op.
+///
+/// # Safety
+/// `tables` must be NULL or from `engram_tables_from_files`, not yet freed.
+#[no_mangle]
+pub unsafe extern "C" fn engram_tables_free(tables: *mut EngramTablesHandle) {
+    if !tables.is_null() {
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(tables))));
+    }
+}
+
+/// Options of `engram_create_from_gguf`. Fill with `engram_gguf_options_init`.
+#[repr(C)]
+pub struct EngramGgufOptions {
+    /// `sizeof(engram_gguf_options)`.
+    pub struct_size: usize,
+    /// `ENGRAM_BACKEND_CPU` (the GGUF loader serves host tables to the CPU backend).
+    pub backend: u32,
+    /// CUDA device ordinal (ignored by the CPU backend).
+    pub device: i32,
+    /// RMS epsilon of the gate (default 1e-6).
+    pub eps: f32,
+    /// As in `engram_config`.
+    pub max_tokens: u32,
+    pub max_seqs: u32,
+    pub max_positions: u32,
+    /// Threads of one call; the prefetch gathers use `max(2, n_threads)`.
+    pub n_threads: u32,
+    /// For a file without the hash constants: the model's `config.json` and
+    /// `tokenizer.json` to derive them from (NULL otherwise). When given, they
+    /// must agree with any constants the file has.
+    pub config_json: *const c_char,
+    pub tokenizer_json: *const c_char,
+    /// 0 (default): table rows are read with `pread` on the file, so an I/O
+    /// error is `ENGRAM_STATUS_ERR_IO`; 1: read from the mapping (a file
+    /// truncated while mapped then raises SIGBUS).
+    pub mmap_tables: u32,
+}
+
+/// Fill `o` with defaults: `struct_size`, the CPU backend, `eps = 1e-6`,
+/// `max_tokens = 4096`, `max_seqs = 64`, `max_positions = 131072`, one thread,
+/// no config/tokenizer, `pread` tables. NULL is ignored.
+///
+/// # Safety
+/// `o` must be NULL or point to writable memory of `sizeof(engram_gguf_options)`.
+#[no_mangle]
+pub unsafe extern "C" fn engram_gguf_options_init(o: *mut EngramGgufOptions) {
+    if o.is_null() {
+        return;
+    }
+    std::ptr::write(
+        o,
+        EngramGgufOptions {
+            struct_size: std::mem::size_of::<EngramGgufOptions>(),
+            backend: crate::EngramBackend::Cpu as u32,
+            device: 0,
+            eps: 1e-6,
+            max_tokens: 4096,
+            max_seqs: 64,
+            max_positions: 131072,
+            n_threads: 1,
+            config_json: std::ptr::null(),
+            tokenizer_json: std::ptr::null(),
+            mmap_tables: 0,
+        },
+    );
+}
+
+/// Create a context straight from a GGUF file: the `deepseek41.engram.*`
+/// metadata (hash constants in any of the integer widths seen in the wild;
+/// offsets may be absent) and each engram layer's `blk.{i}.engram_embd`,
+/// `engram_wkv`, `engram_q`, `engram_k` tensors, set as the layers' weights.
+/// The file is mapped for the context's life (freed by `engram_free`). A file
+/// without the hash constants needs `options.config_json` and
+/// `options.tokenizer_json`; without them the call fails naming the missing
+/// keys. Statuses: `ERR_IO` (cannot open or map), `ERR_FORMAT` (not GGUF,
+/// truncated, tensor sizes that disagree with their shapes, missing tensors),
+/// `ERR_UNSUPPORTED` (GGUF version, unknown tensor type), `ERR_INVALID_CONFIG`
+/// (missing or inconsistent hash constants). On failure `*out` is left as it was.
+///
+/// # Safety
+/// `path` must be NULL or a NUL-terminated path; `options` NULL or filled by
+/// `engram_gguf_options_init`; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn engram_create_from_gguf(
+    path: *const c_char,
+    options: *const EngramGgufOptions,
+    out: *mut *mut EngramContext,
+) -> EngramStatus {
+    guard(|| {
+        let p = path_arg(path, "path")?;
+        check_struct_size(options, "options")?;
+        non_null(out, "out")?;
+        let o = &*options;
+        if o.backend != crate::EngramBackend::Cpu as u32 {
+            bail!(
+                ErrUnsupported,
+                "engram_create_from_gguf serves host tables to the CPU backend; backend {} is not supported here",
+                o.backend
+            );
+        }
+        let companion = match (o.config_json.is_null(), o.tokenizer_json.is_null()) {
+            (true, true) => None,
+            (false, false) => Some(crate::tables::EngramTables::from_files(
+                path_arg(o.config_json, "options.config_json")?,
+                path_arg(o.tokenizer_json, "options.tokenizer_json")?,
+            )?),
+            _ => bail!(
+                ErrInvalidArgument,
+                "options.config_json and options.tokenizer_json go together: set both or neither"
+            ),
+        };
+        let model = Box::new(crate::gguf::GgufModel::open(p, companion.as_ref())?);
+        let opts = crate::gguf::GgufOptions {
+            limits: Limits {
+                max_tokens: o.max_tokens as usize,
+                max_seqs: o.max_seqs as usize,
+                max_positions: o.max_positions as usize,
+            },
+            n_threads: o.n_threads as usize,
+            backend: o.backend,
+            eps: o.eps,
+            mmap_tables: o.mmap_tables != 0,
+        };
+        // SAFETY: the context borrows the mapping inside `model`, which the
+        // EngramContext owns and drops after the context (field order).
+        let m: &'static crate::gguf::GgufModel =
+            &*(model.as_ref() as *const crate::gguf::GgufModel);
+        let inner = m.context(&opts)?;
+        *out = Box::into_raw(Box::new(EngramContext {
+            inner,
+            _owner: Some(model),
+        }));
+        Ok(())
+    })
+}
+
+/// Start gathering the table rows of engram layer `layer_id` for a step on
+/// the context's worker threads, right after `engram_hash` gave `row_ids`
+/// (`[n_tokens, n_layers, C]`), and return without waiting: hints the kernel
+/// about the pages (`madvise`/`posix_fadvise` WILLNEED) and copies the raw
+/// rows into one of the layer's two staging buffers. `engram_apply` with the
+/// same `row_ids` then waits only for that gather; an apply for ids nobody
+/// prefetched reads the table itself. The ids are checked here as
+/// `engram_apply` checks them (nothing changes on error); a read that fails
+/// later (an I/O error on a file-backed table) is returned by that apply as
+/// `ENGRAM_STATUS_ERR_IO`. Host tables only (CPU backend).
+///
+/// # Safety
+/// `ctx` as in `engram_free`; `row_ids` must hold
+/// `n_tokens * engram_row_ids_per_token(ctx)` elements.
+#[no_mangle]
+pub unsafe extern "C" fn engram_prefetch(
+    ctx: *mut EngramContext,
+    layer_id: u32,
+    row_ids: *const i64,
+    n_tokens: u32,
+) -> EngramStatus {
+    guard(|| {
+        let c = self::ctx(ctx)?;
+        let n = n_tokens as usize;
+        let ids = slice(row_ids, n * c.ids_per_token(), "row_ids")?;
+        c.prefetch(layer_id, ids, n)
+    })
 }
