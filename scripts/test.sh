@@ -25,3 +25,12 @@ tail -n 3 target/demo.log
 
 echo "== install into a fresh prefix; examples/cpp_host through CMake and pkg-config; static link"
 bash scripts/check-install.sh
+
+echo "== GGUF header fuzz, bounded (50,000 mutated files per fixture, fixed seed)"
+# cargo test above ran 4,000 per fixture; this run widens it (a few seconds).
+ENGRAM_FUZZ_ITERS=50000 ENGRAM_FUZZ_SEED=20261129 cargo test --quiet --test gguf_fuzz 2>&1 | tail -n 3
+
+echo "== engram-tables: the V4.1 token map from config.json + tokenizer.json equals the golden's"
+cargo run --quiet --bin engram-tables -- --config tests/golden/data/v41_config.json \
+    --tokenizer tests/golden/data/deepseek_v4_tokenizer.json --out target/engram-tables
+cmp target/engram-tables/token_map.i32 tests/golden/data/v41_token_map.i32

@@ -125,7 +125,10 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    /// Slot state changes (a gather finished, a slot was released).
     cv: Condvar,
+    /// Jobs queued (the workers wait here).
+    work: Condvar,
 }
 
 impl Shared {
@@ -178,6 +181,7 @@ impl Stager {
                     gen: 0,
                 }),
                 cv: Condvar::new(),
+                work: Condvar::new(),
             }),
             workers: Mutex::new(Vec::new()),
             n_workers: n_workers.clamp(1, 64),
@@ -330,7 +334,9 @@ impl Stager {
             });
         }
         drop(st);
-        self.shared.cv.notify_all();
+        for _ in 0..n_jobs.min(self.n_workers) {
+            self.shared.work.notify_one();
+        }
         self.count(|s| s.prefetched += 1);
         Ok(())
     }
@@ -389,6 +395,14 @@ impl Stager {
             };
             let Some(si) = found else { break };
             let gen = st.layers[li].slots[si].gen;
+            // Jobs of this stage that no worker has started yet run here
+            // (no waiting for a thread to wake up), then wait for the rest.
+            while let Some(q) = st.queue.iter().position(|j| j.layer == li && j.slot == si) {
+                let job = st.queue.remove(q).expect("position is in range");
+                drop(st);
+                run_job(&self.shared, job, true);
+                st = self.shared.lock();
+            }
             while st.layers[li].slots[si].st == St::Gathering && st.layers[li].slots[si].gen == gen
             {
                 st = self.shared.wait(st);
@@ -434,6 +448,7 @@ impl Drop for Stager {
             let mut st = self.shared.lock();
             st.shutdown = true;
         }
+        self.shared.work.notify_all();
         self.shared.cv.notify_all();
         let ws = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
         for w in ws {
@@ -470,35 +485,42 @@ fn worker(sh: Arc<Shared>) {
                 if st.shutdown {
                     break None;
                 }
-                st = sh.wait(st);
+                st = sh.work.wait(st).unwrap_or_else(|p| p.into_inner());
             }
         };
         let Some(job) = job else { return };
-        // SAFETY: see `Job`: the slot stays `Gathering` until this job reports.
-        let ids = unsafe { std::slice::from_raw_parts(job.ids, job.n) };
-        let dst = unsafe { std::slice::from_raw_parts_mut(job.dst, job.n * job.rb) };
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            hint(&job.src, job.rb, ids);
-            read_rows(&job.src, job.rb, ids, dst)
-        }))
-        .unwrap_or_else(|_| {
-            Err(Error::new(
-                EngramStatus::ErrInternal,
-                "a gather thread panicked",
-            ))
-        });
-        let mut st = sh.lock();
-        let slot = &mut st.layers[job.layer].slots[job.slot];
-        if let Err(e) = r {
-            slot.err.get_or_insert(e);
-        }
-        slot.pending -= 1;
-        if slot.pending == 0 {
-            slot.st = St::Ready;
-        }
-        drop(st);
-        sh.cv.notify_all();
+        run_job(&sh, job, true);
     }
+}
+
+/// Read one job's rows (after the kernel hints, when `hint`) and report to its slot.
+fn run_job(sh: &Shared, job: Job, hint_first: bool) {
+    // SAFETY: see `Job`: the slot stays `Gathering` until this job reports.
+    let ids = unsafe { std::slice::from_raw_parts(job.ids, job.n) };
+    let dst = unsafe { std::slice::from_raw_parts_mut(job.dst, job.n * job.rb) };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if hint_first {
+            hint(&job.src, job.rb, ids);
+        }
+        read_rows(&job.src, job.rb, ids, dst)
+    }))
+    .unwrap_or_else(|_| {
+        Err(Error::new(
+            EngramStatus::ErrInternal,
+            "a gather thread panicked",
+        ))
+    });
+    let mut st = sh.lock();
+    let slot = &mut st.layers[job.layer].slots[job.slot];
+    if let Err(e) = r {
+        slot.err.get_or_insert(e);
+    }
+    slot.pending -= 1;
+    if slot.pending == 0 {
+        slot.st = St::Ready;
+    }
+    drop(st);
+    sh.cv.notify_all();
 }
 
 /// Tell the kernel which pages the rows live on, so that it starts reading
