@@ -429,7 +429,9 @@ impl<'w> Context<'w> {
         let nl = live.len();
         let (k_in, k_out) = (self.kv_in(), self.kv_out());
         let mut rows = vec![0u16; nl * k_in];
-        let gathered = self.stage.gather(li, layer.table, layer.format, g.hd, &ids, &mut rows)?;
+        let gathered = self
+            .stage
+            .gather(li, layer.table, layer.format, g.hd, &ids, &mut rows)?;
         gathered.map_err(|(j, e)| {
             let (t, c, r) = (live[j / cols], j % cols, ids[j]);
             let what = match e {

@@ -12,11 +12,11 @@ pub mod cpu;
 pub mod error;
 pub mod ffi;
 pub mod formats;
+pub mod gguf;
 pub mod hash;
+pub mod prefetch;
 pub mod projection;
 pub mod tables;
-pub mod gguf;
-pub mod prefetch;
 
 pub use context::{Context, ContextConfig, EngramBackend, Geometry, Highway, LayerIn, TableIn};
 pub use error::{EngramStatus, Error, Result};
