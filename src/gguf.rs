@@ -672,6 +672,34 @@ impl EngramModel {
                 .collect::<Result<Vec<i32>>>()?;
             pad_id = pad.unwrap();
             source = "gguf";
+            // A config + tokenizer given alongside must describe the same hash.
+            if let Some(c) = companion {
+                let differs: Vec<&str> = [
+                    ("layer_ids", c.config.layer_ids != layer_ids),
+                    ("max_ngram_size", c.config.max_ngram != max_ngram),
+                    ("head_count", c.config.n_heads != n_heads),
+                    ("multipliers", c.multipliers != multipliers),
+                    ("primes", c.primes != primes_v),
+                    ("offsets", c.offsets != offsets_v),
+                    ("token_map", c.token_map != token_map),
+                    ("pad_id", c.pad_id != pad_id),
+                ]
+                .into_iter()
+                .filter(|(_, d)| *d)
+                .map(|(k, _)| k)
+                .collect();
+                if !differs.is_empty() {
+                    bail!(
+                        ErrInvalidConfig,
+                        "the file's {} differ from those derived from the config.json + tokenizer.json given alongside",
+                        differs
+                            .iter()
+                            .map(|k| key(k))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
+            }
         } else {
             let missing: Vec<String> = HASH_KEYS
                 .iter()

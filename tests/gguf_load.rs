@@ -232,6 +232,18 @@ fn missing_hash_constants_name_the_keys_or_come_from_config_and_tokenizer() {
             assert_eq!(ha, hb, "text {si} layer {lid}");
         }
     }
+    // A file with its own constants and a companion that derives others: refused.
+    let e = GgufModel::open(&fixture("tiny.gguf"), Some(&tables))
+        .err()
+        .unwrap();
+    assert_eq!(e.status, EngramStatus::ErrInvalidConfig);
+    assert!(
+        e.message.contains("deepseek41.engram.multipliers")
+            && e.message.contains("deepseek41.engram.token_map")
+            && !e.message.contains("primes"),
+        "{}",
+        e.message
+    );
     // A companion that disagrees with the file's geometry is refused.
     let mut other = tables.clone();
     other.config.n_heads = 3;
