@@ -373,7 +373,7 @@ static void test_create(void) {
     c = base_config(); c.pad_id = -1; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: pad_id -1");
     c = base_config(); c.pad_id = (int64_t)INT32_MAX + 1; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: pad_id 2^31");
 
-    c = base_config(); c.backend = ENGRAM_BACKEND_CUDA; create_fails(&c, ENGRAM_STATUS_ERR_UNSUPPORTED, "create: CUDA backend (not built)");
+    /* ENGRAM_BACKEND_CUDA depends on the machine (driver or not): c_tests/test_cuda_errors.c. */
     c = base_config(); c.backend = 0; create_fails(&c, ENGRAM_STATUS_ERR_UNSUPPORTED, "create: backend 0 (unknown)");
     c = base_config(); c.backend = 12345; create_fails(&c, ENGRAM_STATUS_ERR_UNSUPPORTED, "create: backend 12345 (unknown)");
 

@@ -13,6 +13,48 @@
 
 
 /*
+ Host row-id staging slots (pinned). A slot is reused only after the copy
+ that last read it has run, so the host waits only when the stream is this
+ many host-id calls behind.
+ */
+#define STAGING_SLOTS 4
+
+/*
+ Tokens up to which the bf16 projection uses the GEMV kernel instead of cuBLAS
+ (when `wkv` is 16-byte aligned and `C*Hd` a multiple of 8).
+ */
+#define DEFAULT_GEMV_MAX_TOKENS 8
+
+/*
+ cuBLAS's workspace: NVIDIA recommends 32 MiB on Hopper.
+ */
+#define WORKSPACE_BYTES (32 << 20)
+
+/*
+ The oldest driver (as `cuDriverGetVersion` reports it) the backend accepts:
+ CUDA 12.0. Kernels are compiled to the device's own SASS, which any 12.x
+ driver loads whatever NVRTC 12.x built it.
+ */
+#define MIN_DRIVER_VERSION 12000
+
+/*
+ Most tokens the GEMV kernels take (`engram_gemv_bf16_1` ... `_8`).
+ */
+#define GEMV_MAX 8
+
+/*
+ Threads of a gather / gate / GEMV block, and output rows per GEMV warp
+ (as the kernels define them).
+ */
+#define GATHER_THREADS 256
+
+#define GATE_THREADS 256
+
+#define GEMV_THREADS 256
+
+#define GEMV_ROWS_PER_WARP 2
+
+/*
  Values per e8m0 scale in the fp8 row format.
  */
 #define ENGRAM_FP8_SCALE_BLOCK 32
@@ -164,7 +206,7 @@ enum engram_backend
    */
   ENGRAM_BACKEND_CPU = 1,
   /*
-   Caller-owned device memory and CUDA stream (not in this build yet).
+   Caller-owned device memory and CUDA stream (`crate::cuda`).
    */
   ENGRAM_BACKEND_CUDA = 2,
 };
@@ -200,11 +242,18 @@ typedef struct engram_config {
    */
   size_t struct_size;
   /*
-   `ENGRAM_BACKEND_CPU` (`ENGRAM_BACKEND_CUDA` is not in this build yet).
+   `ENGRAM_BACKEND_CPU`, or `ENGRAM_BACKEND_CUDA`: `engram_apply` then
+   runs on the device, on the caller's device pointers and CUDA stream (see
+   `engram_set_layer`, `engram_apply`, `engram_apply_device_ids`,
+   `engram_check`). `engram_create` with CUDA loads the driver (a machine
+   without one gets `ENGRAM_STATUS_ERR_DEVICE`), compiles the kernels with
+   NVRTC for the device (libnvrtc and libcublas must be loadable) and
+   allocates every device workspace for `max_tokens`.
    */
   uint32_t backend;
   /*
-   CUDA device ordinal (ignored by the CPU backend).
+   CUDA device ordinal (ignored by the CPU backend). The context uses that
+   device's primary context, the one the CUDA runtime and PyTorch use.
    */
   int32_t device;
   /*
@@ -282,6 +331,8 @@ typedef struct engram_config {
  One engram layer's weights for `engram_set_layer`. All pointers are
  borrowed: they must stay valid and unchanged until the layer is set again
  or the context is freed. Nothing is copied except `q * k` (`hc * D` floats).
+ With the CUDA backend every pointer is device memory of the context's
+ device (`wkv` bf16 or f32; any table format).
  */
 typedef struct engram_layer_weights {
   /*
@@ -464,8 +515,22 @@ enum engram_status engram_seq_drop(struct engram_context *ctx, int32_t seq);
  `[n_tokens, hc, D]` of `highway_type` (`ENGRAM_TYPE_F32` or
  `ENGRAM_TYPE_BF16`), updated in place: `x += gate * value` per stream,
  computed in f32, rounded once to nearest-even for bf16. Dead tokens are
- left untouched. `stream` is the CUDA stream for the CUDA backend and is
- ignored by the CPU backend. On error the highway is unchanged.
+ left untouched. `stream` is ignored by the CPU backend. On error the
+ highway is unchanged.
+
+ CUDA backend: `row_ids` is host memory, checked here as on the CPU, then
+ staged through pinned memory and copied on `stream`; `highway` is device
+ memory; `stream` is a `CUstream` / `cudaStream_t` of the context's device
+ (NULL: the legacy default stream). The call queues its work on `stream` and
+ returns without waiting for it (it waits only when `stream` is 4 or more
+ host-id calls behind, for the oldest staged copy) and allocates nothing.
+ Calls on one context share its workspaces: order them (one stream, or
+ streams the engine orders). Host row ids cannot be captured in a CUDA graph
+ (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT` while `stream` is capturing): use
+ `engram_apply_device_ids`. An error found on the device (a NaN code in an
+ fp8 row) leaves that token untouched and is reported by the next call on
+ the context or by `engram_check`; an asynchronous CUDA error is reported as
+ `ENGRAM_STATUS_ERR_DEVICE` by the next call.
 
  # Safety
  `ctx` as in `engram_free`; `row_ids` and `highway` must hold the sizes above.
@@ -477,6 +542,43 @@ enum engram_status engram_apply(struct engram_context *ctx,
                                 void *highway,
                                 uint32_t highway_type,
                                 void *stream);
+
+/*
+ `engram_apply` with the row ids already in device memory (CUDA backend):
+ `row_ids` is a device pointer to `[n_tokens, n_layers, C]` int64, the
+ `engram_hash` output copied to the device by the engine (for example with
+ `cudaMemcpyAsync` on `stream`, ahead of the call). Nothing is read on the
+ host, so the call can be captured in a CUDA graph and replayed after the
+ engine re-fills the same buffer. The ids are checked on the device: a token
+ with a row id outside the table or only partly `ENGRAM_ROW_ID_DEAD` is left
+ untouched and the first such error is reported by the next call on the
+ context or by `engram_check` (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`). The CPU
+ backend returns `ENGRAM_STATUS_ERR_UNSUPPORTED`.
+
+ # Safety
+ `ctx` as in `engram_free`; `row_ids` and `highway` must be device memory of
+ the sizes above, `stream` a stream of the context's device or NULL.
+ */
+enum engram_status engram_apply_device_ids(struct engram_context *ctx,
+                                           uint32_t layer_id,
+                                           const int64_t *row_ids,
+                                           uint32_t n_tokens,
+                                           void *highway,
+                                           uint32_t highway_type,
+                                           void *stream);
+
+/*
+ Wait for `stream` (CUDA backend; NULL: the legacy default stream) and report
+ what went wrong in the work this context queued: an asynchronous CUDA error
+ (`ENGRAM_STATUS_ERR_DEVICE`) or an error the kernels found in the row ids or
+ rows (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`, `ENGRAM_STATUS_ERR_INVALID_DATA`;
+ reported once). `ENGRAM_STATUS_OK` when all is well, and always on the CPU
+ backend. It synchronises, so it is not for a captured step.
+
+ # Safety
+ `ctx` as in `engram_free`; `stream` a stream of the context's device or NULL.
+ */
+enum engram_status engram_check(struct engram_context *ctx, void *stream);
 
 /*
  The library version, `"MAJOR.MINOR.PATCH"` (equal to the header's

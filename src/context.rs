@@ -15,7 +15,7 @@ use std::sync::{Mutex, RwLock};
 pub enum EngramBackend {
     /// Host memory, host threads.
     Cpu = 1,
-    /// Caller-owned device memory and CUDA stream (not in this build yet).
+    /// Caller-owned device memory and CUDA stream (`crate::cuda`).
     Cuda = 2,
 }
 
@@ -97,10 +97,18 @@ pub struct Context<'w> {
     layers: RwLock<Vec<Option<Layer<'w>>>>,
     /// Host tables' sources and the rows staged by `prefetch` (crate::prefetch).
     stage: crate::prefetch::Stager,
+    /// The CUDA backend, when the context was created for it.
+    cuda: Option<crate::cuda::Backend>,
 }
 
 impl<'w> Context<'w> {
     pub fn new(cfg: &ContextConfig<'_>) -> Result<Context<'w>> {
+        Self::with_device(cfg, 0)
+    }
+
+    /// As [`Context::new`]; `device` is the CUDA device ordinal for the CUDA
+    /// backend (ignored by the CPU backend).
+    pub fn with_device(cfg: &ContextConfig<'_>, device: i32) -> Result<Context<'w>> {
         let g = cfg.geometry;
         if g.d == 0 || g.hc == 0 || g.hd == 0 {
             bail!(
@@ -125,11 +133,7 @@ impl<'w> Context<'w> {
             bail!(ErrInvalidConfig, "eps = {} must be finite and >= 0", g.eps);
         }
         match cfg.backend {
-            b if b == EngramBackend::Cpu as u32 => {}
-            b if b == EngramBackend::Cuda as u32 => bail!(
-                ErrUnsupported,
-                "the CUDA backend is not in this build yet; use ENGRAM_BACKEND_CPU"
-            ),
+            b if b == EngramBackend::Cpu as u32 || b == EngramBackend::Cuda as u32 => {}
             b => bail!(ErrUnsupported, "unknown backend {b}"),
         }
         let lim = cfg.limits;
@@ -166,6 +170,16 @@ impl<'w> Context<'w> {
                 format!("cannot start {} threads: {e}", cfg.n_threads),
             )
         })?;
+        let cuda = if cfg.backend == EngramBackend::Cuda as u32 {
+            Some(crate::cuda::Backend::new(
+                device,
+                g,
+                &tables,
+                lim.max_tokens,
+            )?)
+        } else {
+            None
+        };
         Ok(Context {
             geo: g,
             tables,
@@ -174,6 +188,7 @@ impl<'w> Context<'w> {
             history: Mutex::new(History::new(lim.max_seqs)),
             layers: RwLock::new((0..n_layers).map(|_| None).collect()),
             stage: crate::prefetch::Stager::new(n_layers, cfg.n_threads.max(2)),
+            cuda,
         })
     }
 
@@ -293,6 +308,7 @@ impl<'w> Context<'w> {
 
     /// Register (or replace) one layer's weights.
     pub fn set_layer(&self, w: LayerIn<'w>) -> Result<()> {
+        self.host_backend()?;
         let Some(li) = self.tables.layer_index(w.layer_id) else {
             bail!(
                 ErrUnknownLayer,
@@ -363,6 +379,7 @@ impl<'w> Context<'w> {
         n: usize,
         highway_len: Option<usize>,
     ) -> Result<Prepared> {
+        self.host_backend()?;
         let Some(li) = self.tables.layer_index(layer_id) else {
             bail!(
                 ErrUnknownLayer,
@@ -513,4 +530,92 @@ struct Prepared {
     rows: Vec<u16>,
     kv: Vec<f32>,
     qk: Vec<f32>,
+}
+
+/// The CUDA backend's entry points (device pointers, the caller's stream);
+/// see `crate::cuda` and the C ABI's `engram_set_layer`, `engram_apply`,
+/// `engram_apply_device_ids` and `engram_check`.
+impl Context<'_> {
+    /// Which backend `apply` runs on.
+    pub fn backend(&self) -> EngramBackend {
+        if self.cuda.is_some() {
+            EngramBackend::Cuda
+        } else {
+            EngramBackend::Cpu
+        }
+    }
+
+    /// The CUDA backend, for a context created with it.
+    pub fn cuda(&self) -> Option<&crate::cuda::Backend> {
+        self.cuda.as_ref()
+    }
+
+    fn host_backend(&self) -> Result<()> {
+        if self.cuda.is_some() {
+            bail!(
+                ErrUnsupported,
+                "this context uses the CUDA backend: its weights, row ids and highway are device memory"
+            );
+        }
+        Ok(())
+    }
+
+    fn device_backend(&self, layer_id: u32) -> Result<(&crate::cuda::Backend, usize)> {
+        let Some(cuda) = self.cuda.as_ref() else {
+            bail!(
+                ErrUnsupported,
+                "this context uses the CPU backend; device pointers need ENGRAM_BACKEND_CUDA"
+            );
+        };
+        let Some(li) = self.tables.layer_index(layer_id) else {
+            bail!(
+                ErrUnknownLayer,
+                "layer {layer_id} is not an engram layer (engram layers: {:?})",
+                self.tables.layer_ids
+            );
+        };
+        Ok((cuda, li))
+    }
+
+    /// Register (or replace) one layer's device weights (CUDA backend).
+    pub fn set_layer_device(&self, w: &crate::cuda::DeviceLayerIn) -> Result<()> {
+        let (cuda, li) = self.device_backend(w.layer_id)?;
+        cuda.set_layer(li, self.tables.rows_needed[li], w)
+    }
+
+    /// Queue layer `layer_id` for `n` tokens on `stream` (CUDA backend):
+    /// `highway` is a device pointer to `[n, hc, D]` of `highway_type`.
+    pub fn apply_device(
+        &self,
+        layer_id: u32,
+        ids: crate::cuda::RowIds<'_>,
+        n: usize,
+        highway: u64,
+        highway_type: u32,
+        stream: *mut std::ffi::c_void,
+    ) -> Result<()> {
+        let (cuda, li) = self.device_backend(layer_id)?;
+        cuda.apply(li, ids, n, highway, highway_type, stream)
+    }
+
+    /// Wait for `stream` and report asynchronous errors (CUDA backend; the
+    /// CPU backend has none: `Ok`).
+    pub fn check_device(&self, stream: *mut std::ffi::c_void) -> Result<()> {
+        match self.cuda.as_ref() {
+            Some(c) => c.check(stream),
+            None => Ok(()),
+        }
+    }
+
+    /// The CUDA backend's rows and kv for all `n` tokens (see
+    /// `crate::cuda::Backend::stages`).
+    pub fn stages_device(
+        &self,
+        layer_id: u32,
+        ids: crate::cuda::RowIds<'_>,
+        n: usize,
+    ) -> Result<(Vec<u16>, Vec<u16>)> {
+        let (cuda, li) = self.device_backend(layer_id)?;
+        cuda.stages(li, ids, n)
+    }
 }

@@ -27,9 +27,16 @@ pub struct EngramConfig {
     /// `sizeof(engram_config)`; checked, so that a header and library of
     /// different versions are caught instead of misread.
     pub struct_size: usize,
-    /// `ENGRAM_BACKEND_CPU` (`ENGRAM_BACKEND_CUDA` is not in this build yet).
+    /// `ENGRAM_BACKEND_CPU`, or `ENGRAM_BACKEND_CUDA`: `engram_apply` then
+    /// runs on the device, on the caller's device pointers and CUDA stream (see
+    /// `engram_set_layer`, `engram_apply`, `engram_apply_device_ids`,
+    /// `engram_check`). `engram_create` with CUDA loads the driver (a machine
+    /// without one gets `ENGRAM_STATUS_ERR_DEVICE`), compiles the kernels with
+    /// NVRTC for the device (libnvrtc and libcublas must be loadable) and
+    /// allocates every device workspace for `max_tokens`.
     pub backend: u32,
-    /// CUDA device ordinal (ignored by the CPU backend).
+    /// CUDA device ordinal (ignored by the CPU backend). The context uses that
+    /// device's primary context, the one the CUDA runtime and PyTorch use.
     pub device: i32,
     /// Hidden size `D`.
     pub hidden_size: u32,
@@ -73,6 +80,8 @@ pub struct EngramConfig {
 /// One engram layer's weights for `engram_set_layer`. All pointers are
 /// borrowed: they must stay valid and unchanged until the layer is set again
 /// or the context is freed. Nothing is copied except `q * k` (`hc * D` floats).
+/// With the CUDA backend every pointer is device memory of the context's
+/// device (`wkv` bf16 or f32; any table format).
 #[repr(C)]
 pub struct EngramLayerWeights {
     /// `sizeof(engram_layer_weights)`.
@@ -320,7 +329,7 @@ pub unsafe extern "C" fn engram_create(
             n_threads: c.n_threads as usize,
             backend: c.backend,
         };
-        let inner = Context::new(&cc)?;
+        let inner = Context::with_device(&cc, c.device)?;
         *out = Box::into_raw(Box::new(EngramContext {
             inner,
             _owner: None,
@@ -401,6 +410,20 @@ pub unsafe extern "C" fn engram_set_layer(
                 w.layer_id,
                 c.tables().layer_ids
             );
+        }
+        if c.cuda().is_some() {
+            // Device pointers: checked against the driver's view of them, never read here.
+            return c.set_layer_device(&crate::cuda::DeviceLayerIn {
+                layer_id: w.layer_id,
+                table: w.table as u64,
+                table_rows: w.table_rows,
+                table_type: w.table_type,
+                wkv: w.wkv as u64,
+                wkv_type: w.wkv_type,
+                q: w.q as u64,
+                k: w.k as u64,
+                qk_type: w.qk_type,
+            });
         }
         let format = RowFormat::new(w.table_type, g.hd)?;
         non_null(w.table, "weights.table")?;
@@ -512,8 +535,22 @@ pub unsafe extern "C" fn engram_seq_drop(ctx: *mut EngramContext, seq: i32) -> E
 /// `[n_tokens, hc, D]` of `highway_type` (`ENGRAM_TYPE_F32` or
 /// `ENGRAM_TYPE_BF16`), updated in place: `x += gate * value` per stream,
 /// computed in f32, rounded once to nearest-even for bf16. Dead tokens are
-/// left untouched. `stream` is the CUDA stream for the CUDA backend and is
-/// ignored by the CPU backend. On error the highway is unchanged.
+/// left untouched. `stream` is ignored by the CPU backend. On error the
+/// highway is unchanged.
+///
+/// CUDA backend: `row_ids` is host memory, checked here as on the CPU, then
+/// staged through pinned memory and copied on `stream`; `highway` is device
+/// memory; `stream` is a `CUstream` / `cudaStream_t` of the context's device
+/// (NULL: the legacy default stream). The call queues its work on `stream` and
+/// returns without waiting for it (it waits only when `stream` is 4 or more
+/// host-id calls behind, for the oldest staged copy) and allocates nothing.
+/// Calls on one context share its workspaces: order them (one stream, or
+/// streams the engine orders). Host row ids cannot be captured in a CUDA graph
+/// (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT` while `stream` is capturing): use
+/// `engram_apply_device_ids`. An error found on the device (a NaN code in an
+/// fp8 row) leaves that token untouched and is reported by the next call on
+/// the context or by `engram_check`; an asynchronous CUDA error is reported as
+/// `ENGRAM_STATUS_ERR_DEVICE` by the next call.
 ///
 /// # Safety
 /// `ctx` as in `engram_free`; `row_ids` and `highway` must hold the sizes above.
@@ -527,12 +564,15 @@ pub unsafe extern "C" fn engram_apply(
     highway_type: u32,
     stream: *mut c_void,
 ) -> EngramStatus {
-    let _ = stream;
     guard(|| {
         let c = self::ctx(ctx)?;
         let n = n_tokens as usize;
         let g = c.geometry();
         let ids = slice(row_ids, n * c.ids_per_token(), "row_ids")?;
+        if c.cuda().is_some() {
+            let ids = crate::cuda::RowIds::Host(ids);
+            return c.apply_device(layer_id, ids, n, highway as u64, highway_type, stream);
+        }
         let len = n * g.hc * g.d;
         let hw = match EngramType::from_u32(highway_type) {
             Some(EngramType::F32) => Highway::F32(slice_mut(highway as *mut f32, len, "highway")?),
@@ -546,6 +586,61 @@ pub unsafe extern "C" fn engram_apply(
         };
         c.apply(layer_id, ids, n, hw)
     })
+}
+
+/// `engram_apply` with the row ids already in device memory (CUDA backend):
+/// `row_ids` is a device pointer to `[n_tokens, n_layers, C]` int64, the
+/// `engram_hash` output copied to the device by the engine (for example with
+/// `cudaMemcpyAsync` on `stream`, ahead of the call). Nothing is read on the
+/// host, so the call can be captured in a CUDA graph and replayed after the
+/// engine re-fills the same buffer. The ids are checked on the device: a token
+/// with a row id outside the table or only partly `ENGRAM_ROW_ID_DEAD` is left
+/// untouched and the first such error is reported by the next call on the
+/// context or by `engram_check` (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`). The CPU
+/// backend returns `ENGRAM_STATUS_ERR_UNSUPPORTED`.
+///
+/// # Safety
+/// `ctx` as in `engram_free`; `row_ids` and `highway` must be device memory of
+/// the sizes above, `stream` a stream of the context's device or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn engram_apply_device_ids(
+    ctx: *mut EngramContext,
+    layer_id: u32,
+    row_ids: *const i64,
+    n_tokens: u32,
+    highway: *mut c_void,
+    highway_type: u32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    guard(|| {
+        let c = self::ctx(ctx)?;
+        let ids = crate::cuda::RowIds::Device(row_ids as u64);
+        c.apply_device(
+            layer_id,
+            ids,
+            n_tokens as usize,
+            highway as u64,
+            highway_type,
+            stream,
+        )
+    })
+}
+
+/// Wait for `stream` (CUDA backend; NULL: the legacy default stream) and report
+/// what went wrong in the work this context queued: an asynchronous CUDA error
+/// (`ENGRAM_STATUS_ERR_DEVICE`) or an error the kernels found in the row ids or
+/// rows (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`, `ENGRAM_STATUS_ERR_INVALID_DATA`;
+/// reported once). `ENGRAM_STATUS_OK` when all is well, and always on the CPU
+/// backend. It synchronises, so it is not for a captured step.
+///
+/// # Safety
+/// `ctx` as in `engram_free`; `stream` a stream of the context's device or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn engram_check(
+    ctx: *mut EngramContext,
+    stream: *mut c_void,
+) -> EngramStatus {
+    guard(|| self::ctx(ctx)?.check_device(stream))
 }
 
 /// The library version, `"MAJOR.MINOR.PATCH"` (equal to the header's

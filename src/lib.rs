@@ -9,6 +9,7 @@
 
 pub mod context;
 pub mod cpu;
+pub mod cuda;
 pub mod error;
 pub mod ffi;
 pub mod formats;
