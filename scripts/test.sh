@@ -34,3 +34,8 @@ echo "== engram-tables: the V4.1 token map from config.json + tokenizer.json equ
 cargo run --quiet --bin engram-tables -- --config tests/golden/data/v41_config.json \
     --tokenizer tests/golden/data/deepseek_v4_tokenizer.json --out target/engram-tables
 cmp target/engram-tables/token_map.i32 tests/golden/data/v41_token_map.i32
+
+echo "== CUDA kernels: NVRTC compile for sm_80 and sm_90, errors and warnings fail (no GPU needed)"
+# libnvrtc from the nvidia-cuda-nvrtc-cu12 wheel (PyPI), in a venv under target/.
+# The GPU tests themselves skip without a driver; scripts/gpu-check.sh runs them.
+bash scripts/nvrtc-check.sh
