@@ -12,7 +12,8 @@
 //!
 //!     cargo bench --bench gpu
 //!
-//! Without a CUDA driver it says so and exits 0; without torch it skips the peer.
+//! Without a CUDA driver it says so and exits 0 (1 with `ENGRAM_REQUIRE_GPU=1`);
+//! without torch it skips the peer.
 
 use cudarc::driver::sys;
 use engram::cuda::driver::{DevBuf, Device};
@@ -120,6 +121,10 @@ fn main() {
         Ok(d) => d,
         Err(why) => {
             println!("SKIP: GPU benchmark: {why}");
+            if std::env::var("ENGRAM_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                eprintln!("ENGRAM_REQUIRE_GPU=1: a skip is a failure");
+                std::process::exit(1);
+            }
             return;
         }
     };

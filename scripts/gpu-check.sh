@@ -142,7 +142,7 @@ c_cuda() {
 export -f c_cuda
 step c-cuda 120 c_cuda
 
-step bench 400 "$BIN/gpu_bench"
+step bench 400 env ENGRAM_REQUIRE_GPU=1 "$BIN/gpu_bench"
 cp "$OUT/bench.log" "$OUT/BENCHMARKS-candidate.md" 2>/dev/null
 
 echo "== summary ($OUT/summary.txt)"
