@@ -180,6 +180,9 @@ impl Backend {
                 sys::cuMemsetD8_v2(state.latch.ptr, 0, 32),
                 "clearing the error latch",
             )?;
+            // The memset runs on the legacy stream, which a non-blocking engine
+            // stream does not wait for: finish it here.
+            check(sys::cuCtxSynchronize(), "waiting for the device")?;
         }
         let qk = (0..n_layers)
             .map(|_| DevBuf::new(ctx, geo.hc * geo.d * 4, "q * k"))
