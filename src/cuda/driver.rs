@@ -465,8 +465,7 @@ pub fn check_device_range(ptr: u64, bytes: usize, ordinal: i32, what: &str) -> R
         );
     }
     if let Some((base, size)) = info.range {
-        let end = (ptr - base) as u128 + bytes as u128;
-        if ptr < base || end > size as u128 {
+        if ptr < base || (ptr - base) as u128 + bytes as u128 > size as u128 {
             bail!(
                 ErrInvalidArgument,
                 "{what}: {bytes} bytes at {ptr:#x} do not fit in its allocation ({size} bytes at {base:#x})"
