@@ -1,11 +1,17 @@
 //! The projection `kv = rows @ wkv^T` on the CPU: bf16 rows, f32 accumulate,
-//! bf16 result (held as f32). One portable kernel, and one using AVX-512 BF16
-//! dot products (`vdpbf16ps`) chosen at run time where the CPU has them. Work is
-//! split over output rows on the context's own thread pool.
+//! bf16 result (held as f32). One portable kernel, and AVX-512 FMA tiles
+//! chosen at run time where the CPU has them. Work is split over output rows
+//! on the context's own thread pool.
 //!
 //! Both kernels sum the `K` products of an output in f32, in different orders;
-//! `vdpbf16ps` also flushes f32 denormals to zero. The tests hold both to the
-//! same bound (see `tests/golden.rs`).
+//! the tests hold both to the same bound (see `tests/golden.rs`). Within one
+//! kernel and weight type, each output's order is fixed: a token's `kv` does
+//! not depend on the batch it came in (engines can check a batched run against
+//! a straight one bit for bit).
+//!
+//! f32 FMA rather than `vdpbf16ps`: on the AVX-512 machines measured here the
+//! BF16 dot product issues on one port and FMA on two (96 against 183 GFLOP/s
+//! on one core), and widening bf16 to f32 is a shift or a mask.
 
 use crate::formats::{bf16_to_f32, f32_to_bf16, Weights};
 use rayon::prelude::*;
@@ -15,8 +21,8 @@ use rayon::prelude::*;
 pub enum Kernel {
     /// Plain Rust, f32 arithmetic (vectorised by the compiler).
     Portable,
-    /// AVX-512: BF16 dot products for bf16 weights, f32 FMA tiles for f32
-    /// and (dequantised per task) quantised weights.
+    /// AVX-512 f32 FMA tiles: bf16 weights widened in registers, f32 and
+    /// (dequantised per task) quantised weights as they are.
     Avx512,
 }
 
@@ -27,7 +33,6 @@ impl Kernel {
         {
             if std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512bf16")
             {
                 return Kernel::Avx512;
             }
@@ -40,20 +45,12 @@ impl Kernel {
 const CHUNK: usize = 64;
 /// Tokens whose rows are kept hot in cache while a chunk of weights is reused.
 const TOKEN_BLOCK: usize = 64;
-/// Tokens from which bf16 weights are widened to f32 for FMA tiles instead of
-/// BF16 dot products.
-const F32_FROM: usize = 4;
-/// Tokens from which f32 tiles broadcast weights against vectors of 16
-/// tokens instead of forming dot products (fewer would waste vector lanes).
-const BROADCAST_FROM: usize = 4;
 
 /// The projection with its thread pool.
 pub struct Projection {
     pool: Option<rayon::ThreadPool>,
     threads: usize,
     kernel: Kernel,
-    /// Token count from which bf16 weights use the f32 FMA tiles.
-    f32_from: usize,
 }
 
 impl Projection {
@@ -76,7 +73,6 @@ impl Projection {
             pool,
             threads: threads.max(1),
             kernel: Kernel::detect(),
-            f32_from: F32_FROM,
         })
     }
 
@@ -117,30 +113,13 @@ impl Projection {
             return;
         }
         let kernel = self.kernel;
-        // Every path but bf16 x bf16 works on f32 rows, converted once.
-        // BF16 dot products win while reading wkv dominates (few tokens); past
-        // that, f32 FMA tiles win here (two FMA ports against one port for
-        // `vdpbf16ps`), on weight rows widened to f32 once per task.
-        let bf16_dots = matches!(w, Weights::Bf16(_)) && n < self.f32_from;
-        let rows_f32: Vec<f32> = if kernel == Kernel::Portable || !bf16_dots {
+        // The AVX-512 bf16 kernel reads tokens as f32 split into odd and even
+        // elements of each 32-value chunk; the other kernels as plain f32 rows.
+        let bf16_pairs = kernel == Kernel::Avx512 && matches!(w, Weights::Bf16(_));
+        let xs: Vec<f32> = if bf16_pairs {
+            pair_split(rows, n, k)
+        } else {
             rows.iter().map(|&b| bf16_to_f32(b)).collect()
-        } else {
-            Vec::new()
-        };
-        // From BROADCAST_FROM tokens on, the f32 tiles broadcast weights
-        // against token vectors: the tokens go k-major (`[k, n_pad]`), once.
-        let broadcast = kernel == Kernel::Avx512 && !bf16_dots && n >= BROADCAST_FROM;
-        let n_pad = n.next_multiple_of(16);
-        let xt: Vec<f32> = if broadcast {
-            let mut xt = vec![0f32; k * n_pad];
-            for (t, r) in rows_f32.chunks_exact(k).enumerate() {
-                for (kk, &v) in r.iter().enumerate() {
-                    xt[kk * n_pad + t] = v;
-                }
-            }
-            xt
-        } else {
-            Vec::new()
         };
         // Outputs are computed o-major (`[n_out, n]`) so that each task owns a
         // contiguous slice, then transposed into `kv`.
@@ -150,10 +129,10 @@ impl Projection {
             let hi = (lo + CHUNK).min(n_out);
             match (kernel, w) {
                 #[cfg(target_arch = "x86_64")]
-                (Kernel::Avx512, Weights::Bf16(wb)) if bf16_dots => {
+                (Kernel::Avx512, Weights::Bf16(wb)) => {
                     // SAFETY: `Kernel::Avx512` is only selected when the CPU
-                    // has avx512f, avx512bw and avx512bf16; sizes are asserted above.
-                    unsafe { avx512::range(rows, n, k, wb, lo, hi, out) }
+                    // has avx512f and avx512bw; sizes are asserted above.
+                    unsafe { avx512::range_bf16(&xs, n, k, wb, lo, hi, out) }
                 }
                 #[cfg(target_arch = "x86_64")]
                 (Kernel::Avx512, _) => {
@@ -161,16 +140,10 @@ impl Projection {
                     // f32 once, then f32 FMA tiles against every token.
                     let mut wf = vec![0f32; (hi - lo) * k];
                     dequant_rows(w, lo, hi, k, &mut wf);
-                    // SAFETY: as above (avx512f is part of the kernel's features).
-                    unsafe {
-                        if broadcast {
-                            avx512::gemm_f32(&xt, n_pad, n, k, &wf, hi - lo, out)
-                        } else {
-                            avx512::range_f32(&rows_f32, n, k, &wf, hi - lo, out)
-                        }
-                    }
+                    // SAFETY: as above.
+                    unsafe { avx512::range_f32(&xs, n, k, &wf, hi - lo, out) }
                 }
-                _ => portable_range(&rows_f32, n, k, w, lo, hi, out),
+                _ => portable_range(&xs, n, k, w, lo, hi, out),
             }
         };
         match &self.pool {
@@ -211,6 +184,22 @@ pub fn dequant_rows(w: Weights<'_>, lo: usize, hi: usize, k: usize, out: &mut [f
         }
     }
     w.to_f32(lo * k, out);
+}
+
+/// Token rows (bf16 bits, `[n, k]`) as f32 in the bf16 kernel's layout: per
+/// token, per chunk of 32 values, the 16 odd-indexed values then the 16
+/// even-indexed ones, zero past `k`.
+fn pair_split(rows: &[u16], n: usize, k: usize) -> Vec<f32> {
+    let chunks = k.div_ceil(32);
+    let mut xs = vec![0f32; n * chunks * 32];
+    for (t, r) in rows.chunks_exact(k).enumerate() {
+        for (i, &b) in r.iter().enumerate() {
+            let (c, j) = (i / 32, i % 32);
+            let slot = if j % 2 == 1 { j / 2 } else { 16 + j / 2 };
+            xs[(t * chunks + c) * 32 + slot] = bf16_to_f32(b);
+        }
+    }
+    xs
 }
 
 /// Round an f32 sum to bf16, held as f32.
@@ -330,119 +319,6 @@ mod avx512 {
         }
     }
 
-    /// All `m` rows of `w` (`[m, k]` f32) against all `n` tokens given k-major
-    /// in `xt` (`[k, n_pad]`, zero-padded), into `out` (`[m, n]`), bf16-rounded.
-    /// Tiles of 4 outputs x 48 tokens: per `k`, three token vectors and four
-    /// broadcast weights feed twelve FMAs. `k` is blocked so a tile's token
-    /// panel stays in L1 across the outputs; partial sums wait in `out`, so
-    /// each output is one sequential f32 FMA sum over `k`.
-    ///
-    /// # Safety
-    /// The CPU must have avx512f; sizes as stated.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn gemm_f32(
-        xt: &[f32],
-        n_pad: usize,
-        n: usize,
-        k: usize,
-        w: &[f32],
-        m: usize,
-        out: &mut [f32],
-    ) {
-        assert!(
-            xt.len() == k * n_pad
-                && n_pad >= n
-                && n_pad % 16 == 0
-                && w.len() == m * k
-                && out.len() == m * n
-        );
-        const KB: usize = 256;
-        out.fill(0.0);
-        let mut kb = 0;
-        while kb < k {
-            let ke = (kb + KB).min(k);
-            let mut t = 0;
-            while t < n {
-                let v = (n - t).div_ceil(16).min(3);
-                let mut o = 0;
-                while o < m {
-                    let r = (m - o).min(4);
-                    macro_rules! tile {
-                        ($($rr:literal, $vv:literal);*) => {
-                            match (r, v) {
-                                $(($rr, $vv) => bcast::<$rr, $vv>(xt, n_pad, n, k, w, kb, ke, o, t, out),)*
-                                _ => unreachable!(),
-                            }
-                        };
-                    }
-                    tile!(4, 3; 4, 2; 4, 1; 3, 3; 3, 2; 3, 1; 2, 3; 2, 2; 2, 1; 1, 3; 1, 2; 1, 1);
-                    o += r;
-                }
-                t += 16 * v;
-            }
-            kb = ke;
-        }
-        for v in out.iter_mut() {
-            *v = to_bf16_value(*v);
-        }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn bcast<const RR: usize, const VV: usize>(
-        xt: &[f32],
-        n_pad: usize,
-        n: usize,
-        k: usize,
-        w: &[f32],
-        kb: usize,
-        ke: usize,
-        o: usize,
-        t: usize,
-        out: &mut [f32],
-    ) {
-        let mut mask = [0u16; VV];
-        for (j, m) in mask.iter_mut().enumerate() {
-            let left = n - (t + 16 * j).min(n);
-            *m = if left >= 16 {
-                0xFFFF
-            } else {
-                ((1u32 << left) - 1) as u16
-            };
-        }
-        let mut acc = [[_mm512_setzero_ps(); VV]; RR];
-        for i in 0..RR {
-            for j in 0..VV {
-                acc[i][j] =
-                    _mm512_maskz_loadu_ps(mask[j], out.as_ptr().add((o + i) * n + t + 16 * j));
-            }
-        }
-        let xp = xt.as_ptr().add(t);
-        let wp = w.as_ptr();
-        for kk in kb..ke {
-            let mut xv = [_mm512_setzero_ps(); VV];
-            for (j, x) in xv.iter_mut().enumerate() {
-                *x = _mm512_loadu_ps(xp.add(kk * n_pad + 16 * j));
-            }
-            for i in 0..RR {
-                let wb = _mm512_set1_ps(*wp.add((o + i) * k + kk));
-                for j in 0..VV {
-                    acc[i][j] = _mm512_fmadd_ps(wb, xv[j], acc[i][j]);
-                }
-            }
-        }
-        for i in 0..RR {
-            for j in 0..VV {
-                _mm512_mask_storeu_ps(
-                    out.as_mut_ptr().add((o + i) * n + t + 16 * j),
-                    mask[j],
-                    acc[i][j],
-                );
-            }
-        }
-    }
-
     /// All `m` rows of `w` (`[m, k]` f32) against all `n` f32 token rows into
     /// `out` (`[m, n]`), f32 FMA in tiles of 4 x 4, bf16-rounded.
     ///
@@ -555,14 +431,21 @@ mod avx512 {
         tile!(1, 1; 1, 2; 1, 3; 1, 4; 2, 1; 2, 2; 2, 3; 2, 4; 3, 1; 3, 2; 3, 3; 3, 4; 4, 1; 4, 2; 4, 3; 4, 4)
     }
 
-    /// Outputs `lo..hi` for all `n` tokens into `out` (`[hi-lo, n]`).
+    /// Outputs `lo..hi` of bf16 weights `w` for all `n` tokens (in
+    /// [`super::pair_split`] layout) into `out` (`[hi-lo, n]`), bf16-rounded.
+    ///
+    /// Each output's sum has one fixed order, whatever `n` and the tile: lane
+    /// `j` of an accumulator takes, chunk after chunk of 32 values, the product
+    /// of element `2j+1` then of element `2j` by FMA (a bf16 product is exact
+    /// in f32, so each step rounds once), and the 16 lanes are added by a fixed
+    /// tree. So a token's `kv` does not depend on what else is in its batch.
     ///
     /// # Safety
-    /// The CPU must have avx512f, avx512bw and avx512bf16; `rows` is `[n, k]`,
+    /// The CPU must have avx512f and avx512bw; `xs` is `[n, ceil(k/32)*32]`,
     /// `w` is `[_, k]` with at least `hi` rows, `out` is `[hi-lo, n]`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub unsafe fn range(
-        rows: &[u16],
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn range_bf16(
+        xs: &[f32],
         n: usize,
         k: usize,
         w: &[u16],
@@ -570,7 +453,8 @@ mod avx512 {
         hi: usize,
         out: &mut [f32],
     ) {
-        debug_assert!(w.len() >= hi * k && rows.len() == n * k && out.len() == (hi - lo) * n);
+        let stride = k.div_ceil(32) * 32;
+        debug_assert!(w.len() >= hi * k && xs.len() == n * stride && out.len() == (hi - lo) * n);
         let mut tb = 0;
         while tb < n {
             let te = (tb + TOKEN_BLOCK).min(n);
@@ -584,16 +468,19 @@ mod avx512 {
                     for (i, p) in wp.iter_mut().enumerate().take(r) {
                         *p = w.as_ptr().add((o + i) * k);
                     }
-                    let mut xp = [rows.as_ptr(); T];
+                    let mut xp = [xs.as_ptr(); T];
                     for (j, p) in xp.iter_mut().enumerate().take(tt) {
-                        *p = rows.as_ptr().add((t + j) * k);
+                        *p = xs.as_ptr().add((t + j) * stride);
                     }
-                    let s = match (r, tt) {
-                        (4, 4) => micro::<4, 4>(&wp, &xp, k),
-                        (4, _) => micro_any::<4>(&wp, &xp, tt, k),
-                        (_, 4) => micro_rows::<4>(&wp, &xp, r, k),
-                        _ => micro_small(&wp, &xp, r, tt, k),
-                    };
+                    macro_rules! tile {
+                        ($($rr:literal, $t:literal);*) => {
+                            match (r, tt) {
+                                $(($rr, $t) => pairs::<$rr, $t>(&wp, &xp, k),)*
+                                _ => unreachable!("tiles are at most {R} x {T}"),
+                            }
+                        };
+                    }
+                    let s = tile!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
                     for i in 0..r {
                         for j in 0..tt {
                             out[(o + i - lo) * n + t + j] = to_bf16_value(s[i][j]);
@@ -607,50 +494,38 @@ mod avx512 {
         }
     }
 
+    /// An `RR x TT` tile of bf16-weight dot products (see [`range_bf16`]).
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn load(p: *const u16, at: usize) -> __m512bh {
-        std::mem::transmute(_mm512_loadu_si512(p.add(at) as *const _))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn load_tail(p: *const u16, at: usize, m: __mmask32) -> __m512bh {
-        std::mem::transmute(_mm512_maskz_loadu_epi16(m, p.add(at) as *const i16))
-    }
-
-    /// The full `RR x TT` tile: every weight row against every token.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn micro<const RR: usize, const TT: usize>(
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn pairs<const RR: usize, const TT: usize>(
         wp: &[*const u16; R],
-        xp: &[*const u16; T],
+        xp: &[*const f32; T],
         k: usize,
     ) -> [[f32; T]; R] {
+        let hi_mask = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
         let mut acc = [[_mm512_setzero_ps(); TT]; RR];
-        let mut kk = 0;
-        while kk + 32 <= k {
-            let mut wv = [load(wp[0], kk); RR];
-            for i in 1..RR {
-                wv[i] = load(wp[i], kk);
-            }
-            let mut xv = [load(xp[0], kk); TT];
-            for j in 1..TT {
-                xv[j] = load(xp[j], kk);
-            }
+        let chunks = k.div_ceil(32);
+        for c in 0..chunks {
+            let kk = c * 32;
+            let mut odd = [_mm512_setzero_ps(); RR];
+            let mut even = [_mm512_setzero_ps(); RR];
             for i in 0..RR {
-                for j in 0..TT {
-                    acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv[j]);
-                }
+                // 32 bf16 as 16 words: element 2j in the low half, 2j+1 in the high.
+                let v = if kk + 32 <= k {
+                    _mm512_loadu_si512(wp[i].add(kk) as *const _)
+                } else {
+                    let m: __mmask32 = ((1u64 << (k - kk)) - 1) as u32;
+                    _mm512_maskz_loadu_epi16(m, wp[i].add(kk) as *const i16)
+                };
+                odd[i] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+                even[i] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
             }
-            kk += 32;
-        }
-        if kk < k {
-            let m: __mmask32 = (1u32 << (k - kk)) - 1;
-            for i in 0..RR {
-                let wv = load_tail(wp[i], kk, m);
-                for j in 0..TT {
-                    acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv, load_tail(xp[j], kk, m));
+            for j in 0..TT {
+                let xo = _mm512_loadu_ps(xp[j].add(kk));
+                let xe = _mm512_loadu_ps(xp[j].add(kk + 16));
+                for i in 0..RR {
+                    acc[i][j] = _mm512_fmadd_ps(odd[i], xo, acc[i][j]);
+                    acc[i][j] = _mm512_fmadd_ps(even[i], xe, acc[i][j]);
                 }
             }
         }
@@ -662,59 +537,45 @@ mod avx512 {
         }
         s
     }
-
-    /// `RR` rows against `tt < T` tokens.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn micro_any<const RR: usize>(
-        wp: &[*const u16; R],
-        xp: &[*const u16; T],
-        tt: usize,
-        k: usize,
-    ) -> [[f32; T]; R] {
-        match tt {
-            1 => micro::<RR, 1>(wp, xp, k),
-            2 => micro::<RR, 2>(wp, xp, k),
-            _ => micro::<RR, 3>(wp, xp, k),
-        }
-    }
-
-    /// `r < R` rows against `TT` tokens.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn micro_rows<const TT: usize>(
-        wp: &[*const u16; R],
-        xp: &[*const u16; T],
-        r: usize,
-        k: usize,
-    ) -> [[f32; T]; R] {
-        match r {
-            1 => micro::<1, TT>(wp, xp, k),
-            2 => micro::<2, TT>(wp, xp, k),
-            _ => micro::<3, TT>(wp, xp, k),
-        }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn micro_small(
-        wp: &[*const u16; R],
-        xp: &[*const u16; T],
-        r: usize,
-        tt: usize,
-        k: usize,
-    ) -> [[f32; T]; R] {
-        match r {
-            1 => micro_any::<1>(wp, xp, tt, k),
-            2 => micro_any::<2>(wp, xp, tt, k),
-            _ => micro_any::<3>(wp, xp, tt, k),
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A token's kv does not depend on its batch: every kernel and weight
+    /// type gives the same bits for a token projected alone, in a small batch
+    /// and in a large one, with one thread or two.
+    #[test]
+    fn results_do_not_depend_on_the_batch() {
+        let (n, k, n_out) = (37, 200, 70);
+        let (rows, w) = data(n, k, n_out);
+        let wf: Vec<f32> = w.iter().map(|&b| bf16_to_f32(b)).collect();
+        for kernel in [Kernel::Portable, Kernel::Avx512] {
+            for dense_f32 in [false, true] {
+                let weights = if dense_f32 {
+                    Weights::F32(&wf)
+                } else {
+                    Weights::Bf16(&w)
+                };
+                let run = |threads: usize, lo: usize, hi: usize| {
+                    let mut p = Projection::new(threads).unwrap();
+                    p.set_kernel(kernel);
+                    let mut kv = vec![0f32; (hi - lo) * n_out];
+                    p.run(&rows[lo * k..hi * k], hi - lo, k, weights, n_out, &mut kv);
+                    kv
+                };
+                let all = run(2, 0, n);
+                for (lo, hi, threads) in [(0, 1, 1), (5, 8, 1), (10, 30, 2), (36, 37, 2)] {
+                    assert_eq!(
+                        run(threads, lo, hi)[..],
+                        all[lo * n_out..hi * n_out],
+                        "{kernel:?} f32 {dense_f32} {lo}..{hi}"
+                    );
+                }
+            }
+        }
+    }
 
     /// The AVX-512 dequantisers equal `formats::dequant_row_f32` bit for bit on
     /// random blocks (finite scales; the GGUF oracle tests cover the edges of
