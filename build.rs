@@ -11,11 +11,8 @@ use std::path::PathBuf;
 fn main() {
     let crate_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
-    println!("cargo:rerun-if-changed=src/ffi.rs");
-    println!("cargo:rerun-if-changed=src/error.rs");
-    println!("cargo:rerun-if-changed=src/formats.rs");
-    println!("cargo:rerun-if-changed=src/context.rs");
-    println!("cargo:rerun-if-changed=src/hash.rs");
+    // Any source file can add or change an exported item.
+    println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-env-changed=ENGRAM_UPDATE_HEADER");
 
