@@ -338,7 +338,9 @@ pub unsafe extern "C" fn engram_create(
     })
 }
 
-/// Free a context. NULL is a no-op.
+/// Free a context. NULL is a no-op. With the CUDA backend it first waits for
+/// the device to finish the work queued so far (`cuCtxSynchronize`), so that
+/// nothing queued still reads the workspaces it frees.
 ///
 /// # Safety
 /// `ctx` must be NULL or a context from `engram_create` not yet freed, with no
@@ -547,10 +549,12 @@ pub unsafe extern "C" fn engram_seq_drop(ctx: *mut EngramContext, seq: i32) -> E
 /// Calls on one context share its workspaces: order them (one stream, or
 /// streams the engine orders). Host row ids cannot be captured in a CUDA graph
 /// (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT` while `stream` is capturing): use
-/// `engram_apply_device_ids`. An error found on the device (a NaN code in an
-/// fp8 row) leaves that token untouched and is reported by the next call on
-/// the context or by `engram_check`; an asynchronous CUDA error is reported as
-/// `ENGRAM_STATUS_ERR_DEVICE` by the next call.
+/// `engram_apply_device_ids`. An error the kernels find (a NaN code in an fp8
+/// row) leaves that token untouched; it is reported, once, by a later
+/// `engram_apply` or `engram_apply_device_ids` on this context when the device
+/// has run that work (that later call then does nothing), and by
+/// `engram_check`. A CUDA error (an illegal address, ...) is reported as
+/// `ENGRAM_STATUS_ERR_DEVICE` by the next call that reaches the driver.
 ///
 /// # Safety
 /// `ctx` as in `engram_free`; `row_ids` and `highway` must hold the sizes above.
@@ -595,8 +599,8 @@ pub unsafe extern "C" fn engram_apply(
 /// host, so the call can be captured in a CUDA graph and replayed after the
 /// engine re-fills the same buffer. The ids are checked on the device: a token
 /// with a row id outside the table or only partly `ENGRAM_ROW_ID_DEAD` is left
-/// untouched and the first such error is reported by the next call on the
-/// context or by `engram_check` (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`). The CPU
+/// untouched and the first such error is reported as `engram_apply` reports
+/// errors the kernels find (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`). The CPU
 /// backend returns `ENGRAM_STATUS_ERR_UNSUPPORTED`.
 ///
 /// # Safety
