@@ -441,9 +441,10 @@ pub fn pointer_info(ptr: u64) -> Option<PtrInfo> {
 }
 
 /// Check that `bytes` bytes at `ptr` are memory the device `ordinal` can
-/// address: device memory of that device, unified memory, or mapped pinned
-/// host memory; and, where the driver knows the allocation, that they lie
-/// inside it. `what` names the argument in the message.
+/// address: device memory of that device, unified (managed) memory, or pinned
+/// host memory from `cuMemHostAlloc` / `cudaHostAlloc` (mapped); and, where
+/// the driver knows the allocation, that they lie inside it. Pageable host
+/// memory is refused. `what` names the argument in the message.
 pub fn check_device_range(ptr: u64, bytes: usize, ordinal: i32, what: &str) -> Result<()> {
     if ptr == 0 {
         bail!(ErrNullArgument, "{what} is NULL");
@@ -454,6 +455,21 @@ pub fn check_device_range(ptr: u64, bytes: usize, ordinal: i32, what: &str) -> R
             "{what} ({ptr:#x}) is not memory the CUDA driver knows; the CUDA backend takes device pointers"
         );
     };
+    if info.memory_type == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
+        // Only pinned memory from cuMemHostAlloc / cudaHostAlloc (mapped into
+        // the device's address space); not pageable memory, even where the
+        // driver could reach it.
+        let mut flags = 0u32;
+        // SAFETY: a query with a local out-pointer.
+        let r = unsafe { sys::cuMemHostGetFlags(&mut flags, ptr as *mut c_void) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            bail!(
+                ErrInvalidArgument,
+                "{what} ({ptr:#x}) is host memory that was not allocated pinned (cudaHostAlloc); \
+                 the CUDA backend takes device pointers"
+            );
+        }
+    }
     if info.memory_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
         && info.ordinal >= 0
         && info.ordinal != ordinal
