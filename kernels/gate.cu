@@ -7,7 +7,7 @@
 // Sums and the update are f32; a bf16 highway is read exactly and written
 // rounded once to nearest-even. kv is bf16, or f32 (the f32-wkv GEMM's output),
 // which is rounded to bf16 as it is read, as the reference rounds kv.
-// Tokens whose flags are not LIVE (dead, or with a bad id or row) are not touched.
+// Tokens with a row flag that is not LIVE (dead, or a bad id or row) are not touched.
 //
 // Block 0 also moves the gather's error latch to the host-mapped mirror
 // (if the mirror is free) and clears the latch: the gather kernel of this call
@@ -56,15 +56,20 @@ __device__ __forceinline__ void eng_move_latch(eng_u32 *latch, volatile eng_u32 
 
 template <typename HW, typename KV>
 __device__ __forceinline__ void eng_gate(HW *highway, const KV *__restrict__ kv, const float *__restrict__ qk,
-                                         const eng_u32 *__restrict__ flags, eng_u32 hc, eng_u32 d, float eps,
-                                         float inv_sqrt_d, eng_u32 *latch, eng_u32 *mirror) {
+                                         const eng_u32 *__restrict__ flags, eng_u32 cols, eng_u32 hc,
+                                         eng_u32 d, float eps, float inv_sqrt_d, eng_u32 *latch,
+                                         eng_u32 *mirror) {
     __shared__ float s_red[3][ENG_GATE_THREADS / 32];
     __shared__ float s_gate;
     // Block b is (token b / hc, stream b % hc): a token's streams are
     // neighbours, so its value row is read from memory once and then from L2.
     const eng_u32 t = blockIdx.x / hc, s = blockIdx.x % hc;
     if (blockIdx.x == 0 && threadIdx.x == 0) eng_move_latch(latch, mirror);
-    if (flags[t] != ENG_TOKEN_LIVE) return;
+    // The token's C row flags (written by the gather): any that is not LIVE
+    // (dead, bad id, bad row) leaves the token alone.
+    int skip = 0;
+    for (eng_u32 k = threadIdx.x; k < cols; k += blockDim.x) skip |= flags[(eng_u64)t * cols + k] != ENG_TOKEN_LIVE;
+    if (__syncthreads_or(skip)) return;
     const eng_u64 xo = ((eng_u64)t * hc + s) * d;
     const eng_u64 ko = (eng_u64)t * (hc + 1u) * d + (eng_u64)s * d;
     const eng_u64 vo = (eng_u64)t * (hc + 1u) * d + (eng_u64)hc * d;
@@ -139,26 +144,13 @@ __device__ __forceinline__ void eng_gate(HW *highway, const KV *__restrict__ kv,
 }
 
 // Grid: n_tokens * hc blocks (one dimension), ENG_GATE_THREADS threads. Names: highway type, kv type.
-extern "C" __global__ void __launch_bounds__(ENG_GATE_THREADS)
-    engram_gate_f32_bf16(float *highway, const eng_u16 *kv, const float *qk, const eng_u32 *flags, eng_u32 hc,
-                         eng_u32 d, float eps, float inv_sqrt_d, eng_u32 *latch, eng_u32 *mirror) {
-    eng_gate(highway, kv, qk, flags, hc, d, eps, inv_sqrt_d, latch, mirror);
-}
-
-extern "C" __global__ void __launch_bounds__(ENG_GATE_THREADS)
-    engram_gate_bf16_bf16(eng_u16 *highway, const eng_u16 *kv, const float *qk, const eng_u32 *flags, eng_u32 hc,
-                          eng_u32 d, float eps, float inv_sqrt_d, eng_u32 *latch, eng_u32 *mirror) {
-    eng_gate(highway, kv, qk, flags, hc, d, eps, inv_sqrt_d, latch, mirror);
-}
-
-extern "C" __global__ void __launch_bounds__(ENG_GATE_THREADS)
-    engram_gate_f32_f32(float *highway, const float *kv, const float *qk, const eng_u32 *flags, eng_u32 hc,
-                        eng_u32 d, float eps, float inv_sqrt_d, eng_u32 *latch, eng_u32 *mirror) {
-    eng_gate(highway, kv, qk, flags, hc, d, eps, inv_sqrt_d, latch, mirror);
-}
-
-extern "C" __global__ void __launch_bounds__(ENG_GATE_THREADS)
-    engram_gate_bf16_f32(eng_u16 *highway, const float *kv, const float *qk, const eng_u32 *flags, eng_u32 hc,
-                         eng_u32 d, float eps, float inv_sqrt_d, eng_u32 *latch, eng_u32 *mirror) {
-    eng_gate(highway, kv, qk, flags, hc, d, eps, inv_sqrt_d, latch, mirror);
-}
+#define ENG_GATE_ENTRY(NAME, HW, KV)                                                                             \
+    extern "C" __global__ void __launch_bounds__(ENG_GATE_THREADS)                                                \
+        NAME(HW *highway, const KV *kv, const float *qk, const eng_u32 *flags, eng_u32 cols, eng_u32 hc,         \
+             eng_u32 d, float eps, float inv_sqrt_d, eng_u32 *latch, eng_u32 *mirror) {                          \
+        eng_gate(highway, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror);                           \
+    }
+ENG_GATE_ENTRY(engram_gate_f32_bf16, float, eng_u16)
+ENG_GATE_ENTRY(engram_gate_bf16_bf16, eng_u16, eng_u16)
+ENG_GATE_ENTRY(engram_gate_f32_f32, float, float)
+ENG_GATE_ENTRY(engram_gate_bf16_f32, eng_u16, float)

@@ -1,13 +1,13 @@
 // Gather the rows of one engram layer by id from a device-resident table and
 // dequantise them: rows_out[t][c*Hd + i] = bf16 of value i of row ids[t][c]
-// (or that bf16 value widened to f32, for an f32 wkv). One block per token.
+// (or that bf16 value widened to f32, for an f32 wkv). One block per row.
 //
 // The token's ids are checked here, as the CPU backend checks them on the host:
 // all -1 is a dead token (rows zeroed, flags[t] = DEAD); some -1 (partly dead),
 // a negative id other than -1 or an id >= table_rows is an error; and an fp8
 // row with a NaN scale or code is an error. A token with an error gets zero
-// rows and flags[t] = BAD (the gate leaves it untouched), and the first error
-// of the call is recorded in `latch` (see engram_common.cuh for the codes).
+// rows and BAD flags (the gate leaves it untouched), and the first error of
+// the call is recorded in `latch` (see engram_common.cuh for the codes).
 #include "engram_common.cuh"
 
 __device__ __forceinline__ void eng_latch(eng_u32 *latch, eng_u32 code, eng_u32 token, eng_u32 col,
@@ -31,34 +31,33 @@ __device__ __forceinline__ void eng_store_row(void *out, eng_u32 out_f32, eng_u6
     }
 }
 
-// ids: token t's id for column c is ids[t * id_stride + id_offset + c].
-// Dynamic shared memory: cols * 8 bytes.
+// One block per (token t, column c), block index t * cols + c; token t's id
+// for column k is ids[t * id_stride + id_offset + k]. Every block checks its
+// token's ids (all C of them: a few loads) so that each decides the token's
+// status alone, and writes flags[t * cols + c].
 extern "C" __global__ void engram_gather(const eng_u8 *__restrict__ table, eng_u64 table_rows, eng_u32 fmt,
                                          eng_u32 hd, eng_u32 row_bytes, const eng_i64 *__restrict__ ids,
                                          eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols, void *rows_out,
                                          eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,
                                          eng_u32 serial) {
-    extern __shared__ eng_i64 s_ids[];
-    __shared__ eng_u32 s_dead, s_first_dead, s_first_range, s_err, s_err_col;
-    const eng_u32 t = blockIdx.x;
-    const eng_u32 width = cols * hd;
-    const eng_u64 base = (eng_u64)t * width;
+    __shared__ eng_u32 s_dead, s_first_dead, s_first_range, s_err_at;
+    const eng_u32 t = blockIdx.x / cols, c = blockIdx.x % cols;
+    const eng_u64 base = ((eng_u64)t * cols + c) * hd;
+    const eng_i64 *tid = ids + (eng_u64)t * id_stride + id_offset;
     if (threadIdx.x == 0) {
         s_dead = 0u;
         s_first_dead = 0xFFFFFFFFu;
         s_first_range = 0xFFFFFFFFu;
-        s_err = 0u;
-        s_err_col = 0xFFFFFFFFu;
+        s_err_at = 0xFFFFFFFFu;
     }
     __syncthreads();
-    for (eng_u32 c = threadIdx.x; c < cols; c += blockDim.x) {
-        eng_i64 id = ids[(eng_u64)t * id_stride + id_offset + c];
-        s_ids[c] = id;
+    for (eng_u32 k = threadIdx.x; k < cols; k += blockDim.x) {
+        const eng_i64 id = tid[k];
         if (id == -1) {
             atomicAdd(&s_dead, 1u);
-            atomicMin(&s_first_dead, c);
+            atomicMin(&s_first_dead, k);
         } else if (id < 0 || (eng_u64)id >= table_rows) {
-            atomicMin(&s_first_range, c);
+            atomicMin(&s_first_range, k);
         }
     }
     __syncthreads();
@@ -68,50 +67,45 @@ extern "C" __global__ void engram_gather(const eng_u8 *__restrict__ table, eng_u
         status = ENG_TOKEN_DEAD;
     } else if (dead > 0u || s_first_range != 0xFFFFFFFFu) {
         status = ENG_TOKEN_BAD;
-        if (threadIdx.x == 0) {
-            if (dead > 0u) {
-                eng_latch(latch, ENG_ERR_PARTLY_DEAD, t, s_first_dead, 0u, -1, layer_id, serial);
-            } else {
-                eng_latch(latch, ENG_ERR_ROW_RANGE, t, s_first_range, 0u, s_ids[s_first_range], layer_id,
-                          serial);
-            }
-        }
     }
     if (status != ENG_TOKEN_LIVE) {
-        for (eng_u32 e = threadIdx.x; e < width; e += blockDim.x) eng_store_row(rows_out, out_f32, base + e, 0u);
-        if (threadIdx.x == 0) flags[t] = status;
+        for (eng_u32 i = threadIdx.x; i < hd; i += blockDim.x) eng_store_row(rows_out, out_f32, base + i, 0u);
+        if (threadIdx.x == 0) {
+            flags[(eng_u64)t * cols + c] = status;
+            if (status == ENG_TOKEN_BAD && c == 0u) {
+                if (dead > 0u) {
+                    eng_latch(latch, ENG_ERR_PARTLY_DEAD, t, s_first_dead, 0u, -1, layer_id, serial);
+                } else {
+                    eng_latch(latch, ENG_ERR_ROW_RANGE, t, s_first_range, 0u, tid[s_first_range], layer_id,
+                              serial);
+                }
+            }
+        }
         return;
     }
-    for (eng_u32 e = threadIdx.x; e < width; e += blockDim.x) {
-        const eng_u32 c = e / hd, i = e % hd;
-        const eng_u8 *row = table + (eng_u64)s_ids[c] * row_bytes;
+    const eng_i64 id = tid[c];
+    const eng_u8 *row = table + (eng_u64)id * row_bytes;
+    for (eng_u32 i = threadIdx.x; i < hd; i += blockDim.x) {
         eng_u16 v = 0u;
         eng_u32 where = 0u;
-        eng_u32 err = eng_dequant_bf16(fmt, row, hd, i, &v, &where);
-        if (err != 0u) {
-            // Keep the error of the lowest column (then the lowest element),
-            // as the CPU backend reports the first one it meets.
+        if (eng_dequant_bf16(fmt, row, hd, i, &v, &where) != 0u) {
+            // Report the row's first failing element (a NaN scale fails every
+            // element of its block), as the CPU backend does.
             v = 0u;
-            atomicMin(&s_err_col, c);
-            s_err = err;
+            atomicMin(&s_err_at, i);
         }
-        eng_store_row(rows_out, out_f32, base + e, v);
+        eng_store_row(rows_out, out_f32, base + i, v);
     }
     __syncthreads();
-    if (s_err != 0u) {
-        // Find the reported element again: the first bad one in the lowest bad column.
-        if (threadIdx.x == 0) {
-            const eng_u32 c = s_err_col;
-            const eng_u8 *row = table + (eng_u64)s_ids[c] * row_bytes;
-            eng_u32 code = 0u, where = 0u;
-            for (eng_u32 i = 0; i < hd && code == 0u; i++) {
-                eng_u16 v;
-                code = eng_dequant_bf16(fmt, row, hd, i, &v, &where);
-            }
-            eng_latch(latch, code, t, c, where, s_ids[c], layer_id, serial);
-            flags[t] = ENG_TOKEN_BAD;
+    if (threadIdx.x == 0) {
+        if (s_err_at != 0xFFFFFFFFu) {
+            eng_u16 v;
+            eng_u32 where = 0u;
+            const eng_u32 code = eng_dequant_bf16(fmt, row, hd, s_err_at, &v, &where);
+            eng_latch(latch, code, t, c, where, id, layer_id, serial);
+            flags[(eng_u64)t * cols + c] = ENG_TOKEN_BAD;
+        } else {
+            flags[(eng_u64)t * cols + c] = ENG_TOKEN_LIVE;
         }
-        return;
     }
-    if (threadIdx.x == 0) flags[t] = ENG_TOKEN_LIVE;
 }

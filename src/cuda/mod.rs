@@ -149,6 +149,10 @@ impl Backend {
         if k_in > i32::MAX as usize / 8 || k_out > i32::MAX as usize {
             return Err(overflow("C*Hd or D*(hc+1)"));
         }
+        // One gather block per (token, column), one gate block per (token, stream).
+        if max_tokens.saturating_mul(cols.max(geo.hc)) > i32::MAX as usize {
+            return Err(overflow("max_tokens * C"));
+        }
         let mul = |a: usize, b: usize, what: &str| a.checked_mul(b).ok_or_else(|| overflow(what));
         let module = Module::load(ctx, dev.cc)?;
         let state = State {
@@ -158,7 +162,7 @@ impl Backend {
             rows32: None,
             kv32: None,
             ids: DevBuf::new(ctx, mul(max_tokens, cols * 8, "row ids")?, "row ids")?,
-            flags: DevBuf::new(ctx, max_tokens * 4, "token flags")?,
+            flags: DevBuf::new(ctx, mul(max_tokens, cols * 4, "row flags")?, "row flags")?,
             latch: DevBuf::new(ctx, 32, "the error latch")?,
             staging: (0..STAGING_SLOTS)
                 .map(|_| {
@@ -606,9 +610,9 @@ impl Backend {
             unsafe {
                 launch(
                     self.module.gather,
-                    (n as u32, 1, 1),
+                    ((n * self.cols) as u32, 1, 1),
                     kernels::GATHER_THREADS,
-                    cols * 8,
+                    0,
                     cs,
                     &mut a,
                     "the gather kernel",
@@ -646,11 +650,11 @@ impl Backend {
         if let Some((hw, _)) = highway {
             let f = self.module.gate[hw_bf16 as usize][f32_path as usize];
             let (kv, qk, flags) = (kv_buf, self.qk[li].ptr, st.flags.ptr);
-            let (hc, d) = (g.hc as u32, g.d as u32);
+            let (cols, hc, d) = (self.cols as u32, g.hc as u32, g.d as u32);
             let eps = g.eps;
             let inv_sqrt_d = 1.0f32 / (g.d as f32).sqrt();
             let (latch, mirror) = (st.latch.ptr, self.mirror.dev_ptr);
-            let mut a = args![hw, kv, qk, flags, hc, d, eps, inv_sqrt_d, latch, mirror];
+            let mut a = args![hw, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror];
             // SAFETY: arguments match engram_gate_*; the highway range was checked.
             unsafe {
                 launch(
