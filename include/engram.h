@@ -13,48 +13,6 @@
 
 
 /*
- Host row-id staging slots (pinned). A slot is reused only after the copy
- that last read it has run, so the host waits only when the stream is this
- many host-id calls behind.
- */
-#define STAGING_SLOTS 4
-
-/*
- Tokens up to which the bf16 projection uses the GEMV kernel instead of cuBLAS
- (when `wkv` is 16-byte aligned and `C*Hd` a multiple of 8).
- */
-#define DEFAULT_GEMV_MAX_TOKENS 8
-
-/*
- cuBLAS's workspace: NVIDIA recommends 32 MiB on Hopper.
- */
-#define WORKSPACE_BYTES (32 << 20)
-
-/*
- The oldest driver (as `cuDriverGetVersion` reports it) the backend accepts:
- CUDA 12.0. Kernels are compiled to the device's own SASS, which any 12.x
- driver loads whatever NVRTC 12.x built it.
- */
-#define MIN_DRIVER_VERSION 12000
-
-/*
- Most tokens the GEMV kernels take (`engram_gemv_bf16_1` ... `_8`).
- */
-#define GEMV_MAX 8
-
-/*
- Threads of a gather / gate / GEMV block, and output rows per GEMV warp
- (as the kernels define them).
- */
-#define GATHER_THREADS 256
-
-#define GATE_THREADS 256
-
-#define GEMV_THREADS 256
-
-#define GEMV_ROWS_PER_WARP 2
-
-/*
  Values per e8m0 scale in the fp8 row format.
  */
 #define ENGRAM_FP8_SCALE_BLOCK 32
