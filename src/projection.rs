@@ -41,6 +41,10 @@ impl Kernel {
     }
 }
 
+/// Up to this many tokens, q8_0 and q2_K weights are dequantised in registers
+/// inside the FMA tiles rather than through a per-task f32 buffer.
+const FUSED_MAX_TOKENS: usize = 4;
+
 /// Output rows of `wkv` per task handed to a worker.
 const CHUNK: usize = 64;
 /// Tokens whose rows are kept hot in cache while a chunk of weights is reused.
@@ -121,6 +125,8 @@ impl Projection {
         } else {
             rows.iter().map(|&b| bf16_to_f32(b)).collect()
         };
+        #[cfg(target_arch = "x86_64")]
+        let fused_ok = std::arch::is_x86_feature_detected!("f16c");
         // Outputs are computed o-major (`[n_out, n]`) so that each task owns a
         // contiguous slice, then transposed into `kv`.
         let mut kvt = vec![0f32; n_out * n];
@@ -133,6 +139,33 @@ impl Projection {
                     // SAFETY: `Kernel::Avx512` is only selected when the CPU
                     // has avx512f and avx512bw; sizes are asserted above.
                     unsafe { avx512::range_bf16(&xs, n, k, wb, lo, hi, out) }
+                }
+                #[cfg(target_arch = "x86_64")]
+                (
+                    Kernel::Avx512,
+                    Weights::Quant {
+                        format: f @ (crate::RowFormat::Q8_0 | crate::RowFormat::Q2_K),
+                        data,
+                        row_len,
+                    },
+                ) if n <= FUSED_MAX_TOKENS && row_len == k && fused_ok => {
+                    // Few tokens: dequantise in registers as the FMAs need the
+                    // values, instead of through a buffer (same values, same order).
+                    let rb = f.row_bytes(k);
+                    // SAFETY: the CPU has avx512f, avx512bw and f16c (`fused_ok`);
+                    // the rows are whole blocks of `f`.
+                    unsafe {
+                        avx512::range_quant(
+                            &xs,
+                            n,
+                            k,
+                            &data[lo * rb..hi * rb],
+                            rb,
+                            f == crate::RowFormat::Q2_K,
+                            hi - lo,
+                            out,
+                        )
+                    }
                 }
                 #[cfg(target_arch = "x86_64")]
                 (Kernel::Avx512, _) => {
@@ -369,6 +402,142 @@ mod avx512 {
         }
     }
 
+    /// As [`range_f32`] for q8_0 (`q2k == false`) or q2_K weight rows `data`
+    /// (`m` rows of `rb` bytes), dequantised 16 values at a time in registers:
+    /// the same values (see `dequant_q8_0`, `dequant_q2_k`) in the same order,
+    /// so the same bits as the buffered path.
+    ///
+    /// # Safety
+    /// The CPU must have avx512f, avx512bw and f16c; `k` is whole blocks.
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn range_quant(
+        rows: &[f32],
+        n: usize,
+        k: usize,
+        data: &[u8],
+        rb: usize,
+        q2k: bool,
+        m: usize,
+        out: &mut [f32],
+    ) {
+        assert!(data.len() == m * rb && rows.len() == n * k && out.len() == m * n);
+        assert!(k % if q2k { 256 } else { 32 } == 0);
+        let mut o = 0;
+        while o < m {
+            let r = (m - o).min(R);
+            let mut t = 0;
+            while t < n {
+                let tt = (n - t).min(T);
+                let mut wp = [data.as_ptr(); R];
+                for (i, p) in wp.iter_mut().enumerate().take(r) {
+                    *p = data.as_ptr().add((o + i) * rb);
+                }
+                let mut xp = [rows.as_ptr(); T];
+                for (j, p) in xp.iter_mut().enumerate().take(tt) {
+                    *p = rows.as_ptr().add((t + j) * k);
+                }
+                macro_rules! tile {
+                    ($($rr:literal, $t:literal);*) => {
+                        match (r, tt) {
+                            $(($rr, $t) => fma_quant::<$rr, $t>(q2k, &wp, &xp, k),)*
+                            _ => unreachable!("tiles are at most {R} x {T}"),
+                        }
+                    };
+                }
+                let s = tile!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
+                for i in 0..r {
+                    for j in 0..tt {
+                        out[(o + i) * n + t + j] = to_bf16_value(s[i][j]);
+                    }
+                }
+                t += tt;
+            }
+            o += r;
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    unsafe fn f16c(p: *const u8) -> f32 {
+        let bits = u16::from_le_bytes([*p, *p.add(1)]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+
+    /// 16 weights starting at `kk` of a q8_0 row.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    unsafe fn q8_0_vec(row: *const u8, kk: usize) -> __m512 {
+        let b = row.add(kk / 32 * 34);
+        let q = _mm_loadu_si128(b.add(2 + (kk % 32)) as *const __m128i);
+        _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+            _mm512_set1_ps(f16c(b)),
+        )
+    }
+
+    /// 16 weights starting at `kk` (a multiple of 16) of a q2_K row: group `g`
+    /// of its super-block uses scale byte `g`, the 16 bytes of `qs` at
+    /// `32*(g/8) + 16*(g%2)`, shifted by `2*((g%8)/2)`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    unsafe fn q2_k_vec(row: *const u8, kk: usize) -> __m512 {
+        let b = row.add(kk / 256 * 84);
+        let g = (kk % 256) / 16;
+        let sc = *b.add(g);
+        let (d, dmin) = (f16c(b.add(80)), f16c(b.add(82)));
+        let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+            b.add(16 + 32 * (g / 8) + 16 * (g % 2)) as *const __m128i
+        ));
+        let shift = _mm_cvtsi32_si128((2 * ((g % 8) / 2)) as i32);
+        let v = _mm512_cvtepi32_ps(_mm512_and_si512(
+            _mm512_srl_epi32(q, shift),
+            _mm512_set1_epi32(3),
+        ));
+        _mm512_fmsub_ps(
+            _mm512_set1_ps(d * (sc & 0xF) as f32),
+            v,
+            _mm512_set1_ps(dmin * (sc >> 4) as f32),
+        )
+    }
+
+    /// An `RR x TT` tile like [`fma`], weights dequantised in registers.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    unsafe fn fma_quant<const RR: usize, const TT: usize>(
+        q2k: bool,
+        wp: &[*const u8; R],
+        xp: &[*const f32; T],
+        k: usize,
+    ) -> [[f32; T]; R] {
+        let mut acc = [[_mm512_setzero_ps(); TT]; RR];
+        let mut kk = 0;
+        while kk < k {
+            let mut wv = [_mm512_setzero_ps(); RR];
+            for i in 0..RR {
+                wv[i] = if q2k {
+                    q2_k_vec(wp[i], kk)
+                } else {
+                    q8_0_vec(wp[i], kk)
+                };
+            }
+            for j in 0..TT {
+                let x = _mm512_loadu_ps(xp[j].add(kk));
+                for i in 0..RR {
+                    acc[i][j] = _mm512_fmadd_ps(wv[i], x, acc[i][j]);
+                }
+            }
+            kk += 16;
+        }
+        let mut s = [[0f32; T]; R];
+        for i in 0..RR {
+            for j in 0..TT {
+                s[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+            }
+        }
+        s
+    }
+
     /// An `RR x TT` tile of f32 dot products with FMA, 16 lanes at a time.
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -575,6 +744,76 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// q8_0 and q2_K weights: the fused path (few tokens) and the buffered
+    /// path (more) give the same bits as f32 weights holding the dequantised
+    /// values, for every batch size.
+    #[test]
+    fn quantised_weights_match_their_f32_values_at_every_batch_size() {
+        use crate::formats::{dequant_row_f32, RowFormat};
+        let (k, n_out, n) = (512usize, 70usize, 9usize);
+        let (rows, _) = data(n, k, 1);
+        for ty in [crate::EngramType::Q8_0, crate::EngramType::Q2_K] {
+            let f = RowFormat::new(ty as u32, k).unwrap();
+            let data = random_blocks(f, n_out * f.row_bytes(k), 11);
+            let mut deq = vec![0f32; n_out * k];
+            for (o, r) in deq.chunks_mut(k).enumerate() {
+                dequant_row_f32(f, &data[o * f.row_bytes(k)..(o + 1) * f.row_bytes(k)], r).unwrap();
+            }
+            for kernel in [Kernel::Portable, Kernel::Avx512] {
+                let mut p = Projection::new(2).unwrap();
+                p.set_kernel(kernel);
+                for (lo, hi) in [(0, 1), (2, 5), (1, 4), (0, n)] {
+                    let mut a = vec![0f32; (hi - lo) * n_out];
+                    let mut b = a.clone();
+                    p.run(
+                        &rows[lo * k..hi * k],
+                        hi - lo,
+                        k,
+                        Weights::quant(f, &data, k).unwrap(),
+                        n_out,
+                        &mut a,
+                    );
+                    p.run(
+                        &rows[lo * k..hi * k],
+                        hi - lo,
+                        k,
+                        Weights::F32(&deq),
+                        n_out,
+                        &mut b,
+                    );
+                    assert_eq!(a, b, "{ty:?} {kernel:?} tokens {lo}..{hi}");
+                }
+            }
+        }
+    }
+
+    /// Random blocks of `f` with finite f16 scales of all magnitudes.
+    fn random_blocks(f: crate::formats::RowFormat, len: usize, seed: u64) -> Vec<u8> {
+        let mut z = seed;
+        let mut data: Vec<u8> = (0..len)
+            .map(|_| {
+                z = z
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (z >> 56) as u8
+            })
+            .collect();
+        let (_, bb) = f.block().unwrap();
+        let at: &[usize] = if f == crate::formats::RowFormat::Q8_0 {
+            &[1]
+        } else {
+            &[81, 83]
+        };
+        for blk in data.chunks_mut(bb) {
+            for &i in at {
+                if blk[i] & 0x7C == 0x7C {
+                    blk[i] ^= 0x04;
+                }
+            }
+        }
+        data
     }
 
     /// The AVX-512 dequantisers equal `formats::dequant_row_f32` bit for bit on
