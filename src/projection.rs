@@ -219,20 +219,35 @@ pub fn dequant_rows(w: Weights<'_>, lo: usize, hi: usize, k: usize, out: &mut [f
     w.to_f32(lo * k, out);
 }
 
-/// Token rows (bf16 bits, `[n, k]`) as f32 in the bf16 kernel's layout: per
-/// token, per chunk of 32 values, the 16 odd-indexed values then the 16
-/// even-indexed ones, zero past `k`.
+/// 32-value chunks per k block of the bf16 kernel (6 weight rows x 1024 bf16
+/// = 12 KB stay in L1 while the block's token vectors stream past).
+const KBC: usize = 32;
+
+/// Token rows (bf16 bits, `[n, k]`) as f32 in the bf16 kernel's layout: k
+/// blocks of `KBC` chunks of 32 values, each block holding every token's
+/// chunks contiguously (`[block][token][chunk][32]`), and within a chunk the
+/// 16 odd-indexed values then the 16 even-indexed ones; zero past `k`.
 fn pair_split(rows: &[u16], n: usize, k: usize) -> Vec<f32> {
     let chunks = k.div_ceil(32);
     let mut xs = vec![0f32; n * chunks * 32];
     for (t, r) in rows.chunks_exact(k).enumerate() {
-        for (i, &b) in r.iter().enumerate() {
-            let (c, j) = (i / 32, i % 32);
-            let slot = if j % 2 == 1 { j / 2 } else { 16 + j / 2 };
-            xs[(t * chunks + c) * 32 + slot] = bf16_to_f32(b);
+        for c in 0..chunks {
+            let x = &mut xs[pair_offset(n, chunks, t, c)..][..32];
+            let src = &r[c * 32..(c * 32 + 32).min(k)];
+            for (j, &b) in src.iter().enumerate() {
+                x[if j % 2 == 1 { j / 2 } else { 16 + j / 2 }] = bf16_to_f32(b);
+            }
         }
     }
     xs
+}
+
+/// Where token `t`'s chunk `c` starts in [`pair_split`]'s layout.
+#[inline]
+fn pair_offset(n: usize, chunks: usize, t: usize, c: usize) -> usize {
+    let (b, within) = (c / KBC, c % KBC);
+    let in_block = KBC.min(chunks - b * KBC);
+    (b * KBC * n + t * in_block + within) * 32
 }
 
 /// Round an f32 sum to bf16, held as f32.
@@ -281,7 +296,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{to_bf16_value, TOKEN_BLOCK};
+    use super::{pair_offset, to_bf16_value, KBC, TOKEN_BLOCK};
     use std::arch::x86_64::*;
 
     /// Weight rows per micro-kernel call, tokens per micro-kernel call.
@@ -600,14 +615,21 @@ mod avx512 {
         tile!(1, 1; 1, 2; 1, 3; 1, 4; 2, 1; 2, 2; 2, 3; 2, 4; 3, 1; 3, 2; 3, 3; 3, 4; 4, 1; 4, 2; 4, 3; 4, 4)
     }
 
+    /// Weight rows per bf16 tile.
+    const RB: usize = 6;
+    /// Tokens per bf16 token block (their accumulators wait in a small buffer
+    /// while the weight panel of one k block is reused across them).
+    const TB: usize = 32;
+
     /// Outputs `lo..hi` of bf16 weights `w` for all `n` tokens (in
     /// [`super::pair_split`] layout) into `out` (`[hi-lo, n]`), bf16-rounded.
     ///
-    /// Each output's sum has one fixed order, whatever `n` and the tile: lane
-    /// `j` of an accumulator takes, chunk after chunk of 32 values, the product
-    /// of element `2j+1` then of element `2j` by FMA (a bf16 product is exact
-    /// in f32, so each step rounds once), and the 16 lanes are added by a fixed
-    /// tree. So a token's `kv` does not depend on what else is in its batch.
+    /// Each output's sum has one fixed order, whatever `n`, the tile or the k
+    /// blocking: lane `j` of its accumulator takes, chunk after chunk of 32
+    /// values, the product of element `2j+1` then of element `2j` by FMA (a
+    /// bf16 product is exact in f32, so each step rounds once), and the 16
+    /// lanes are added by a fixed tree. So a token's `kv` does not depend on
+    /// what else is in its batch.
     ///
     /// # Safety
     /// The CPU must have avx512f and avx512bw; `xs` is `[n, ceil(k/32)*32]`,
@@ -622,40 +644,55 @@ mod avx512 {
         hi: usize,
         out: &mut [f32],
     ) {
-        let stride = k.div_ceil(32) * 32;
-        debug_assert!(w.len() >= hi * k && xs.len() == n * stride && out.len() == (hi - lo) * n);
+        let chunks = k.div_ceil(32);
+        assert!(w.len() >= hi * k && xs.len() == n * chunks * 32 && out.len() == (hi - lo) * n);
+        // Accumulators of one row tile against one token block: [row][token][16].
+        let mut accs = vec![_mm512_setzero_ps(); RB * TB];
         let mut tb = 0;
         while tb < n {
-            let te = (tb + TOKEN_BLOCK).min(n);
+            let te = (tb + TB).min(n);
             let mut o = lo;
             while o < hi {
-                let r = (hi - o).min(R);
-                let mut t = tb;
-                while t < te {
-                    let tt = (te - t).min(T);
-                    let mut wp = [w.as_ptr(); R];
-                    for (i, p) in wp.iter_mut().enumerate().take(r) {
-                        *p = w.as_ptr().add((o + i) * k);
-                    }
-                    let mut xp = [xs.as_ptr(); T];
-                    for (j, p) in xp.iter_mut().enumerate().take(tt) {
-                        *p = xs.as_ptr().add((t + j) * stride);
-                    }
-                    macro_rules! tile {
-                        ($($rr:literal, $t:literal);*) => {
-                            match (r, tt) {
-                                $(($rr, $t) => pairs::<$rr, $t>(&wp, &xp, k),)*
-                                _ => unreachable!("tiles are at most {R} x {T}"),
-                            }
-                        };
-                    }
-                    let s = tile!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
-                    for i in 0..r {
-                        for j in 0..tt {
-                            out[(o + i - lo) * n + t + j] = to_bf16_value(s[i][j]);
+                let r = (hi - o).min(RB);
+                for a in accs.iter_mut() {
+                    *a = _mm512_setzero_ps();
+                }
+                let mut wp = [w.as_ptr(); RB];
+                for (i, p) in wp.iter_mut().enumerate().take(r) {
+                    *p = w.as_ptr().add((o + i) * k);
+                }
+                let mut c0 = 0;
+                while c0 < chunks {
+                    let c1 = (c0 + KBC).min(chunks);
+                    let mut t = tb;
+                    while t < te {
+                        let tt = (te - t).min(T);
+                        let mut xp = [xs.as_ptr(); T];
+                        for (j, p) in xp.iter_mut().enumerate().take(tt) {
+                            *p = xs.as_ptr().add(pair_offset(n, chunks, t + j, c0));
                         }
+                        let acc = accs.as_mut_ptr().add((t - tb) * RB);
+                        macro_rules! tile {
+                            ($($rr:literal);*) => {
+                                match (r, tt) {
+                                    $(($rr, 4) => pairs::<$rr, 4>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 3) => pairs::<$rr, 3>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 2) => pairs::<$rr, 2>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 1) => pairs::<$rr, 1>(&wp, &xp, k, c0, c1, acc),)*
+                                    _ => unreachable!("tiles are at most {RB} x {T}"),
+                                }
+                            };
+                        }
+                        tile!(6; 5; 4; 3; 2; 1);
+                        t += tt;
                     }
-                    t += tt;
+                    c0 = c1;
+                }
+                for t in tb..te {
+                    for i in 0..r {
+                        let v = accs[(t - tb) * RB + i];
+                        out[(o + i - lo) * n + t] = to_bf16_value(_mm512_reduce_add_ps(v));
+                    }
                 }
                 o += r;
             }
@@ -663,48 +700,60 @@ mod avx512 {
         }
     }
 
-    /// An `RR x TT` tile of bf16-weight dot products (see [`range_bf16`]).
+    /// Chunks `c0..c1` of an `RR x TT` tile of bf16-weight dot products (see
+    /// [`range_bf16`]); the accumulators live at `acc` as `[TT][RB]`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn pairs<const RR: usize, const TT: usize>(
-        wp: &[*const u16; R],
+        wp: &[*const u16; RB],
         xp: &[*const f32; T],
         k: usize,
-    ) -> [[f32; T]; R] {
+        c0: usize,
+        c1: usize,
+        acc: *mut __m512,
+    ) {
         let hi_mask = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-        let mut acc = [[_mm512_setzero_ps(); TT]; RR];
-        let chunks = k.div_ceil(32);
-        for c in 0..chunks {
-            let kk = c * 32;
-            let mut odd = [_mm512_setzero_ps(); RR];
-            let mut even = [_mm512_setzero_ps(); RR];
-            for i in 0..RR {
-                // 32 bf16 as 16 words: element 2j in the low half, 2j+1 in the high.
-                let v = if kk + 32 <= k {
-                    _mm512_loadu_si512(wp[i].add(kk) as *const _)
-                } else {
-                    let m: __mmask32 = ((1u64 << (k - kk)) - 1) as u32;
-                    _mm512_maskz_loadu_epi16(m, wp[i].add(kk) as *const i16)
-                };
-                odd[i] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
-                even[i] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-            }
+        let mut a = [[_mm512_setzero_ps(); TT]; RR];
+        for i in 0..RR {
             for j in 0..TT {
-                let xo = _mm512_loadu_ps(xp[j].add(kk));
-                let xe = _mm512_loadu_ps(xp[j].add(kk + 16));
+                a[i][j] = *acc.add(j * RB + i);
+            }
+        }
+        for c in c0..c1 {
+            let kk = c * 32;
+            // Odd elements of every row, then even ones: each accumulator still
+            // takes its chunk's odd product before its even product, and only
+            // one half of the token vectors is live at a time (24 accumulators
+            // + 4 token vectors + 2 temporaries fit the 32 registers).
+            for half in 0..2 {
+                let mut x = [_mm512_setzero_ps(); TT];
+                for j in 0..TT {
+                    x[j] = _mm512_loadu_ps(xp[j].add((c - c0) * 32 + 16 * half));
+                }
                 for i in 0..RR {
-                    acc[i][j] = _mm512_fmadd_ps(odd[i], xo, acc[i][j]);
-                    acc[i][j] = _mm512_fmadd_ps(even[i], xe, acc[i][j]);
+                    // 32 bf16 as 16 words: element 2j in the low half, 2j+1 in the high.
+                    let v = if kk + 32 <= k {
+                        _mm512_loadu_si512(wp[i].add(kk) as *const _)
+                    } else {
+                        let m: __mmask32 = ((1u64 << (k - kk)) - 1) as u32;
+                        _mm512_maskz_loadu_epi16(m, wp[i].add(kk) as *const i16)
+                    };
+                    let wv = if half == 0 {
+                        _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask))
+                    } else {
+                        _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+                    };
+                    for j in 0..TT {
+                        a[i][j] = _mm512_fmadd_ps(wv, x[j], a[i][j]);
+                    }
                 }
             }
         }
-        let mut s = [[0f32; T]; R];
         for i in 0..RR {
             for j in 0..TT {
-                s[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+                *acc.add(j * RB + i) = a[i][j];
             }
         }
-        s
     }
 }
 
@@ -717,7 +766,7 @@ mod tests {
     /// and in a large one, with one thread or two.
     #[test]
     fn results_do_not_depend_on_the_batch() {
-        let (n, k, n_out) = (37, 200, 70);
+        let (n, k, n_out) = (37, 1100, 70);
         let (rows, w) = data(n, k, n_out);
         let wf: Vec<f32> = w.iter().map(|&b| bf16_to_f32(b)).collect();
         for kernel in [Kernel::Portable, Kernel::Avx512] {
