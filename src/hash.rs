@@ -664,40 +664,44 @@ impl History {
     ) -> Result<()> {
         let n = tokens.len();
         let nn = t.max_ngram;
-        // 1. Validate every token; nothing is written yet.
+        // 1. Validate each token and claim its (sequence, position) with a
+        //    marker, saving what was there; a position claimed twice is an
+        //    error. Any error puts back what was claimed.
         sc.batch.clear();
-        for i in 0..n {
-            let s = self.check_seq(seq_ids[i]).map_err(|e| at_token(i, e))?;
-            let p = match usize::try_from(pos[i]) {
-                Ok(p) if p < lim.max_positions => p,
-                _ => bail!(
-                    ErrInvalidSequence,
-                    "token {i}: position {} outside [0, max_positions = {})",
-                    pos[i],
-                    lim.max_positions
-                ),
-            };
-            sc.batch.push((s, p, t.compress(i, tokens[i])?));
-        }
-        // 2. Claim each (sequence, position) with a marker, saving what was
-        //    there; a position claimed twice is an error.
         sc.saved.clear();
-        for (i, &(s, p, _)) in sc.batch.iter().enumerate() {
-            let old = match self.seqs[s].claim(p, MARK_BASE + i as i32) {
-                Ok(old) => old,
+        for i in 0..n {
+            let claimed = (|| {
+                let s = self.check_seq(seq_ids[i]).map_err(|e| at_token(i, e))?;
+                let p = match usize::try_from(pos[i]) {
+                    Ok(p) if p < lim.max_positions => p,
+                    _ => bail!(
+                        ErrInvalidSequence,
+                        "token {i}: position {} outside [0, max_positions = {})",
+                        pos[i],
+                        lim.max_positions
+                    ),
+                };
+                let c = t.compress(i, tokens[i])?;
+                let old = self.seqs[s].claim(p, MARK_BASE + i as i32)?;
+                Ok((s, p, c, old))
+            })();
+            match claimed {
+                Ok((s, p, c, old)) => {
+                    sc.batch.push((s, p, c));
+                    sc.saved.push(old);
+                    if (MARK_BASE..MARK_BASE + n as i32).contains(&old) {
+                        let first = (old - MARK_BASE) as usize;
+                        self.restore(sc);
+                        bail!(
+                            ErrInvalidSequence,
+                            "tokens {first} and {i}: sequence {s} position {p} appears twice in one batch"
+                        );
+                    }
+                }
                 Err(e) => {
                     self.restore(sc);
                     return Err(e);
                 }
-            };
-            sc.saved.push(old);
-            if (MARK_BASE..MARK_BASE + n as i32).contains(&old) {
-                let first = (old - MARK_BASE) as usize;
-                self.restore(sc);
-                bail!(
-                    ErrInvalidSequence,
-                    "tokens {first} and {i}: sequence {s} position {p} appears twice in one batch"
-                );
             }
         }
         // 3. Lay the batch in, then read every look-back window.
