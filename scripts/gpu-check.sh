@@ -13,7 +13,13 @@
 #                  regime, graph replay, two contexts on two streams, device errors
 #   5. c-cuda      c_tests/cuda/test_cuda_apply.c: the C ABI on CUDA with the
 #                  program's own stream and device buffers (cc ... -lcudart)
-#   6. bench       benches/gpu.rs: apply at the V4.1 geometry against torch
+#   6. gpu-formats tests/cuda_formats.rs: every table-row format (fp8, bf16,
+#                  f16, f32, GGUF Q8_0/Q4_0/Q2_K..Q6_K) dequantised on the GPU
+#                  gives the CPU backend's bf16 bits
+#   7. cpp-host    examples/cpp_host built with ENGRAM_EXAMPLE_CUDA (its own
+#                  cudaStream_t and device buffers), checked against the CPU
+#                  backend; exit 77 (no CUDA backend) counts as a failure here
+#   8. bench       benches/gpu.rs: apply at the V4.1 geometry against torch
 #                  eager and the roofline
 #
 # Sized to finish in a few minutes (the benchmark is most of it).
@@ -86,7 +92,7 @@ build() {
         echo "# built with cargo here"
         cp target/release/libengram.so "$BIN/"
         local t exe
-        for t in cuda_golden cuda_nvrtc; do
+        for t in cuda_golden cuda_nvrtc cuda_formats; do
             exe="$(cargo test --release --offline --test "$t" --no-run --message-format=json 2>/dev/null |
                 python3 -c 'import json,sys
 for l in sys.stdin:
@@ -118,7 +124,7 @@ for l in sys.stdin:
         mkdir -p "$(dirname "$baked")" && ln -sfn "$ROOT" "$baked" || return 1
         echo "# linked $baked -> $ROOT"
     fi
-    chmod +x "$BIN"/cuda_golden "$BIN"/cuda_nvrtc "$BIN"/gpu_bench
+    chmod +x "$BIN"/cuda_golden "$BIN"/cuda_nvrtc "$BIN"/cuda_formats "$BIN"/gpu_bench
     ls -la "$BIN"
 }
 export -f build
@@ -141,6 +147,19 @@ c_cuda() {
 }
 export -f c_cuda
 step c-cuda 120 c_cuda
+
+step gpu-formats 120 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_formats" --nocapture
+
+# The C++ host example on CUDA, compiled straight against the header and the
+# library built above (no install or CMake needed on the GPU machine).
+cpp_host_cuda() {
+    g++ -std=c++17 -O1 -Wall -Wextra -Werror -DENGRAM_EXAMPLE_CUDA=1 -I include -I "$CUDA_HOME/include" \
+        examples/cpp_host/main.cpp -L "$BIN" -lengram -Wl,-rpath,"$BIN" \
+        -L "$CUDA_HOME/lib64" -lcudart -o "$BIN/cpp_host_cuda" || return 1
+    "$BIN/cpp_host_cuda"
+}
+export -f cpp_host_cuda
+step cpp-host 120 cpp_host_cuda
 
 step bench 400 env ENGRAM_REQUIRE_GPU=1 "$BIN/gpu_bench"
 cp "$OUT/bench.log" "$OUT/BENCHMARKS-candidate.md" 2>/dev/null
