@@ -88,6 +88,33 @@ impl Highway<'_> {
     }
 }
 
+/// Check one token's row ids for one layer (`tid`, its `C` columns): `true`
+/// for a live token whose ids all lie in `[0, rows)`, `false` for a dead one
+/// (every column `ROW_ID_DEAD`), an `ErrInvalidRowId` naming the token and
+/// column otherwise. Shared by the backends so they refuse the same ids with
+/// the same messages.
+pub(crate) fn check_token_ids(tid: &[i64], t: usize, layer_id: u32, rows: u64) -> Result<bool> {
+    if tid.iter().all(|&r| r == ROW_ID_DEAD) {
+        return Ok(false);
+    }
+    if let Some(c) = tid.iter().position(|&r| r == ROW_ID_DEAD) {
+        bail!(
+            ErrInvalidRowId,
+            "token {t}, layer {layer_id}: column {c} is ENGRAM_ROW_ID_DEAD (-1) but other columns are not; \
+             a dead token has -1 in every column"
+        );
+    }
+    for (c, &r) in tid.iter().enumerate() {
+        if r < 0 || r as u64 >= rows {
+            bail!(
+                ErrInvalidRowId,
+                "token {t}, layer {layer_id}, column {c}: row id {r} outside the table [0, {rows})"
+            );
+        }
+    }
+    Ok(true)
+}
+
 pub struct Context<'w> {
     geo: Geometry,
     tables: HashTables,
@@ -421,27 +448,10 @@ impl<'w> Context<'w> {
         let mut ids: Vec<i64> = Vec::with_capacity(n * cols);
         for t in 0..n {
             let tid = &row_ids[t * per + li * cols..t * per + (li + 1) * cols];
-            if tid.iter().all(|&r| r == ROW_ID_DEAD) {
-                continue;
+            if check_token_ids(tid, t, layer_id, layer.rows)? {
+                live.push(t);
+                ids.extend_from_slice(tid);
             }
-            if let Some(c) = tid.iter().position(|&r| r == ROW_ID_DEAD) {
-                bail!(
-                    ErrInvalidRowId,
-                    "token {t}, layer {layer_id}: column {c} is ENGRAM_ROW_ID_DEAD (-1) but other columns are not; \
-                     a dead token has -1 in every column"
-                );
-            }
-            for (c, &r) in tid.iter().enumerate() {
-                if r < 0 || r as u64 >= layer.rows {
-                    bail!(
-                        ErrInvalidRowId,
-                        "token {t}, layer {layer_id}, column {c}: row id {r} outside the table [0, {})",
-                        layer.rows
-                    );
-                }
-            }
-            live.push(t);
-            ids.extend_from_slice(tid);
         }
         let nl = live.len();
         let (k_in, k_out) = (self.kv_in(), self.kv_out());

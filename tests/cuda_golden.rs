@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::bounds::*;
 use common::*;
 use cudarc::driver::sys;
 use engram::cuda::driver::{DevBuf, Device, Scope};
@@ -17,74 +18,6 @@ use engram::cuda::RowIds;
 use engram::formats::{bf16_to_f32, f32_to_bf16};
 use engram::{Context, EngramBackend, EngramStatus, EngramType};
 use std::ffi::c_void;
-
-// ---- the bounds of tests/golden.rs (same derivations) ----
-
-const U: f64 = 1.0 / (1u64 << 24) as f64;
-
-fn ulp_bf16(x: f64) -> f64 {
-    let x = x.abs().max(f32::MIN_POSITIVE as f64);
-    2f64.powi(x.log2().floor() as i32 - 7)
-}
-
-/// `|kv - kv_ref| <= (K+2) u S + 1 bf16 ulp` (tests/golden.rs `kv_bound`).
-fn kv_bound(s_abs: f64, kv: f64, k: usize) -> f64 {
-    (k as f64 + 2.0) * U * s_abs + ulp_bf16(kv)
-}
-
-/// The f64 gate reference and the f32 error bound per value (tests/golden.rs
-/// `gate_reference`, where the derivation is written out).
-fn gate_reference(
-    x: &[f32],
-    kv: &[f32],
-    qk: &[f32],
-    hc: usize,
-    d: usize,
-    eps: f32,
-) -> (Vec<f64>, Vec<f64>) {
-    let mut out = vec![0f64; hc * d];
-    let mut bound = vec![0f64; hc * d];
-    let value = &kv[hc * d..];
-    for s in 0..hc {
-        let xs = &x[s * d..(s + 1) * d];
-        let key = &kv[s * d..(s + 1) * d];
-        let q = &qk[s * d..(s + 1) * d];
-        let (mut hh, mut kk, mut dt, mut a) = (0f64, 0f64, 0f64, 0f64);
-        for j in 0..d {
-            let (xv, kv, qv) = (xs[j] as f64, key[j] as f64, q[j] as f64);
-            hh += xv * xv;
-            kk += kv * kv;
-            dt += xv * qv * kv;
-            a += (xv * qv * kv).abs();
-        }
-        let rx = 1.0 / (hh / d as f64 + eps as f64).sqrt();
-        let rk = 1.0 / (kk / d as f64 + eps as f64).sqrt();
-        let scale = rx * rk / (d as f64).sqrt();
-        let dot = dt * scale;
-        let ddot = (2.0 * d as f64 + 16.0) * U * a * scale;
-        let sign = if dot > 0.0 {
-            1.0
-        } else if dot < 0.0 {
-            -1.0
-        } else {
-            0.0
-        };
-        let g = sign * dot.abs().max(1e-6).sqrt();
-        let gate = 1.0 / (1.0 + (-g).exp());
-        let dg = if dot.abs() <= ddot {
-            2.0 * (dot.abs() + ddot).max(1e-6).sqrt()
-        } else {
-            ddot / (2.0 * (dot.abs() - ddot).max(1e-6).sqrt())
-        };
-        let dgate = dg / 4.0 + 8.0 * U;
-        for j in 0..d {
-            let (xv, v) = (xs[j] as f64, value[j] as f64);
-            out[s * d + j] = xv + gate * v;
-            bound[s * d + j] = v.abs() * (dgate + U) + 4.0 * U * (xv.abs() + v.abs());
-        }
-    }
-    (out, bound)
-}
 
 // ---- the GPU harness ----
 

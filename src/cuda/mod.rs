@@ -25,7 +25,7 @@ pub mod kernels;
 
 use crate::error::{bail, EngramStatus, Error, Result};
 use crate::formats::{bf16_to_f32, f32_to_bf16, EngramType, RowFormat, WeightDtype};
-use crate::hash::{HashTables, ROW_ID_DEAD};
+use crate::hash::HashTables;
 use crate::Geometry;
 use cudarc::driver::sys;
 use driver::{check, DevBuf, Device, Event, PinnedBuf};
@@ -415,25 +415,7 @@ impl Backend {
         let layer_id = layer.layer_id;
         for t in 0..n {
             let tid = &row_ids[t * per + li * cols..t * per + (li + 1) * cols];
-            if tid.iter().all(|&r| r == ROW_ID_DEAD) {
-                continue;
-            }
-            if let Some(c) = tid.iter().position(|&r| r == ROW_ID_DEAD) {
-                bail!(
-                    ErrInvalidRowId,
-                    "token {t}, layer {layer_id}: column {c} is ENGRAM_ROW_ID_DEAD (-1) but other columns are not; \
-                     a dead token has -1 in every column"
-                );
-            }
-            for (c, &r) in tid.iter().enumerate() {
-                if r < 0 || r as u64 >= layer.rows {
-                    bail!(
-                        ErrInvalidRowId,
-                        "token {t}, layer {layer_id}, column {c}: row id {r} outside the table [0, {})",
-                        layer.rows
-                    );
-                }
-            }
+            crate::context::check_token_ids(tid, t, layer_id, layer.rows)?;
         }
         Ok(())
     }

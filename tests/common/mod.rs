@@ -3,6 +3,8 @@
 //! data loaded from `tests/golden/data/`.
 #![allow(dead_code)]
 
+pub mod bounds;
+
 use engram::formats::f32_to_bf16;
 use engram::{
     Context, ContextConfig, EngramType, Geometry, HashTablesIn, LayerIn, Limits, RowFormat,

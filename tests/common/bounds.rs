@@ -1,0 +1,89 @@
+//! The error bounds the golden tests hold the library to, derived from f32
+//! and bf16 rounding (shared by the CPU and the GPU golden tests).
+
+/// Unit roundoff of f32.
+pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// One bf16 ulp at magnitude `x` (the spacing of bf16 values around it).
+pub fn ulp_bf16(x: f64) -> f64 {
+    let x = x.abs().max(f32::MIN_POSITIVE as f64);
+    2f64.powi(x.log2().floor() as i32 - 7)
+}
+
+/// Bound on |kv_lib - kv_golden| for one output.
+///
+/// Both sides round one real sum `s = sum_i r_i w_i` (K = C*Hd terms; rows are
+/// bf16, so with bf16 `wkv` each product is exact in f32, with f32 `wkv` it is
+/// rounded once). The library accumulates in f32 in some order: error at most
+/// `(K+1) u S` with `S = sum |r_i w_i|`. The golden sums in f64 and rounds to
+/// f32: error at most `u |s| <= u S`. Both then round to bf16, which can move
+/// two nearby f32 values to neighbouring bf16 values: one more bf16 ulp.
+pub fn kv_bound(s_abs: f64, kv: f64, k: usize) -> f64 {
+    (k as f64 + 2.0) * U * s_abs + ulp_bf16(kv)
+}
+
+/// The gate and highway update in f64 from given inputs (the reference the
+/// library's f32 arithmetic is held to), with a bound on the library's
+/// f32 error. Returns (out values, bound per value) for one token.
+///
+/// The library computes three sums of D terms in f32 (`x.x`, `key.key`,
+/// `x.qk.key`, each term with up to 3 roundings): `|d dot| <= (2D + 16) u A`
+/// with `A = sum|x qk key| rstd_x rstd_k / sqrt(D)` (the sums' relative errors,
+/// the rstd square roots and the final products). Through the gate:
+/// `g = sign(dot) sqrt(max(|dot|, 1e-6))` moves by at most
+/// `d_dot / (2 sqrt(max(|dot| - d_dot, 1e-6)))`, or by `2 sqrt(|dot| + d_dot)`
+/// when `|dot| <= d_dot` (the sign may flip); the sigmoid's slope is at most
+/// 1/4, and sqrt/exp/divide add a few f32 roundings (8u). Then
+/// `out = x + gate * value` in f32 on both sides (the golden rounds its f64
+/// gate to f32 first): `|d out| <= |value| (d_gate + u) + 4u (|x| + |value|)`.
+pub fn gate_reference(
+    x: &[f32],
+    kv: &[f32],
+    qk: &[f32],
+    hc: usize,
+    d: usize,
+    eps: f32,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut out = vec![0f64; hc * d];
+    let mut bound = vec![0f64; hc * d];
+    let value = &kv[hc * d..];
+    for s in 0..hc {
+        let xs = &x[s * d..(s + 1) * d];
+        let key = &kv[s * d..(s + 1) * d];
+        let q = &qk[s * d..(s + 1) * d];
+        let (mut hh, mut kk, mut dt, mut a) = (0f64, 0f64, 0f64, 0f64);
+        for j in 0..d {
+            let (xv, kv, qv) = (xs[j] as f64, key[j] as f64, q[j] as f64);
+            hh += xv * xv;
+            kk += kv * kv;
+            dt += xv * qv * kv;
+            a += (xv * qv * kv).abs();
+        }
+        let rx = 1.0 / (hh / d as f64 + eps as f64).sqrt();
+        let rk = 1.0 / (kk / d as f64 + eps as f64).sqrt();
+        let scale = rx * rk / (d as f64).sqrt();
+        let dot = dt * scale;
+        let ddot = (2.0 * d as f64 + 16.0) * U * a * scale;
+        let sign = if dot > 0.0 {
+            1.0
+        } else if dot < 0.0 {
+            -1.0
+        } else {
+            0.0
+        };
+        let g = sign * dot.abs().max(1e-6).sqrt();
+        let gate = 1.0 / (1.0 + (-g).exp());
+        let dg = if dot.abs() <= ddot {
+            2.0 * (dot.abs() + ddot).max(1e-6).sqrt()
+        } else {
+            ddot / (2.0 * (dot.abs() - ddot).max(1e-6).sqrt())
+        };
+        let dgate = dg / 4.0 + 8.0 * U;
+        for j in 0..d {
+            let (xv, v) = (xs[j] as f64, value[j] as f64);
+            out[s * d + j] = xv + gate * v;
+            bound[s * d + j] = v.abs() * (dgate + U) + 4.0 * U * (xv.abs() + v.abs());
+        }
+    }
+    (out, bound)
+}
