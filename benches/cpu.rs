@@ -157,6 +157,12 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    // `cargo test --all-targets` runs this file without `--bench`: the full
+    // benchmark (minutes, 2.5 GB of weights) is only for `cargo bench`.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("cpu benchmark: not run under cargo test (cargo bench --bench cpu runs it)");
+        return;
+    }
     let threads: usize = std::env::var("ENGRAM_BENCH_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
