@@ -79,6 +79,7 @@ mod simd {
     ///
     /// # Safety
     /// The CPU must have avx512f and avx512dq; the slices hold a multiple of 8.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
     pub unsafe fn columns(
         rolling: i64,
@@ -107,9 +108,8 @@ mod simd {
     }
 
     /// Row ids of every window: `windows` is `[n, N]` (a dead window has
-    /// `w[0] == -1`), `out` is `[n, L*C]`. The same arithmetic as [`columns`],
-    /// for a whole batch inside one target-feature function so that nothing is
-    /// a call.
+    /// `w[0] == -1`), `out` is `[n, L*C]`, through [`columns`]; the batch loop
+    /// lives inside a target-feature function so that `columns` inlines.
     ///
     /// # Safety
     /// As [`columns`]; `multipliers` is `[L*N]`, the column arrays `[L*C]` with
@@ -130,7 +130,6 @@ mod simd {
         let cols = (nn - 1) * h;
         let nl = multipliers.len() / nn;
         let row = nl * cols;
-        let zero = _mm512_setzero_si512();
         for (w, o) in windows.chunks_exact(nn).zip(out.chunks_exact_mut(row)) {
             if w[0] == -1 {
                 o.fill(dead);
@@ -141,26 +140,14 @@ mod simd {
                 let mut rolling = w[0].wrapping_mul(m[0]);
                 for k in 1..nn {
                     rolling ^= w[k].wrapping_mul(m[k]);
-                    let x = _mm512_set1_epi64(rolling);
-                    let xf = _mm512_cvtepi64_pd(x);
-                    let base = l * cols + (k - 1) * h;
-                    for j in (base..base + h).step_by(8) {
-                        let p = _mm512_loadu_si512(primes.as_ptr().add(j) as *const _);
-                        let iv = _mm512_loadu_pd(inv.as_ptr().add(j));
-                        let off = _mm512_loadu_si512(offsets.as_ptr().add(j) as *const _);
-                        let q = _mm512_cvttpd_epi64(_mm512_mul_pd(xf, iv));
-                        let mut r = _mm512_sub_epi64(x, _mm512_mullo_epi64(q, p));
-                        let mk = _mm512_cmplt_epi64_mask(r, zero);
-                        r = _mm512_mask_add_epi64(r, mk, r, p);
-                        let mk = _mm512_cmplt_epi64_mask(r, zero);
-                        r = _mm512_mask_add_epi64(r, mk, r, p);
-                        let mk = _mm512_cmpge_epi64_mask(r, p);
-                        r = _mm512_mask_sub_epi64(r, mk, r, p);
-                        _mm512_storeu_si512(
-                            o.as_mut_ptr().add(j) as *mut _,
-                            _mm512_add_epi64(r, off),
-                        );
-                    }
+                    let c = l * cols + (k - 1) * h..l * cols + k * h;
+                    columns(
+                        rolling,
+                        &primes[c.clone()],
+                        &inv[c.clone()],
+                        &offsets[c.clone()],
+                        &mut o[c],
+                    );
                 }
             }
         }
