@@ -300,8 +300,9 @@ class Engine {
             engram_layer_weights w;
             engram_layer_weights_init(&w);
             w.layer_id = kEngramLayers[l];
-            // The table stays in host memory on both backends (the real ones are
-            // ~100 GB; engines keep them in RAM or mmap them).
+            // Host memory on the CPU backend. The CUDA backend of this release
+            // reads tables from device memory (host tables, for the real ~100 GB
+            // ones, are a later step), so the device build uploads it below.
             w.table = lw.table.data();
             w.table_rows = lw.rows;
             w.table_type = ENGRAM_TYPE_BF16;
@@ -311,9 +312,11 @@ class Engine {
             w.k = lw.k.data();
             w.qk_type = ENGRAM_TYPE_F32;
 #ifdef ENGRAM_EXAMPLE_CUDA
-            if (on_device_) {  // the projection and norm weights in our own device memory
+            if (on_device_) {  // table, projection and norm weights in our own device memory
                 dev_.push_back(std::unique_ptr<DeviceWeights>(new DeviceWeights{
-                    DeviceBuffer<uint16_t>(lw.wkv), DeviceBuffer<float>(lw.q), DeviceBuffer<float>(lw.k)}));
+                    DeviceBuffer<uint16_t>(lw.table), DeviceBuffer<uint16_t>(lw.wkv), DeviceBuffer<float>(lw.q),
+                    DeviceBuffer<float>(lw.k)}));
+                w.table = dev_.back()->table.get();
                 w.wkv = dev_.back()->wkv.get();
                 w.q = dev_.back()->q.get();
                 w.k = dev_.back()->k.get();
@@ -392,6 +395,7 @@ class Engine {
     size_t per_ = 0;
 #ifdef ENGRAM_EXAMPLE_CUDA
     struct DeviceWeights {
+        DeviceBuffer<uint16_t> table;
         DeviceBuffer<uint16_t> wkv;
         DeviceBuffer<float> q, k;
     };
