@@ -291,38 +291,41 @@ fn rows_kv_and_highway_match_the_golden_in_every_regime() {
                             true,
                         ),
                     ] {
-                        let x = &hw[sl.clone()];
-                        let (reference, bound) = gate_reference(x, kvt, &qk, hc, d, tiny.eps);
-                        for i in 0..hc * d {
-                            let got = if is_bf16 {
-                                bf16_to_f32(hb[t * hc * d + i]) as f64
+                        let sl_t = t * hc * d..(t + 1) * hc * d;
+                        let got: Vec<f64> = if is_bf16 {
+                            hb[sl_t.clone()]
+                                .iter()
+                                .map(|&b| bf16_to_f32(b) as f64)
+                                .collect()
+                        } else {
+                            h32[sl_t.clone()].iter().map(|&v| v as f64).collect()
+                        };
+                        let golden: Option<Vec<f64>> = same_kv.then(|| {
+                            if is_bf16 {
+                                gold.out_bf16[sl_t.clone()]
+                                    .iter()
+                                    .map(|&b| bf16_to_f32(b) as f64)
+                                    .collect()
                             } else {
-                                h32[t * hc * d + i] as f64
-                            };
-                            let want = match (same_kv, is_bf16) {
-                                (true, false) => gold.out_f32[t * hc * d + i] as f64,
-                                (true, true) => bf16_to_f32(gold.out_bf16[t * hc * d + i]) as f64,
-                                (false, _) => reference[i],
-                            };
-                            // bf16: both sides round an f32 within `bound` of each
-                            // other; the roundings can land one bf16 ulp apart.
-                            let b = bound[i]
-                                + if is_bf16 {
-                                    ulp_bf16(want.abs().max(got.abs()))
-                                } else {
-                                    0.0
-                                };
-                            let err = (got - want).abs();
-                            assert!(
-                                err <= b,
-                                "{}: highway{} [{i}] {got} vs {want}, bound {b}",
-                                at(t),
-                                if is_bf16 { " bf16" } else { "" }
-                            );
-                            if !is_bf16 && b > 0.0 {
-                                worst_f32 = worst_f32.max(err / b);
+                                gold.out_f32[sl_t.clone()]
+                                    .iter()
+                                    .map(|&v| v as f64)
+                                    .collect()
                             }
-                        }
+                        });
+                        let w = check_highway(
+                            &hw[sl.clone()],
+                            kvt,
+                            &qk,
+                            hc,
+                            d,
+                            tiny.eps,
+                            &got,
+                            golden.as_deref(),
+                            is_bf16,
+                            &at(t),
+                        );
+                        worst_f32 = worst_f32.max(w);
                     }
                 }
             }

@@ -87,3 +87,48 @@ pub fn gate_reference(
     }
     (out, bound)
 }
+
+/// Check one live token's highway after `apply` (`got`, `[hc, d]`, as f64)
+/// against the golden's (`golden`, given when the library's kv equals the
+/// golden's) or else the f64 reference recomputed on the library's own kv,
+/// within `gate_reference`'s bound; a bf16 highway gets one more bf16 ulp,
+/// since both sides round an f32 within that bound of each other and the
+/// roundings can land one ulp apart. `x` is the highway before apply (as
+/// f32), `kv` the library's `[(hc+1)*d]` for the token. Returns the largest
+/// error / bound seen (for an f32 highway; 0 for bf16).
+#[allow(clippy::too_many_arguments)]
+pub fn check_highway(
+    x: &[f32],
+    kv: &[f32],
+    qk: &[f32],
+    hc: usize,
+    d: usize,
+    eps: f32,
+    got: &[f64],
+    golden: Option<&[f64]>,
+    is_bf16: bool,
+    at: &str,
+) -> f64 {
+    let (reference, bound) = gate_reference(x, kv, qk, hc, d, eps);
+    let mut worst = 0f64;
+    for i in 0..hc * d {
+        let want = golden.map_or(reference[i], |g| g[i]);
+        let b = bound[i]
+            + if is_bf16 {
+                ulp_bf16(want.abs().max(got[i].abs()))
+            } else {
+                0.0
+            };
+        let err = (got[i] - want).abs();
+        assert!(
+            err <= b,
+            "{at}: highway{} [{i}] {} vs {want}, bound {b}",
+            if is_bf16 { " bf16" } else { "" },
+            got[i]
+        );
+        if !is_bf16 && b > 0.0 {
+            worst = worst.max(err / b);
+        }
+    }
+    worst
+}
