@@ -7,12 +7,11 @@
 //!
 //! Without bench/.venv the Python peers are skipped and said to be.
 
+use engram::cpu::projection::{Kernel, Projection};
 use engram::formats::f32_to_bf16;
-use engram::hash::derive_primes;
-use engram::projection::{Kernel, Projection};
+use engram::hash::derive_primes_uniform;
 use engram::{
-    Context, ContextConfig, EngramType, Geometry, HashTablesIn, Highway, LayerIn, Limits,
-    RowFormat, TableIn, Weights,
+    Context, ContextConfig, EngramType, Geometry, HashTablesIn, Highway, LayerIn, Limits, Weights,
 };
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -137,20 +136,24 @@ fn read_sum(c: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn read_sum_avx512(c: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_setzero_ps(); 8];
-    let mut i = 0;
-    while i + 128 <= c.len() {
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_add_ps(*a, _mm512_loadu_ps(c.as_ptr().add(i + 16 * j)));
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut acc = [_mm512_setzero_ps(); 8];
+        let mut i = 0;
+        while i + 128 <= c.len() {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_add_ps(*a, _mm512_loadu_ps(c.as_ptr().add(i + 16 * j)));
+            }
+            i += 128;
         }
-        i += 128;
+        let mut s = c[i..].iter().sum::<f32>();
+        for a in acc {
+            s += _mm512_reduce_add_ps(a);
+        }
+        s
     }
-    let mut s = c[i..].iter().sum::<f32>();
-    for a in acc {
-        s += _mm512_reduce_add_ps(a);
-    }
-    s
 }
 
 fn main() {
@@ -227,6 +230,8 @@ fn bench_hash() {
         },
         n_threads: 1,
         backend: engram::EngramBackend::Cpu as u32,
+        device: 0,
+        tuning: Default::default(),
     };
     let ctx = Context::new(&cfg).unwrap();
     let per = ctx.ids_per_token();
@@ -335,7 +340,7 @@ const K_OUT: usize = D * (HC + 1);
 
 impl Model {
     fn new(nl: usize, rng: &mut Rng) -> Model {
-        let primes = derive_primes(nl, NGRAM, HEADS, 4_000);
+        let primes = derive_primes_uniform(nl, NGRAM, HEADS, 4_000).unwrap();
         let offsets = engram::hash::derive_offsets(&primes, COLS);
         let rows = primes
             .chunks(COLS)
@@ -395,20 +400,20 @@ impl Model {
             },
             n_threads: threads,
             backend: engram::EngramBackend::Cpu as u32,
+            device: 0,
+            tuning: Default::default(),
         };
         let ctx = Context::new(&cfg).unwrap();
         for (li, w) in wkv.iter().enumerate() {
-            ctx.set_layer(LayerIn {
-                layer_id: self.layer_ids[li],
-                table: TableIn {
-                    data: &self.table,
-                    format: RowFormat::new(EngramType::Fp8E4m3E8m0 as u32, HD).unwrap(),
-                    rows: self.rows,
-                },
-                wkv: *w,
-                q: Weights::F32(&self.q),
-                k: Weights::F32(&self.k),
-            })
+            ctx.set_layer(LayerIn::host(
+                self.layer_ids[li],
+                &self.table,
+                EngramType::row_format(EngramType::Fp8E4m3E8m0 as u32, HD).unwrap(),
+                self.rows,
+                *w,
+                Weights::F32(&self.q),
+                Weights::F32(&self.k),
+            ))
             .unwrap();
         }
         ctx
@@ -527,7 +532,7 @@ fn bench_wkv_formats(threads: usize, bw: f64, rng: &mut Rng) {
         ("q8_0", EngramType::Q8_0),
         ("q2_K", EngramType::Q2_K),
     ] {
-        let fmt = RowFormat::new(ty as u32, K_IN).unwrap();
+        let fmt = EngramType::row_format(ty as u32, K_IN).unwrap();
         let row_bytes = fmt.row_bytes(K_IN);
         let layer_bytes = row_bytes * K_OUT;
         let nl = layers_for(layer_bytes);
@@ -570,7 +575,7 @@ fn bench_wkv_formats(threads: usize, bw: f64, rng: &mut Rng) {
 /// View little-endian bytes as u16s (the buffer is 2-aligned: it comes from a
 /// `Vec<u8>` whose allocation is at least 8-aligned).
 fn bytemuck_u16(b: &[u8]) -> &[u16] {
-    assert!(b.as_ptr() as usize % 2 == 0 && b.len() % 2 == 0);
+    assert!((b.as_ptr() as usize).is_multiple_of(2) && b.len().is_multiple_of(2));
     // SAFETY: aligned, in bounds, any bit pattern is a valid u16.
     unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u16, b.len() / 2) }
 }

@@ -22,9 +22,8 @@
 //!
 //! Prints a Markdown table (and writes it to target/bench-gather.md).
 
-use engram::formats::{dequant_row_bf16, RowFormat};
-use engram::hash::{HashTables, HashTablesIn, Limits};
-use engram::prefetch::Stager;
+use engram::cpu::stager::{Source, Stager};
+use engram::formats::{dequant_row_bf16, EngramType};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -95,6 +94,7 @@ fn make_table(path: &PathBuf, rows: u64) -> File {
 }
 
 fn evict(f: &File, len: u64, map: &memmap2::Mmap) {
+    // SAFETY: advice and unmapping on pages of this process's own mapping and file; nothing reads them meanwhile.
     unsafe {
         // Pages this process maps are not dropped: unmap ours first.
         libc::madvise(
@@ -116,6 +116,7 @@ fn resident(map: &[u8]) -> f64 {
     let page = 4096usize;
     let n = map.len().div_ceil(page);
     let mut v = vec![0u8; n];
+    // SAFETY: mincore writes one byte per page of the mapping into `v`, which has that many.
     let r = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, map.len(), v.as_mut_ptr()) };
     if r != 0 {
         return f64::NAN;
@@ -139,22 +140,35 @@ struct Setup {
     file: Arc<File>,
     map: memmap2::Mmap,
     rows: u64,
-    tables: HashTables,
-    limits: Limits,
     workers: usize,
 }
 
 impl Setup {
+    /// A stager over the table file (read with `pread`) or its mapping; each
+    /// layer's source is set once, so its generation is [`FIRST_GEN`].
     fn stager(&self, pread: bool) -> Stager {
         let s = Stager::new(LAYERS, self.workers);
-        let fmt = RowFormat::Fp8E4m3E8m0;
+        let fmt = EngramType::Fp8E4m3E8m0;
         for li in 0..LAYERS {
-            s.set_memory(li, &self.map, fmt, self.rows);
-            if pread {
-                s.set_file(li, self.file.clone(), 0).unwrap();
-            }
+            let src = if pread {
+                Source::File {
+                    file: self.file.clone(),
+                    offset: 0,
+                    len: self.rows * RB as u64,
+                }
+            } else {
+                Source::memory(&self.map)
+            };
+            assert_eq!(s.set_source(li, src, fmt, RB), FIRST_GEN);
         }
         s
+    }
+
+    /// Start the gathers of `ids` `[n, 2, 24]` for every layer.
+    fn prefetch(st: &Stager, ids: &[i64], n: usize) {
+        for li in 0..LAYERS {
+            st.stage(li, &Setup::layer_ids(ids, n, li)).unwrap();
+        }
     }
 
     /// Per-layer live ids (as apply computes them) of `ids` `[n, 2, 24]`.
@@ -169,6 +183,9 @@ impl Setup {
     }
 }
 
+/// The generation of a layer whose source was set once.
+const FIRST_GEN: u64 = 1;
+
 /// The baseline: one thread, one read per row, then dequantise. Returns seconds.
 fn loop_read(s: &Setup, ids: &[i64], pread: bool, out: &mut [u16]) -> f64 {
     let t = Instant::now();
@@ -180,30 +197,26 @@ fn loop_read(s: &Setup, ids: &[i64], pread: bool, out: &mut [u16]) -> f64 {
         } else {
             row.copy_from_slice(&s.map[off as usize..off as usize + RB]);
         }
-        dequant_row_bf16(RowFormat::Fp8E4m3E8m0, &row, o).unwrap();
+        dequant_row_bf16(EngramType::Fp8E4m3E8m0, &row, o).unwrap();
     }
     t.elapsed().as_secs_f64()
 }
 
 /// Prefetch then gather (wait + dequantise) `n` tokens' rows, both layers.
-fn prefetch_gather(s: &Setup, st: &Stager, ids: &[i64], n: usize, out: &mut [u16]) -> f64 {
+fn prefetch_gather(st: &Stager, ids: &[i64], n: usize, out: &mut [u16]) -> f64 {
     let t = Instant::now();
-    for li in 0..LAYERS {
-        st.prefetch(&s.tables, &s.limits, li as u32, ids, n)
-            .unwrap();
-    }
-    gather_only(s, st, ids, n, out);
+    Setup::prefetch(st, ids, n);
+    gather_only(st, ids, n, out);
     t.elapsed().as_secs_f64()
 }
 
-fn gather_only(s: &Setup, st: &Stager, ids: &[i64], n: usize, out: &mut [u16]) {
+fn gather_only(st: &Stager, ids: &[i64], n: usize, out: &mut [u16]) {
     let half = n * COLS * HD;
     for li in 0..LAYERS {
         let lids = Setup::layer_ids(ids, n, li);
         st.gather(
             li,
-            &s.map,
-            RowFormat::Fp8E4m3E8m0,
+            FIRST_GEN,
             HD,
             &lids,
             &mut out[li * half..(li + 1) * half],
@@ -219,31 +232,13 @@ fn smoke() {
     std::fs::create_dir_all(&dir).unwrap();
     let rows = 20_000_000 / RB as u64;
     let file = make_table(&dir.join("table.bin"), rows);
+    // SAFETY: the bench's own table file, not modified while mapped.
     let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
-    let primes = vec![2u64; LAYERS * COLS];
-    let offsets = vec![0u64; LAYERS * COLS];
-    let tables = HashTables::new(&HashTablesIn {
-        layer_ids: &[0, 1],
-        max_ngram: 4,
-        n_heads: 8,
-        token_map: &[0],
-        pad_id: 0,
-        multipliers: &[1; LAYERS * 4],
-        primes: &primes,
-        offsets: &offsets,
-    })
-    .unwrap();
     let n = 64;
     let s = Setup {
         file: Arc::new(file),
         map,
         rows,
-        tables,
-        limits: Limits {
-            max_tokens: n,
-            max_seqs: 1,
-            max_positions: 1,
-        },
         workers: 3,
     };
     let ids = zipf_ids(n, rows, 7);
@@ -253,7 +248,7 @@ fn smoke() {
     for pread in [true, false] {
         let st = s.stager(pread);
         let mut got = vec![0u16; n * PER * HD];
-        prefetch_gather(&s, &st, &ids, n, &mut got);
+        prefetch_gather(&st, &ids, n, &mut got);
         for li in 0..LAYERS {
             for t in 0..n {
                 for c in 0..COLS {
@@ -296,31 +291,12 @@ fn main() {
     let path = dir.join(format!("table_{rows}x{RB}.bin"));
     let file = make_table(&path, rows);
     let len = rows * RB as u64;
+    // SAFETY: as above.
     let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
-    // A 2-layer, C = 24 hash geometry for the id checks (the ids are drawn directly).
-    let primes = vec![2u64; LAYERS * COLS];
-    let offsets = vec![0u64; LAYERS * COLS];
-    let tables = HashTables::new(&HashTablesIn {
-        layer_ids: &[0, 1],
-        max_ngram: 4,
-        n_heads: 8,
-        token_map: &[0],
-        pad_id: 0,
-        multipliers: &[1; LAYERS * 4],
-        primes: &primes,
-        offsets: &offsets,
-    })
-    .unwrap();
     let s = Setup {
         file: Arc::new(file),
         map,
         rows,
-        tables,
-        limits: Limits {
-            max_tokens: prefill.max(1),
-            max_seqs: 1,
-            max_positions: 1,
-        },
         workers,
     };
     let mut out = vec![0u16; prefill.max(1) * PER * HD];
@@ -357,7 +333,7 @@ fn main() {
                 secs += if m.contains("loop") {
                     loop_read(&s, tid, pread, &mut out[..PER * HD])
                 } else {
-                    prefetch_gather(&s, &st, tid, 1, &mut out[..PER * HD])
+                    prefetch_gather(&st, tid, 1, &mut out[..PER * HD])
                 };
             }
             results.push(Row {
@@ -378,32 +354,14 @@ fn main() {
                 let st = s.stager(pread);
                 let n_ahead = dec_n.min(if cache == "warm" { 500 } else { 300 });
                 let mut blocked = 0.0;
-                for li in 0..LAYERS {
-                    st.prefetch(&s.tables, &s.limits, li as u32, &ids[..PER], 1)
-                        .unwrap();
-                }
+                Setup::prefetch(&st, &ids[..PER], 1);
                 for t in 0..n_ahead {
                     std::thread::sleep(Duration::from_millis(1)); // the engine's step
                     let b = Instant::now();
-                    gather_only(
-                        &s,
-                        &st,
-                        &ids[t * PER..(t + 1) * PER],
-                        1,
-                        &mut out[..PER * HD],
-                    );
+                    gather_only(&st, &ids[t * PER..(t + 1) * PER], 1, &mut out[..PER * HD]);
                     blocked += b.elapsed().as_secs_f64();
                     if t + 1 < n_ahead {
-                        for li in 0..LAYERS {
-                            st.prefetch(
-                                &s.tables,
-                                &s.limits,
-                                li as u32,
-                                &ids[(t + 1) * PER..(t + 2) * PER],
-                                1,
-                            )
-                            .unwrap();
-                        }
+                        Setup::prefetch(&st, &ids[(t + 1) * PER..(t + 2) * PER], 1);
                     }
                 }
                 eprintln!("{cache} {m} ahead: {:?}", st.stats());
@@ -427,7 +385,7 @@ fn main() {
             let secs = if m.contains("loop") {
                 loop_read(&s, &ids, pread, &mut out)
             } else {
-                prefetch_gather(&s, &st, &ids, prefill, &mut out)
+                prefetch_gather(&st, &ids, prefill, &mut out)
             };
             results.push(Row {
                 regime: format!("prefill {prefill}"),

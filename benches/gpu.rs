@@ -17,10 +17,10 @@
 
 use cudarc::driver::sys;
 use engram::cuda::driver::{DevBuf, Device};
-use engram::cuda::{DeviceLayerIn, RowIds};
 use engram::formats::f32_to_bf16;
-use engram::hash::derive_primes;
+use engram::hash::derive_primes_uniform;
 use engram::{Context, ContextConfig, EngramBackend, Geometry, HashTablesIn, Limits};
+use engram::{Highway, HighwayType, LayerIn, RowIds};
 use serde_json::{json, Value};
 use std::ffi::c_void;
 use std::path::PathBuf;
@@ -58,6 +58,7 @@ fn ok(r: sys::CUresult, what: &str) {
 fn upload<T: Copy>(dev: &Device, data: &[T]) -> DevBuf {
     let bytes = std::mem::size_of_val(data);
     let b = DevBuf::new(dev.ctx, bytes, "bench data").unwrap();
+    // SAFETY: `b` holds `bytes` bytes of device memory; the context is current.
     unsafe {
         ok(
             sys::cuMemcpyHtoD_v2(b.ptr, data.as_ptr() as *const c_void, bytes),
@@ -72,6 +73,7 @@ fn upload<T: Copy>(dev: &Device, data: &[T]) -> DevBuf {
 fn time_ms(stream: sys::CUstream, reps: usize, mut f: impl FnMut()) -> f64 {
     let mut e0 = std::ptr::null_mut();
     let mut e1 = std::ptr::null_mut();
+    // SAFETY: out-pointers are locals; the context is current.
     unsafe {
         ok(sys::cuEventCreate(&mut e0, 0), "event");
         ok(sys::cuEventCreate(&mut e1, 0), "event");
@@ -79,14 +81,17 @@ fn time_ms(stream: sys::CUstream, reps: usize, mut f: impl FnMut()) -> f64 {
     for _ in 0..3 {
         f();
     }
+    // SAFETY: a live stream of the current context.
     unsafe { ok(sys::cuStreamSynchronize(stream), "sync") };
     let mut runs = Vec::new();
     for _ in 0..3 {
+        // SAFETY: a live event and stream.
         unsafe { ok(sys::cuEventRecord(e0, stream), "record") };
         for _ in 0..reps {
             f();
         }
         let mut ms = 0f32;
+        // SAFETY: live events recorded on a live stream; `ms` is a local.
         unsafe {
             ok(sys::cuEventRecord(e1, stream), "record");
             ok(sys::cuEventSynchronize(e1), "event sync");
@@ -94,6 +99,7 @@ fn time_ms(stream: sys::CUstream, reps: usize, mut f: impl FnMut()) -> f64 {
         }
         runs.push(ms as f64 / reps as f64);
     }
+    // SAFETY: the events were created above and are destroyed once.
     unsafe {
         sys::cuEventDestroy_v2(e0);
         sys::cuEventDestroy_v2(e1);
@@ -107,6 +113,7 @@ fn root() -> PathBuf {
 }
 
 fn write<T: Copy>(path: &PathBuf, data: &[T]) {
+    // SAFETY: any initialised `T: Copy` is readable as its bytes.
     let bytes = unsafe {
         std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
     };
@@ -138,7 +145,7 @@ fn main() {
 
     // The hash configuration only sizes the table: row ids are drawn directly.
     let layer_ids = [1u32];
-    let primes = derive_primes(1, N, H, 40_000);
+    let primes = derive_primes_uniform(1, N, H, 40_000).unwrap();
     let mut offsets = vec![0u64; C];
     for c in 1..C {
         offsets[c] = offsets[c - 1] + primes[c - 1];
@@ -146,7 +153,7 @@ fn main() {
     let rows = offsets[C - 1] + primes[C - 1];
     let token_map: Vec<i32> = (0..1000).collect();
     let mult: Vec<u64> = (0..N as u64).map(|i| 2 * i + 1).collect();
-    let cfg = ContextConfig {
+    let cfg_for = |gemv: Option<usize>| ContextConfig {
         geometry: Geometry {
             d: D,
             hc: HC,
@@ -170,6 +177,11 @@ fn main() {
         },
         n_threads: 1,
         backend: EngramBackend::Cuda as u32,
+        device: 0,
+        tuning: engram::Tuning {
+            gemv_max_tokens: gemv,
+            ..Default::default()
+        },
     };
 
     // Random data: fp8 rows (no NaN codes, scales near 1), bf16 wkv, q, k.
@@ -211,20 +223,31 @@ fn main() {
     );
     let d_ids = upload(&dev, &ids);
     let d_hw = upload(&dev, &hw);
-    let ctx = Context::with_device(&cfg, 0).expect("CUDA context");
-    ctx.set_layer_device(&DeviceLayerIn {
-        layer_id: 1,
-        table: d_table.ptr,
-        table_rows: rows,
-        table_type: engram::EngramType::Fp8E4m3E8m0 as u32,
-        wkv: d_wkv.ptr,
-        wkv_type: engram::EngramType::Bf16 as u32,
-        q: d_q.ptr,
-        k: d_k.ptr,
-        qk_type: engram::EngramType::Bf16 as u32,
-    })
-    .unwrap();
+    // Two contexts on the same weights: the default (GEMV up to
+    // engram::cuda::DEFAULT_GEMV_MAX_TOKENS tokens) and cuBLAS only.
+    let make = |gemv: Option<usize>| {
+        let ctx = Context::new(&cfg_for(gemv)).expect("CUDA context");
+        // SAFETY: device buffers of the sizes the geometry implies, alive for the bench.
+        ctx.set_layer(unsafe {
+            LayerIn::raw(
+                1,
+                d_table.ptr,
+                engram::EngramType::Fp8E4m3E8m0 as u32,
+                rows,
+                d_wkv.ptr,
+                engram::EngramType::Bf16 as u32,
+                d_q.ptr,
+                d_k.ptr,
+                engram::EngramType::Bf16 as u32,
+            )
+        })
+        .unwrap();
+        ctx
+    };
+    let ctx = make(None);
+    let ctx_cublas = make(Some(0));
     let mut stream = std::ptr::null_mut();
+    // SAFETY: an out-pointer local; the context is current.
     unsafe {
         ok(
             sys::cuStreamCreate(
@@ -241,7 +264,7 @@ fn main() {
         rows,
         table.len() as f64 / 1e6,
         wkv.len() as f64 * 2.0 / 1e6,
-        ctx.cuda().unwrap().device_bytes() as f64 / 1e6
+        ctx.info().device_bytes as f64 / 1e6
     );
 
     // The two ceilings, measured here.
@@ -250,6 +273,7 @@ fn main() {
         DevBuf::new(dev.ctx, copy_bytes, "copy").unwrap(),
         DevBuf::new(dev.ctx, copy_bytes, "copy").unwrap(),
     );
+    // SAFETY: two device buffers of `copy_bytes` each, on a live stream.
     let t_copy = time_ms(stream, 10, || unsafe {
         ok(
             sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, copy_bytes, stream),
@@ -265,10 +289,12 @@ fn main() {
         DevBuf::new(dev.ctx, g * g * 2, "gemm").unwrap(),
         DevBuf::new(dev.ctx, g * g * 2, "gemm").unwrap(),
     );
+    // SAFETY: device buffers of g*g*2 bytes each.
     unsafe {
         ok(sys::cuMemsetD8_v2(ga.ptr, 0x3c, g * g * 2), "memset");
         ok(sys::cuMemsetD8_v2(gb.ptr, 0x3c, g * g * 2), "memset");
     }
+    // SAFETY: the GEMM's buffers hold g*g bf16 each, on the current context.
     let t_gemm = time_ms(stream, 10, || unsafe {
         blas.gemm(stream, false, ga.ptr, gb.ptr, gc.ptr, g, g, g)
             .unwrap()
@@ -283,15 +309,17 @@ fn main() {
     );
 
     // engram: host row ids (engram_apply), device row ids (engram_apply_device_ids).
-    let cuda = ctx.cuda().unwrap();
-    let apply = |n: usize, host: bool| {
+    let apply_with = |ctx: &Context<'_>, n: usize, host: bool| {
         let r = if host {
             RowIds::Host(&ids[..n * C])
         } else {
             RowIds::Device(d_ids.ptr)
         };
-        ctx.apply_device(1, r, n, d_hw.ptr, 0, s).unwrap();
+        // SAFETY: the device highway holds max_n tokens.
+        let hw = unsafe { Highway::raw(d_hw.ptr, HighwayType::F32) };
+        ctx.apply_on(1, r, n, hw, s).unwrap();
     };
+    let apply = |n: usize, host: bool| apply_with(&ctx, n, host);
     let reps = |n: usize| if n >= 512 { 20 } else { 50 };
     let mut results = Vec::new();
     for &n in &TOKENS {
@@ -305,17 +333,16 @@ fn main() {
     // engram::cuda::DEFAULT_GEMV_MAX_TOKENS tokens).
     let mut gemv_lines = Vec::new();
     for n in [1usize, 2, 4, 8] {
-        cuda.set_gemv_max_tokens(8);
         let a = time_ms(stream, 50, || apply(n, false));
-        cuda.set_gemv_max_tokens(0);
-        let b = time_ms(stream, 50, || apply(n, false));
+        let b = time_ms(stream, 50, || apply_with(&ctx_cublas, n, false));
         gemv_lines.push(format!(
             "| {n} | {a:.4} | {b:.4} | {} |",
             if a <= b { "GEMV" } else { "cuBLAS" }
         ));
     }
-    cuda.set_gemv_max_tokens(engram::cuda::DEFAULT_GEMV_MAX_TOKENS);
-    ctx.check_device(s).unwrap();
+    ctx.check(s).unwrap();
+    ctx_cublas.check(s).unwrap();
+    drop(ctx_cublas);
 
     // The torch eager peer, on the same data.
     let peer = run_peer(&table, rows as usize, &wkv, &q, &k, &ids, &ctx, &dev, s);
@@ -378,17 +405,13 @@ fn run_peer(
     let mut rng = Rng(99);
     let hw: Vec<f32> = (0..n_check * HC * D).map(|_| rng.unit()).collect();
     let d_hw = upload(dev, &hw);
-    ctx.apply_device(
-        1,
-        RowIds::Host(&ids[..n_check * C]),
-        n_check,
-        d_hw.ptr,
-        0,
-        s,
-    )
-    .unwrap();
-    ctx.check_device(s).unwrap();
+    // SAFETY: the device highway holds n_check tokens.
+    let hwr = unsafe { Highway::raw(d_hw.ptr, HighwayType::F32) };
+    ctx.apply_on(1, RowIds::Host(&ids[..n_check * C]), n_check, hwr, s)
+        .unwrap();
+    ctx.check(s).unwrap();
     let mut out = vec![0f32; hw.len()];
+    // SAFETY: `out` holds the highway's bytes; the device buffer as many.
     unsafe {
         ok(
             sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, d_hw.ptr, out.len() * 4),

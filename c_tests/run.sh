@@ -62,7 +62,10 @@ fi
 # --- Exported symbols ----------------------------------------------------------
 # Every function the header declares must be exported by the shared library, and
 # every exported engram_* function must be in the header (else the header is stale).
-mapfile -t HEADER_FUNCS < <(grep -oE '\bengram_[a-z0-9_]+\(' "$HEADER" | tr -d '(' | sort -u)
+# Declarations start a line (comments are indented); the header's own inline
+# init helpers (static inline, calling the exported *_init_sized) are not exports.
+mapfile -t HEADER_FUNCS < <(grep -E '^[A-Za-z_].*\bengram_[a-z0-9_]+\(' "$HEADER" | grep -v '^static inline' |
+    grep -oE '\bengram_[a-z0-9_]+\(' | tr -d '(' | sort -u)
 mapfile -t EXPORTED < <(nm -D --defined-only "$SO" | awk '$2 == "T" || $2 == "t" || $2 == "W" {print $3}' |
     grep -E '^engram_' | sort -u || true)
 if [ "${#HEADER_FUNCS[@]}" -lt 4 ]; then

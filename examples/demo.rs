@@ -5,10 +5,9 @@
 //!     cargo run --release --example demo
 
 use engram::formats::f32_to_bf16;
-use engram::hash::{derive_offsets, derive_primes};
+use engram::hash::{derive_offsets, derive_primes_uniform};
 use engram::{
-    Context, ContextConfig, EngramType, Geometry, HashTablesIn, Highway, LayerIn, Limits,
-    RowFormat, TableIn, Weights,
+    Context, ContextConfig, EngramType, Geometry, HashTablesIn, Highway, LayerIn, Limits, Weights,
 };
 
 /// A tiny deterministic generator for the demo's weights.
@@ -27,9 +26,9 @@ fn main() -> Result<(), engram::Error> {
     let layer_ids = [1u32, 14];
     // A 1000-token vocabulary compressed to 700 ids; tokens 990.. are "image" tokens (-1).
     let token_map: Vec<i32> = (0..1000)
-        .map(|t| if t >= 990 { -1 } else { (t % 700) as i32 })
+        .map(|t| if t >= 990 { -1 } else { t % 700 })
         .collect();
-    let primes = derive_primes(layer_ids.len(), ngram, heads, 2000);
+    let primes = derive_primes_uniform(layer_ids.len(), ngram, heads, 2000).unwrap();
     let offsets = derive_offsets(&primes, cols);
     let multipliers: Vec<u64> = (0..layer_ids.len() * ngram)
         .map(|i| ((noise(7, i as u64).to_bits() as u64) << 20) * 2 + 1)
@@ -58,10 +57,13 @@ fn main() -> Result<(), engram::Error> {
         },
         n_threads: 2,
         backend: engram::EngramBackend::Cpu as u32,
+        device: 0,
+        tuning: Default::default(),
     };
 
     // Per-layer weights the engine owns: a bf16 table, bf16 wkv, f32 q and k.
-    let weights: Vec<(u64, Vec<u8>, Vec<u16>, Vec<f32>, Vec<f32>)> = (0..layer_ids.len())
+    type LayerWeights = (u64, Vec<u8>, Vec<u16>, Vec<f32>, Vec<f32>);
+    let weights: Vec<LayerWeights> = (0..layer_ids.len())
         .map(|li| {
             let rows: u64 = primes[li * cols..(li + 1) * cols].iter().sum();
             let table = (0..rows * hd as u64)
@@ -83,17 +85,15 @@ fn main() -> Result<(), engram::Error> {
 
     let ctx = Context::new(&cfg)?;
     for (li, (rows, table, wkv, q, k)) in weights.iter().enumerate() {
-        ctx.set_layer(LayerIn {
-            layer_id: layer_ids[li],
-            table: TableIn {
-                data: table,
-                format: RowFormat::new(EngramType::Bf16 as u32, hd)?,
-                rows: *rows,
-            },
-            wkv: Weights::Bf16(wkv),
-            q: Weights::F32(q),
-            k: Weights::F32(k),
-        })?;
+        ctx.set_layer(LayerIn::host(
+            layer_ids[li],
+            table,
+            EngramType::row_format(EngramType::Bf16 as u32, hd)?,
+            *rows,
+            Weights::Bf16(wkv),
+            Weights::F32(q),
+            Weights::F32(k),
+        ))?;
         println!(
             "layer {:>2}: table {rows} rows x {hd} (bf16), wkv [{} x {}]",
             layer_ids[li],

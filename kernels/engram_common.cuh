@@ -31,30 +31,18 @@ typedef int eng_i32;
 typedef long long eng_i64;
 typedef unsigned long long eng_u64;
 
-// Type numbers: src/formats.rs EngramType (ggml_type where ggml has the format).
-#define ENG_F32 0u
-#define ENG_F16 1u
-#define ENG_Q4_0 2u
-#define ENG_Q8_0 8u
-#define ENG_Q2_K 10u
-#define ENG_Q3_K 11u
-#define ENG_Q4_K 12u
-#define ENG_Q5_K 13u
-#define ENG_Q6_K 14u
-#define ENG_BF16 30u
-#define ENG_FP8_E4M3_E8M0 1000u
+// The constants shared with Rust (type numbers and block sizes, error-latch
+// codes, launch shapes) are not defined here: src/cuda/kernels.rs passes them
+// as -D options (kernels::defines), so the two sides cannot drift apart.
+#if !defined(ENG_F32) || !defined(ENG_FP8_E4M3_E8M0) || !defined(ENG_Q6_K_BLOCK_BYTES) || \
+    !defined(ENG_ERR_ROW_RANGE) || !defined(ENG_LATCH_WORDS) || !defined(ENG_GATE_THREADS)
+#error "compile the engram kernels with the -D options of src/cuda/kernels.rs defines()"
+#endif
 
 // Per-token status written by the gather kernel, read by the gate.
 #define ENG_TOKEN_LIVE 0u
 #define ENG_TOKEN_DEAD 1u
 #define ENG_TOKEN_BAD 2u
-
-// Error codes in the latch (src/cuda/mod.rs reads them).
-#define ENG_ERR_ROW_RANGE 1u   // a row id outside [0, rows) (or negative, not -1)
-#define ENG_ERR_PARTLY_DEAD 2u // some columns -1, others not
-#define ENG_ERR_NAN_SCALE 3u   // e8m0 scale code 255
-#define ENG_ERR_NAN_CODE 4u    // e4m3 NaN code
-#define ENG_LATCH_WORDS 8u
 
 ENG_DEV float eng_f32_from_bits(eng_u32 b) {
 #if defined(__CUDACC__)
@@ -151,14 +139,14 @@ ENG_DEV eng_u32 eng_row_bytes(eng_u32 fmt, eng_u32 hd) {
     case ENG_F32: return 4u * hd;
     case ENG_F16: return 2u * hd;
     case ENG_BF16: return 2u * hd;
-    case ENG_FP8_E4M3_E8M0: return hd + hd / 32u;
-    case ENG_Q8_0: return hd / 32u * 34u;
-    case ENG_Q4_0: return hd / 32u * 18u;
-    case ENG_Q2_K: return hd / 256u * 84u;
-    case ENG_Q3_K: return hd / 256u * 110u;
-    case ENG_Q4_K: return hd / 256u * 144u;
-    case ENG_Q5_K: return hd / 256u * 176u;
-    case ENG_Q6_K: return hd / 256u * 210u;
+    case ENG_FP8_E4M3_E8M0: return hd + hd / ENG_FP8_SCALE_BLOCK;
+    case ENG_Q8_0: return hd / ENG_Q8_0_BLOCK * ENG_Q8_0_BLOCK_BYTES;
+    case ENG_Q4_0: return hd / ENG_Q4_0_BLOCK * ENG_Q4_0_BLOCK_BYTES;
+    case ENG_Q2_K: return hd / ENG_Q2_K_BLOCK * ENG_Q2_K_BLOCK_BYTES;
+    case ENG_Q3_K: return hd / ENG_Q3_K_BLOCK * ENG_Q3_K_BLOCK_BYTES;
+    case ENG_Q4_K: return hd / ENG_Q4_K_BLOCK * ENG_Q4_K_BLOCK_BYTES;
+    case ENG_Q5_K: return hd / ENG_Q5_K_BLOCK * ENG_Q5_K_BLOCK_BYTES;
+    case ENG_Q6_K: return hd / ENG_Q6_K_BLOCK * ENG_Q6_K_BLOCK_BYTES;
     default: return 0u;
     }
 }
@@ -263,9 +251,9 @@ ENG_DEV eng_u32 eng_dequant_bf16(eng_u32 fmt, const eng_u8 *row, eng_u32 hd, eng
         return 0u;
     }
     case ENG_FP8_E4M3_E8M0: {
-        eng_u8 sc = row[hd + i / 32u];
+        eng_u8 sc = row[hd + i / ENG_FP8_SCALE_BLOCK];
         if (sc == 255u) {
-            *where = i / 32u;
+            *where = i / ENG_FP8_SCALE_BLOCK;
             return ENG_ERR_NAN_SCALE;
         }
         eng_u8 c = row[i];
@@ -276,13 +264,13 @@ ENG_DEV eng_u32 eng_dequant_bf16(eng_u32 fmt, const eng_u8 *row, eng_u32 hd, eng
         *out = eng_f32_to_bf16(ENG_MUL(eng_e4m3_to_f32(c), eng_e8m0_to_f32(sc)));
         return 0u;
     }
-    case ENG_Q8_0: *out = eng_f32_to_bf16(eng_q8_0(row + (i / 32u) * 34u, i % 32u)); return 0u;
-    case ENG_Q4_0: *out = eng_f32_to_bf16(eng_q4_0(row + (i / 32u) * 18u, i % 32u)); return 0u;
-    case ENG_Q2_K: *out = eng_f32_to_bf16(eng_q2_k(row + (i / 256u) * 84u, i % 256u)); return 0u;
-    case ENG_Q3_K: *out = eng_f32_to_bf16(eng_q3_k(row + (i / 256u) * 110u, i % 256u)); return 0u;
-    case ENG_Q4_K: *out = eng_f32_to_bf16(eng_q4_k(row + (i / 256u) * 144u, i % 256u)); return 0u;
-    case ENG_Q5_K: *out = eng_f32_to_bf16(eng_q5_k(row + (i / 256u) * 176u, i % 256u)); return 0u;
-    case ENG_Q6_K: *out = eng_f32_to_bf16(eng_q6_k(row + (i / 256u) * 210u, i % 256u)); return 0u;
+    case ENG_Q8_0: *out = eng_f32_to_bf16(eng_q8_0(row + (i / ENG_Q8_0_BLOCK) * ENG_Q8_0_BLOCK_BYTES, i % ENG_Q8_0_BLOCK)); return 0u;
+    case ENG_Q4_0: *out = eng_f32_to_bf16(eng_q4_0(row + (i / ENG_Q4_0_BLOCK) * ENG_Q4_0_BLOCK_BYTES, i % ENG_Q4_0_BLOCK)); return 0u;
+    case ENG_Q2_K: *out = eng_f32_to_bf16(eng_q2_k(row + (i / ENG_Q2_K_BLOCK) * ENG_Q2_K_BLOCK_BYTES, i % ENG_Q2_K_BLOCK)); return 0u;
+    case ENG_Q3_K: *out = eng_f32_to_bf16(eng_q3_k(row + (i / ENG_Q3_K_BLOCK) * ENG_Q3_K_BLOCK_BYTES, i % ENG_Q3_K_BLOCK)); return 0u;
+    case ENG_Q4_K: *out = eng_f32_to_bf16(eng_q4_k(row + (i / ENG_Q4_K_BLOCK) * ENG_Q4_K_BLOCK_BYTES, i % ENG_Q4_K_BLOCK)); return 0u;
+    case ENG_Q5_K: *out = eng_f32_to_bf16(eng_q5_k(row + (i / ENG_Q5_K_BLOCK) * ENG_Q5_K_BLOCK_BYTES, i % ENG_Q5_K_BLOCK)); return 0u;
+    case ENG_Q6_K: *out = eng_f32_to_bf16(eng_q6_k(row + (i / ENG_Q6_K_BLOCK) * ENG_Q6_K_BLOCK_BYTES, i % ENG_Q6_K_BLOCK)); return 0u;
     default: *out = 0xFFFFu; return 0u;
     }
 }

@@ -14,7 +14,6 @@
 // has finished, and nothing else writes the latch while this kernel runs.
 #include "engram_common.cuh"
 
-#define ENG_GATE_THREADS 256
 
 template <typename T> __device__ __forceinline__ float eng_load(const T *p, eng_u64 i);
 template <> __device__ __forceinline__ float eng_load<float>(const float *p, eng_u64 i) { return p[i]; }

@@ -6,8 +6,6 @@
 // uses cuBLAS otherwise).
 #include "engram_common.cuh"
 
-#define ENG_GEMV_THREADS 256
-#define ENG_GEMV_ROWS 2
 
 __device__ __forceinline__ void eng_fma8(float &acc, uint4 w, uint4 r) {
     const eng_u32 wv[4] = {w.x, w.y, w.z, w.w};
@@ -70,3 +68,6 @@ ENG_GEMV_ENTRY(5)
 ENG_GEMV_ENTRY(6)
 ENG_GEMV_ENTRY(7)
 ENG_GEMV_ENTRY(8)
+#if ENG_GEMV_MAX != 8
+#error "ENG_GEMV_MAX (src/cuda/kernels.rs GEMV_MAX) must match the entries above"
+#endif

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every test: formatting, the Rust tests (golden, properties, header freshness,
+# Every test: formatting, clippy, the Rust tests (golden, properties, header freshness,
 # unit tests), the C ABI tests under AddressSanitizer, and the demo.
 # Needs only what a fresh machine of this project has: cargo, gcc/g++.
 # The install check at the end also needs cmake and pkg-config; it installs
@@ -10,9 +10,12 @@ cd "$(dirname "$0")/.."
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "== cargo clippy --all-targets -- -D warnings (every unsafe block says why it is sound)"
+cargo clippy --workspace --all-targets -- -D warnings
+
 echo "== cargo test"
 mkdir -p target
-cargo test --all-targets 2>&1 | tee target/cargo-test.log
+cargo test --workspace --all-targets 2>&1 | tee target/cargo-test.log
 # `cargo test` prints one 'test result' line per test binary; fail loudly if none ran.
 grep -q "test result: ok" target/cargo-test.log
 
@@ -31,7 +34,7 @@ echo "== GGUF header fuzz, bounded (50,000 mutated files per fixture, fixed seed
 ENGRAM_FUZZ_ITERS=50000 ENGRAM_FUZZ_SEED=20261129 cargo test --quiet --test gguf_fuzz 2>&1 | tail -n 3
 
 echo "== engram-tables: the V4.1 token map from config.json + tokenizer.json equals the golden's"
-cargo run --quiet --bin engram-tables -- --config tests/golden/data/v41_config.json \
+cargo run --quiet -p engram-tables -- --config tests/golden/data/v41_config.json \
     --tokenizer tests/golden/data/deepseek_v4_tokenizer.json --out target/engram-tables
 cmp target/engram-tables/token_map.i32 tests/golden/data/v41_token_map.i32
 

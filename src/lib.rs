@@ -2,11 +2,17 @@
 //! into the hyper-connection streams) for inference engines, behind a plain C
 //! ABI (`include/engram.h`).
 //!
-//! The core is plain safe Rust: [`hash`] (tables, per-sequence history, the
-//! hash), [`formats`] (row and weight formats, dequantisation), [`cpu`]
-//! (gather, gate), [`projection`] (the `wkv` GEMM/GEMV) and [`context`] (the object the C ABI wraps).
-//! [`ffi`] is the C boundary only.
+//! The pipeline, one module a stage: [`hash`] (tables, per-sequence history,
+//! the hash) -> rows ([`formats`]: row and weight formats, dequantisation) ->
+//! projection -> gate, run by one of two [`backend`]s: [`cpu`] (host memory,
+//! host threads) and [`cuda`] (the engine's device memory and stream).
+//! [`batch`] holds every check on a call's inputs, [`context`] the object the
+//! C ABI wraps, [`memory`] the engine's memory as the library receives it.
+//! Loaders: [`tables`] (config.json + tokenizer.json), [`gguf`]. [`ffi`] is
+//! the C boundary only.
 
+pub mod backend;
+pub mod batch;
 pub mod context;
 pub mod cpu;
 pub mod cuda;
@@ -15,11 +21,13 @@ pub mod ffi;
 pub mod formats;
 pub mod gguf;
 pub mod hash;
-pub mod prefetch;
-pub mod projection;
+pub mod memory;
 pub mod tables;
 
-pub use context::{Context, ContextConfig, EngramBackend, Geometry, Highway, LayerIn, TableIn};
+pub use backend::{EngramBackend, Highway, LayerIn, ReadBack, RowIds, TableIn, TableSource};
+pub use batch::{Geometry, HighwayType, Limits};
+pub use context::{Context, ContextConfig, Tuning};
 pub use error::{EngramStatus, Error, Result};
-pub use formats::{EngramType, RowFormat, WeightDtype, Weights};
-pub use hash::{HashTables, HashTablesIn, Limits, ROW_ID_DEAD, TOKEN_DEAD};
+pub use formats::{EngramType, WeightDtype, Weights};
+pub use hash::{HashTables, HashTablesIn, ROW_ID_DEAD, TOKEN_DEAD};
+pub use memory::{Region, RegionMut};

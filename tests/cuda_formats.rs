@@ -11,11 +11,11 @@ mod common;
 use common::*;
 use cudarc::driver::sys;
 use engram::cuda::driver::{DevBuf, Device};
-use engram::cuda::{DeviceLayerIn, RowIds};
-use engram::hash::{derive_offsets, derive_primes};
+use engram::hash::{derive_offsets, derive_primes_uniform};
+use engram::RowIds;
 use engram::{
     Context, ContextConfig, EngramBackend, EngramType, Geometry, HashTablesIn, LayerIn, Limits,
-    RowFormat, TableIn, Weights,
+    Weights,
 };
 use std::ffi::c_void;
 
@@ -61,7 +61,9 @@ fn table(fmt: EngramType, rows: usize) -> Vec<u8> {
         .iter()
         .map(|b| unhex(b["bytes"].as_str().unwrap()))
         .collect();
-    let rb = RowFormat::new(fmt as u32, HD).unwrap().row_bytes(HD);
+    let rb = EngramType::row_format(fmt as u32, HD)
+        .unwrap()
+        .row_bytes(HD);
     let per_row = rb / blocks[0].len();
     (0..rows * per_row)
         .flat_map(|i| blocks[i % blocks.len()].clone())
@@ -100,7 +102,7 @@ fn every_row_format_dequantises_to_the_cpu_bits_on_the_gpu() {
     let (heads, ngram) = (2usize, 3usize);
     let cols = (ngram - 1) * heads;
     let layer_ids = [1u32];
-    let primes = derive_primes(1, ngram, heads, 100);
+    let primes = derive_primes_uniform(1, ngram, heads, 100).unwrap();
     let offsets = derive_offsets(&primes, cols);
     let rows: u64 = primes.iter().sum();
     let mult: Vec<u64> = (0..ngram as u64)
@@ -131,6 +133,8 @@ fn every_row_format_dequantises_to_the_cpu_bits_on_the_gpu() {
         },
         n_threads: 1,
         backend: backend as u32,
+        device: 0,
+        tuning: Default::default(),
     };
     let wkv: Vec<u16> = values("cuda.formats.wkv", D * (HC + 1) * cols * HD, 0.0625, 0.0)
         .iter()
@@ -163,20 +167,18 @@ fn every_row_format_dequantises_to_the_cpu_bits_on_the_gpu() {
     ] {
         let t = table(fmt, rows as usize);
         let cpu = Context::new(&cfg(EngramBackend::Cpu)).unwrap();
-        cpu.set_layer(LayerIn {
-            layer_id: 1,
-            table: TableIn {
-                data: &t,
-                format: RowFormat::new(fmt as u32, HD).unwrap(),
-                rows,
-            },
-            wkv: Weights::Bf16(&wkv),
-            q: Weights::F32(&qk),
-            k: Weights::F32(&qk),
-        })
+        cpu.set_layer(LayerIn::host(
+            1,
+            &t,
+            EngramType::row_format(fmt as u32, HD).unwrap(),
+            rows,
+            Weights::Bf16(&wkv),
+            Weights::F32(&qk),
+            Weights::F32(&qk),
+        ))
         .unwrap();
         let d_table = upload(&dev, &t);
-        let gpu_ctx = Context::with_device(&cfg(EngramBackend::Cuda), 0).expect("a CUDA context");
+        let gpu_ctx = Context::new(&cfg(EngramBackend::Cuda)).expect("a CUDA context");
         gpu_ctx
             .set_layer_device(&DeviceLayerIn {
                 layer_id: 1,

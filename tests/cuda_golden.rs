@@ -14,8 +14,8 @@ use common::bounds::*;
 use common::*;
 use cudarc::driver::sys;
 use engram::cuda::driver::{DevBuf, Device, Scope};
-use engram::cuda::RowIds;
 use engram::formats::{bf16_to_f32, f32_to_bf16};
+use engram::RowIds;
 use engram::{Context, EngramBackend, EngramStatus, EngramType};
 use std::ffi::c_void;
 
@@ -149,11 +149,17 @@ fn dev_model(dev: &Device, tiny: &Tiny) -> DevModel {
 
 /// A CUDA context of the tiny model with both layers set.
 fn cuda_context<'a>(tiny: &'a Tiny, m: &DevModel) -> Context<'a> {
+    cuda_context_with(tiny, m, None)
+}
+
+/// The same, with the GEMV kernel used up to `gemv_max` tokens (`None`: the default).
+fn cuda_context_with<'a>(tiny: &'a Tiny, m: &DevModel, gemv_max: Option<usize>) -> Context<'a> {
     let mut cfg = tiny.config(Tiny::limits());
     cfg.backend = EngramBackend::Cuda as u32;
-    let ctx = Context::with_device(&cfg, 0).expect("create a CUDA context");
+    cfg.tuning.gemv_max_tokens = gemv_max;
+    let ctx = Context::new(&cfg).expect("create a CUDA context");
     for (l, (t, w, q, k)) in tiny.layers.iter().zip(&m.layers) {
-        ctx.set_layer_device(&engram::cuda::DeviceLayerIn {
+        ctx.set_layer_device(&DeviceLayerIn {
             layer_id: l.layer_id,
             table: t.ptr,
             table_rows: l.rows,
@@ -224,8 +230,7 @@ fn every_golden_regime_on_the_gpu() {
     for gemv_max in [engram::cuda::DEFAULT_GEMV_MAX_TOKENS, 0] {
         for regime in REGIMES {
             let cpu = tiny.context();
-            let gpu = cuda_context(&tiny, &m);
-            gpu.cuda().unwrap().set_gemv_max_tokens(gemv_max);
+            let gpu = cuda_context_with(&tiny, &m, Some(gemv_max));
             for (ci, c) in calls(&tiny, regime).iter().enumerate() {
                 let n = c.tokens.len();
                 let per = cpu.ids_per_token();
@@ -514,7 +519,8 @@ fn two_contexts_on_two_streams_at_once_equal_one_after_the_other() {
                 dev.ctx as usize,
             );
             sc.spawn(move || {
-                let _s = Scope::enter(devctx as sys::CUcontext).unwrap();
+                // SAFETY: the device's primary context, retained by `dev` for the test.
+                let _s = unsafe { Scope::enter(devctx as sys::CUcontext) }.unwrap();
                 for _ in 0..3 {
                     for l in &tiny.layers {
                         ctx.apply_device(
@@ -670,7 +676,7 @@ fn device_arguments_are_checked() {
     let l = &tiny.layers[0];
     let (t, w, q, k) = &m.layers[0];
     let e = ctx
-        .set_layer_device(&engram::cuda::DeviceLayerIn {
+        .set_layer_device(&DeviceLayerIn {
             layer_id: l.layer_id,
             table: t.ptr,
             table_rows: l.rows * 2,
@@ -685,7 +691,7 @@ fn device_arguments_are_checked() {
     assert_eq!(e.status, EngramStatus::ErrInvalidArgument, "{}", e.message);
     // A quantised wkv is not in this build's CUDA backend.
     let e = ctx
-        .set_layer_device(&engram::cuda::DeviceLayerIn {
+        .set_layer_device(&DeviceLayerIn {
             layer_id: l.layer_id,
             table: t.ptr,
             table_rows: l.rows,
@@ -698,13 +704,19 @@ fn device_arguments_are_checked() {
         })
         .unwrap_err();
     assert_eq!(e.status, EngramStatus::ErrUnsupported, "{}", e.message);
-    // Host calls on a CUDA context.
-    let e = ctx.stages(lid, &ids, n).unwrap_err();
-    assert_eq!(e.status, EngramStatus::ErrUnsupported, "{}", e.message);
+    // The read-back takes host ids on a CUDA context too (as on the CPU), and
+    // gives what device ids give.
+    let by_host = ctx.stages_device(lid, RowIds::Host(&ids), n).unwrap();
+    let d_ids = upload(&dev, &ids);
+    let by_device = ctx
+        .stages_device(lid, RowIds::Device(d_ids.ptr), n)
+        .unwrap();
+    assert_eq!(by_host, by_device);
     // A bad ordinal.
     let mut cfg = tiny.config(Tiny::limits());
     cfg.backend = EngramBackend::Cuda as u32;
-    let e = match Context::with_device(&cfg, 999) {
+    cfg.device = 999;
+    let e = match Context::new(&cfg) {
         Ok(_) => panic!("device 999 exists?"),
         Err(e) => e,
     };
@@ -725,7 +737,7 @@ fn without_a_driver_create_says_so() {
     let tiny = Tiny::load();
     let mut cfg = tiny.config(Tiny::limits());
     cfg.backend = EngramBackend::Cuda as u32;
-    let e = match Context::with_device(&cfg, 0) {
+    let e = match Context::new(&cfg) {
         Ok(_) => panic!("created a CUDA context without a driver"),
         Err(e) => e,
     };

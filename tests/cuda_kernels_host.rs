@@ -12,8 +12,9 @@
 mod common;
 
 use common::*;
+use engram::cuda::latch::LatchCode;
 use engram::formats::dequant_row_bf16;
-use engram::{EngramType, RowFormat};
+use engram::EngramType;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
@@ -89,6 +90,8 @@ fn build_driver_once() -> Option<PathBuf> {
             "-Werror",
             "-ffp-contract=off",
         ])
+        // The constants the kernels share with Rust, as NVRTC gets them.
+        .args(engram::cuda::kernels::defines())
         .arg("-I")
         .arg(&kernels)
         .arg(&src)
@@ -105,7 +108,7 @@ fn build_driver_once() -> Option<PathBuf> {
 }
 
 /// Run the driver over `rows` rows of `fmt`; per row (code, where, values).
-fn run(exe: &PathBuf, fmt: RowFormat, hd: usize, table: &[u8]) -> Vec<(u32, u32, Vec<u16>)> {
+fn run(exe: &PathBuf, fmt: EngramType, hd: usize, table: &[u8]) -> Vec<(u32, u32, Vec<u16>)> {
     let rb = fmt.row_bytes(hd);
     assert_eq!(table.len() % rb, 0);
     let n = table.len() / rb;
@@ -116,7 +119,7 @@ fn run(exe: &PathBuf, fmt: RowFormat, hd: usize, table: &[u8]) -> Vec<(u32, u32,
         dir.join(format!("{tag}.out")),
     );
     let mut f = std::fs::File::create(&inp).unwrap();
-    for v in [fmt.engram_type() as u32, hd as u32, n as u32] {
+    for v in [fmt as u32, hd as u32, n as u32] {
         f.write_all(&v.to_le_bytes()).unwrap();
     }
     f.write_all(table).unwrap();
@@ -141,7 +144,7 @@ fn run(exe: &PathBuf, fmt: RowFormat, hd: usize, table: &[u8]) -> Vec<(u32, u32,
         .collect()
 }
 
-fn compare(exe: &PathBuf, fmt: RowFormat, hd: usize, table: &[u8], what: &str) -> usize {
+fn compare(exe: &PathBuf, fmt: EngramType, hd: usize, table: &[u8], what: &str) -> usize {
     let rb = fmt.row_bytes(hd);
     let got = run(exe, fmt, hd, table);
     let mut errors = 0;
@@ -164,9 +167,11 @@ fn compare(exe: &PathBuf, fmt: RowFormat, hd: usize, table: &[u8], what: &str) -
             Err(e) => {
                 errors += 1;
                 let expect = match e {
-                    engram::formats::RowDataError::NanScale(b) => (3, b as u32),
-                    engram::formats::RowDataError::NanCode(i) => (4, i as u32),
+                    engram::formats::RowDataError::NanScale(b) => (LatchCode::NanScale, b),
+                    engram::formats::RowDataError::NanCode(i) => (LatchCode::NanCode, i),
+                    engram::formats::RowDataError::NonFinite(i) => (LatchCode::NonFinite, i),
                 };
+                let expect = (expect.0 as u32, expect.1 as u32);
                 // The kernel reports the first failing element in element
                 // order; a NaN scale is seen at its block's first element.
                 assert_eq!((*code, *at), expect, "{what}: row {r}: error");
@@ -178,7 +183,7 @@ fn compare(exe: &PathBuf, fmt: RowFormat, hd: usize, table: &[u8], what: &str) -
 
 /// Random bytes for `rows` rows of `fmt`, with the GGUF formats' f16 `d` and
 /// `dmin` kept finite (the one place host and GPU NaN payloads could differ).
-fn random_table(fmt: RowFormat, hd: usize, rows: usize, seed: &str) -> Vec<u8> {
+fn random_table(fmt: EngramType, hd: usize, rows: usize, seed: &str) -> Vec<u8> {
     let f = Filler::new(seed);
     let rb = fmt.row_bytes(hd);
     let mut t: Vec<u8> = (0..rows * rb).map(|i| f.bits(i as u64) as u8).collect();
@@ -189,11 +194,11 @@ fn random_table(fmt: RowFormat, hd: usize, rows: usize, seed: &str) -> Vec<u8> {
     };
     if let Some((bl, bb)) = fmt.block() {
         let f16_at: &[usize] = match fmt {
-            RowFormat::Q8_0 | RowFormat::Q4_0 => &[0],
-            RowFormat::Q2_K => &[80, 82],
-            RowFormat::Q3_K => &[108],
-            RowFormat::Q4_K | RowFormat::Q5_K => &[0, 2],
-            RowFormat::Q6_K => &[208],
+            EngramType::Q8_0 | EngramType::Q4_0 => &[0],
+            EngramType::Q2_K => &[80, 82],
+            EngramType::Q3_K => &[108],
+            EngramType::Q4_K | EngramType::Q5_K => &[0, 2],
+            EngramType::Q6_K => &[208],
             _ => &[],
         };
         for blk in 0..rows * hd / bl {
@@ -223,10 +228,10 @@ fn kernel_dequantisation_matches_formats_rs_on_random_rows() {
     ];
     for t in types {
         let hd = 256;
-        let fmt = RowFormat::new(t as u32, hd).unwrap();
+        let fmt = EngramType::row_format(t as u32, hd).unwrap();
         let table = random_table(fmt, hd, 64, &format!("cuda-host-{}", fmt.name()));
         let errors = compare(&exe, fmt, hd, &table, fmt.name());
-        if fmt == RowFormat::Fp8E4m3E8m0 {
+        if fmt == EngramType::Fp8E4m3E8m0 {
             // Random fp8 rows hit NaN codes and scales: the error paths are compared too.
             assert!(errors > 0, "random fp8 rows should include NaN codes");
         }
@@ -236,7 +241,7 @@ fn kernel_dequantisation_matches_formats_rs_on_random_rows() {
         );
     }
     // fp8 without NaN codes, with the whole scale range (subnormal results included).
-    let fmt = RowFormat::new(EngramType::Fp8E4m3E8m0 as u32, 64).unwrap();
+    let fmt = EngramType::row_format(EngramType::Fp8E4m3E8m0 as u32, 64).unwrap();
     let f = Filler::new("cuda-host-fp8-clean");
     let mut table = Vec::new();
     for r in 0..512u64 {
@@ -262,7 +267,7 @@ fn kernel_dequantisation_matches_the_golden_rows() {
         );
         let name = f["name"].as_str().unwrap();
         let table = table_bytes(name, fmt, rows, hd, true);
-        let rf = RowFormat::new(engram_type(fmt) as u32, hd).unwrap();
+        let rf = EngramType::row_format(engram_type(fmt) as u32, hd).unwrap();
         let got = run(&exe, rf, hd, &table);
         let want = u16s(&f["dequant_bf16"]);
         for (r, (code, _, vals)) in got.iter().enumerate() {
@@ -275,7 +280,7 @@ fn kernel_dequantisation_matches_the_golden_rows() {
     for (name, v) in g["formats"].as_object().unwrap() {
         let t = EngramType::from_u32(v["ggml_type"].as_u64().unwrap() as u32).unwrap();
         let bl = v["block_values"].as_u64().unwrap() as usize;
-        let fmt = RowFormat::new(t as u32, bl).unwrap();
+        let fmt = EngramType::row_format(t as u32, bl).unwrap();
         let table: Vec<u8> = v["blocks"]
             .as_array()
             .unwrap()

@@ -8,7 +8,7 @@
 //! independently of the library.
 
 use engram::formats::{
-    dequant_row_bf16, dequant_row_f32, EngramType, RowFormat, WeightDtype, WeightFormat, Weights,
+    dequant_row_bf16, dequant_row_f32, EngramType, WeightDtype, WeightFormat, Weights,
 };
 use engram::EngramStatus;
 use serde_json::Value;
@@ -38,7 +38,7 @@ struct Oracle {
 }
 
 fn unhex(s: &str) -> Vec<u8> {
-    assert!(s.len() % 2 == 0);
+    assert!(s.len().is_multiple_of(2));
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
@@ -126,7 +126,7 @@ fn check(what: &str, want: &[u32], got_f32: &[f32], got_bf16: &[u16]) {
     }
 }
 
-fn dequant_both(f: RowFormat, row: &[u8], width: usize) -> (Vec<f32>, Vec<u16>) {
+fn dequant_both(f: EngramType, row: &[u8], width: usize) -> (Vec<f32>, Vec<u16>) {
     let mut o32 = vec![0f32; width];
     let mut o16 = vec![0u16; width];
     dequant_row_f32(f, row, &mut o32).unwrap();
@@ -138,7 +138,7 @@ fn dequant_both(f: RowFormat, row: &[u8], width: usize) -> (Vec<f32>, Vec<u16>) 
 fn every_oracle_block_dequantises_bit_exactly() {
     let mut total = 0;
     for (name, o) in load() {
-        let f = RowFormat::new(o.ty as u32, o.values).unwrap();
+        let f = EngramType::row_format(o.ty as u32, o.values).unwrap();
         assert_eq!(f.name(), name);
         assert_eq!(f.block(), Some((o.values, o.bytes)), "{name}");
         assert_eq!(f.row_bytes(o.values), o.bytes, "{name}");
@@ -185,7 +185,7 @@ fn wide_rows_are_consecutive_blocks() {
     for (name, o) in load() {
         for per_row in [2usize, 3, 8] {
             let width = per_row * o.values;
-            let f = RowFormat::new(o.ty as u32, width).unwrap();
+            let f = EngramType::row_format(o.ty as u32, width).unwrap();
             assert_eq!(f.row_bytes(width), per_row * o.bytes);
             for (ri, chunk) in o.blocks.chunks_exact(per_row).enumerate() {
                 let row: Vec<u8> = chunk.iter().flat_map(|b| b.bytes.clone()).collect();
@@ -202,10 +202,10 @@ fn widths_must_be_whole_blocks() {
     for (name, ty) in FORMATS {
         let bl = if name.ends_with("_K") { 256 } else { 32 };
         for w in [bl, 2 * bl, 20 * bl] {
-            assert!(RowFormat::new(ty as u32, w).is_ok(), "{name} {w}");
+            assert!(EngramType::row_format(ty as u32, w).is_ok(), "{name} {w}");
         }
         for w in [1, bl / 2, bl - 1, bl + 1, bl + 16, 3 * bl / 2] {
-            let e = RowFormat::new(ty as u32, w).unwrap_err();
+            let e = EngramType::row_format(ty as u32, w).unwrap_err();
             assert_eq!(e.status, EngramStatus::ErrUnsupported, "{name} {w}");
             assert!(
                 e.message.contains(name) && e.message.contains(&format!("multiple of {bl}")),
@@ -215,8 +215,8 @@ fn widths_must_be_whole_blocks() {
         }
     }
     // q8_0 / q4_0 blocks are 32 wide: 96 is fine for them, not for K-quants.
-    assert!(RowFormat::new(EngramType::Q8_0 as u32, 96).is_ok());
-    assert!(RowFormat::new(EngramType::Q4_K as u32, 96).is_err());
+    assert!(EngramType::row_format(EngramType::Q8_0 as u32, 96).is_ok());
+    assert!(EngramType::row_format(EngramType::Q4_K as u32, 96).is_err());
 }
 
 #[test]
@@ -235,9 +235,9 @@ fn row_bytes_for_hd_256() {
         (EngramType::F32, 1024),
     ];
     for (ty, bytes) in want {
-        let f = RowFormat::new(ty as u32, 256).unwrap();
+        let f = EngramType::row_format(ty as u32, 256).unwrap();
         assert_eq!(f.row_bytes(256), bytes, "{}", ty.name());
-        assert_eq!(f.engram_type(), ty);
+        assert_eq!(f, ty);
         assert_eq!(f.row_bytes(1024), 4 * bytes, "{}", ty.name());
     }
 }
@@ -245,7 +245,7 @@ fn row_bytes_for_hd_256() {
 #[test]
 #[should_panic]
 fn a_short_row_is_refused() {
-    let f = RowFormat::new(EngramType::Q4_K as u32, 256).unwrap();
+    let f = EngramType::row_format(EngramType::Q4_K as u32, 256).unwrap();
     let mut out = [0f32; 256];
     let _ = dequant_row_f32(f, &[0u8; 143], &mut out);
 }
@@ -259,7 +259,7 @@ fn quantised_weights_read_as_the_oracle() {
         let blocks = &o.blocks[..4 * n_rows];
         let data: Vec<u8> = blocks.iter().flat_map(|b| b.bytes.clone()).collect();
         let want: Vec<u32> = blocks.iter().flat_map(|b| b.f32.clone()).collect();
-        let f = RowFormat::new(o.ty as u32, row_len).unwrap();
+        let f = EngramType::row_format(o.ty as u32, row_len).unwrap();
         let w = Weights::quant(f, &data, row_len).unwrap();
         assert_eq!(w.len(), n_rows * row_len, "{name}");
         let same = |i: usize, g: f32| {
@@ -305,7 +305,7 @@ fn quantised_weights_read_as_the_oracle() {
 #[should_panic]
 fn quantised_weights_refuse_reads_past_the_end() {
     let data = [0u8; 2 * 34];
-    let w = Weights::quant(RowFormat::Q8_0, &data, 32).unwrap();
+    let w = Weights::quant(EngramType::Q8_0, &data, 32).unwrap();
     let mut out = [0f32; 2];
     w.to_f32(63, &mut out);
 }
@@ -313,27 +313,27 @@ fn quantised_weights_refuse_reads_past_the_end() {
 #[test]
 fn quantised_weights_check_their_sizes() {
     let data = vec![0u8; 3 * 144];
-    assert!(Weights::quant(RowFormat::Q4_K, &data, 256).is_ok());
+    assert!(Weights::quant(EngramType::Q4_K, &data, 256).is_ok());
     assert_eq!(
-        Weights::quant(RowFormat::Q4_K, &data, 128)
+        Weights::quant(EngramType::Q4_K, &data, 128)
             .unwrap_err()
             .status,
         EngramStatus::ErrUnsupported
     );
     assert_eq!(
-        Weights::quant(RowFormat::Q4_K, &data, 0)
+        Weights::quant(EngramType::Q4_K, &data, 0)
             .unwrap_err()
             .status,
         EngramStatus::ErrUnsupported
     );
     assert_eq!(
-        Weights::quant(RowFormat::Q4_K, &data, 512)
+        Weights::quant(EngramType::Q4_K, &data, 512)
             .unwrap_err()
             .status,
         EngramStatus::ErrInvalidArgument
     );
-    assert!(Weights::quant(RowFormat::Bf16, &data, 256).is_err());
-    assert!(Weights::quant(RowFormat::Fp8E4m3E8m0, &data, 256).is_err());
+    assert!(Weights::quant(EngramType::Bf16, &data, 256).is_err());
+    assert!(Weights::quant(EngramType::Fp8E4m3E8m0, &data, 256).is_err());
 }
 
 #[test]
@@ -349,7 +349,7 @@ fn weight_formats_describe_dense_and_quantised_weights() {
     );
     for (name, ty) in FORMATS {
         let wf = WeightFormat::new(ty as u32, k, "wkv").unwrap();
-        let f = RowFormat::new(ty as u32, k).unwrap();
+        let f = EngramType::row_format(ty as u32, k).unwrap();
         assert_eq!(wf, WeightFormat::Quant(f), "{name}");
         assert_eq!(wf.bytes(10, k), Some(10 * f.row_bytes(k)), "{name}");
         let e = WeightFormat::new(ty as u32, k + 16, "wkv").unwrap_err();
@@ -377,7 +377,7 @@ fn a_nan_or_infinite_d_propagates() {
     b[0..2].copy_from_slice(&0x7c00u16.to_le_bytes());
     b[3] = 1;
     b[4] = 0xff; // -1
-    let f = RowFormat::Q8_0;
+    let f = EngramType::Q8_0;
     let (g32, g16) = dequant_both(f, &b, 32);
     assert!(g32[0].is_nan() && g32[1] == f32::INFINITY && g32[2] == f32::NEG_INFINITY);
     assert!(g16[0] & 0x7fff > 0x7f80 && g16[1] == 0x7f80 && g16[2] == 0xff80);

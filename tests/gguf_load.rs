@@ -19,18 +19,17 @@ fn options() -> GgufOptions {
         limits: Tiny::limits(),
         n_threads: 2,
         backend: engram::EngramBackend::Cpu as u32,
+        device: 0,
         eps: f32::from_bits(0x358637bd), // f32(1e-6), as the golden
         mmap_tables: false,
     }
 }
 
-/// `(tokens, seq_ids, pos, highway_name)` of every call of every regime.
-fn all_calls(
-    tiny: &Tiny,
-) -> Vec<(
-    String,
-    Vec<(Vec<i32>, Vec<i32>, Vec<i32>, String, Vec<i64>)>,
-)> {
+/// One call: `(tokens, seq_ids, pos, highway_name, row ids)`.
+type Call = (Vec<i32>, Vec<i32>, Vec<i32>, String, Vec<i64>);
+
+/// Every call of every regime, by regime name.
+fn all_calls(tiny: &Tiny) -> Vec<(String, Vec<Call>)> {
     let regs = tiny.golden["regimes"].as_object().unwrap();
     regs.iter()
         .map(|(name, r)| {
@@ -255,7 +254,7 @@ fn missing_hash_constants_name_the_keys_or_come_from_config_and_tokenizer() {
 }
 
 fn parse_err(b: &[u8]) -> engram::Error {
-    Gguf::parse(b).err().expect("parse must fail")
+    Gguf::parse(b).expect_err("parse must fail")
 }
 
 /// Offset of tensor `name`'s header entry fields (after its name).

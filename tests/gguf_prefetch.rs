@@ -9,9 +9,11 @@ use engram::gguf::{GgufModel, GgufOptions};
 use engram::{EngramStatus, Highway};
 use std::sync::Arc;
 
-/// Every call of the `prefill`, `decode`, `interleaved` and `dead` regimes:
-/// `(tokens, seq_ids, pos, highway name)`.
-fn calls(tiny: &Tiny) -> Vec<Vec<(Vec<i32>, Vec<i32>, Vec<i32>, String)>> {
+/// One call: `(tokens, seq_ids, pos, highway name)`.
+type Call = (Vec<i32>, Vec<i32>, Vec<i32>, String);
+
+/// Every call of the `prefill`, `decode`, `interleaved` and `dead` regimes.
+fn calls(tiny: &Tiny) -> Vec<Vec<Call>> {
     ["prefill", "decode", "interleaved", "dead"]
         .iter()
         .map(|r| {
@@ -95,19 +97,19 @@ fn prefetched_memory_tables_give_the_direct_results() {
     let tiny = Tiny::load();
     let (a, b) = (tiny.context(), tiny.context());
     check_against_direct(&tiny, &a, &b, false);
-    let s = a.prefetch_stats();
+    let s = a.info().stage;
     // Each apply found its stage; the look-ahead prefetches left stages behind
     // that were overwritten (or applied later) but never served wrong rows.
     assert!(s.staged > 0 && s.prefetched >= s.staged, "{s:?}");
     assert_eq!(s.direct, 0, "every apply found its prefetch: {s:?}");
     check_against_direct(&tiny, &a, &b, true);
-    let s2 = a.prefetch_stats();
+    let s2 = a.info().stage;
     assert!(s2.staged > s.staged, "{s2:?}");
     assert!(
         s2.direct > 0,
         "look-ahead past two slots: the oldest stages were reused"
     );
-    assert_eq!(b.prefetch_stats().staged, 0);
+    assert_eq!(b.info().stage.staged, 0);
 }
 
 #[test]
@@ -118,6 +120,7 @@ fn gguf_tables_read_with_pread_or_the_mapping_agree() {
         limits: Tiny::limits(),
         n_threads: 3,
         backend: engram::EngramBackend::Cpu as u32,
+        device: 0,
         eps: tiny.eps,
         mmap_tables: false,
     };
@@ -186,7 +189,20 @@ fn a_failing_file_read_is_an_io_status() {
             .open(&path)
             .unwrap(),
     );
-    ctx.set_table_file(3, file.clone(), 100).unwrap();
+    let mut w = engram::LayerIn::host(
+        3,
+        &l.table,
+        engram::EngramType::row_format(l.format as u32, tiny.hd).unwrap(),
+        l.rows,
+        l.wkv.weights(),
+        l.q.weights(),
+        l.k.weights(),
+    );
+    w.table.source = engram::TableSource::File {
+        file: file.clone(),
+        offset: 100,
+    };
+    ctx.set_layer(w).unwrap();
     let n = 12;
     let tokens: Vec<i32> = (0..n as i32).map(|i| (i * 7) % 48).collect();
     let pos: Vec<i32> = (0..n as i32).collect();
@@ -202,14 +218,14 @@ fn a_failing_file_read_is_an_io_status() {
         want,
         "pread, no prefetch"
     );
-    let before = ctx.prefetch_stats();
+    let before = ctx.info().stage;
     ctx.prefetch(3, &ids, n).unwrap();
     assert_eq!(
         apply(&ctx, 3, &ids, n, "io.h", tiny.hc, tiny.d),
         want,
         "pread, prefetched"
     );
-    assert_eq!(ctx.prefetch_stats().staged, before.staged + 1);
+    assert_eq!(ctx.info().stage.staged, before.staged + 1);
     // The file is cut short underneath: both paths report ErrIo, the highway is untouched.
     file.set_len(150).unwrap();
     let x = values("io.h", n * tiny.hc * tiny.d, 1.0, 0.0);

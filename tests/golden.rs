@@ -8,9 +8,9 @@ mod common;
 
 use common::bounds::*;
 use common::*;
+use engram::cpu::projection::Kernel;
 use engram::formats::{bf16_to_f32, dequant_row_bf16, f32_to_bf16};
-use engram::projection::Kernel;
-use engram::{Highway, RowFormat};
+use engram::{EngramType, Highway};
 
 #[test]
 fn filler_matches_the_generator() {
@@ -47,7 +47,7 @@ fn formats_dequantise_bit_exactly() {
         );
         let name = f["name"].as_str().unwrap();
         let table = table_bytes(name, fmt, rows, hd, true);
-        let rf = RowFormat::new(engram_type(fmt) as u32, hd).unwrap();
+        let rf = EngramType::row_format(engram_type(fmt) as u32, hd).unwrap();
         let rb = rf.row_bytes(hd);
         let want = u16s(&f["dequant_bf16"]);
         let mut got = vec![0u16; rows * hd];
@@ -184,7 +184,7 @@ fn rows_kv_and_highway_match_the_golden_in_every_regime() {
         .flat_map(|r| kernels.iter().map(move |k| (*r, *k)))
     {
         let ctx = tiny.context_with(kernel);
-        assert_eq!(ctx.kernel(), kernel);
+        assert_eq!(ctx.info().kernel, format!("{kernel:?}").to_lowercase());
         for (ci, c) in calls(&tiny, regime).iter().enumerate() {
             let n = c.tokens.len();
             let mut ids = vec![0i64; n * ctx.ids_per_token()];

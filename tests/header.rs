@@ -40,6 +40,7 @@ fn version_macros_equal_the_crate_version() {
         env!("CARGO_PKG_VERSION_PATCH")
     );
     assert_eq!(define("ENGRAM_VERSION_STRING"), env!("CARGO_PKG_VERSION"));
+    // SAFETY: engram_version returns a static NUL-terminated string.
     let v = unsafe { CStr::from_ptr(engram::ffi::engram_version()) };
     assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
 }

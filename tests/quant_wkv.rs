@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use engram::formats::{bf16_to_f32, dequant_row_f32, f32_to_bf16};
-use engram::{Context, LayerIn, RowFormat, TableIn, Weights};
+use engram::{Context, EngramType, LayerIn, Weights};
 
 /// Quantise `vals` (rows of whole 32-blocks) to Q8_0 the way llama.cpp's
 /// reference quantiser does: `d = max|x| / 127` as f16, `q = round(x / d)`.
@@ -53,7 +53,7 @@ fn quantised_wkv_matches_the_dense_paths() {
         ("q8_0", engram::EngramType::Q8_0, q8_0(&vals)),
         ("q4_0", engram::EngramType::Q4_0, q4_0(&vals)),
     ] {
-        let fmt = RowFormat::new(ty as u32, k_in).unwrap();
+        let fmt = EngramType::row_format(ty as u32, k_in).unwrap();
         let mut deq = vec![0f32; vals.len()];
         for (o, row) in deq.chunks_mut(k_in).enumerate() {
             let rb = fmt.row_bytes(k_in);
@@ -62,19 +62,17 @@ fn quantised_wkv_matches_the_dense_paths() {
         let deq_bf16: Vec<u16> = deq.iter().map(|&v| f32_to_bf16(v)).collect();
         let run = |wkv: Weights<'_>| {
             let ctx = Context::new(&tiny.config(Tiny::limits())).unwrap();
-            ctx.set_layer(LayerIn {
-                layer_id: layer.layer_id,
-                table: TableIn {
-                    data: &layer.table,
-                    format: RowFormat::new(layer.format as u32, hd).unwrap(),
-                    rows: layer.rows,
-                },
+            ctx.set_layer(LayerIn::host(
+                layer.layer_id,
+                &layer.table,
+                EngramType::row_format(layer.format as u32, hd).unwrap(),
+                layer.rows,
                 wkv,
-                q: layer.q.weights(),
-                k: layer.k.weights(),
-            })
+                layer.q.weights(),
+                layer.k.weights(),
+            ))
             .unwrap();
-            let tokens: Vec<i32> = (0..16).map(|i| (i * 7 % 48) as i32).collect();
+            let tokens: Vec<i32> = (0..16).map(|i| i * 7 % 48).collect();
             let pos: Vec<i32> = (0..16).collect();
             let mut ids = vec![0i64; 16 * ctx.ids_per_token()];
             ctx.hash(&tokens, &[0; 16], &pos, &mut ids).unwrap();

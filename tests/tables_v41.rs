@@ -86,6 +86,8 @@ fn v41_config_and_tokenizer_give_the_published_tables() {
         },
         n_threads: 1,
         backend: engram::EngramBackend::Cpu as u32,
+        device: 0,
+        tuning: Default::default(),
     })
     .unwrap();
     assert_eq!(ctx.tables().rows_needed, t.rows);

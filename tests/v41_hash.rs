@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use engram::hash::{derive_offsets, derive_primes};
+use engram::hash::{derive_offsets, derive_primes_uniform};
 use engram::{Context, ContextConfig, Geometry, HashTablesIn, Limits};
 
 fn token_map() -> Vec<i32> {
@@ -31,7 +31,7 @@ fn derived_figures_match_the_published_ones() {
     // Interned in first-seen order: ids are dense and first appear in order.
     assert_eq!(map.iter().map(|&m| m as usize + 1).max().unwrap(), distinct);
 
-    let primes = derive_primes(2, 4, 8, 16_000_000);
+    let primes = derive_primes_uniform(2, 4, 8, 16_000_000).unwrap();
     assert_eq!(
         primes,
         u64s(&g["primes"]),
@@ -79,6 +79,8 @@ fn real_texts_hash_to_the_generators_ids() {
         },
         n_threads: 1,
         backend: engram::EngramBackend::Cpu as u32,
+        device: 0,
+        tuning: Default::default(),
     };
     let ctx = Context::new(&cfg).unwrap();
     assert_eq!(ctx.ids_per_token(), 48);

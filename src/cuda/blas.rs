@@ -18,7 +18,10 @@ pub struct Blas {
     ctx: sys::CUcontext,
 }
 
+// SAFETY: a cuBLAS handle used only behind the backend's state lock (one
+// call at a time), from any thread with the context current.
 unsafe impl Send for Blas {}
+// SAFETY: as above.
 unsafe impl Sync for Blas {}
 
 fn status_text(s: cb::cublasStatus_t) -> String {
@@ -133,28 +136,32 @@ impl Blas {
             )
         };
         // Column-major view: kv^T (n_out x n) = W (k x n_out)^T * rows^T (k x n).
+        // SAFETY: the caller's contract (the sizes above on the context's
+        // device); alpha and beta live for the call.
         bcheck(
-            cb::cublasGemmEx(
-                self.handle,
-                cb::cublasOperation_t::CUBLAS_OP_T,
-                cb::cublasOperation_t::CUBLAS_OP_N,
-                n_out as i32,
-                n as i32,
-                k as i32,
-                &alpha as *const f32 as *const c_void,
-                w as *const c_void,
-                ty,
-                k as i32,
-                rows as *const c_void,
-                ty,
-                k as i32,
-                &beta as *const f32 as *const c_void,
-                kv as *mut c_void,
-                ty,
-                n_out as i32,
-                compute,
-                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            ),
+            unsafe {
+                cb::cublasGemmEx(
+                    self.handle,
+                    cb::cublasOperation_t::CUBLAS_OP_T,
+                    cb::cublasOperation_t::CUBLAS_OP_N,
+                    n_out as i32,
+                    n as i32,
+                    k as i32,
+                    &alpha as *const f32 as *const c_void,
+                    w as *const c_void,
+                    ty,
+                    k as i32,
+                    rows as *const c_void,
+                    ty,
+                    k as i32,
+                    &beta as *const f32 as *const c_void,
+                    kv as *mut c_void,
+                    ty,
+                    n_out as i32,
+                    compute,
+                    cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            },
             "cublasGemmEx (the projection)",
         )
     }
@@ -162,7 +169,8 @@ impl Blas {
 
 impl Drop for Blas {
     fn drop(&mut self) {
-        if let Ok(_s) = driver::Scope::enter(self.ctx) {
+        // SAFETY: the context this value was created in, which outlives it.
+        if let Ok(_s) = unsafe { driver::Scope::enter(self.ctx) } {
             // SAFETY: created once, destroyed once.
             unsafe {
                 let _ = cb::cublasDestroy_v2(self.handle);

@@ -148,6 +148,7 @@ pub struct Device {
 // SAFETY: a CUcontext may be used from any thread (made current there first,
 // which every user of `ctx` does through `Scope`).
 unsafe impl Send for Device {}
+// SAFETY: as above; the handle itself is never mutated after `open`.
 unsafe impl Sync for Device {}
 
 impl Device {
@@ -216,7 +217,8 @@ impl Device {
 
     /// Make the primary context current on this thread until the scope ends.
     pub fn scope(&self) -> Result<Scope> {
-        Scope::enter(self.ctx)
+        // SAFETY: the primary context this device retained and holds.
+        unsafe { Scope::enter(self.ctx) }
     }
 }
 
@@ -237,7 +239,10 @@ pub struct Scope {
 }
 
 impl Scope {
-    pub fn enter(ctx: sys::CUcontext) -> Result<Scope> {
+    ///
+    /// # Safety
+    /// `ctx` must be a live CUDA context (or NULL).
+    pub unsafe fn enter(ctx: sys::CUcontext) -> Result<Scope> {
         let mut prev = std::ptr::null_mut();
         // SAFETY: plain driver calls with a local out-pointer.
         unsafe {
@@ -275,7 +280,10 @@ pub struct DevBuf {
     ctx: sys::CUcontext,
 }
 
+// SAFETY: a device address and its context handle, usable from any thread
+// once the context is made current (`Scope`); never mutated after creation.
 unsafe impl Send for DevBuf {}
+// SAFETY: as above.
 unsafe impl Sync for DevBuf {}
 
 impl DevBuf {
@@ -295,7 +303,8 @@ impl DevBuf {
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        if let Ok(_s) = Scope::enter(self.ctx) {
+        // SAFETY: the context this value was created in, which outlives it.
+        if let Ok(_s) = unsafe { Scope::enter(self.ctx) } {
             // SAFETY: allocated by cuMemAlloc in this context, freed once.
             unsafe {
                 let _ = sys::cuMemFree_v2(self.ptr);
@@ -314,7 +323,10 @@ pub struct PinnedBuf {
     ctx: sys::CUcontext,
 }
 
+// SAFETY: pinned host memory owned by this value, and its context handle;
+// the owner decides who writes it (behind the backend's lock, or the device).
 unsafe impl Send for PinnedBuf {}
+// SAFETY: as above.
 unsafe impl Sync for PinnedBuf {}
 
 impl PinnedBuf {
@@ -351,7 +363,8 @@ impl PinnedBuf {
 
 impl Drop for PinnedBuf {
     fn drop(&mut self) {
-        if let Ok(_s) = Scope::enter(self.ctx) {
+        // SAFETY: the context this value was created in, which outlives it.
+        if let Ok(_s) = unsafe { Scope::enter(self.ctx) } {
             // SAFETY: allocated by cuMemHostAlloc, freed once.
             unsafe {
                 let _ = sys::cuMemFreeHost(self.ptr);
@@ -366,7 +379,9 @@ pub struct Event {
     ctx: sys::CUcontext,
 }
 
+// SAFETY: an event handle, usable from any thread with its context current.
 unsafe impl Send for Event {}
+// SAFETY: as above; the driver synchronises operations on one event.
 unsafe impl Sync for Event {}
 
 impl Event {
@@ -385,7 +400,8 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        if let Ok(_s) = Scope::enter(self.ctx) {
+        // SAFETY: the context this value was created in, which outlives it.
+        if let Ok(_s) = unsafe { Scope::enter(self.ctx) } {
             // SAFETY: created by cuEventCreate, destroyed once.
             unsafe {
                 let _ = sys::cuEventDestroy_v2(self.ev);

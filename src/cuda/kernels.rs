@@ -25,10 +25,36 @@ pub const SOURCES: [(&str, &str); 4] = [
 pub const MODULE_MAIN: &str =
     "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n";
 
-/// The options every compile uses besides the architecture. No `--use_fast_math`
-/// and no `--ftz`: f32 subnormals and IEEE division and square root, so the
-/// dequantisation is exact and the gate matches the CPU's formula.
+/// The options every compile uses besides the architecture and [`defines`].
+/// No `--use_fast_math` and no `--ftz`: f32 subnormals and IEEE division and
+/// square root, so the dequantisation is exact and the gate matches the CPU's
+/// formula.
 pub const OPTIONS: [&str; 3] = ["--std=c++17", "--fmad=true", "-lineinfo"];
+
+/// The constants the kernels share with Rust, as `-D` options: the type
+/// numbers and block sizes ([`crate::formats`]), the error-latch codes
+/// ([`super::latch`]), and the launch shapes below. The kernel sources define
+/// none of them, so a build without these options fails to compile.
+pub fn defines() -> Vec<String> {
+    use crate::formats::{EngramType, FP8_SCALE_BLOCK};
+    let mut v = Vec::new();
+    for t in EngramType::ALL {
+        let name = t.name().to_uppercase();
+        v.push(format!("-DENG_{name}={}u", t as u32));
+        if let Some((values, bytes)) = t.block() {
+            v.push(format!("-DENG_{name}_BLOCK={values}u"));
+            v.push(format!("-DENG_{name}_BLOCK_BYTES={bytes}u"));
+        }
+    }
+    v.push(format!("-DENG_FP8_SCALE_BLOCK={FP8_SCALE_BLOCK}u"));
+    v.extend(super::latch::LatchCode::defines());
+    v.push(format!("-DENG_GATHER_THREADS={GATHER_THREADS}"));
+    v.push(format!("-DENG_GATE_THREADS={GATE_THREADS}"));
+    v.push(format!("-DENG_GEMV_THREADS={GEMV_THREADS}"));
+    v.push(format!("-DENG_GEMV_ROWS={GEMV_ROWS_PER_WARP}"));
+    v.push(format!("-DENG_GEMV_MAX={GEMV_MAX}"));
+    v
+}
 
 /// What NVRTC produced: the cubin (or PTX) and its log.
 pub struct Compiled {
@@ -94,6 +120,7 @@ pub fn compile_source(main: &str, name: &str, arch: &str) -> Result<Compiled> {
     let hn: Vec<*const c_char> = hdr_name.iter().map(|s| s.as_ptr()).collect();
     let mut opts: Vec<CString> = vec![CString::new(format!("--gpu-architecture={arch}")).unwrap()];
     opts.extend(OPTIONS.iter().map(|o| CString::new(*o).unwrap()));
+    opts.extend(defines().into_iter().map(|o| CString::new(o).unwrap()));
     let op: Vec<*const c_char> = opts.iter().map(|s| s.as_ptr()).collect();
     // SAFETY: every pointer is a live CString for the duration of the calls;
     // the program is destroyed on every path.
@@ -185,13 +212,16 @@ pub struct Module {
 /// Most tokens the GEMV kernels take (`engram_gemv_bf16_1` ... `_8`).
 pub const GEMV_MAX: usize = 8;
 /// Threads of a gather / gate / GEMV block, and output rows per GEMV warp
-/// (as the kernels define them).
+/// (passed to the kernels by [`defines`]).
 pub const GATHER_THREADS: u32 = 256;
 pub const GATE_THREADS: u32 = 256;
 pub const GEMV_THREADS: u32 = 256;
 pub const GEMV_ROWS_PER_WARP: u32 = 2;
 
+// SAFETY: a loaded module and function handles, usable from any thread with
+// the context current; never mutated after `load`.
 unsafe impl Send for Module {}
+// SAFETY: as above.
 unsafe impl Sync for Module {}
 
 impl Module {
@@ -248,7 +278,8 @@ impl Module {
 
 impl Drop for Module {
     fn drop(&mut self) {
-        if let Ok(_s) = driver::Scope::enter(self.ctx) {
+        // SAFETY: the context this value was created in, which outlives it.
+        if let Ok(_s) = unsafe { driver::Scope::enter(self.ctx) } {
             // SAFETY: loaded once, unloaded once.
             unsafe {
                 let _ = sys::cuModuleUnload(self.module);
@@ -271,20 +302,24 @@ pub unsafe fn launch(
     args: &mut [*mut std::ffi::c_void],
     what: &str,
 ) -> Result<()> {
+    // SAFETY: the caller's contract (arguments matching the kernel, valid
+    // pointers); the argument array lives for the call.
     check(
-        sys::cuLaunchKernel(
-            f,
-            grid.0,
-            grid.1,
-            grid.2,
-            block,
-            1,
-            1,
-            shared,
-            stream,
-            args.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ),
+        unsafe {
+            sys::cuLaunchKernel(
+                f,
+                grid.0,
+                grid.1,
+                grid.2,
+                block,
+                1,
+                1,
+                shared,
+                stream,
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
         &format!("launching {what}"),
     )
 }

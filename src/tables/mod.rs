@@ -8,7 +8,7 @@ pub mod numpy_rng;
 pub mod tokenizer;
 
 use crate::error::{bail, Result};
-use crate::hash::{is_prime, HashTablesIn};
+use crate::hash::{derive_primes, HashTablesIn};
 pub use config::EngramConfig;
 pub use tokenizer::{TokenMap, TokenMapStats};
 
@@ -67,7 +67,7 @@ impl EngramTables {
             ),
         };
         let multipliers = multipliers(&config.layer_ids, config.max_ngram, k as u64, config.seed)?;
-        let primes = primes(
+        let primes = derive_primes(
             config.layer_ids.len(),
             &config.vocab_per_ngram,
             config.n_heads,
@@ -138,43 +138,6 @@ pub fn multipliers(layer_ids: &[u32], n: usize, compressed: u64, seed: u64) -> R
             .integers_i64(0, half, n)
             .expect("half >= 1");
         out.extend(r.iter().map(|&v| (v * 2 + 1) as u64));
-    }
-    Ok(out)
-}
-
-/// The primes of SPEC section 3 with one table size per n-gram size: for each
-/// layer, each n-gram size, each head, the next prime above the previous one
-/// (starting above `size - 1` for each n-gram size) that no earlier (layer,
-/// n-gram, head) took. Flat `[layers * (N-1) * H]`.
-pub fn primes(n_layers: usize, vocab_per_ngram: &[u64], n_heads: usize) -> Result<Vec<u64>> {
-    let mut taken = std::collections::HashSet::new();
-    let mut out = Vec::with_capacity(n_layers * vocab_per_ngram.len() * n_heads);
-    for _ in 0..n_layers {
-        for &size in vocab_per_ngram {
-            let mut cur = size.saturating_sub(1);
-            for _ in 0..n_heads {
-                let mut c = cur + 1;
-                while !is_prime(c) || taken.contains(&c) {
-                    c += 1;
-                }
-                taken.insert(c);
-                out.push(c);
-                cur = c;
-            }
-        }
-    }
-    // Each layer's rows (the sum of its primes) must stay an i64.
-    let cols = vocab_per_ngram.len() * n_heads;
-    for l in out.chunks(cols) {
-        if l.iter()
-            .try_fold(0u64, |a, &p| a.checked_add(p))
-            .is_none_or(|s| s > i64::MAX as u64)
-        {
-            bail!(
-                ErrInvalidConfig,
-                "the table sizes give a layer more than 2^63 rows"
-            );
-        }
     }
     Ok(out)
 }

@@ -71,9 +71,9 @@ impl SeedSequence {
             }
         }
         for &e in entropy.iter().skip(POOL_SIZE) {
-            for dst in 0..POOL_SIZE {
+            for p in pool.iter_mut() {
                 let h = hashmix(e);
-                pool[dst] = mix(pool[dst], h);
+                *p = mix(*p, h);
             }
         }
         SeedSequence { pool }

@@ -7,8 +7,8 @@ pub mod bounds;
 
 use engram::formats::f32_to_bf16;
 use engram::{
-    Context, ContextConfig, EngramType, Geometry, HashTablesIn, LayerIn, Limits, RowFormat,
-    TableIn, Weights,
+    Context, ContextConfig, EngramType, Geometry, HashTablesIn, Highway, HighwayType, LayerIn,
+    Limits, RowIds, Weights,
 };
 use serde_json::Value;
 use std::path::PathBuf;
@@ -300,6 +300,8 @@ impl Tiny {
             limits,
             n_threads: 2,
             backend: engram::EngramBackend::Cpu as u32,
+            device: 0,
+            tuning: Default::default(),
         }
     }
 
@@ -313,27 +315,140 @@ impl Tiny {
 
     /// A context with both layers' weights set.
     pub fn context(&self) -> Context<'_> {
-        self.context_with(engram::projection::Kernel::detect())
+        self.context_with(engram::cpu::projection::Kernel::detect())
     }
 
     /// The same, with the projection kernel chosen.
-    pub fn context_with(&self, kernel: engram::projection::Kernel) -> Context<'_> {
-        let mut ctx = Context::new(&self.config(Self::limits())).expect("create");
-        ctx.set_kernel(kernel);
+    pub fn context_with(&self, kernel: engram::cpu::projection::Kernel) -> Context<'_> {
+        let mut cfg = self.config(Self::limits());
+        cfg.tuning.cpu_kernel = Some(kernel);
+        let ctx = Context::new(&cfg).expect("create");
         for l in &self.layers {
-            ctx.set_layer(LayerIn {
-                layer_id: l.layer_id,
-                table: TableIn {
-                    data: &l.table,
-                    format: RowFormat::new(l.format as u32, self.hd).unwrap(),
-                    rows: l.rows,
-                },
-                wkv: l.wkv.weights(),
-                q: l.q.weights(),
-                k: l.k.weights(),
-            })
+            ctx.set_layer(LayerIn::host(
+                l.layer_id,
+                &l.table,
+                EngramType::row_format(l.format as u32, self.hd).unwrap(),
+                l.rows,
+                l.wkv.weights(),
+                l.q.weights(),
+                l.k.weights(),
+            ))
             .expect("set_layer");
         }
         ctx
+    }
+}
+
+// ---- calls on device memory (the CUDA tests), and the live tokens' stages ----
+
+/// One layer's weights as device pointers.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceLayerIn {
+    pub layer_id: u32,
+    pub table: u64,
+    pub table_rows: u64,
+    pub table_type: u32,
+    pub wkv: u64,
+    pub wkv_type: u32,
+    pub q: u64,
+    pub k: u64,
+    pub qk_type: u32,
+}
+
+/// The context's calls with device pointers, as the CUDA tests make them.
+pub trait DeviceCalls {
+    fn set_layer_device(&self, w: &DeviceLayerIn) -> engram::Result<()>;
+    fn apply_device(
+        &self,
+        layer_id: u32,
+        ids: RowIds<'_>,
+        n: usize,
+        highway: u64,
+        highway_type: u32,
+        stream: *mut std::ffi::c_void,
+    ) -> engram::Result<()>;
+    fn check_device(&self, stream: *mut std::ffi::c_void) -> engram::Result<()>;
+    /// Rows `[n, C*Hd]` and kv `[n, D*(hc+1)]` of all `n` tokens.
+    fn stages_device(
+        &self,
+        layer_id: u32,
+        ids: RowIds<'_>,
+        n: usize,
+    ) -> engram::Result<(Vec<u16>, Vec<u16>)>;
+    /// Rows and kv of the live tokens only (host ids), in token order.
+    fn stages(&self, layer_id: u32, ids: &[i64], n: usize) -> engram::Result<(Vec<u16>, Vec<u16>)>;
+}
+
+impl DeviceCalls for Context<'_> {
+    fn set_layer_device(&self, w: &DeviceLayerIn) -> engram::Result<()> {
+        // SAFETY: the tests pass device pointers of the sizes the geometry
+        // implies, alive while the context uses them.
+        self.set_layer(unsafe {
+            LayerIn::raw(
+                w.layer_id,
+                w.table,
+                w.table_type,
+                w.table_rows,
+                w.wkv,
+                w.wkv_type,
+                w.q,
+                w.k,
+                w.qk_type,
+            )
+        })
+    }
+
+    fn apply_device(
+        &self,
+        layer_id: u32,
+        ids: RowIds<'_>,
+        n: usize,
+        highway: u64,
+        highway_type: u32,
+        stream: *mut std::ffi::c_void,
+    ) -> engram::Result<()> {
+        let ty = HighwayType::new(highway_type)?;
+        // SAFETY: as `set_layer_device`, for the highway of `n` tokens.
+        let hw = unsafe { Highway::raw(highway, ty) };
+        self.apply_on(layer_id, ids, n, hw, stream)
+    }
+
+    fn check_device(&self, stream: *mut std::ffi::c_void) -> engram::Result<()> {
+        self.check(stream)
+    }
+
+    fn stages_device(
+        &self,
+        layer_id: u32,
+        ids: RowIds<'_>,
+        n: usize,
+    ) -> engram::Result<(Vec<u16>, Vec<u16>)> {
+        let r = self.read_back(layer_id, ids, n)?;
+        Ok((r.rows, r.kv))
+    }
+
+    fn stages(&self, layer_id: u32, ids: &[i64], n: usize) -> engram::Result<(Vec<u16>, Vec<u16>)> {
+        let r = self.read_back(layer_id, RowIds::Host(ids), n)?;
+        let (per, cols) = (self.ids_per_token(), self.shape().cols);
+        let li = self
+            .tables()
+            .layer_ids
+            .iter()
+            .position(|&l| l == layer_id)
+            .unwrap();
+        let (k_in, k_out) = (self.kv_in(), self.kv_out());
+        let (mut rows, mut kv) = (Vec::new(), Vec::new());
+        for t in 0..n {
+            let tid = &ids[t * per + li * cols..t * per + (li + 1) * cols];
+            if tid.iter().all(|&x| x == engram::ROW_ID_DEAD) {
+                // A dead token's read-back values are zero.
+                assert!(r.rows[t * k_in..(t + 1) * k_in].iter().all(|&v| v == 0));
+                assert!(r.kv[t * k_out..(t + 1) * k_out].iter().all(|&v| v == 0));
+                continue;
+            }
+            rows.extend_from_slice(&r.rows[t * k_in..(t + 1) * k_in]);
+            kv.extend_from_slice(&r.kv[t * k_out..(t + 1) * k_out]);
+        }
+        Ok((rows, kv))
     }
 }

@@ -9,6 +9,7 @@
 //! an id without a token), and prints the figures and timings. The arrays are
 //! in the GGUF flat layout `engram_config` takes.
 
+use anyhow::{bail, Context, Result};
 use engram::tables::{tokenizer, EngramConfig, EngramTables};
 use serde_json::json;
 use std::path::PathBuf;
@@ -21,53 +22,53 @@ const USAGE: &str =
   and writes DIR/engram_tables.json and DIR/token_map.i32 (DIR defaults to .).";
 
 fn main() -> ExitCode {
-    let mut config = None;
-    let mut tok = None;
-    let mut out = PathBuf::from(".");
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut val = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
-        let r = match a.as_str() {
-            "--config" => val("--config").map(|v| config = Some(PathBuf::from(v))),
-            "--tokenizer" => val("--tokenizer").map(|v| tok = Some(PathBuf::from(v))),
-            "--out" => val("--out").map(|v| out = PathBuf::from(v)),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            other => Err(format!("unknown argument {other}")),
-        };
-        if let Err(e) = r {
-            eprintln!("engram-tables: {e}\n{USAGE}");
-            return ExitCode::from(2);
+    match parse(std::env::args().skip(1)) {
+        Ok(None) => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
         }
-    }
-    let (Some(config), Some(tok)) = (config, tok) else {
-        eprintln!("engram-tables: --config and --tokenizer are required\n{USAGE}");
-        return ExitCode::from(2);
-    };
-    match run(&config, &tok, &out) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Some((config, tok, out))) => match run(&config, &tok, &out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("engram-tables: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Err(e) => {
-            eprintln!("engram-tables: {e}");
-            ExitCode::FAILURE
+            eprintln!("engram-tables: {e:#}\n{USAGE}");
+            ExitCode::from(2)
         }
     }
 }
 
-fn run(
-    config: &std::path::Path,
-    tok: &std::path::Path,
-    out: &std::path::Path,
-) -> Result<(), String> {
+/// The arguments: `None` for `--help`.
+fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<(PathBuf, PathBuf, PathBuf)>> {
+    let (mut config, mut tok, mut out) = (None, None, PathBuf::from("."));
+    while let Some(a) = args.next() {
+        let mut val = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--config" => config = Some(PathBuf::from(val("--config")?)),
+            "--tokenizer" => tok = Some(PathBuf::from(val("--tokenizer")?)),
+            "--out" => out = PathBuf::from(val("--out")?),
+            "-h" | "--help" => return Ok(None),
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    let (Some(config), Some(tok)) = (config, tok) else {
+        bail!("--config and --tokenizer are required");
+    };
+    Ok(Some((config, tok, out)))
+}
+
+fn run(config: &std::path::Path, tok: &std::path::Path, out: &std::path::Path) -> Result<()> {
     let t0 = Instant::now();
-    let cfg = EngramConfig::from_file(config).map_err(|e| e.to_string())?;
+    let cfg = EngramConfig::from_file(config)?;
     let t1 = Instant::now();
-    let tk = tokenizer::load(tok).map_err(|e| e.to_string())?;
+    let tk = tokenizer::load(tok)?;
     let t2 = Instant::now();
-    let tm = tokenizer::token_map(&tk).map_err(|e| e.to_string())?;
+    let tm = tokenizer::token_map(&tk)?;
     let t3 = Instant::now();
-    let t = EngramTables::derive(cfg, tm).map_err(|e| e.to_string())?;
+    let t = EngramTables::derive(cfg, tm)?;
     let t4 = Instant::now();
     let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
     let doc = json!({
@@ -95,13 +96,13 @@ fn run(
         "offsets": t.offsets,
         "rows": t.rows,
     });
-    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
     let jp = out.join("engram_tables.json");
-    let text = serde_json::to_string_pretty(&doc).expect("json") + "\n";
-    std::fs::write(&jp, text).map_err(|e| format!("{}: {e}", jp.display()))?;
+    let text = serde_json::to_string_pretty(&doc)? + "\n";
+    std::fs::write(&jp, text).with_context(|| jp.display().to_string())?;
     let mp = out.join("token_map.i32");
     let bytes: Vec<u8> = t.token_map.iter().flat_map(|v| v.to_le_bytes()).collect();
-    std::fs::write(&mp, bytes).map_err(|e| format!("{}: {e}", mp.display()))?;
+    std::fs::write(&mp, bytes).with_context(|| mp.display().to_string())?;
     println!(
         "{} token ids -> {} compressed ids (pad {} -> {}); layers {:?}, rows {:?}",
         t.token_map.len(),

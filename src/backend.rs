@@ -1,0 +1,298 @@
+//! The one interface both backends implement, over inputs the context has
+//! already validated ([`crate::batch`]): register a layer's weights, stage a
+//! step's rows ahead of time, apply a layer, read back a layer's intermediate
+//! results, and report errors found asynchronously.
+//!
+//! What a backend is given is the engine's memory as [`Region`]s: the CPU
+//! backend reads them as host memory; the CUDA backend as device memory (or,
+//! for a table in host memory, stages its rows).
+
+use crate::batch::{HighwayType, LayerBytes, LiveIds};
+use crate::error::Result;
+use crate::formats::{EngramType, Weights};
+use crate::memory::{Region, RegionMut};
+use std::ffi::c_void;
+use std::fs::File;
+use std::sync::Arc;
+
+/// Where `apply` runs.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngramBackend {
+    /// Host memory, host threads.
+    Cpu = 1,
+    /// Caller-owned device memory and CUDA stream (`crate::cuda`).
+    Cuda = 2,
+}
+
+/// A `CUstream` / `cudaStream_t` of the engine's (NULL: the legacy default
+/// stream); ignored by the CPU backend.
+pub type Stream = *mut c_void;
+
+/// Where a layer's table rows are.
+#[derive(Clone, Debug)]
+pub enum TableSource<'w> {
+    /// The engine's memory (host or device), borrowed for `'w`.
+    Memory(Region<'w>),
+    /// `bytes` at `offset` in `file`, read with `pread` (so an I/O error or a
+    /// file cut short is a status, never a signal).
+    File { file: Arc<File>, offset: u64 },
+}
+
+/// One layer's table: `rows` rows of `ty`.
+#[derive(Clone, Debug)]
+pub struct TableIn<'w> {
+    pub source: TableSource<'w>,
+    /// `ENGRAM_TYPE_*`
+    pub ty: u32,
+    pub rows: u64,
+}
+
+/// One layer's weights as the engine hands them over (borrowed for `'w`).
+#[derive(Clone, Debug)]
+pub struct LayerIn<'w> {
+    pub layer_id: u32,
+    pub table: TableIn<'w>,
+    /// `[D*(hc+1), C*Hd]` row-major, `wkv_type`.
+    pub wkv: Region<'w>,
+    pub wkv_type: u32,
+    /// `[hc, D]` each, `qk_type` (f32 or bf16).
+    pub q: Region<'w>,
+    pub k: Region<'w>,
+    pub qk_type: u32,
+}
+
+/// Host weights as a [`Region`] and its type.
+fn weight_region<'w>(w: Weights<'w>) -> (Region<'w>, u32) {
+    match w {
+        Weights::F32(v) => (Region::of(v), EngramType::F32 as u32),
+        Weights::Bf16(v) => (Region::of(v), EngramType::Bf16 as u32),
+        Weights::Quant { format, data, .. } => (Region::of(data), format as u32),
+    }
+}
+
+impl<'w> LayerIn<'w> {
+    /// A layer whose weights are host slices (the CPU backend's usual input).
+    pub fn host(
+        layer_id: u32,
+        table: &'w [u8],
+        table_type: EngramType,
+        table_rows: u64,
+        wkv: Weights<'w>,
+        q: Weights<'w>,
+        k: Weights<'w>,
+    ) -> LayerIn<'w> {
+        let (wkv, wkv_type) = weight_region(wkv);
+        let (q, qk_type) = weight_region(q);
+        let (k, _) = weight_region(k);
+        LayerIn {
+            layer_id,
+            table: TableIn {
+                source: TableSource::Memory(Region::of(table)),
+                ty: table_type as u32,
+                rows: table_rows,
+            },
+            wkv,
+            wkv_type,
+            q,
+            k,
+            qk_type,
+        }
+    }
+}
+
+impl<'w> LayerIn<'w> {
+    /// A layer whose weights are bare addresses (device pointers for the CUDA
+    /// backend), their sizes following from the geometry.
+    ///
+    /// # Safety
+    /// As [`Region::from_raw`] for each address.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn raw(
+        layer_id: u32,
+        table: u64,
+        table_type: u32,
+        table_rows: u64,
+        wkv: u64,
+        wkv_type: u32,
+        q: u64,
+        k: u64,
+        qk_type: u32,
+    ) -> LayerIn<'w> {
+        // SAFETY: the caller's contract, for every region.
+        let r = |a: u64| unsafe { Region::from_raw(a as usize, None) };
+        LayerIn {
+            layer_id,
+            table: TableIn {
+                source: TableSource::Memory(r(table)),
+                ty: table_type,
+                rows: table_rows,
+            },
+            wkv: r(wkv),
+            wkv_type,
+            q: r(q),
+            k: r(k),
+            qk_type,
+        }
+    }
+}
+
+/// A layer after the context's checks: its regions sized, its table's format
+/// known.
+#[derive(Clone, Debug)]
+pub struct CheckedLayer<'w> {
+    pub layer_id: u32,
+    pub source: TableSource<'w>,
+    pub format: EngramType,
+    pub rows: u64,
+    pub wkv: Region<'w>,
+    pub wkv_type: EngramType,
+    pub q: Region<'w>,
+    pub k: Region<'w>,
+    pub qk_type: EngramType,
+    pub bytes: LayerBytes,
+}
+
+/// Where `apply`'s row ids are.
+#[derive(Clone, Copy, Debug)]
+pub enum RowIds<'a> {
+    /// Host memory, `[n, n_layers, C]`: checked on the host.
+    Host(&'a [i64]),
+    /// Device memory, `[n, n_layers, C]` int64 (the engine copied them there;
+    /// CUDA backend): checked on the device.
+    Device(u64),
+}
+
+/// A call's row ids after the context's checks.
+#[derive(Clone, Copy, Debug)]
+pub enum Ids<'a> {
+    /// Host ids: all of them (`[n, n_layers, C]`) and the layer's live tokens.
+    Host { all: &'a [i64], live: &'a LiveIds },
+    /// A device pointer to `[n, n_layers, C]` int64, unchecked.
+    Device(u64),
+}
+
+/// The highway `[n, hc, D]`, updated in place.
+pub enum Highway<'a> {
+    F32(&'a mut [f32]),
+    /// bf16 bit patterns; each updated value is rounded to nearest-even.
+    Bf16(&'a mut [u16]),
+    /// The engine's memory (host for the CPU backend, device for CUDA) of
+    /// `HighwayType`, its length following from the call's token count.
+    Raw(RegionMut<'a>, HighwayType),
+}
+
+impl<'a> Highway<'a> {
+    /// A highway at a bare address (device memory for the CUDA backend), its
+    /// length following from the call's token count.
+    ///
+    /// # Safety
+    /// As [`RegionMut::from_raw`].
+    pub unsafe fn raw(addr: u64, ty: HighwayType) -> Highway<'a> {
+        // SAFETY: the caller's contract.
+        Highway::Raw(unsafe { RegionMut::from_raw(addr as usize, None) }, ty)
+    }
+
+    /// The highway as a region and its element type.
+    pub fn into_region(self) -> (RegionMut<'a>, HighwayType) {
+        match self {
+            Highway::F32(v) => (RegionMut::of(v), HighwayType::F32),
+            Highway::Bf16(v) => (RegionMut::of(v), HighwayType::Bf16),
+            Highway::Raw(r, t) => (r, t),
+        }
+    }
+}
+
+/// One `apply` after the context's checks.
+pub struct ApplyIn<'a> {
+    pub n: usize,
+    pub ids: Ids<'a>,
+    /// Sized for `n` tokens.
+    pub highway: RegionMut<'a>,
+    pub highway_type: HighwayType,
+    pub stream: Stream,
+}
+
+/// A layer's intermediate results for all `n` tokens of a call, for
+/// numerics checks: the gathered rows `[n, C*Hd]` and `kv` `[n, D*(hc+1)]`,
+/// as bf16 bit patterns (zero for a dead token).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadBack {
+    pub rows: Vec<u16>,
+    pub kv: Vec<u16>,
+}
+
+/// How the gathers of `apply` were served (host tables).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageStats {
+    /// Prefetches started.
+    pub prefetched: u64,
+    /// Gathers served from a staged prefetch.
+    pub staged: u64,
+    /// Gathers read directly (no prefetch of those ids).
+    pub direct: u64,
+}
+
+/// What a backend reports about itself.
+#[derive(Clone, Debug)]
+pub struct BackendInfo {
+    pub kind: EngramBackend,
+    /// The kernels in use (`"avx512"`, `"portable"`, `"sm_90 cubin"`, ...).
+    pub kernel: String,
+    /// Host bytes the backend holds beyond the borrowed weights.
+    pub host_bytes: usize,
+    /// Device bytes the backend allocated (0 on the CPU).
+    pub device_bytes: usize,
+    pub stage: StageStats,
+}
+
+/// A backend: where `apply` runs. Every method gets inputs the context has
+/// checked; layers are numbered by their index among the engram layers.
+pub trait Backend<'w>: Send + Sync {
+    fn info(&self) -> BackendInfo;
+
+    /// Whether `apply` takes row ids in device memory ([`Ids::Device`]).
+    fn takes_device_ids(&self) -> bool {
+        false
+    }
+
+    /// Register (or replace) layer `li`'s weights. Called with no `apply`
+    /// of the context in flight on the host (the context's layer lock).
+    fn set_layer(&self, li: usize, layer: CheckedLayer<'w>) -> Result<()>;
+
+    /// Start gathering the rows of a step's live tokens of layer `li`
+    /// (`engram_prefetch`); `apply` with the same ids then waits only for it.
+    fn stage(&self, li: usize, live: &LiveIds) -> Result<()>;
+
+    /// Apply layer `li` (whose weights are set).
+    fn apply(&self, li: usize, call: ApplyIn<'_>) -> Result<()>;
+
+    /// Layer `li`'s rows and `kv` for a call's tokens (slow; synchronous).
+    fn read_back(&self, li: usize, ids: Ids<'_>, n: usize) -> Result<ReadBack>;
+
+    /// Wait for `stream` and report errors found asynchronously (CUDA).
+    fn check(&self, stream: Stream) -> Result<()>;
+}
+
+/// The backend `kind` for a context of `shape` (see [`crate::context`]).
+pub(crate) fn open<'w>(
+    kind: EngramBackend,
+    cfg: &crate::context::ContextConfig<'_>,
+    shape: crate::batch::Shape,
+    tables: &crate::hash::HashTables,
+) -> Result<Box<dyn Backend<'w> + 'w>> {
+    Ok(match kind {
+        EngramBackend::Cpu => Box::new(crate::cpu::CpuBackend::new(
+            shape,
+            cfg.n_threads,
+            cfg.tuning.cpu_kernel,
+        )?),
+        EngramBackend::Cuda => Box::new(crate::cuda::CudaBackend::new(
+            cfg.device,
+            shape,
+            &tables.layer_ids,
+            cfg.limits.max_tokens,
+            cfg.tuning.gemv_max_tokens,
+        )?),
+    })
+}

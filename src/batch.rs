@@ -1,0 +1,433 @@
+//! Geometry, limits, and every check on a call's inputs, each written once:
+//! the context runs them before any backend sees a call, and each backend
+//! that must repeat one (the CUDA kernels check device row ids on the device)
+//! reports it with the same message.
+
+use crate::backend::{CheckedLayer, LayerIn, TableSource};
+use crate::error::{bail, Error, Result};
+use crate::formats::{EngramType, WeightDtype, WeightFormat};
+use crate::hash::{HashTables, ROW_ID_DEAD};
+use crate::memory::Region;
+use crate::EngramStatus;
+
+/// Model geometry (SPEC section 1 symbols).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Geometry {
+    /// Hidden size `D`.
+    pub d: usize,
+    /// Hyper-connection streams `hc`.
+    pub hc: usize,
+    /// Row width `Hd`.
+    pub hd: usize,
+    /// RMS epsilon of the gate.
+    pub eps: f32,
+}
+
+impl Geometry {
+    /// The create-time checks: positive, small enough that every buffer size
+    /// stays well inside `usize` and `i32` element counts, `eps` finite.
+    pub fn check(&self) -> Result<()> {
+        let g = self;
+        if g.d == 0 || g.hc == 0 || g.hd == 0 {
+            bail!(
+                ErrInvalidConfig,
+                "geometry D = {}, hc = {}, Hd = {}: each must be positive",
+                g.d,
+                g.hc,
+                g.hd
+            );
+        }
+        if g.d > 1 << 20 || g.hc > 64 || g.hd > 1 << 16 {
+            bail!(
+                ErrInvalidConfig,
+                "geometry D = {}, hc = {}, Hd = {} out of range (at most 2^20, 64, 2^16)",
+                g.d,
+                g.hc,
+                g.hd
+            );
+        }
+        if !(g.eps.is_finite() && g.eps >= 0.0) {
+            bail!(ErrInvalidConfig, "eps = {} must be finite and >= 0", g.eps);
+        }
+        Ok(())
+    }
+}
+
+/// Capacity limits fixed at create time.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_tokens: usize,
+    pub max_seqs: usize,
+    pub max_positions: usize,
+}
+
+impl Limits {
+    /// The create-time checks.
+    pub fn check(&self) -> Result<()> {
+        if self.max_tokens == 0 || self.max_seqs == 0 || self.max_positions == 0 {
+            bail!(
+                ErrInvalidConfig,
+                "capacities max_tokens = {}, max_seqs = {}, max_positions = {}: each must be positive",
+                self.max_tokens,
+                self.max_seqs,
+                self.max_positions
+            );
+        }
+        if self.max_positions > i32::MAX as usize
+            || self.max_seqs > 1 << 24
+            || self.max_tokens > 1 << 24
+        {
+            bail!(
+                ErrInvalidConfig,
+                "capacities out of range (max_positions <= 2^31-1, max_seqs and max_tokens <= 2^24)"
+            );
+        }
+        Ok(())
+    }
+
+    /// `n` tokens in one call.
+    pub fn tokens(&self, n: usize) -> Result<()> {
+        if n > self.max_tokens {
+            bail!(
+                ErrCapacity,
+                "{n} tokens in one call, the context was created for at most {}",
+                self.max_tokens
+            );
+        }
+        Ok(())
+    }
+
+    /// A sequence id, as an index.
+    pub fn seq(&self, seq: i32) -> Result<usize> {
+        match usize::try_from(seq) {
+            Ok(s) if s < self.max_seqs => Ok(s),
+            _ => bail!(
+                ErrInvalidSequence,
+                "sequence id {seq} outside [0, max_seqs = {})",
+                self.max_seqs
+            ),
+        }
+    }
+
+    /// Token `i`'s position, as an index.
+    pub fn pos(&self, i: usize, pos: i32) -> Result<usize> {
+        match usize::try_from(pos) {
+            Ok(p) if p < self.max_positions => Ok(p),
+            _ => bail!(
+                ErrInvalidSequence,
+                "token {i}: position {pos} outside [0, max_positions = {})",
+                self.max_positions
+            ),
+        }
+    }
+}
+
+/// The highway's element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HighwayType {
+    F32,
+    /// bf16 bit patterns; each updated value is rounded to nearest-even.
+    Bf16,
+}
+
+impl HighwayType {
+    /// `ENGRAM_TYPE_F32` or `ENGRAM_TYPE_BF16`; anything else is `ErrUnsupported`.
+    pub fn new(ty: u32) -> Result<HighwayType> {
+        match EngramType::from_u32(ty) {
+            Some(EngramType::F32) => Ok(HighwayType::F32),
+            Some(EngramType::Bf16) => Ok(HighwayType::Bf16),
+            _ => bail!(
+                ErrUnsupported,
+                "highway type {ty} is not supported (ENGRAM_TYPE_F32 or ENGRAM_TYPE_BF16)"
+            ),
+        }
+    }
+
+    pub fn engram_type(self) -> EngramType {
+        match self {
+            HighwayType::F32 => EngramType::F32,
+            HighwayType::Bf16 => EngramType::Bf16,
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            HighwayType::F32 => 4,
+            HighwayType::Bf16 => 2,
+        }
+    }
+}
+
+/// The sizes of one context's calls, derived from its geometry and tables.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub geo: Geometry,
+    /// `C = (N-1)*H` columns per token per layer.
+    pub cols: usize,
+    pub n_layers: usize,
+    /// Row ids per token, `n_layers * C`.
+    pub per: usize,
+    /// Inputs of the projection per token, `C * Hd`.
+    pub k_in: usize,
+    /// Outputs of the projection per token, `D * (hc + 1)`.
+    pub k_out: usize,
+}
+
+impl Shape {
+    pub fn new(geo: Geometry, tables: &HashTables) -> Shape {
+        let cols = tables.cols();
+        Shape {
+            geo,
+            cols,
+            n_layers: tables.n_layers(),
+            per: cols * tables.n_layers(),
+            k_in: cols * geo.hd,
+            k_out: geo.d * (geo.hc + 1),
+        }
+    }
+
+    /// Highway values per token, `hc * D`.
+    pub fn hw_per_token(&self) -> usize {
+        self.geo.hc * self.geo.d
+    }
+
+    /// `len` row ids for `n` tokens (`[n, n_layers, C]`).
+    pub fn check_row_ids(&self, len: usize, n: usize) -> Result<()> {
+        if Some(len) != n.checked_mul(self.per) {
+            bail!(
+                ErrInvalidArgument,
+                "{len} row ids for {n} tokens, expected {} ([n, n_layers, C])",
+                n.saturating_mul(self.per)
+            );
+        }
+        Ok(())
+    }
+
+    /// A highway of `len` values for `n` tokens (`[n, hc, D]`).
+    pub fn check_highway(&self, len: usize, n: usize) -> Result<()> {
+        if Some(len) != n.checked_mul(self.hw_per_token()) {
+            bail!(
+                ErrInvalidArgument,
+                "highway holds {len} values for {n} tokens, expected {}",
+                n.saturating_mul(self.hw_per_token())
+            );
+        }
+        Ok(())
+    }
+
+    /// Token `t`'s row ids for layer index `li`.
+    #[inline]
+    pub fn token_ids<'a>(&self, row_ids: &'a [i64], t: usize, li: usize) -> &'a [i64] {
+        let at = t * self.per + li * self.cols;
+        &row_ids[at..at + self.cols]
+    }
+}
+
+/// Index of model layer `layer_id` among the engram layers.
+pub fn layer_index(tables: &HashTables, layer_id: u32) -> Result<usize> {
+    match tables.layer_ids.iter().position(|&l| l == layer_id) {
+        Some(li) => Ok(li),
+        None => bail!(
+            ErrUnknownLayer,
+            "layer {layer_id} is not an engram layer (engram layers: {:?})",
+            tables.layer_ids
+        ),
+    }
+}
+
+/// The error of a token whose row ids are only partly `ENGRAM_ROW_ID_DEAD`
+/// (`c` the first dead column), as every backend reports it.
+pub fn partly_dead(t: usize, layer_id: u32, c: usize) -> Error {
+    Error::new(
+        EngramStatus::ErrInvalidRowId,
+        format!(
+            "token {t}, layer {layer_id}: column {c} is ENGRAM_ROW_ID_DEAD (-1) but other columns are not; \
+             a dead token has -1 in every column"
+        ),
+    )
+}
+
+/// The error of a row id outside the table, as every backend reports it.
+pub fn row_out_of_range(t: usize, layer_id: u32, c: usize, r: i64, rows: u64) -> Error {
+    Error::new(
+        EngramStatus::ErrInvalidRowId,
+        format!(
+            "token {t}, layer {layer_id}, column {c}: row id {r} outside the table [0, {rows})"
+        ),
+    )
+}
+
+/// The error of a row that holds invalid data, as every backend reports it.
+pub fn invalid_row(layer_id: u32, row: i64, t: usize, c: usize, what: &str) -> Error {
+    Error::new(
+        EngramStatus::ErrInvalidData,
+        format!("layer {layer_id}, row {row} (token {t}, column {c}): {what}"),
+    )
+}
+
+/// Check one token's row ids for one layer (`tid`, its `C` columns): `true`
+/// for a live token whose ids all lie in `[0, rows)`, `false` for a dead one
+/// (every column `ROW_ID_DEAD`), an `ErrInvalidRowId` naming the token and
+/// column otherwise.
+pub fn check_token_ids(tid: &[i64], t: usize, layer_id: u32, rows: u64) -> Result<bool> {
+    if tid.iter().all(|&r| r == ROW_ID_DEAD) {
+        return Ok(false);
+    }
+    if let Some(c) = tid.iter().position(|&r| r == ROW_ID_DEAD) {
+        return Err(partly_dead(t, layer_id, c));
+    }
+    for (c, &r) in tid.iter().enumerate() {
+        if r < 0 || r as u64 >= rows {
+            return Err(row_out_of_range(t, layer_id, c, r, rows));
+        }
+    }
+    Ok(true)
+}
+
+/// A `Vec` of `n` elements allocated fallibly: running out of memory for a
+/// size that came from a caller or a file is `ErrCapacity`, not an abort.
+pub fn try_vec<T: Clone>(n: usize, fill: T, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        bail!(
+            ErrCapacity,
+            "out of memory for {what} ({n} elements of {} bytes)",
+            std::mem::size_of::<T>()
+        );
+    }
+    v.resize(n, fill);
+    Ok(v)
+}
+
+/// The live tokens of one call for one layer, after [`live_ids`]' checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LiveIds {
+    /// Indices (in the call) of the live tokens.
+    pub tokens: Vec<usize>,
+    /// Their row ids for the layer, `[tokens.len(), C]`.
+    pub ids: Vec<i64>,
+}
+
+/// Check every token's row ids for layer `li` (`[n, n_layers, C]` host ids,
+/// their length already checked) and collect the live ones.
+pub fn live_ids(
+    shape: &Shape,
+    row_ids: &[i64],
+    n: usize,
+    li: usize,
+    layer_id: u32,
+    rows: u64,
+) -> Result<LiveIds> {
+    let mut tokens = Vec::new();
+    let mut ids = Vec::new();
+    if tokens.try_reserve_exact(n).is_err() || ids.try_reserve_exact(n * shape.cols).is_err() {
+        bail!(ErrCapacity, "out of memory for the row ids of {n} tokens");
+    }
+    for t in 0..n {
+        let tid = shape.token_ids(row_ids, t, li);
+        if check_token_ids(tid, t, layer_id, rows)? {
+            tokens.push(t);
+            ids.extend_from_slice(tid);
+        }
+    }
+    Ok(LiveIds { tokens, ids })
+}
+
+/// The checks of `set_layer`, in the order a C caller meets them: the
+/// table's format, its pointer and size; `wkv`'s type, pointer, alignment and
+/// size; the same for `q` and `k`; then that the table covers every row the
+/// hash can produce. Returns the layer with its regions sized.
+pub fn check_layer<'w>(
+    shape: &Shape,
+    rows_needed: u64,
+    w: LayerIn<'w>,
+) -> Result<CheckedLayer<'w>> {
+    let g = shape.geo;
+    let layer_id = w.layer_id;
+    let rows = w.table.rows;
+    let format = EngramType::row_format(w.table.ty, g.hd)?;
+    let too_large = |what: &str| {
+        Error::new(
+            EngramStatus::ErrInvalidArgument,
+            format!("layer {layer_id}: {what} is too large"),
+        )
+    };
+    let source = match w.table.source {
+        TableSource::Memory(r) => {
+            if r.is_null() {
+                bail!(ErrNullArgument, "weights.table is NULL");
+            }
+            TableSource::Memory(r)
+        }
+        f @ TableSource::File { .. } => f,
+    };
+    let rb = format.row_bytes(g.hd) as u64;
+    let table = rows
+        .checked_mul(rb)
+        .filter(|&b| b <= isize::MAX as u64)
+        .ok_or_else(|| too_large(&format!("a table of {rows} rows of {rb} bytes")))?;
+    let source = match source {
+        TableSource::Memory(r) => {
+            TableSource::Memory(r.sized(table as usize, 1, "weights.table")?)
+        }
+        f => f,
+    };
+    // A weight's type, then its region: `(type, bytes, region)`.
+    let weight =
+        |r: Region<'w>, ty: u32, rows: usize, row_len: usize, quant_ok: bool, what: &str| {
+            let f = if quant_ok {
+                WeightFormat::new(ty, row_len, what)?
+            } else {
+                WeightFormat::Dense(WeightDtype::new(ty, what)?)
+            };
+            let bytes = f.bytes(rows, row_len).ok_or_else(|| too_large(what))?;
+            let align = match f {
+                WeightFormat::Dense(d) => d.size(),
+                WeightFormat::Quant(_) => 1,
+            };
+            let t = EngramType::from_u32(ty).expect("a weight format is a type");
+            Ok::<_, Error>((t, bytes, r.sized(bytes, align, what)?))
+        };
+    let (wkv_type, wkv_bytes, wkv) = weight(
+        w.wkv,
+        w.wkv_type,
+        shape.k_out,
+        shape.k_in,
+        true,
+        "weights.wkv",
+    )?;
+    let (qk_type, qk_bytes, q) = weight(w.q, w.qk_type, g.hc, g.d, false, "weights.q")?;
+    let (_, _, k) = weight(w.k, w.qk_type, g.hc, g.d, false, "weights.k")?;
+    if rows < rows_needed {
+        bail!(
+            ErrInvalidConfig,
+            "layer {layer_id}: the hash offsets and primes reach row {} but the table has {rows} rows",
+            rows_needed - 1
+        );
+    }
+    Ok(CheckedLayer {
+        layer_id,
+        source,
+        format,
+        rows,
+        wkv,
+        wkv_type,
+        q,
+        k,
+        qk_type,
+        bytes: LayerBytes {
+            table,
+            wkv: wkv_bytes,
+            qk: qk_bytes,
+        },
+    })
+}
+
+/// Byte sizes of one layer's weights (see [`check_layer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerBytes {
+    pub table: u64,
+    pub wkv: usize,
+    /// Each of `q` and `k`.
+    pub qk: usize,
+}

@@ -1,0 +1,228 @@
+//! The CPU backend: host tables (in memory or read from a file), `wkv` in any
+//! weight format read in place, the projection on the context's thread pool,
+//! and the gate; the prefetching stager serves a step's rows ahead of time.
+//!
+//! - [`gather`]: rows by id, dequantised to bf16.
+//! - [`projection`]: `kv = rows @ wkv^T` (portable and AVX-512 kernels).
+//! - [`gate`]: the gate and the in-place update of the highway.
+//! - [`stager`]: `engram_prefetch`'s worker threads and staging slots; `read`:
+//!   the row reads they run.
+
+pub mod gate;
+pub mod gather;
+pub mod projection;
+mod read;
+pub mod stager;
+
+use crate::backend::{
+    ApplyIn, Backend, BackendInfo, CheckedLayer, EngramBackend, Ids, ReadBack, Stream, TableSource,
+};
+use crate::batch::{invalid_row, try_vec, HighwayType, LiveIds, Shape};
+use crate::error::{bail, Error, Result};
+use crate::formats::{f32_to_bf16, EngramType, Weights};
+use gate::HostHighway;
+use projection::{Kernel, Projection};
+use stager::{Source, Stager};
+use std::sync::RwLock;
+
+struct CpuLayer<'w> {
+    layer_id: u32,
+    wkv: Weights<'w>,
+    /// `q * k` in f32 (`[hc, D]`): the two norm weights enter only as their
+    /// product, so it is formed once here (a copy of `hc*D` floats).
+    qk: Vec<f32>,
+    /// The stager's generation of this layer's table.
+    gen: u64,
+}
+
+/// The CPU backend of one context.
+pub struct CpuBackend<'w> {
+    shape: Shape,
+    projection: Projection,
+    layers: RwLock<Vec<Option<CpuLayer<'w>>>>,
+    stager: Stager,
+}
+
+impl CpuBackend<'_> {
+    /// A backend using at most `n_threads` threads for one call (0 or 1: the
+    /// calling thread only) and `kernel` for the projection (`None`: the best
+    /// this CPU runs; a kernel the CPU lacks falls back to the portable one).
+    pub fn new(shape: Shape, n_threads: usize, kernel: Option<Kernel>) -> Result<Self> {
+        let mut projection = Projection::new(n_threads).map_err(|e| {
+            Error::new(
+                crate::EngramStatus::ErrInvalidConfig,
+                format!("cannot start {n_threads} threads: {e}"),
+            )
+        })?;
+        if let Some(k) = kernel {
+            projection.set_kernel(k);
+        }
+        Ok(CpuBackend {
+            shape,
+            projection,
+            layers: RwLock::new((0..shape.n_layers).map(|_| None).collect()),
+            stager: Stager::new(shape.n_layers, n_threads.max(2)),
+        })
+    }
+
+    /// The projection kernel in use.
+    pub fn kernel(&self) -> Kernel {
+        self.projection.kernel()
+    }
+
+    /// The live tokens' rows and `kv` (bf16 values held as f32) for layer `li`.
+    fn prepare(&self, li: usize, live: &LiveIds) -> Result<(Vec<u16>, Vec<f32>, Vec<f32>)> {
+        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
+        let Some(layer) = layers[li].as_ref() else {
+            bail!(ErrNoWeights, "the layer's weights were never set");
+        };
+        let s = &self.shape;
+        let nl = live.tokens.len();
+        let mut rows = try_vec(nl * s.k_in, 0u16, "the gathered rows")?;
+        let gathered = self
+            .stager
+            .gather(li, layer.gen, s.geo.hd, &live.ids, &mut rows)?;
+        gathered.map_err(|(j, e)| {
+            let (t, c) = (live.tokens[j / s.cols], j % s.cols);
+            invalid_row(layer.layer_id, live.ids[j], t, c, &e.describe())
+        })?;
+        let mut kv = try_vec(nl * s.k_out, 0f32, "kv")?;
+        self.projection
+            .run(&rows, nl, s.k_in, layer.wkv, s.k_out, &mut kv);
+        Ok((rows, kv, layer.qk.clone()))
+    }
+}
+
+/// Host row ids (the context refuses device ids for a CPU context).
+fn host_live<'a>(ids: Ids<'a>) -> Result<&'a LiveIds> {
+    match ids {
+        Ids::Host { live, .. } => Ok(live),
+        Ids::Device(_) => bail!(ErrInternal, "device row ids reached the CPU backend"),
+    }
+}
+
+/// Host weights of `ty` over `region`'s bytes (`n` values in rows of `row_len`).
+fn host_weights<'w>(
+    region: crate::memory::Region<'w>,
+    ty: EngramType,
+    row_len: usize,
+) -> Result<Weights<'w>> {
+    // SAFETY: a CPU context's regions are host memory (`Region::from_raw`'s
+    // contract), sized and aligned by the context's checks.
+    Ok(unsafe {
+        match ty {
+            EngramType::F32 => Weights::F32(region.host_as::<f32>()),
+            EngramType::Bf16 => Weights::Bf16(region.host_as::<u16>()),
+            f => Weights::quant(f, region.host(), row_len)?,
+        }
+    })
+}
+
+impl<'w> Backend<'w> for CpuBackend<'w> {
+    fn info(&self) -> BackendInfo {
+        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
+        BackendInfo {
+            kind: EngramBackend::Cpu,
+            kernel: format!("{:?}", self.kernel()).to_lowercase(),
+            host_bytes: layers.iter().flatten().map(|l| l.qk.len() * 4).sum(),
+            device_bytes: 0,
+            stage: self.stager.stats(),
+        }
+    }
+
+    fn set_layer(&self, li: usize, l: CheckedLayer<'w>) -> Result<()> {
+        let s = &self.shape;
+        let wkv = host_weights(l.wkv, l.wkv_type, s.k_in)?;
+        let q = host_weights(l.q, l.qk_type, s.geo.d)?;
+        let k = host_weights(l.k, l.qk_type, s.geo.d)?;
+        let n_qk = s.hw_per_token();
+        let mut qk = try_vec(n_qk, 0f32, "q * k")?;
+        for (i, v) in qk.iter_mut().enumerate() {
+            *v = q.get(i) * k.get(i);
+        }
+        let source = match l.source {
+            // SAFETY: as `host_weights`: host memory, sized by the context.
+            TableSource::Memory(r) => Source::memory(unsafe { r.host() }),
+            TableSource::File { file, offset } => {
+                let len = file
+                    .metadata()
+                    .map_err(|e| {
+                        Error::new(crate::EngramStatus::ErrIo, format!("the table's file: {e}"))
+                    })?
+                    .len();
+                if offset
+                    .checked_add(l.bytes.table)
+                    .is_none_or(|end| end > len)
+                {
+                    bail!(
+                        ErrIo,
+                        "layer {}: the table's {} bytes at offset {offset} pass the end of its file ({len} bytes)",
+                        l.layer_id,
+                        l.bytes.table
+                    );
+                }
+                Source::File {
+                    file,
+                    offset,
+                    len: l.bytes.table,
+                }
+            }
+        };
+        let mut layers = self.layers.write().unwrap_or_else(|p| p.into_inner());
+        let gen = self
+            .stager
+            .set_source(li, source, l.format, l.format.row_bytes(s.geo.hd));
+        layers[li] = Some(CpuLayer {
+            layer_id: l.layer_id,
+            wkv,
+            qk,
+            gen,
+        });
+        Ok(())
+    }
+
+    fn stage(&self, li: usize, live: &LiveIds) -> Result<()> {
+        self.stager.stage(li, &live.ids)
+    }
+
+    fn apply(&self, li: usize, call: ApplyIn<'_>) -> Result<()> {
+        let live = host_live(call.ids)?;
+        let (_, kv, qk) = self.prepare(li, live)?;
+        let mut hw = call.highway;
+        // SAFETY: a CPU context's highway is host memory the caller lends for
+        // this call only (`RegionMut::from_raw`), sized and aligned by the context.
+        let host = unsafe {
+            match call.highway_type {
+                HighwayType::F32 => HostHighway::F32(hw.host_as_mut::<f32>()),
+                HighwayType::Bf16 => HostHighway::Bf16(hw.host_as_mut::<u16>()),
+            }
+        };
+        gate::update(self.shape.geo, &live.tokens, &kv, &qk, host);
+        Ok(())
+    }
+
+    fn read_back(&self, li: usize, ids: Ids<'_>, n: usize) -> Result<ReadBack> {
+        let live = host_live(ids)?;
+        let (rows, kv, _) = self.prepare(li, live)?;
+        let s = &self.shape;
+        let mut out = ReadBack {
+            rows: try_vec(n * s.k_in, 0u16, "the rows read back")?,
+            kv: try_vec(n * s.k_out, 0u16, "the kv read back")?,
+        };
+        for (j, &t) in live.tokens.iter().enumerate() {
+            out.rows[t * s.k_in..(t + 1) * s.k_in]
+                .copy_from_slice(&rows[j * s.k_in..(j + 1) * s.k_in]);
+            for (o, &v) in out.kv[t * s.k_out..(t + 1) * s.k_out]
+                .iter_mut()
+                .zip(&kv[j * s.k_out..(j + 1) * s.k_out])
+            {
+                *o = f32_to_bf16(v);
+            }
+        }
+        Ok(out)
+    }
+
+    fn check(&self, _stream: Stream) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,507 @@
+//! The AVX-512 kernels of the projection: f32 FMA tiles, bf16 weights widened
+//! in registers, q8_0 and q2_K weights dequantised in registers for a few
+//! tokens. Chosen at run time (see `super::Kernel::detect`).
+
+use super::{pair_offset, to_bf16_value, KBC, TOKEN_BLOCK};
+use std::arch::x86_64::*;
+
+/// Weight rows per micro-kernel call, tokens per micro-kernel call.
+const R: usize = 4;
+const T: usize = 4;
+
+fn f16(lo: u8, hi: u8) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32()
+}
+
+/// q8_0 blocks (f16 `d`, 32 i8) to f32: `q * d`, exact in f32.
+///
+/// # Safety
+/// The CPU must have avx512f; `data` is whole 34-byte blocks, `out` 32
+/// values per block.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn dequant_q8_0(data: &[u8], out: &mut [f32]) {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        assert_eq!(data.len() / 34 * 32, out.len());
+        for (b, o) in data.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
+            let d = _mm512_set1_ps(f16(b[0], b[1]));
+            let q0 = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
+            let q1 = _mm_loadu_si128(b.as_ptr().add(18) as *const __m128i);
+            let f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0));
+            let f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1));
+            _mm512_storeu_ps(o.as_mut_ptr(), _mm512_mul_ps(f0, d));
+            _mm512_storeu_ps(o.as_mut_ptr().add(16), _mm512_mul_ps(f1, d));
+        }
+    }
+}
+
+/// q2_K super-blocks (`scales[16]`, `qs[64]`, f16 `d`, f16 `dmin`) to f32
+/// in ggml's order: for each half of 128 values and each 2-bit shift, 16
+/// values from `qs[0..16]` then 16 from `qs[16..32]`, each group with its
+/// own 4-bit scale and min: `d*sc * q - dmin*m`. `d*sc`, `dmin*m` and their
+/// product with `q` are exact in f32, so the fused subtract rounds once,
+/// exactly as ggml's separate operations do.
+///
+/// # Safety
+/// The CPU must have avx512f; `data` is whole 84-byte blocks, `out` 256
+/// values per block.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn dequant_q2_k(data: &[u8], out: &mut [f32]) {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        assert_eq!(data.len() / 84 * 256, out.len());
+        let three = _mm512_set1_epi32(3);
+        for (b, o) in data.chunks_exact(84).zip(out.chunks_exact_mut(256)) {
+            let (scales, qs) = (&b[..16], &b[16..80]);
+            let (d, dmin) = (f16(b[80], b[81]), f16(b[82], b[83]));
+            let mut y = 0;
+            let mut is = 0;
+            for half in 0..2 {
+                let q = &qs[32 * half..32 * half + 32];
+                let qa = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.as_ptr() as *const __m128i));
+                let qb =
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(q.as_ptr().add(16) as *const __m128i));
+                for shift in [0u32, 2, 4, 6] {
+                    let sh = _mm_cvtsi32_si128(shift as i32);
+                    for qv in [qa, qb] {
+                        let sc = scales[is];
+                        is += 1;
+                        let dl = _mm512_set1_ps(d * (sc & 0xF) as f32);
+                        let ml = _mm512_set1_ps(dmin * (sc >> 4) as f32);
+                        let v =
+                            _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srl_epi32(qv, sh), three));
+                        _mm512_storeu_ps(o.as_mut_ptr().add(y), _mm512_fmsub_ps(dl, v, ml));
+                        y += 16;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// All `m` rows of `w` (`[m, k]` f32) against all `n` f32 token rows into
+/// `out` (`[m, n]`), f32 FMA in tiles of 4 x 4, bf16-rounded.
+///
+/// # Safety
+/// The CPU must have avx512f; sizes as stated.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn range_f32(rows: &[f32], n: usize, k: usize, w: &[f32], m: usize, out: &mut [f32]) {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        debug_assert!(w.len() == m * k && rows.len() == n * k && out.len() == m * n);
+        let mut tb = 0;
+        while tb < n {
+            let te = (tb + TOKEN_BLOCK).min(n);
+            let mut o = 0;
+            while o < m {
+                let r = (m - o).min(R);
+                let mut t = tb;
+                while t < te {
+                    let tt = (te - t).min(T);
+                    let mut wp = [w.as_ptr(); R];
+                    for (i, p) in wp.iter_mut().enumerate().take(r) {
+                        *p = w.as_ptr().add((o + i) * k);
+                    }
+                    let mut xp = [rows.as_ptr(); T];
+                    for (j, p) in xp.iter_mut().enumerate().take(tt) {
+                        *p = rows.as_ptr().add((t + j) * k);
+                    }
+                    let s = match (r, tt) {
+                        (4, 4) => fma::<4, 4>(&wp, &xp, k),
+                        (4, 1) => fma::<4, 1>(&wp, &xp, k),
+                        _ => fma_any(&wp, &xp, r, tt, k),
+                    };
+                    for i in 0..r {
+                        for j in 0..tt {
+                            out[(o + i) * n + t + j] = to_bf16_value(s[i][j]);
+                        }
+                    }
+                    t += tt;
+                }
+                o += r;
+            }
+            tb = te;
+        }
+    }
+}
+
+/// As [`range_f32`] for q8_0 (`q2k == false`) or q2_K weight rows `data`
+/// (`m` rows of `rb` bytes), dequantised 16 values at a time in registers:
+/// the same values (see `dequant_q8_0`, `dequant_q2_k`) in the same order,
+/// so the same bits as the buffered path.
+///
+/// # Safety
+/// The CPU must have avx512f, avx512bw and f16c; `k` is whole blocks.
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn range_quant(
+    rows: &[f32],
+    n: usize,
+    k: usize,
+    data: &[u8],
+    rb: usize,
+    q2k: bool,
+    m: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        assert!(data.len() == m * rb && rows.len() == n * k && out.len() == m * n);
+        assert!(k.is_multiple_of(if q2k { 256 } else { 32 }));
+        let mut o = 0;
+        while o < m {
+            let r = (m - o).min(R);
+            let mut t = 0;
+            while t < n {
+                let tt = (n - t).min(T);
+                let mut wp = [data.as_ptr(); R];
+                for (i, p) in wp.iter_mut().enumerate().take(r) {
+                    *p = data.as_ptr().add((o + i) * rb);
+                }
+                let mut xp = [rows.as_ptr(); T];
+                for (j, p) in xp.iter_mut().enumerate().take(tt) {
+                    *p = rows.as_ptr().add((t + j) * k);
+                }
+                macro_rules! tile {
+                    ($($rr:literal, $t:literal);*) => {
+                        match (r, tt) {
+                            $(($rr, $t) => fma_quant::<$rr, $t>(q2k, &wp, &xp, k),)*
+                            _ => unreachable!("tiles are at most {R} x {T}"),
+                        }
+                    };
+                }
+                let s = tile!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
+                for i in 0..r {
+                    for j in 0..tt {
+                        out[(o + i) * n + t + j] = to_bf16_value(s[i][j]);
+                    }
+                }
+                t += tt;
+            }
+            o += r;
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn f16c(p: *const u8) -> f32 {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        let bits = u16::from_le_bytes([*p, *p.add(1)]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+}
+
+/// 16 weights starting at `kk` of a q8_0 row.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn q8_0_vec(row: *const u8, kk: usize) -> __m512 {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        let b = row.add(kk / 32 * 34);
+        let q = _mm_loadu_si128(b.add(2 + (kk % 32)) as *const __m128i);
+        _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+            _mm512_set1_ps(f16c(b)),
+        )
+    }
+}
+
+/// 16 weights starting at `kk` (a multiple of 16) of a q2_K row: group `g`
+/// of its super-block uses scale byte `g`, the 16 bytes of `qs` at
+/// `32*(g/8) + 16*(g%2)`, shifted by `2*((g%8)/2)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn q2_k_vec(row: *const u8, kk: usize) -> __m512 {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        let b = row.add(kk / 256 * 84);
+        let g = (kk % 256) / 16;
+        let sc = *b.add(g);
+        let (d, dmin) = (f16c(b.add(80)), f16c(b.add(82)));
+        let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+            b.add(16 + 32 * (g / 8) + 16 * (g % 2)) as *const __m128i
+        ));
+        let shift = _mm_cvtsi32_si128((2 * ((g % 8) / 2)) as i32);
+        let v = _mm512_cvtepi32_ps(_mm512_and_si512(
+            _mm512_srl_epi32(q, shift),
+            _mm512_set1_epi32(3),
+        ));
+        _mm512_fmsub_ps(
+            _mm512_set1_ps(d * (sc & 0xF) as f32),
+            v,
+            _mm512_set1_ps(dmin * (sc >> 4) as f32),
+        )
+    }
+}
+
+/// An `RR x TT` tile like [`fma`], weights dequantised in registers.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+#[allow(clippy::needless_range_loop)] // register tiles indexed as in the math
+unsafe fn fma_quant<const RR: usize, const TT: usize>(
+    q2k: bool,
+    wp: &[*const u8; R],
+    xp: &[*const f32; T],
+    k: usize,
+) -> [[f32; T]; R] {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); TT]; RR];
+        let mut kk = 0;
+        while kk < k {
+            let mut wv = [_mm512_setzero_ps(); RR];
+            for i in 0..RR {
+                wv[i] = if q2k {
+                    q2_k_vec(wp[i], kk)
+                } else {
+                    q8_0_vec(wp[i], kk)
+                };
+            }
+            for j in 0..TT {
+                let x = _mm512_loadu_ps(xp[j].add(kk));
+                for i in 0..RR {
+                    acc[i][j] = _mm512_fmadd_ps(wv[i], x, acc[i][j]);
+                }
+            }
+            kk += 16;
+        }
+        let mut s = [[0f32; T]; R];
+        for i in 0..RR {
+            for j in 0..TT {
+                s[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+            }
+        }
+        s
+    }
+}
+
+/// An `RR x TT` tile of f32 dot products with FMA, 16 lanes at a time.
+#[inline]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::needless_range_loop)] // register tiles indexed as in the math
+unsafe fn fma<const RR: usize, const TT: usize>(
+    wp: &[*const f32; R],
+    xp: &[*const f32; T],
+    k: usize,
+) -> [[f32; T]; R] {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); TT]; RR];
+        let mut kk = 0;
+        while kk + 16 <= k {
+            let mut wv = [_mm512_loadu_ps(wp[0].add(kk)); RR];
+            for i in 1..RR {
+                wv[i] = _mm512_loadu_ps(wp[i].add(kk));
+            }
+            for j in 0..TT {
+                let x = _mm512_loadu_ps(xp[j].add(kk));
+                for i in 0..RR {
+                    acc[i][j] = _mm512_fmadd_ps(wv[i], x, acc[i][j]);
+                }
+            }
+            kk += 16;
+        }
+        if kk < k {
+            let m: __mmask16 = (1u32 << (k - kk)) as u16 - 1;
+            for i in 0..RR {
+                let wv = _mm512_maskz_loadu_ps(m, wp[i].add(kk));
+                for j in 0..TT {
+                    acc[i][j] =
+                        _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xp[j].add(kk)), acc[i][j]);
+                }
+            }
+        }
+        let mut s = [[0f32; T]; R];
+        for i in 0..RR {
+            for j in 0..TT {
+                s[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+            }
+        }
+        s
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_any(
+    wp: &[*const f32; R],
+    xp: &[*const f32; T],
+    r: usize,
+    tt: usize,
+    k: usize,
+) -> [[f32; T]; R] {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        macro_rules! tile {
+            ($($rr:literal, $t:literal);*) => {
+                match (r, tt) {
+                    $(($rr, $t) => fma::<$rr, $t>(wp, xp, k),)*
+                    _ => unreachable!("tiles are at most {R} x {T}"),
+                }
+            };
+        }
+        tile!(1, 1; 1, 2; 1, 3; 1, 4; 2, 1; 2, 2; 2, 3; 2, 4; 3, 1; 3, 2; 3, 3; 3, 4; 4, 1; 4, 2; 4, 3; 4, 4)
+    }
+}
+
+/// Weight rows per bf16 tile.
+const RB: usize = 6;
+/// Tokens per bf16 token block (their accumulators wait in a small buffer
+/// while the weight panel of one k block is reused across them).
+const TB: usize = 32;
+
+/// Outputs `lo..hi` of bf16 weights `w` for all `n` tokens (in
+/// [`super::pair_split`] layout) into `out` (`[hi-lo, n]`), bf16-rounded.
+///
+/// Each output's sum has one fixed order, whatever `n`, the tile or the k
+/// blocking: lane `j` of its accumulator takes, chunk after chunk of 32
+/// values, the product of element `2j+1` then of element `2j` by FMA (a
+/// bf16 product is exact in f32, so each step rounds once), and the 16
+/// lanes are added by a fixed tree. So a token's `kv` does not depend on
+/// what else is in its batch.
+///
+/// # Safety
+/// The CPU must have avx512f and avx512bw; `xs` is `[n, ceil(k/32)*32]`,
+/// `w` is `[_, k]` with at least `hi` rows, `out` is `[hi-lo, n]`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn range_bf16(
+    xs: &[f32],
+    n: usize,
+    k: usize,
+    w: &[u16],
+    lo: usize,
+    hi: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        let chunks = k.div_ceil(32);
+        assert!(w.len() >= hi * k && xs.len() == n * chunks * 32 && out.len() == (hi - lo) * n);
+        // Accumulators of one row tile against one token block: [row][token][16].
+        let mut accs = vec![_mm512_setzero_ps(); RB * TB];
+        let mut tb = 0;
+        while tb < n {
+            let te = (tb + TB).min(n);
+            let mut o = lo;
+            while o < hi {
+                let r = (hi - o).min(RB);
+                for a in accs.iter_mut() {
+                    *a = _mm512_setzero_ps();
+                }
+                let mut wp = [w.as_ptr(); RB];
+                for (i, p) in wp.iter_mut().enumerate().take(r) {
+                    *p = w.as_ptr().add((o + i) * k);
+                }
+                let mut c0 = 0;
+                while c0 < chunks {
+                    let c1 = (c0 + KBC).min(chunks);
+                    let mut t = tb;
+                    while t < te {
+                        let tt = (te - t).min(T);
+                        let mut xp = [xs.as_ptr(); T];
+                        for (j, p) in xp.iter_mut().enumerate().take(tt) {
+                            *p = xs.as_ptr().add(pair_offset(n, chunks, t + j, c0));
+                        }
+                        let acc = accs.as_mut_ptr().add((t - tb) * RB);
+                        macro_rules! tile {
+                            ($($rr:literal);*) => {
+                                match (r, tt) {
+                                    $(($rr, 4) => pairs::<$rr, 4>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 3) => pairs::<$rr, 3>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 2) => pairs::<$rr, 2>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 1) => pairs::<$rr, 1>(&wp, &xp, k, c0, c1, acc),)*
+                                    _ => unreachable!("tiles are at most {RB} x {T}"),
+                                }
+                            };
+                        }
+                        tile!(6; 5; 4; 3; 2; 1);
+                        t += tt;
+                    }
+                    c0 = c1;
+                }
+                for t in tb..te {
+                    for i in 0..r {
+                        let v = accs[(t - tb) * RB + i];
+                        out[(o + i - lo) * n + t] = to_bf16_value(_mm512_reduce_add_ps(v));
+                    }
+                }
+                o += r;
+            }
+            tb = te;
+        }
+    }
+}
+
+/// Chunks `c0..c1` of an `RR x TT` tile of bf16-weight dot products (see
+/// [`range_bf16`]); the accumulators live at `acc` as `[TT][RB]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+#[allow(clippy::needless_range_loop)] // register tiles indexed as in the math
+unsafe fn pairs<const RR: usize, const TT: usize>(
+    wp: &[*const u16; RB],
+    xp: &[*const f32; T],
+    k: usize,
+    c0: usize,
+    c1: usize,
+    acc: *mut __m512,
+) {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        let hi_mask = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+        let mut a = [[_mm512_setzero_ps(); TT]; RR];
+        for i in 0..RR {
+            for j in 0..TT {
+                a[i][j] = *acc.add(j * RB + i);
+            }
+        }
+        for c in c0..c1 {
+            let kk = c * 32;
+            // Odd elements of every row, then even ones: each accumulator still
+            // takes its chunk's odd product before its even product, and only
+            // one half of the token vectors is live at a time (24 accumulators
+            // + 4 token vectors + 2 temporaries fit the 32 registers).
+            for half in 0..2 {
+                let mut x = [_mm512_setzero_ps(); TT];
+                for j in 0..TT {
+                    x[j] = _mm512_loadu_ps(xp[j].add((c - c0) * 32 + 16 * half));
+                }
+                for i in 0..RR {
+                    // 32 bf16 as 16 words: element 2j in the low half, 2j+1 in the high.
+                    let v = if kk + 32 <= k {
+                        _mm512_loadu_si512(wp[i].add(kk) as *const _)
+                    } else {
+                        let m: __mmask32 = ((1u64 << (k - kk)) - 1) as u32;
+                        _mm512_maskz_loadu_epi16(m, wp[i].add(kk) as *const i16)
+                    };
+                    let wv = if half == 0 {
+                        _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask))
+                    } else {
+                        _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+                    };
+                    for j in 0..TT {
+                        a[i][j] = _mm512_fmadd_ps(wv, x[j], a[i][j]);
+                    }
+                }
+            }
+        }
+        for i in 0..RR {
+            for j in 0..TT {
+                *acc.add(j * RB + i) = a[i][j];
+            }
+        }
+    }
+}

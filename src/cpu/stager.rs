@@ -1,0 +1,539 @@
+//! Host tables and the prefetching gather (`engram_prefetch`).
+//!
+//! The real tables (~101 GB per layer as fp8) live in host memory or on disk.
+//! The row ids of a step are known right after hashing, before the step runs,
+//! so the engine can start the gather then: [`Stager::stage`] hints the
+//! kernel (`madvise(MADV_WILLNEED)` on the pages of a table in memory,
+//! `posix_fadvise(POSIX_FADV_WILLNEED)` on a file) and copies the raw rows on
+//! worker threads, and returns at once. `apply` for the same ids waits only
+//! for that stage and dequantises from it; `apply` for ids nobody staged
+//! reads the table directly.
+//!
+//! Each layer has two staging slots (double buffering): the next step's
+//! prefetch fills one while this step's apply reads the other. A third
+//! prefetch before either was applied reuses the older slot (after its gather
+//! has finished).
+//!
+//! Table sources:
+//! - memory: the engine's pointer (its own mmap, or a mapped file); reads are
+//!   plain copies. A mapped file that shrinks underneath raises SIGBUS: keep
+//!   model files immutable while mapped, as every mmap-based engine does.
+//! - file: a file and the table's offset in it (the GGUF loader's default):
+//!   reads are `pread`, so an I/O error or a file cut short is a status
+//!   (`ErrIo`), never a signal; `apply` without a prefetch preads too.
+//!
+//! Each job owns what it reads into and hands it back to its slot. Replacing
+//! a layer's table ([`Stager::set_source`]) drops the jobs still queued for
+//! the old one and waits for those already running, so no thread reads the
+//! old table once it returns; a slot remembers the generation of the table
+//! it was filled from and serves only an apply of that generation.
+//!
+//! The workers are threads of their own, not the projection's pool: their
+//! reads block in page faults and `pread` on a cold disk, which would stall
+//! the projection's compute threads.
+
+use super::read::{hint, read_rows};
+use crate::backend::StageStats;
+use crate::error::{Error, Result};
+use crate::formats::{dequant_row_bf16, EngramType, RowDataError};
+use crate::EngramStatus;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+/// Staging slots per layer.
+const SLOTS: usize = 2;
+/// Fewest rows one worker job reads.
+const MIN_ROWS_PER_JOB: usize = 16;
+
+/// Where a layer's table rows are read from.
+pub enum Source {
+    /// `len` bytes at `ptr`: the engine's table, borrowed by the context.
+    Memory { ptr: *const u8, len: usize },
+    /// The table starts at `offset` in `file` and is `len` bytes long.
+    File {
+        file: Arc<File>,
+        offset: u64,
+        len: u64,
+    },
+}
+
+// SAFETY: `Memory` points at a table the context borrows for as long as the
+// layer is set; every reader holds an `Arc<Source>`, and `set_source` (and
+// `Drop`) wait until no reader but the stager holds the old one, so no thread
+// reads the table after its layer was replaced or the context freed.
+unsafe impl Send for Source {}
+// SAFETY: as above; the source is only read.
+unsafe impl Sync for Source {}
+
+impl Source {
+    /// A table in memory.
+    pub fn memory(table: &[u8]) -> Source {
+        Source::Memory {
+            ptr: table.as_ptr(),
+            len: table.len(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum St {
+    Free,
+    Gathering,
+    Ready,
+    /// An `apply` is reading it.
+    Taken,
+}
+
+struct Slot {
+    st: St,
+    ids: Vec<i64>,
+    /// The jobs' rows, in order.
+    parts: Vec<Vec<u8>>,
+    pending: usize,
+    err: Option<Error>,
+    /// Which prefetch filled it (newer prefetches have larger numbers).
+    seq: u64,
+    /// The generation of the layer's table it was filled from.
+    gen: u64,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            st: St::Free,
+            ids: Vec::new(),
+            parts: Vec::new(),
+            pending: 0,
+            err: None,
+            seq: 0,
+            gen: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.st = St::Free;
+        self.err = None;
+        self.ids = Vec::new();
+        self.parts = Vec::new();
+    }
+}
+
+struct LayerStage {
+    source: Option<Arc<Source>>,
+    format: EngramType,
+    /// Bytes per row.
+    rb: usize,
+    /// Incremented by every `set_source`.
+    gen: u64,
+    slots: Vec<Slot>,
+}
+
+struct Job {
+    layer: usize,
+    slot: usize,
+    /// The slot's `seq` when queued (a reused slot drops late reports).
+    seq: u64,
+    part: usize,
+    src: Arc<Source>,
+    rb: usize,
+    ids: Vec<i64>,
+}
+
+struct State {
+    layers: Vec<LayerStage>,
+    queue: VecDeque<Job>,
+    shutdown: bool,
+    seq: u64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Slot state changes (a gather finished, a slot was released, a job ended).
+    cv: Condvar,
+    /// Jobs queued (the workers wait here).
+    work: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn wait<'a>(&self, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.cv.wait(g).unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The staging area and worker threads of one context.
+pub struct Stager {
+    stats: Mutex<StageStats>,
+    shared: Arc<Shared>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    n_workers: usize,
+}
+
+/// The result of a gather: the outer error is the read's (I/O); the inner
+/// one names the position in the ids of a row that holds invalid data.
+pub type Gathered = Result<std::result::Result<(), (usize, RowDataError)>>;
+
+impl Stager {
+    /// A stager for `n_layers` layers whose gathers use `n_workers` threads
+    /// (started on the first prefetch).
+    pub fn new(n_layers: usize, n_workers: usize) -> Stager {
+        Stager {
+            stats: Mutex::new(StageStats::default()),
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    layers: (0..n_layers)
+                        .map(|_| LayerStage {
+                            source: None,
+                            format: EngramType::Bf16,
+                            rb: 0,
+                            gen: 0,
+                            slots: (0..SLOTS).map(|_| Slot::new()).collect(),
+                        })
+                        .collect(),
+                    queue: VecDeque::new(),
+                    shutdown: false,
+                    seq: 0,
+                }),
+                cv: Condvar::new(),
+                work: Condvar::new(),
+            }),
+            workers: Mutex::new(Vec::new()),
+            n_workers: n_workers.clamp(1, 64),
+        }
+    }
+
+    /// Layer `li`'s table is now `src`, rows of `rb` bytes in `format`:
+    /// drops the jobs queued for the old table, waits for the ones running
+    /// and for applies reading a slot, and empties the layer's slots. When it
+    /// returns no thread reads the old table. Returns the new generation.
+    pub fn set_source(&self, li: usize, src: Source, format: EngramType, rb: usize) -> u64 {
+        let mut st = self.shared.lock();
+        // Drop the queued jobs of the layer; their slots stop waiting for them.
+        let queue = std::mem::take(&mut st.queue);
+        let mut kept = VecDeque::with_capacity(queue.len());
+        for j in queue {
+            if j.layer != li {
+                kept.push_back(j);
+                continue;
+            }
+            let s = &mut st.layers[li].slots[j.slot];
+            if s.seq == j.seq && s.st == St::Gathering {
+                s.pending -= 1;
+            }
+        }
+        st.queue = kept;
+        // Wait for the jobs already running and any apply reading a slot.
+        while st.layers[li]
+            .slots
+            .iter()
+            .any(|s| (s.st == St::Gathering && s.pending > 0) || s.st == St::Taken)
+        {
+            st = self.shared.wait(st);
+        }
+        // Every reader of the old table lets go of its source before it reports.
+        if let Some(old) = st.layers[li].source.take() {
+            while Arc::strong_count(&old) > 1 {
+                st = self.shared.wait(st);
+            }
+        }
+        let l = &mut st.layers[li];
+        for s in &mut l.slots {
+            s.clear();
+        }
+        l.source = Some(Arc::new(src));
+        l.format = format;
+        l.rb = rb;
+        l.gen += 1;
+        l.gen
+    }
+
+    /// Start gathering the raw rows `ids` (already checked against the
+    /// table) of layer `li` on the workers. Returns once the jobs are queued.
+    pub fn stage(&self, li: usize, ids: &[i64]) -> Result<()> {
+        let k = ids.len();
+        self.start_workers()?;
+        let mut st = self.shared.lock();
+        let (src, rb, gen) = {
+            let l = &st.layers[li];
+            match &l.source {
+                Some(s) => (s.clone(), l.rb, l.gen),
+                None => crate::error::bail!(ErrNoWeights, "the layer's weights were never set"),
+            }
+        };
+        // A slot: a free one, else the oldest that no apply holds (after its gather).
+        let si = loop {
+            let slots = &st.layers[li].slots;
+            if let Some(i) = slots.iter().position(|s| s.st == St::Free) {
+                break i;
+            }
+            let oldest = (0..SLOTS)
+                .filter(|&i| slots[i].st != St::Taken)
+                .min_by_key(|&i| slots[i].seq);
+            match oldest {
+                Some(i) if slots[i].st == St::Ready => break i,
+                _ => st = self.shared.wait(st),
+            }
+        };
+        let mut owned_ids = Vec::new();
+        if owned_ids.try_reserve_exact(k).is_err() {
+            crate::error::bail!(ErrCapacity, "out of memory for {k} staged row ids");
+        }
+        owned_ids.extend_from_slice(ids);
+        st.seq += 1;
+        let seq = st.seq;
+        let per = k.div_ceil(self.n_workers).max(MIN_ROWS_PER_JOB);
+        let n_jobs = k.div_ceil(per).max(1);
+        let slot = &mut st.layers[li].slots[si];
+        slot.clear();
+        slot.ids = owned_ids;
+        slot.parts = (0..n_jobs).map(|_| Vec::new()).collect();
+        slot.seq = seq;
+        slot.gen = gen;
+        slot.pending = n_jobs;
+        slot.st = St::Gathering;
+        for j in 0..n_jobs {
+            let (a, b) = ((j * per).min(k), ((j + 1) * per).min(k));
+            st.queue.push_back(Job {
+                layer: li,
+                slot: si,
+                seq,
+                part: j,
+                src: src.clone(),
+                rb,
+                ids: ids[a..b].to_vec(),
+            });
+        }
+        drop(st);
+        for _ in 0..n_jobs.min(self.n_workers) {
+            self.shared.work.notify_one();
+        }
+        self.count(|s| s.prefetched += 1);
+        Ok(())
+    }
+
+    fn count(&self, f: impl FnOnce(&mut StageStats)) {
+        f(&mut self.stats.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// How the gathers so far were served.
+    pub fn stats(&self) -> StageStats {
+        *self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn start_workers(&self) -> Result<()> {
+        let mut w = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        while w.len() < self.n_workers {
+            let sh = self.shared.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("engram-gather-{}", w.len()))
+                .spawn(move || worker(sh))
+                .map_err(|e| {
+                    Error::new(
+                        EngramStatus::ErrCapacity,
+                        format!("cannot start a gather thread: {e}"),
+                    )
+                })?;
+            w.push(h);
+        }
+        Ok(())
+    }
+
+    /// Gather and dequantise the rows `ids` of layer `li` (generation `gen`)
+    /// into `out` (bf16): from a staged prefetch of exactly these ids if there
+    /// is one (waiting for it), else straight from the layer's source.
+    pub fn gather(
+        &self,
+        li: usize,
+        gen: u64,
+        width: usize,
+        ids: &[i64],
+        out: &mut [u16],
+    ) -> Gathered {
+        let mut st = self.shared.lock();
+        loop {
+            let found = {
+                let slots = &st.layers[li].slots;
+                (0..SLOTS)
+                    .filter(|&i| {
+                        let s = &slots[i];
+                        matches!(s.st, St::Gathering | St::Ready)
+                            && s.gen == gen
+                            && s.ids[..] == *ids
+                    })
+                    .min_by_key(|&i| slots[i].seq)
+            };
+            let Some(si) = found else { break };
+            let seq = st.layers[li].slots[si].seq;
+            // Jobs of this stage that no worker has started yet run here
+            // (no waiting for a thread to wake up), then wait for the rest.
+            while let Some(q) = st.queue.iter().position(|j| j.layer == li && j.seq == seq) {
+                let job = st.queue.remove(q).expect("position is in range");
+                drop(st);
+                run_job(&self.shared, job, false);
+                st = self.shared.lock();
+            }
+            while st.layers[li].slots[si].st == St::Gathering && st.layers[li].slots[si].seq == seq
+            {
+                st = self.shared.wait(st);
+            }
+            let fmt = st.layers[li].format;
+            let slot = &mut st.layers[li].slots[si];
+            if slot.seq != seq || slot.st != St::Ready {
+                continue; // reused by a newer prefetch meanwhile: look again
+            }
+            if let Some(e) = slot.err.take() {
+                slot.clear();
+                drop(st);
+                self.shared.cv.notify_all();
+                return Err(e);
+            }
+            slot.st = St::Taken;
+            let parts = std::mem::take(&mut slot.parts);
+            drop(st);
+            self.count(|s| s.staged += 1);
+            let r = dequant_parts(&parts, fmt, width, out);
+            let mut st = self.shared.lock();
+            let slot = &mut st.layers[li].slots[si];
+            if slot.seq == seq {
+                slot.clear();
+            }
+            drop(st);
+            self.shared.cv.notify_all();
+            return Ok(r);
+        }
+        let (src, fmt, rb) = {
+            let l = &st.layers[li];
+            (l.source.clone(), l.format, l.rb)
+        };
+        drop(st);
+        let Some(src) = src else {
+            crate::error::bail!(ErrNoWeights, "the layer's weights were never set");
+        };
+        self.count(|s| s.direct += 1);
+        let r = match &*src {
+            Source::Memory { .. } => {
+                let table = memory_table(&src);
+                Ok(super::gather::gather_rows(table, fmt, width, ids, out))
+            }
+            Source::File { .. } => {
+                let mut buf =
+                    crate::batch::try_vec(ids.len() * rb, 0u8, "rows read from the file")?;
+                read_rows(&src, rb, ids, &mut buf)?;
+                Ok(dequant_parts(&[buf], fmt, width, out))
+            }
+        };
+        drop(src);
+        self.shared.cv.notify_all();
+        r
+    }
+}
+
+/// The table of a memory source.
+fn memory_table(src: &Arc<Source>) -> &[u8] {
+    match **src {
+        // SAFETY: see `Source`: the table stays valid while an Arc of the
+        // source is held, which outlives the returned borrow.
+        Source::Memory { ptr, len } => unsafe { std::slice::from_raw_parts(ptr, len) },
+        Source::File { .. } => &[],
+    }
+}
+
+impl Drop for Stager {
+    fn drop(&mut self) {
+        {
+            let mut st = self.shared.lock();
+            st.shutdown = true;
+            st.queue.clear();
+        }
+        self.shared.work.notify_all();
+        self.shared.cv.notify_all();
+        let ws = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in ws {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Dequantise staged raw rows (in parts, in order) into `out`.
+fn dequant_parts(
+    parts: &[Vec<u8>],
+    fmt: EngramType,
+    width: usize,
+    out: &mut [u16],
+) -> std::result::Result<(), (usize, RowDataError)> {
+    let rb = fmt.row_bytes(width);
+    let rows = parts.iter().flat_map(|p| p.chunks_exact(rb));
+    for (j, (row, o)) in rows.zip(out.chunks_exact_mut(width)).enumerate() {
+        dequant_row_bf16(fmt, row, o).map_err(|e| (j, e))?;
+    }
+    Ok(())
+}
+
+fn worker(sh: Arc<Shared>) {
+    loop {
+        let job = {
+            let mut st = sh.lock();
+            loop {
+                if st.shutdown {
+                    break None;
+                }
+                if let Some(j) = st.queue.pop_front() {
+                    break Some(j);
+                }
+                st = sh.work.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let Some(job) = job else { return };
+        run_job(&sh, job, true);
+    }
+}
+
+/// Read one job's rows (after the kernel hints, when `hint_first`) and hand
+/// them to its slot. The job's source is released before the slot hears of
+/// it, so a waiting `set_source` sees the last reader go.
+fn run_job(sh: &Shared, job: Job, hint_first: bool) {
+    let Job {
+        layer,
+        slot,
+        seq,
+        part,
+        src,
+        rb,
+        ids,
+    } = job;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<Vec<u8>> {
+        if hint_first {
+            hint(&src, rb, &ids);
+        }
+        let mut buf = crate::batch::try_vec(ids.len() * rb, 0u8, "staged rows")?;
+        read_rows(&src, rb, &ids, &mut buf)?;
+        Ok(buf)
+    }))
+    .unwrap_or_else(|_| {
+        Err(Error::new(
+            EngramStatus::ErrInternal,
+            "a gather thread panicked",
+        ))
+    });
+    drop(src);
+    let mut st = sh.lock();
+    let s = &mut st.layers[layer].slots[slot];
+    if s.seq == seq && s.st == St::Gathering {
+        match r {
+            Ok(buf) => s.parts[part] = buf,
+            Err(e) => {
+                s.err.get_or_insert(e);
+            }
+        }
+        s.pending -= 1;
+        if s.pending == 0 {
+            s.st = St::Ready;
+        }
+    }
+    drop(st);
+    sh.cv.notify_all();
+}

@@ -1,0 +1,529 @@
+//! Contexts, layers, hashing, apply and read-back.
+
+use super::boundary::{
+    give_object, non_null, object, read_options, slice, slice_mut, take_object, write_options,
+};
+use crate::backend::{EngramBackend, Highway, LayerIn, RowIds, TableIn, TableSource};
+use crate::batch::{Geometry, HighwayType, Limits};
+use crate::context::{Context, ContextConfig, Tuning};
+use crate::error::{bail, EngramStatus, Result};
+use crate::hash::HashTablesIn;
+use crate::memory::{Region, RegionMut};
+use std::ffi::c_void;
+
+/// Opaque engram context. Create with `engram_create`, release with `engram_free`.
+pub struct EngramContext {
+    pub(crate) inner: Context<'static>,
+    /// What `inner` borrows when the library loaded it (a mapped GGUF file);
+    /// dropped after `inner`.
+    pub(crate) _owner: Option<Box<crate::gguf::GgufModel>>,
+}
+
+/// Configuration for `engram_create`. Fill it with `engram_config_init`, which
+/// sets `struct_size` and the defaults, then set the fields. Every pointer is
+/// read during `engram_create` only: the tables are copied (validated and
+/// widened), so the caller may free them afterwards. Every field is plain
+/// data; a struct from an older header (a smaller `struct_size`) is read as
+/// far as it goes, the rest taking the defaults.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EngramConfig {
+    /// `sizeof(engram_config)` of the caller's header (set by `engram_config_init`).
+    pub struct_size: usize,
+    /// `ENGRAM_BACKEND_CPU`, or `ENGRAM_BACKEND_CUDA`: `engram_apply` then
+    /// runs on the device, on the caller's device pointers and CUDA stream (see
+    /// `engram_set_layer`, `engram_apply`, `engram_apply_device_ids`,
+    /// `engram_check`). `engram_create` with CUDA loads the driver (a machine
+    /// without one gets `ENGRAM_STATUS_ERR_DEVICE`), compiles the kernels with
+    /// NVRTC for the device (libnvrtc and libcublas must be loadable) and
+    /// allocates every device workspace for `max_tokens`.
+    pub backend: u32,
+    /// CUDA device ordinal (ignored by the CPU backend). The context uses that
+    /// device's primary context, the one the CUDA runtime and PyTorch use.
+    pub device: i32,
+    /// Hidden size `D`.
+    pub hidden_size: u32,
+    /// Hyper-connection streams `hc`.
+    pub hc: u32,
+    /// Row width `Hd` (head_dim).
+    pub head_dim: u32,
+    /// Hash heads per n-gram size `H`.
+    pub n_heads: u32,
+    /// Max n-gram size `N`; `C = (N-1)*H` row ids per token per layer.
+    pub max_ngram: u32,
+    /// RMS epsilon of the gate.
+    pub eps: f32,
+    /// Model layer ids of the engram layers, `[n_layers]`; row ids come out in this order.
+    pub layer_ids: *const u32,
+    pub n_layers: u32,
+    /// Raw token id -> compressed id (`-1`: the token is dead), `[token_map_len]`.
+    pub token_map: *const i32,
+    pub token_map_len: usize,
+    /// The pad token's compressed id (`token_map[pad_token_id]`, as GGUF stores it).
+    pub pad_id: i64,
+    /// `[n_layers * max_ngram]`, i64 values as u64 bits.
+    pub multipliers: *const u64,
+    pub n_multipliers: usize,
+    /// `[n_layers * C]`, column `(k-1)*H + h`.
+    pub primes: *const u64,
+    pub n_primes: usize,
+    /// `[n_layers * C]`.
+    pub offsets: *const u64,
+    pub n_offsets: usize,
+    /// Most tokens in one `engram_hash` or `engram_apply` call.
+    pub max_tokens: u32,
+    /// Sequence ids run over `[0, max_seqs)`.
+    pub max_seqs: u32,
+    /// Positions run over `[0, max_positions)`.
+    pub max_positions: u32,
+    /// Threads the CPU backend may use in one call (0 or 1: the calling thread only).
+    pub n_threads: u32,
+}
+
+/// The smallest `engram_config` this library reads (its 0.1 layout).
+const CONFIG_MIN_SIZE: usize = size_of::<EngramConfig>();
+
+impl Default for EngramConfig {
+    fn default() -> Self {
+        EngramConfig {
+            struct_size: size_of::<EngramConfig>(),
+            backend: EngramBackend::Cpu as u32,
+            device: 0,
+            hidden_size: 0,
+            hc: 0,
+            head_dim: 0,
+            n_heads: 0,
+            max_ngram: 0,
+            eps: 1e-6,
+            layer_ids: std::ptr::null(),
+            n_layers: 0,
+            token_map: std::ptr::null(),
+            token_map_len: 0,
+            pad_id: 0,
+            multipliers: std::ptr::null(),
+            n_multipliers: 0,
+            primes: std::ptr::null(),
+            n_primes: 0,
+            offsets: std::ptr::null(),
+            n_offsets: 0,
+            max_tokens: 0,
+            max_seqs: 0,
+            max_positions: 0,
+            n_threads: 1,
+        }
+    }
+}
+
+impl EngramConfig {
+    /// Read the caller's config (any supported `struct_size`).
+    pub(crate) fn read(p: *const EngramConfig) -> Result<EngramConfig> {
+        read_options(p, EngramConfig::default(), CONFIG_MIN_SIZE, "config")
+    }
+}
+
+/// One engram layer's weights for `engram_set_layer`. All pointers are
+/// borrowed: they must stay valid and unchanged until the layer is set again
+/// or the context is freed. Nothing is copied except `q * k` (`hc * D` floats).
+/// With the CUDA backend every pointer is device memory of the context's
+/// device (`wkv` bf16 or f32; any table format). Every field is plain data.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EngramLayerWeights {
+    /// `sizeof(engram_layer_weights)` of the caller's header (set by `engram_layer_weights_init`).
+    pub struct_size: usize,
+    /// Model layer id (one of the config's `layer_ids`).
+    pub layer_id: u32,
+    /// Format of the table rows (`ENGRAM_TYPE_*`).
+    pub table_type: u32,
+    /// The table: `table_rows` rows of `Hd` values in `table_type`.
+    pub table: *const c_void,
+    pub table_rows: u64,
+    /// `[D*(hc+1), C*Hd]` row-major; `wkv_type` f32, bf16, or a GGUF block
+    /// format (`ENGRAM_TYPE_Q8_0`, `Q4_0`, `Q2_K` ... `Q6_K`, each row whole
+    /// blocks), read in place and dequantised on the fly.
+    pub wkv: *const c_void,
+    pub wkv_type: u32,
+    /// `q` and `k` norm weights, `[hc, D]` each, `qk_type` f32 or bf16.
+    pub q: *const c_void,
+    pub k: *const c_void,
+    pub qk_type: u32,
+}
+
+/// The smallest `engram_layer_weights` this library reads (its 0.1 layout).
+const LAYER_WEIGHTS_MIN_SIZE: usize = size_of::<EngramLayerWeights>();
+
+impl Default for EngramLayerWeights {
+    fn default() -> Self {
+        EngramLayerWeights {
+            struct_size: size_of::<EngramLayerWeights>(),
+            layer_id: 0,
+            table_type: 0,
+            table: std::ptr::null(),
+            table_rows: 0,
+            wkv: std::ptr::null(),
+            wkv_type: 0,
+            q: std::ptr::null(),
+            k: std::ptr::null(),
+            qk_type: 0,
+        }
+    }
+}
+
+/// Fill `cfg`'s first `struct_size` bytes with the defaults (zero everywhere,
+/// `struct_size` set, the CPU backend, `eps = 1e-6`, one thread). NULL is
+/// ignored. Call it through the header's `engram_config_init(cfg)`, which
+/// passes `sizeof *cfg`, so a library newer than the header never writes
+/// past the caller's struct.
+#[no_mangle]
+pub extern "C" fn engram_config_init_sized(cfg: *mut EngramConfig, struct_size: usize) {
+    ffi_boundary!({ write_options(cfg, EngramConfig::default(), struct_size) })
+}
+
+/// As `engram_config_init_sized`, for `engram_layer_weights` (everything zero
+/// but `struct_size`); call it through `engram_layer_weights_init(w)`.
+#[no_mangle]
+pub extern "C" fn engram_layer_weights_init_sized(w: *mut EngramLayerWeights, struct_size: usize) {
+    ffi_boundary!({ write_options(w, EngramLayerWeights::default(), struct_size) })
+}
+
+/// The context behind a handle.
+pub(crate) fn ctx<'a>(p: *const EngramContext) -> Result<&'a Context<'static>> {
+    Ok(&object(p, "ctx")?.inner)
+}
+
+/// Create a context. On success `*out` receives it; on failure `*out` is left
+/// as it was and `engram_last_error()` says why.
+///
+/// `cfg` must be NULL or a valid `engram_config` whose pointers hold the
+/// counts it states; `out` must be NULL or writable.
+#[no_mangle]
+pub extern "C" fn engram_create(
+    cfg: *const EngramConfig,
+    out: *mut *mut EngramContext,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = EngramConfig::read(cfg)?;
+        non_null(out, "out")?;
+        let n_layers = c.n_layers as usize;
+        let cc = ContextConfig {
+            geometry: Geometry {
+                d: c.hidden_size as usize,
+                hc: c.hc as usize,
+                hd: c.head_dim as usize,
+                eps: c.eps,
+            },
+            tables: HashTablesIn {
+                layer_ids: slice(c.layer_ids, n_layers, "config.layer_ids")?,
+                max_ngram: c.max_ngram as usize,
+                n_heads: c.n_heads as usize,
+                token_map: slice(c.token_map, c.token_map_len, "config.token_map")?,
+                pad_id: c.pad_id,
+                multipliers: slice(c.multipliers, c.n_multipliers, "config.multipliers")?,
+                primes: slice(c.primes, c.n_primes, "config.primes")?,
+                offsets: slice(c.offsets, c.n_offsets, "config.offsets")?,
+            },
+            limits: Limits {
+                max_tokens: c.max_tokens as usize,
+                max_seqs: c.max_seqs as usize,
+                max_positions: c.max_positions as usize,
+            },
+            n_threads: c.n_threads as usize,
+            backend: c.backend,
+            device: c.device,
+            tuning: Tuning::default(),
+        };
+        let inner = Context::new(&cc)?;
+        give_object(
+            out,
+            EngramContext {
+                inner,
+                _owner: None,
+            },
+        );
+        Ok(())
+    })
+}
+
+/// Free a context. NULL is a no-op. With the CUDA backend it first waits for
+/// the device to finish the work queued so far (`cuCtxSynchronize`), so that
+/// nothing queued still reads the workspaces it frees.
+///
+/// `ctx` must be NULL or a context from `engram_create` not yet freed, with
+/// no call on it in flight.
+#[no_mangle]
+pub extern "C" fn engram_free(ctx: *mut EngramContext) {
+    // Dropping frees only what the context allocated; borrowed weights are untouched.
+    ffi_boundary!({ drop(take_object(ctx)) })
+}
+
+/// Register (or replace) the weights of one engram layer. The pointers are
+/// borrowed (see `engram_layer_weights`).
+///
+/// `ctx` as in `engram_free`; `w` must be NULL or a valid struct whose
+/// pointers hold the sizes the geometry implies and outlive their use by the
+/// context.
+#[no_mangle]
+pub extern "C" fn engram_set_layer(
+    ctx: *mut EngramContext,
+    w: *const EngramLayerWeights,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        let w = read_options(
+            w,
+            EngramLayerWeights::default(),
+            LAYER_WEIGHTS_MIN_SIZE,
+            "layer weights",
+        )?;
+        let region = |p: *const c_void| {
+            // SAFETY: the header requires the weights to be memory of the
+            // context's backend holding the sizes the geometry implies, valid
+            // and unchanged while the layer is set (`'static` here: the
+            // context borrows them until `engram_free` or the next set).
+            unsafe { Region::from_raw(p as usize, None) }
+        };
+        c.set_layer(LayerIn {
+            layer_id: w.layer_id,
+            table: TableIn {
+                source: TableSource::Memory(region(w.table)),
+                ty: w.table_type,
+                rows: w.table_rows,
+            },
+            wkv: region(w.wkv),
+            wkv_type: w.wkv_type,
+            q: region(w.q),
+            k: region(w.k),
+            qk_type: w.qk_type,
+        })
+    })
+}
+
+/// Row ids each token produces: `n_layers * C`. The output of `engram_hash` is
+/// `[n_tokens, n_layers, C]`. NULL `ctx` gives 0.
+#[no_mangle]
+pub extern "C" fn engram_row_ids_per_token(ctx: *const EngramContext) -> usize {
+    ffi_boundary!({ self::ctx(ctx).map_or(0, |c| c.ids_per_token()) })
+}
+
+/// Hash a batch of `n_tokens` tokens. Token `i` is at absolute position
+/// `pos[i]` of sequence `seq_ids[i]`; `tokens[i]` is a raw token id or
+/// `ENGRAM_TOKEN_DEAD`. Writes `[n_tokens, n_layers, C]` row ids into
+/// `row_ids` (capacity `row_ids_cap` elements); a dead token gets
+/// `ENGRAM_ROW_ID_DEAD` in every column. Each position is recorded in its
+/// sequence's history (hashing a position again overwrites it: rollback is
+/// re-hashing). On error nothing is written and the history is unchanged.
+///
+/// `ctx` as in `engram_free`; the arrays must hold `n_tokens` elements and
+/// `row_ids` `row_ids_cap`.
+#[no_mangle]
+pub extern "C" fn engram_hash(
+    ctx: *mut EngramContext,
+    tokens: *const i32,
+    seq_ids: *const i32,
+    pos: *const i32,
+    n_tokens: u32,
+    row_ids: *mut i64,
+    row_ids_cap: usize,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        let n = n_tokens as usize;
+        let tokens = slice(tokens, n, "tokens")?;
+        let seq_ids = slice(seq_ids, n, "seq_ids")?;
+        let pos = slice(pos, n, "pos")?;
+        let need = n * c.ids_per_token();
+        if row_ids_cap < need {
+            bail!(
+                ErrInvalidArgument,
+                "row_ids holds {row_ids_cap} elements, {n} tokens need {need}"
+            );
+        }
+        let out = slice_mut(row_ids, need, "row_ids")?;
+        c.hash(tokens, seq_ids, pos, out)
+    })
+}
+
+/// Make sequence `dst`'s history an exact copy of `src`'s (fork, shared prefix).
+#[no_mangle]
+pub extern "C" fn engram_seq_copy(ctx: *mut EngramContext, src: i32, dst: i32) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_copy(src, dst) })
+}
+
+/// Forget every position of sequence `seq`.
+#[no_mangle]
+pub extern "C" fn engram_seq_drop(ctx: *mut EngramContext, seq: i32) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_drop(seq) })
+}
+
+/// The highway argument of `engram_apply*`: memory of the context's backend.
+fn highway<'a>(p: *mut c_void, ty: u32) -> Result<Highway<'a>> {
+    let ty = HighwayType::new(ty)?;
+    // SAFETY: the header requires `highway` to be memory of the context's
+    // backend holding `[n_tokens, hc, D]` of `highway_type`, not accessed by
+    // anything else during the call; the context sizes and checks it.
+    Ok(Highway::Raw(
+        unsafe { RegionMut::from_raw(p as usize, None) },
+        ty,
+    ))
+}
+
+/// Apply engram layer `layer_id` to `n_tokens` tokens: `row_ids` is the
+/// `engram_hash` output for them (`[n_tokens, n_layers, C]`), `highway` is
+/// `[n_tokens, hc, D]` of `highway_type` (`ENGRAM_TYPE_F32` or
+/// `ENGRAM_TYPE_BF16`; any other type is `ENGRAM_STATUS_ERR_UNSUPPORTED`),
+/// updated in place: `x += gate * value` per stream, computed in f32, rounded
+/// once to nearest-even for bf16. Dead tokens are left untouched. `stream` is
+/// ignored by the CPU backend. On error the highway is unchanged.
+///
+/// CUDA backend: `row_ids` is host memory, checked here as on the CPU, then
+/// staged through pinned memory and copied on `stream`; `highway` is device
+/// memory; `stream` is a `CUstream` / `cudaStream_t` of the context's device
+/// (NULL: the legacy default stream). The call queues its work on `stream` and
+/// returns without waiting for it (it waits only when `stream` is 4 or more
+/// host-id calls behind, for the oldest staged copy) and allocates nothing.
+/// Calls on one context share its workspaces: order them (one stream, or
+/// streams the engine orders). Host row ids cannot be captured in a CUDA graph
+/// (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT` while `stream` is capturing): use
+/// `engram_apply_device_ids`. An error the kernels find (a NaN code in an fp8
+/// row) leaves that token untouched; it is reported, once, by a later
+/// `engram_apply` or `engram_apply_device_ids` on this context when the device
+/// has run that work (that later call then does nothing), and by
+/// `engram_check`. A CUDA error (an illegal address, ...) is reported as
+/// `ENGRAM_STATUS_ERR_DEVICE` by the next call that reaches the driver.
+///
+/// `ctx` as in `engram_free`; `row_ids` and `highway` must hold the sizes above.
+#[no_mangle]
+pub extern "C" fn engram_apply(
+    ctx: *mut EngramContext,
+    layer_id: u32,
+    row_ids: *const i64,
+    n_tokens: u32,
+    highway: *mut c_void,
+    highway_type: u32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        let n = n_tokens as usize;
+        let ids = slice(row_ids, n * c.ids_per_token(), "row_ids")?;
+        let hw = self::highway(highway, highway_type)?;
+        c.apply_on(layer_id, RowIds::Host(ids), n, hw, stream)
+    })
+}
+
+/// `engram_apply` with the row ids already in device memory (CUDA backend):
+/// `row_ids` is a device pointer to `[n_tokens, n_layers, C]` int64, the
+/// `engram_hash` output copied to the device by the engine (for example with
+/// `cudaMemcpyAsync` on `stream`, ahead of the call). Nothing is read on the
+/// host, so the call can be captured in a CUDA graph and replayed after the
+/// engine re-fills the same buffer. The ids are checked on the device: a token
+/// with a row id outside the table or only partly `ENGRAM_ROW_ID_DEAD` is left
+/// untouched and the first such error is reported as `engram_apply` reports
+/// errors the kernels find (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`). The CPU
+/// backend returns `ENGRAM_STATUS_ERR_UNSUPPORTED`.
+///
+/// `ctx` as in `engram_free`; `row_ids` and `highway` must be device memory of
+/// the sizes above, `stream` a stream of the context's device or NULL.
+#[no_mangle]
+pub extern "C" fn engram_apply_device_ids(
+    ctx: *mut EngramContext,
+    layer_id: u32,
+    row_ids: *const i64,
+    n_tokens: u32,
+    highway: *mut c_void,
+    highway_type: u32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        let hw = self::highway(highway, highway_type)?;
+        let ids = RowIds::Device(row_ids as u64);
+        c.apply_on(layer_id, ids, n_tokens as usize, hw, stream)
+    })
+}
+
+/// Read back what `engram_apply` computes for layer `layer_id` and
+/// `n_tokens` tokens (host `row_ids`, `[n_tokens, n_layers, C]`), for an
+/// engine validating its integration: the gathered rows dequantised to bf16,
+/// `[n_tokens, C*Hd]` into `rows` (capacity `rows_cap` values), and the
+/// projection `kv` rounded to bf16, `[n_tokens, D*(hc+1)]` into `kv`
+/// (capacity `kv_cap`); a dead token's values are zero. Host buffers, on every
+/// backend. Slow (it allocates, and on CUDA it synchronises the device): not
+/// for the step loop. The highway is not touched. On error nothing is written.
+///
+/// `ctx` as in `engram_free`; the buffers must hold the capacities given.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn engram_read_back(
+    ctx: *mut EngramContext,
+    layer_id: u32,
+    row_ids: *const i64,
+    n_tokens: u32,
+    rows: *mut u16,
+    rows_cap: usize,
+    kv: *mut u16,
+    kv_cap: usize,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        let n = n_tokens as usize;
+        let ids = slice(row_ids, n * c.ids_per_token(), "row_ids")?;
+        let (need_rows, need_kv) = (n * c.kv_in(), n * c.kv_out());
+        for (what, cap, need) in [("rows", rows_cap, need_rows), ("kv", kv_cap, need_kv)] {
+            if cap < need {
+                bail!(
+                    ErrInvalidArgument,
+                    "{what} holds {cap} values, {n} tokens need {need}"
+                );
+            }
+        }
+        let rows = slice_mut(rows, need_rows, "rows")?;
+        let kv = slice_mut(kv, need_kv, "kv")?;
+        let r = c.read_back(layer_id, RowIds::Host(ids), n)?;
+        rows.copy_from_slice(&r.rows);
+        kv.copy_from_slice(&r.kv);
+        Ok(())
+    })
+}
+
+/// Wait for `stream` (CUDA backend; NULL: the legacy default stream) and report
+/// what went wrong in the work this context queued: an asynchronous CUDA error
+/// (`ENGRAM_STATUS_ERR_DEVICE`) or an error the kernels found in the row ids or
+/// rows (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`, `ENGRAM_STATUS_ERR_INVALID_DATA`;
+/// reported once). `ENGRAM_STATUS_OK` when all is well, and always on the CPU
+/// backend. It synchronises, so it is not for a captured step.
+///
+/// `ctx` as in `engram_free`; `stream` a stream of the context's device or NULL.
+#[no_mangle]
+pub extern "C" fn engram_check(ctx: *mut EngramContext, stream: *mut c_void) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.check(stream) })
+}
+
+/// Start gathering the table rows of engram layer `layer_id` for a step on
+/// the context's worker threads, right after `engram_hash` gave `row_ids`
+/// (`[n_tokens, n_layers, C]`), and return without waiting: hints the kernel
+/// about the pages (`madvise`/`posix_fadvise` WILLNEED) and copies the raw
+/// rows into one of the layer's two staging buffers. `engram_apply` with the
+/// same `row_ids` then waits only for that gather; an apply for ids nobody
+/// prefetched reads the table itself. The ids are checked here as
+/// `engram_apply` checks them (nothing changes on error); a read that fails
+/// later (an I/O error on a file-backed table) is returned by that apply as
+/// `ENGRAM_STATUS_ERR_IO`. Host tables only (CPU backend; a no-op for device
+/// tables on CUDA).
+///
+/// `ctx` as in `engram_free`; `row_ids` must hold
+/// `n_tokens * engram_row_ids_per_token(ctx)` elements.
+#[no_mangle]
+pub extern "C" fn engram_prefetch(
+    ctx: *mut EngramContext,
+    layer_id: u32,
+    row_ids: *const i64,
+    n_tokens: u32,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        let n = n_tokens as usize;
+        let ids = slice(row_ids, n * c.ids_per_token(), "row_ids")?;
+        c.prefetch(layer_id, ids, n)
+    })
+}

@@ -1,0 +1,22 @@
+//! The C ABI (`include/engram.h`). It converts and checks pointers and
+//! forwards to [`crate::Context`]; it holds no engram logic and does not know
+//! which backend runs.
+//!
+//! - [`boundary`]: the one panic boundary every export's body runs in
+//!   ([`ffi_boundary!`]), the calling thread's last error message, and the
+//!   small helpers that turn C pointers into Rust values (the only `unsafe`
+//!   of the ABI).
+//! - [`context`]: contexts, layers, hashing, apply, read-back.
+//! - [`tables`]: hash tables from `config.json` + `tokenizer.json`.
+//! - [`gguf`]: a context straight from a GGUF file.
+
+#[macro_use]
+pub mod boundary;
+pub mod context;
+pub mod gguf;
+pub mod tables;
+
+pub use boundary::{engram_last_error, engram_status_str, engram_version};
+pub use context::*;
+pub use gguf::*;
+pub use tables::*;

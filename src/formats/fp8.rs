@@ -1,0 +1,98 @@
+//! The released checkpoint's rows: `Hd` fp8 e4m3 ("fn") codes followed by
+//! `Hd / 32` e8m0 scale codes, one per 32 values.
+
+use super::RowDataError;
+use std::sync::OnceLock;
+
+/// Values per e8m0 scale in the fp8 row format.
+pub const FP8_SCALE_BLOCK: usize = 32;
+
+/// The value of an fp8 e4m3 ("fn": no infinities, `S.1111.111` is NaN) code.
+pub fn e4m3_to_f32(code: u8) -> f32 {
+    e4m3_table()[code as usize]
+}
+
+fn e4m3_table() -> &'static [f32; 256] {
+    static T: OnceLock<[f32; 256]> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = [0f32; 256];
+        for (c, v) in t.iter_mut().enumerate() {
+            let sign = if c & 0x80 != 0 { -1.0f32 } else { 1.0 };
+            let exp = ((c >> 3) & 0xF) as i32;
+            let man = (c & 7) as f32;
+            *v = if exp == 15 && c & 7 == 7 {
+                f32::NAN
+            } else if exp == 0 {
+                sign * man * 2f32.powi(-9)
+            } else {
+                sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+            };
+        }
+        t
+    })
+}
+
+/// The value of an e8m0 scale code (`2^(code-127)`); `None` for the NaN code 255.
+#[inline]
+pub fn e8m0_to_f32(code: u8) -> Option<f32> {
+    if code == 255 {
+        None
+    } else if code == 0 {
+        Some(f32::from_bits(0x0040_0000)) // 2^-127, an f32 subnormal
+    } else {
+        Some(f32::from_bits((code as u32) << 23))
+    }
+}
+
+/// One fp8 row: codes then one e8m0 scale per 32 values; `conv` turns each
+/// exact f32 value into the output element.
+#[inline]
+pub(super) fn row<T>(
+    row: &[u8],
+    out: &mut [T],
+    conv: impl Fn(f32) -> T,
+) -> std::result::Result<(), RowDataError> {
+    let (codes, scales) = row.split_at(out.len());
+    let table = e4m3_table();
+    for (bi, (&sc, (ob, cb))) in scales
+        .iter()
+        .zip(
+            out.chunks_exact_mut(FP8_SCALE_BLOCK)
+                .zip(codes.chunks_exact(FP8_SCALE_BLOCK)),
+        )
+        .enumerate()
+    {
+        let s = e8m0_to_f32(sc).ok_or(RowDataError::NanScale(bi))?;
+        for (j, (o, &c)) in ob.iter_mut().zip(cb).enumerate() {
+            if c & 0x7F == 0x7F {
+                return Err(RowDataError::NanCode(bi * FP8_SCALE_BLOCK + j));
+            }
+            *o = conv(table[c as usize] * s);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_codes_cover_the_format() {
+        assert_eq!(e4m3_to_f32(0x00), 0.0);
+        assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9)); // smallest subnormal
+        assert_eq!(e4m3_to_f32(0x08), 2f32.powi(-6)); // smallest normal
+        assert_eq!(e4m3_to_f32(0x7E), 448.0); // largest
+        assert_eq!(e4m3_to_f32(0xFE), -448.0);
+        assert_eq!(e4m3_to_f32(0x38), 1.0);
+        assert!(e4m3_to_f32(0x7F).is_nan() && e4m3_to_f32(0xFF).is_nan());
+    }
+
+    #[test]
+    fn e8m0_is_a_power_of_two_or_nan() {
+        assert_eq!(e8m0_to_f32(127), Some(1.0));
+        assert_eq!(e8m0_to_f32(0), Some(2f32.powi(-127)));
+        assert_eq!(e8m0_to_f32(254), Some(2f32.powi(127)));
+        assert_eq!(e8m0_to_f32(255), None);
+    }
+}

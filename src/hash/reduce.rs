@@ -1,0 +1,169 @@
+//! The modulo of the hash without a division: a floating-point quotient and
+//! an exact correction, in scalar form ([`rem_fast`]) and AVX-512 form
+//! ([`simd`], 8 heads at a time).
+
+/// `x.rem_euclid(p)` without a division, for `p` in `[2^14, 2^62)` and
+/// `inv = 1.0 / p as f64`.
+///
+/// `x as f64` is within 2^9 of `x` and the product carries two more roundings
+/// of 2^-53, so the quotient estimate is within `(2^9 + 2^11) / p < 0.16` of
+/// `x / p`; truncated, it is within 1.16 of `x / p`. The remainder from it,
+/// computed in wrapping i64 (exact, as the true value is small), lies in
+/// `(-1.16 p, 1.16 p)`: at most two additions of `p` or one subtraction make it
+/// exact. (Truncation, not `floor`, because `floor` is a library call on
+/// baseline x86-64.)
+#[inline(always)]
+pub fn rem_fast(x: i64, p: i64, inv: f64) -> i64 {
+    let q = (x as f64 * inv) as i64;
+    let mut r = x.wrapping_sub(q.wrapping_mul(p));
+    if r < 0 {
+        r += p;
+    }
+    if r < 0 {
+        r += p;
+    }
+    if r >= p {
+        r -= p;
+    }
+    r
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod simd {
+    use std::arch::x86_64::*;
+
+    /// The columns of one look-back `k` of one layer, 8 heads at a time, with
+    /// the same reduction as [`super::rem_fast`] in AVX-512 (DQ for the 64-bit
+    /// conversions and multiply).
+    ///
+    /// # Safety
+    /// The CPU must have avx512f and avx512dq; the slices hold a multiple of 8.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn columns(
+        rolling: i64,
+        primes: &[i64],
+        inv: &[f64],
+        offsets: &[i64],
+        out: &mut [i64],
+    ) {
+        // SAFETY: the caller upholds this function's `# Safety` contract
+        // (the CPU features it is compiled for, and the sizes it reads and writes).
+        unsafe {
+            let x = _mm512_set1_epi64(rolling);
+            let xf = _mm512_cvtepi64_pd(x);
+            let zero = _mm512_setzero_si512();
+            for j in (0..out.len()).step_by(8) {
+                let p = _mm512_loadu_si512(primes.as_ptr().add(j) as *const _);
+                let iv = _mm512_loadu_pd(inv.as_ptr().add(j));
+                let o = _mm512_loadu_si512(offsets.as_ptr().add(j) as *const _);
+                let q = _mm512_cvttpd_epi64(_mm512_mul_pd(xf, iv));
+                let mut r = _mm512_sub_epi64(x, _mm512_mullo_epi64(q, p));
+                let m = _mm512_cmplt_epi64_mask(r, zero);
+                r = _mm512_mask_add_epi64(r, m, r, p);
+                let m = _mm512_cmplt_epi64_mask(r, zero);
+                r = _mm512_mask_add_epi64(r, m, r, p);
+                let m = _mm512_cmpge_epi64_mask(r, p);
+                r = _mm512_mask_sub_epi64(r, m, r, p);
+                _mm512_storeu_si512(out.as_mut_ptr().add(j) as *mut _, _mm512_add_epi64(r, o));
+            }
+        }
+    }
+
+    /// Row ids of every window: `windows` is `[n, N]` (a dead window has
+    /// `w[0] == -1`), `out` is `[n, L*C]`, through [`columns`]; the batch loop
+    /// lives inside a target-feature function so that `columns` inlines.
+    ///
+    /// # Safety
+    /// As [`columns`]; `multipliers` is `[L*N]`, the column arrays `[L*C]` with
+    /// `C = (N-1)*H`, `H` a multiple of 8.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn windows(
+        windows: &[i64],
+        nn: usize,
+        h: usize,
+        multipliers: &[i64],
+        primes: &[i64],
+        inv: &[f64],
+        offsets: &[i64],
+        dead: i64,
+        out: &mut [i64],
+    ) {
+        // SAFETY: the caller upholds this function's `# Safety` contract
+        // (the CPU features it is compiled for, and the sizes it reads and writes).
+        unsafe {
+            let cols = (nn - 1) * h;
+            let nl = multipliers.len() / nn;
+            let row = nl * cols;
+            for (w, o) in windows.chunks_exact(nn).zip(out.chunks_exact_mut(row)) {
+                if w[0] == -1 {
+                    o.fill(dead);
+                    continue;
+                }
+                for l in 0..nl {
+                    let m = &multipliers[l * nn..(l + 1) * nn];
+                    let mut rolling = w[0].wrapping_mul(m[0]);
+                    for k in 1..nn {
+                        rolling ^= w[k].wrapping_mul(m[k]);
+                        let c = l * cols + (k - 1) * h..l * cols + k * h;
+                        columns(
+                            rolling,
+                            &primes[c.clone()],
+                            &inv[c.clone()],
+                            &offsets[c.clone()],
+                            &mut o[c],
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rem_fast_equals_rem_euclid() {
+        let mut z = 1u64;
+        let mut next = || {
+            z = z.wrapping_add(0x9e3779b97f4a7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d049bb133111eb);
+            x ^ (x >> 31)
+        };
+        let primes = [
+            1i64 << 14,
+            16_000_057,
+            16_777_259,
+            (1 << 31) - 1,
+            (1 << 61) - 1,
+            (1 << 62) - 57,
+        ];
+        let edges = [0i64, 1, -1, i64::MAX, i64::MIN, i64::MIN + 1, i64::MAX - 1];
+        for &p in &primes {
+            let inv = 1.0 / p as f64;
+            for &x in &edges {
+                assert_eq!(rem_fast(x, p, inv), x.rem_euclid(p), "{x} mod {p}");
+            }
+            for m in [-2i64, -1, 1, 2, 1 << 20] {
+                for d in -3..=3 {
+                    let x = (p.wrapping_mul(m)).wrapping_add(d);
+                    assert_eq!(rem_fast(x, p, inv), x.rem_euclid(p), "{x} mod {p}");
+                }
+            }
+            for _ in 0..200_000 {
+                let x = next() as i64;
+                assert_eq!(rem_fast(x, p, inv), x.rem_euclid(p), "{x} mod {p}");
+            }
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! The validated hash tables of all engram layers and the hash of look-back
+//! windows (SPEC section 1, step 3).
+
+use super::reduce::rem_fast;
+#[cfg(target_arch = "x86_64")]
+use super::reduce::simd;
+use super::{ROW_ID_DEAD, TOKEN_DEAD};
+use crate::error::{bail, Result};
+
+/// The validated hash tables of all engram layers, in the GGUF flat layout.
+#[derive(Clone, Debug)]
+pub struct HashTables {
+    /// Model layer ids of the engram layers, in hash-output order.
+    pub layer_ids: Vec<u32>,
+    /// Max n-gram size `N` (look-backs `0..N`).
+    pub max_ngram: usize,
+    /// Hash heads per n-gram size `H`.
+    pub n_heads: usize,
+    /// Raw token id -> compressed id, `-1` for a token the map leaves out.
+    pub token_map: Vec<i32>,
+    /// The pad in the compressed space (`token_map[pad_token_id]`).
+    pub pad_id: i64,
+    /// `[layers * N]`
+    pub multipliers: Vec<i64>,
+    /// `[layers * C]`, column `(k-1)*H + h`
+    pub primes: Vec<i64>,
+    /// `[layers * C]`
+    pub offsets: Vec<i64>,
+    /// Rows each layer's table needs: the largest `offset + prime` of its columns.
+    pub rows_needed: Vec<u64>,
+    /// `1/prime` per column, when every prime allows the floating-point
+    /// reduction of [`rem_fast`] (all of them in `[2^14, 2^62)`).
+    inv_primes: Option<Vec<f64>>,
+    /// Whether the AVX-512 form of that reduction runs (8 heads at a time).
+    simd: bool,
+}
+
+/// The raw tables as an engine hands them over (GGUF widths).
+pub struct HashTablesIn<'a> {
+    pub layer_ids: &'a [u32],
+    pub max_ngram: usize,
+    pub n_heads: usize,
+    pub token_map: &'a [i32],
+    pub pad_id: i64,
+    pub multipliers: &'a [u64],
+    pub primes: &'a [u64],
+    pub offsets: &'a [u64],
+}
+
+impl HashTables {
+    pub fn new(t: &HashTablesIn<'_>) -> Result<HashTables> {
+        let nl = t.layer_ids.len();
+        if nl == 0 {
+            bail!(ErrInvalidConfig, "no engram layers (n_layers = 0)");
+        }
+        for (i, a) in t.layer_ids.iter().enumerate() {
+            if t.layer_ids[..i].contains(a) {
+                bail!(
+                    ErrInvalidConfig,
+                    "engram layer id {a} appears twice in layer_ids"
+                );
+            }
+        }
+        if t.max_ngram < 2 {
+            bail!(
+                ErrInvalidConfig,
+                "max_ngram is {}, must be at least 2",
+                t.max_ngram
+            );
+        }
+        if t.n_heads == 0 {
+            bail!(ErrInvalidConfig, "n_heads is 0");
+        }
+        if t.max_ngram > 64 || t.n_heads > 1024 {
+            bail!(
+                ErrInvalidConfig,
+                "max_ngram {} / n_heads {} out of range (at most 64 / 1024)",
+                t.max_ngram,
+                t.n_heads
+            );
+        }
+        let cols = (t.max_ngram - 1) * t.n_heads;
+        if t.token_map.is_empty() {
+            bail!(ErrInvalidConfig, "token_map is empty");
+        }
+        if let Some(i) = t.token_map.iter().position(|&m| m < -1) {
+            bail!(
+                ErrInvalidConfig,
+                "token_map[{i}] = {} (entries are compressed ids >= 0, or -1)",
+                t.token_map[i]
+            );
+        }
+        if t.pad_id < 0 || t.pad_id > i32::MAX as i64 {
+            bail!(
+                ErrInvalidConfig,
+                "pad_id {} is not a compressed id",
+                t.pad_id
+            );
+        }
+        let check_len = |name: &str, got: usize, want: usize| -> Result<()> {
+            if got != want {
+                bail!(
+                    ErrInvalidConfig,
+                    "{name} has {got} entries, expected {want} (n_layers {nl} x {})",
+                    if name == "multipliers" {
+                        "max_ngram"
+                    } else {
+                        "C"
+                    }
+                );
+            }
+            Ok(())
+        };
+        check_len("multipliers", t.multipliers.len(), nl * t.max_ngram)?;
+        check_len("primes", t.primes.len(), nl * cols)?;
+        check_len("offsets", t.offsets.len(), nl * cols)?;
+        let mut rows_needed = Vec::with_capacity(nl);
+        for l in 0..nl {
+            let mut need = 0u64;
+            for c in 0..cols {
+                let i = l * cols + c;
+                let (p, o) = (t.primes[i], t.offsets[i]);
+                if p == 0 || p > i64::MAX as u64 {
+                    bail!(
+                        ErrInvalidConfig,
+                        "primes[{i}] (layer {}, column {c}) = {p} is not a positive i64",
+                        t.layer_ids[l]
+                    );
+                }
+                let end = o.checked_add(p).filter(|&e| e <= i64::MAX as u64);
+                let Some(end) = end else {
+                    bail!(
+                        ErrInvalidConfig,
+                        "offsets[{i}] + primes[{i}] overflows i64 (layer {}, column {c})",
+                        t.layer_ids[l]
+                    );
+                };
+                need = need.max(end);
+            }
+            rows_needed.push(need);
+        }
+        Ok(HashTables {
+            layer_ids: t.layer_ids.to_vec(),
+            max_ngram: t.max_ngram,
+            n_heads: t.n_heads,
+            token_map: t.token_map.to_vec(),
+            pad_id: t.pad_id,
+            // The multipliers are i64 values (GGUF stores them as u64 bits).
+            multipliers: t.multipliers.iter().map(|&m| m as i64).collect(),
+            primes: t.primes.iter().map(|&p| p as i64).collect(),
+            offsets: t.offsets.iter().map(|&o| o as i64).collect(),
+            rows_needed,
+            simd: false,
+            inv_primes: t
+                .primes
+                .iter()
+                .all(|&p| (1 << 14..1 << 62).contains(&p))
+                .then(|| t.primes.iter().map(|&p| 1.0 / p as f64).collect()),
+        }
+        .with_simd(true))
+    }
+
+    /// Use the AVX-512 reduction where the CPU and the tables allow it
+    /// (`want = false` keeps the scalar one, for tests comparing the two).
+    pub fn with_simd(mut self, want: bool) -> HashTables {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.simd = want
+                && self.inv_primes.is_some()
+                && self.n_heads.is_multiple_of(8)
+                && simd::available();
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = want;
+        }
+        self
+    }
+
+    /// Whether the AVX-512 reduction is in use.
+    pub fn simd(&self) -> bool {
+        self.simd
+    }
+
+    /// Hash columns per token per layer, `C = (N-1)*H`.
+    pub fn cols(&self) -> usize {
+        (self.max_ngram - 1) * self.n_heads
+    }
+
+    pub fn n_layers(&self) -> usize {
+        self.layer_ids.len()
+    }
+
+    /// The compressed id of raw token `tok` (`-1` for a dead one), or an error.
+    pub(crate) fn compress(&self, i: usize, tok: i32) -> Result<i32> {
+        if tok == TOKEN_DEAD {
+            return Ok(-1);
+        }
+        match usize::try_from(tok).ok().and_then(|t| self.token_map.get(t)) {
+            Some(&m) => Ok(m),
+            None => bail!(
+                ErrInvalidToken,
+                "token {i}: id {tok} is outside token_map [0, {}) (use {TOKEN_DEAD} to mark a dead position)",
+                self.token_map.len()
+            ),
+        }
+    }
+
+    /// Row ids of every layer for a batch of look-back windows (`[n, N]`, a
+    /// dead one starting with -1) into `out` (`[n, n_layers * C]`).
+    pub fn hash_windows(&self, windows: &[i64], out: &mut [i64]) {
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Some(inv)) = (self.simd, &self.inv_primes) {
+            // SAFETY: `simd` is set only when the CPU has avx512f and avx512dq
+            // and `n_heads` is a multiple of 8; the sizes are the tables'.
+            unsafe {
+                simd::windows(
+                    windows,
+                    self.max_ngram,
+                    self.n_heads,
+                    &self.multipliers,
+                    &self.primes,
+                    inv,
+                    &self.offsets,
+                    ROW_ID_DEAD,
+                    out,
+                )
+            };
+            return;
+        }
+        let row = self.n_layers() * self.cols();
+        for (w, o) in windows
+            .chunks_exact(self.max_ngram)
+            .zip(out.chunks_exact_mut(row))
+        {
+            if w[0] == -1 {
+                o.fill(ROW_ID_DEAD);
+            } else {
+                self.hash_window(w, o);
+            }
+        }
+    }
+
+    /// Row ids of every layer for one position whose look-back window (compressed
+    /// ids, `w[0]` the position itself) is `w`; `out` is `[n_layers * C]`.
+    #[inline]
+    pub fn hash_window(&self, w: &[i64], out: &mut [i64]) {
+        let (n, h, cols) = (self.max_ngram, self.n_heads, self.cols());
+        for l in 0..self.n_layers() {
+            let m = &self.multipliers[l * n..(l + 1) * n];
+            let primes = &self.primes[l * cols..(l + 1) * cols];
+            let offsets = &self.offsets[l * cols..(l + 1) * cols];
+            let o = &mut out[l * cols..(l + 1) * cols];
+            let mut rolling = w[0].wrapping_mul(m[0]);
+            match &self.inv_primes {
+                #[cfg(target_arch = "x86_64")]
+                Some(inv) if self.simd => {
+                    let inv = &inv[l * cols..(l + 1) * cols];
+                    for k in 1..n {
+                        rolling ^= w[k].wrapping_mul(m[k]);
+                        let c = (k - 1) * h..k * h;
+                        // SAFETY: `simd` is set only when the CPU has avx512f and
+                        // avx512dq and `h` is a multiple of 8.
+                        unsafe {
+                            simd::columns(
+                                rolling,
+                                &primes[c.clone()],
+                                &inv[c.clone()],
+                                &offsets[c.clone()],
+                                &mut o[c],
+                            )
+                        };
+                    }
+                }
+                Some(inv) => {
+                    let inv = &inv[l * cols..(l + 1) * cols];
+                    for k in 1..n {
+                        rolling ^= w[k].wrapping_mul(m[k]);
+                        for hh in 0..h {
+                            let c = (k - 1) * h + hh;
+                            o[c] = rem_fast(rolling, primes[c], inv[c]) + offsets[c];
+                        }
+                    }
+                }
+                None => {
+                    for k in 1..n {
+                        rolling ^= w[k].wrapping_mul(m[k]);
+                        for hh in 0..h {
+                            let c = (k - 1) * h + hh;
+                            o[c] = rolling.rem_euclid(primes[c]) + offsets[c];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::{derive_offsets, derive_primes_uniform};
+
+    /// The AVX-512, scalar-float and `rem_euclid` reductions give the same row
+    /// ids on windows of V4.1-like tables, negative rolling values included.
+    #[test]
+    fn hash_window_paths_agree() {
+        let primes = derive_primes_uniform(2, 4, 8, 16_000_000).unwrap();
+        let offsets = derive_offsets(&primes, 24);
+        let mut z = 7u64;
+        let mut next = move || {
+            z = z.wrapping_add(0x9e3779b97f4a7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+            x ^ (x >> 29)
+        };
+        let multipliers: Vec<u64> = (0..8).map(|_| next() | 1).collect();
+        let map = vec![0i32; 4];
+        let input = HashTablesIn {
+            layer_ids: &[1, 14],
+            max_ngram: 4,
+            n_heads: 8,
+            token_map: &map,
+            pad_id: 2,
+            multipliers: &multipliers,
+            primes: &primes,
+            offsets: &offsets,
+        };
+        let fast = HashTables::new(&input).unwrap();
+        let scalar = HashTables::new(&input).unwrap().with_simd(false);
+        let mut reference = HashTables::new(&input).unwrap().with_simd(false);
+        reference.inv_primes = None;
+        assert!(fast.inv_primes.is_some() && !scalar.simd && !reference.simd);
+        let (mut a, mut b, mut c) = (vec![0i64; 48], vec![0i64; 48], vec![0i64; 48]);
+        for i in 0..20_000 {
+            let w: Vec<i64> = (0..4)
+                .map(|_| (next() % 200_000) as i64 - (i % 2) * 100)
+                .collect();
+            fast.hash_window(&w, &mut a);
+            scalar.hash_window(&w, &mut b);
+            reference.hash_window(&w, &mut c);
+            assert_eq!(a, c, "{w:?}");
+            assert_eq!(b, c, "{w:?}");
+        }
+    }
+}
