@@ -74,8 +74,10 @@ typedef enum engram_status {
    */
   ENGRAM_STATUS_ERR_UNSUPPORTED = 7008,
   /*
-   Table data that must not be turned into numbers (a NaN e8m0 scale, a NaN
-   e4m3 code).
+   Table data that must not be turned into numbers: a gathered row holds
+   a NaN e8m0 scale, an e4m3 NaN code, or a value that is not finite once
+   dequantised (an e8m0 scale that overflows the row, a NaN or infinite
+   GGUF block scale, a stored NaN or infinity). The token is left untouched.
    */
   ENGRAM_STATUS_ERR_INVALID_DATA = 7009,
   /*
@@ -92,7 +94,9 @@ typedef enum engram_status {
    */
   ENGRAM_STATUS_ERR_INVALID_SEQUENCE = 7012,
   /*
-   Any other invalid argument (sizes, dtypes of the highway, ...).
+   Any other invalid argument (sizes, alignment, a stream of another
+   context, ...). A highway type other than f32 or bf16 is
+   `ERR_UNSUPPORTED`.
    */
   ENGRAM_STATUS_ERR_INVALID_ARGUMENT = 7013,
   /*

@@ -234,12 +234,9 @@ ENG_DEV float eng_q6_k(const eng_u8 *b, eng_u32 e) {
     return ENG_MUL(sd, (float)v);
 }
 
-// Value `i` of a row of `hd` values in `fmt`, as bf16 bits: exactly
-// src/formats.rs dequant_row_bf16. Returns 0 on success; for fp8, a NaN scale
-// returns ENG_ERR_NAN_SCALE (*where = the scale's index) and a NaN code
-// ENG_ERR_NAN_CODE (*where = i). An unknown format returns 0xFFFF bits (never
-// reached: the host checks formats).
-ENG_DEV eng_u32 eng_dequant_bf16(eng_u32 fmt, const eng_u8 *row, eng_u32 hd, eng_u32 i, eng_u16 *out,
+// Value `i` of a row of `hd` values in `fmt`, as bf16 bits, without the
+// finiteness check (see eng_dequant_bf16).
+ENG_DEV eng_u32 eng_dequant_bf16_raw(eng_u32 fmt, const eng_u8 *row, eng_u32 hd, eng_u32 i, eng_u16 *out,
                                  eng_u32 *where) {
     switch (fmt) {
     case ENG_BF16: *out = eng_load_u16(row + 2u * i); return 0u;
@@ -273,4 +270,22 @@ ENG_DEV eng_u32 eng_dequant_bf16(eng_u32 fmt, const eng_u8 *row, eng_u32 hd, eng
     case ENG_Q6_K: *out = eng_f32_to_bf16(eng_q6_k(row + (i / ENG_Q6_K_BLOCK) * ENG_Q6_K_BLOCK_BYTES, i % ENG_Q6_K_BLOCK)); return 0u;
     default: *out = 0xFFFFu; return 0u;
     }
+}
+
+// Value `i` of a row of `hd` values in `fmt`, as bf16 bits: exactly
+// src/formats dequant_row_bf16. Returns 0 on success; for fp8, a NaN scale
+// returns ENG_ERR_NAN_SCALE (*where = the scale's index) and a NaN code
+// ENG_ERR_NAN_CODE (*where = i); a value that is not finite in bf16 (an
+// overflowing scale, a NaN or infinite GGUF scale, a stored NaN or infinity)
+// returns ENG_ERR_NON_FINITE (*where = i), so no NaN bits ever leave a row.
+// An unknown format returns 0xFFFF bits (never reached: the host checks formats).
+ENG_DEV eng_u32 eng_dequant_bf16(eng_u32 fmt, const eng_u8 *row, eng_u32 hd, eng_u32 i, eng_u16 *out,
+                                 eng_u32 *where) {
+    const eng_u32 code = eng_dequant_bf16_raw(fmt, row, hd, i, out, where);
+    if (code != 0u) return code;
+    if ((*out & 0x7F80u) == 0x7F80u) {
+        *where = i;
+        return ENG_ERR_NON_FINITE;
+    }
+    return 0u;
 }

@@ -27,8 +27,10 @@ pub enum EngramStatus {
     ErrCapacity = 7007,
     /// A format, dtype or backend this build does not support.
     ErrUnsupported = 7008,
-    /// Table data that must not be turned into numbers (a NaN e8m0 scale, a NaN
-    /// e4m3 code).
+    /// Table data that must not be turned into numbers: a gathered row holds
+    /// a NaN e8m0 scale, an e4m3 NaN code, or a value that is not finite once
+    /// dequantised (an e8m0 scale that overflows the row, a NaN or infinite
+    /// GGUF block scale, a stored NaN or infinity). The token is left untouched.
     ErrInvalidData = 7009,
     /// `engram_apply` on a layer whose weights were never set.
     ErrNoWeights = 7010,
@@ -37,7 +39,9 @@ pub enum EngramStatus {
     /// A sequence id outside `[0, max_seqs)`, a position outside
     /// `[0, max_positions)`, or the same (sequence, position) twice in one batch.
     ErrInvalidSequence = 7012,
-    /// Any other invalid argument (sizes, dtypes of the highway, ...).
+    /// Any other invalid argument (sizes, alignment, a stream of another
+    /// context, ...). A highway type other than f32 or bf16 is
+    /// `ERR_UNSUPPORTED`.
     ErrInvalidArgument = 7013,
     /// The backend's device is not usable (no driver, bad ordinal, ...).
     ErrDevice = 7014,

@@ -12,11 +12,11 @@ use common::*;
 use cudarc::driver::sys;
 use engram::cuda::driver::{DevBuf, Device};
 use engram::hash::{derive_offsets, derive_primes_uniform};
-use engram::RowIds;
 use engram::{
     Context, ContextConfig, EngramBackend, EngramType, Geometry, HashTablesIn, LayerIn, Limits,
     Weights,
 };
+use engram::{EngramStatus, RowIds};
 use std::ffi::c_void;
 
 const D: usize = 64;
@@ -30,7 +30,9 @@ fn unhex(s: &str) -> Vec<u8> {
 }
 
 /// `rows` rows of `fmt` (Hd = 256): GGUF formats cycle through the oracle's
-/// blocks, the others come from the golden filler (no NaN codes).
+/// blocks whose values are finite in bf16 (the others are invalid data, see
+/// `non_finite_rows_are_refused_alike`), the other formats come from the
+/// golden filler (no NaN codes).
 fn table(fmt: EngramType, rows: usize) -> Vec<u8> {
     let name = match fmt {
         EngramType::Q8_0 => "q8_0",
@@ -55,10 +57,18 @@ fn table(fmt: EngramType, rows: usize) -> Vec<u8> {
         }
     };
     let g = load_json("gguf_blocks.json");
+    let finite = |b: &serde_json::Value| {
+        b["f32"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v.as_u64().unwrap() as u32 & 0x7fff_ffff < 0x7f7f_8000)
+    };
     let blocks: Vec<Vec<u8>> = g["formats"][name]["blocks"]
         .as_array()
         .unwrap()
         .iter()
+        .filter(|b| finite(b))
         .map(|b| unhex(b["bytes"].as_str().unwrap()))
         .collect();
     let rb = EngramType::row_format(fmt as u32, HD)
@@ -210,6 +220,113 @@ fn every_row_format_dequantises_to_the_cpu_bits_on_the_gpu() {
         println!(
             "{fmt:?}: {} row values bit-identical on the GPU",
             rows_gpu.len()
+        );
+    }
+}
+
+/// A row whose values are not finite (a NaN or infinite GGUF scale, an fp8
+/// scale that overflows) is refused by both backends with the same status
+/// and message, naming the same element.
+#[test]
+fn non_finite_rows_are_refused_alike() {
+    let Some(dev) = gpu() else { return };
+    let _scope = dev.scope().unwrap();
+    let (ngram, heads) = (2usize, 2usize);
+    let cols = (ngram - 1) * heads;
+    let primes = derive_primes_uniform(1, ngram, heads, 100).unwrap();
+    let offsets = derive_offsets(&primes, cols);
+    let rows: u64 = primes.iter().sum();
+    let token_map: Vec<i32> = (0..48).collect();
+    let mult = [1u64, 3];
+    let cfg = |backend: EngramBackend| ContextConfig {
+        geometry: Geometry {
+            d: 64,
+            hc: 1,
+            hd: HD,
+            eps: 1e-6,
+        },
+        tables: HashTablesIn {
+            layer_ids: &[1],
+            max_ngram: ngram,
+            n_heads: heads,
+            token_map: &token_map,
+            pad_id: 0,
+            multipliers: &mult,
+            primes: &primes,
+            offsets: &offsets,
+        },
+        limits: Limits {
+            max_tokens: 4,
+            max_seqs: 1,
+            max_positions: 8,
+        },
+        n_threads: 1,
+        backend: backend as u32,
+        device: 0,
+        tuning: Default::default(),
+    };
+    let k_in = cols * HD;
+    let wkv = vec![0u16; 2 * 64 * k_in];
+    let qk = vec![1f32; 64];
+    let bytes_of = |v: &[u8]| upload(&dev, v);
+    let wkv_bytes: Vec<u8> = wkv.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let qk_bytes: Vec<u8> = qk.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let (d_wkv, d_qk) = (bytes_of(&wkv_bytes), bytes_of(&qk_bytes));
+    // q8_0 rows of d = NaN at block 2 of row 5, and fp8 rows whose second
+    // block's scale overflows at element 40 of row 7.
+    let mut q8 = vec![0u8; rows as usize * 272];
+    q8[5 * 272 + 2 * 34..][..2].copy_from_slice(&0x7e00u16.to_le_bytes());
+    let mut fp8 = vec![0x38u8; rows as usize * 264];
+    for r in 0..rows as usize {
+        fp8[r * 264 + 256..r * 264 + 264].fill(127);
+    }
+    fp8[7 * 264 + 256 + 1] = 254;
+    fp8[7 * 264 + 40] = 0x48;
+    for (fmt, t, row) in [
+        (EngramType::Q8_0, q8, 5i64),
+        (EngramType::Fp8E4m3E8m0, fp8, 7),
+    ] {
+        let cpu = Context::new(&cfg(EngramBackend::Cpu)).unwrap();
+        cpu.set_layer(LayerIn::host(
+            1,
+            &t,
+            fmt,
+            rows,
+            Weights::Bf16(&wkv),
+            Weights::F32(&qk),
+            Weights::F32(&qk),
+        ))
+        .unwrap();
+        let d_table = upload(&dev, &t);
+        let gpu_ctx = Context::new(&cfg(EngramBackend::Cuda)).expect("a CUDA context");
+        gpu_ctx
+            .set_layer_device(&DeviceLayerIn {
+                layer_id: 1,
+                table: d_table.ptr,
+                table_rows: rows,
+                table_type: fmt as u32,
+                wkv: d_wkv.ptr,
+                wkv_type: EngramType::Bf16 as u32,
+                q: d_qk.ptr,
+                k: d_qk.ptr,
+                qk_type: EngramType::F32 as u32,
+            })
+            .unwrap();
+        let ids = [0i64, row];
+        let e_cpu = cpu.stages_device(1, RowIds::Host(&ids), 1).unwrap_err();
+        let e_gpu = gpu_ctx.stages_device(1, RowIds::Host(&ids), 1).unwrap_err();
+        assert_eq!(
+            e_cpu.status,
+            EngramStatus::ErrInvalidData,
+            "{}",
+            e_cpu.message
+        );
+        assert_eq!(e_gpu.status, e_cpu.status, "{fmt:?}: {}", e_gpu.message);
+        assert!(
+            e_gpu.message.starts_with(&e_cpu.message),
+            "{fmt:?}: CPU '{}', GPU '{}'",
+            e_cpu.message,
+            e_gpu.message
         );
     }
 }

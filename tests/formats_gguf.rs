@@ -8,7 +8,7 @@
 //! independently of the library.
 
 use engram::formats::{
-    dequant_row_bf16, dequant_row_f32, EngramType, WeightDtype, WeightFormat, Weights,
+    dequant_row_bf16, dequant_row_f32, EngramType, RowDataError, WeightDtype, WeightFormat, Weights,
 };
 use engram::EngramStatus;
 use serde_json::Value;
@@ -126,11 +126,24 @@ fn check(what: &str, want: &[u32], got_f32: &[f32], got_bf16: &[u16]) {
     }
 }
 
+/// Both dequantisations of a row; a row holding a value that is not finite
+/// must be refused, naming the first such element, with every value still
+/// written (the bits are checked all the same).
 fn dequant_both(f: EngramType, row: &[u8], width: usize) -> (Vec<f32>, Vec<u16>) {
     let mut o32 = vec![0f32; width];
     let mut o16 = vec![0u16; width];
-    dequant_row_f32(f, row, &mut o32).unwrap();
-    dequant_row_bf16(f, row, &mut o16).unwrap();
+    let r32 = dequant_row_f32(f, row, &mut o32);
+    let r16 = dequant_row_bf16(f, row, &mut o16);
+    let bad32 = o32.iter().position(|v| !v.is_finite());
+    let bad16 = o16.iter().position(|&b| b & 0x7f80 == 0x7f80);
+    assert_eq!(
+        r32,
+        bad32.map_or(Ok(()), |i| Err(RowDataError::NonFinite(i)))
+    );
+    assert_eq!(
+        r16,
+        bad16.map_or(Ok(()), |i| Err(RowDataError::NonFinite(i)))
+    );
     (o32, o16)
 }
 
@@ -371,8 +384,9 @@ fn weight_formats_describe_dense_and_quantised_weights() {
 }
 
 #[test]
-fn a_nan_or_infinite_d_propagates() {
-    // q8_0 with d = +inf: code 0 gives NaN (inf * 0), others +-inf.
+fn a_nan_or_infinite_d_is_invalid_data() {
+    // q8_0 with d = +inf: code 0 gives NaN (inf * 0), others +-inf: the values
+    // ggml computes, and the row is refused from its first element.
     let mut b = [0u8; 34];
     b[0..2].copy_from_slice(&0x7c00u16.to_le_bytes());
     b[3] = 1;
@@ -381,4 +395,9 @@ fn a_nan_or_infinite_d_propagates() {
     let (g32, g16) = dequant_both(f, &b, 32);
     assert!(g32[0].is_nan() && g32[1] == f32::INFINITY && g32[2] == f32::NEG_INFINITY);
     assert!(g16[0] & 0x7fff > 0x7f80 && g16[1] == 0x7f80 && g16[2] == 0xff80);
+    let mut o = vec![0u16; 32];
+    assert_eq!(
+        dequant_row_bf16(f, &b, &mut o),
+        Err(RowDataError::NonFinite(0))
+    );
 }

@@ -55,13 +55,13 @@ impl LatchCode {
     }
 }
 
-/// The error a latch record describes. `rows(layer_id)` gives the table rows
-/// of a layer (for the message).
-pub fn error_of(rec: &[u32; LATCH_WORDS], rows: impl Fn(u32) -> u64) -> Error {
+/// The error a latch record describes, with `tail` (when the error is
+/// reported) after the message the CPU backend gives. `rows(layer_id)` gives
+/// the table rows of a layer (for the message).
+pub fn error_of(rec: &[u32; LATCH_WORDS], rows: impl Fn(u32) -> u64, tail: &str) -> Error {
     let (t, c, at) = (rec[1] as usize, rec[2] as usize, rec[3] as usize);
     let row = (rec[4] as u64 | ((rec[5] as u64) << 32)) as i64;
     let layer = rec[6];
-    let tail = "(found on the device by an earlier engram_apply on this context; that token's streams were left untouched)";
     let e = match rec[0] {
         x if x == LatchCode::RowRange as u32 => row_out_of_range(t, layer, c, row, rows(layer)),
         x if x == LatchCode::PartlyDead as u32 => partly_dead(t, layer, c),
@@ -79,7 +79,11 @@ pub fn error_of(rec: &[u32; LATCH_WORDS], rows: impl Fn(u32) -> u64) -> Error {
             format!("unknown device error code {x}"),
         ),
     };
-    Error::new(e.status, format!("{} {tail}", e.message))
+    if tail.is_empty() {
+        e
+    } else {
+        Error::new(e.status, format!("{} {tail}", e.message))
+    }
 }
 
 /// Report (and clear) an error the device recorded in the host-mapped
@@ -97,5 +101,9 @@ pub unsafe fn take(mirror: *mut u32, rows: impl Fn(u32) -> u64) -> Result<()> {
     }
     // SAFETY: as above; clearing frees the mirror for the next error.
     unsafe { std::ptr::write_volatile(mirror, 0) };
-    Err(error_of(&rec, rows))
+    Err(error_of(
+        &rec,
+        rows,
+        "(found on the device by an earlier engram_apply on this context; that token's streams were left untouched)",
+    ))
 }

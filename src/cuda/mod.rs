@@ -419,7 +419,7 @@ impl<'w> Backend<'w> for CudaBackend {
                     .find(|l| l.layer_id == layer)
                     .map_or(0, |l| l.rows)
             };
-            return Err(latch::error_of(&rec, rows));
+            return Err(latch::error_of(&rec, rows, ""));
         }
         Ok(out)
     }

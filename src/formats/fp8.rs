@@ -45,12 +45,16 @@ pub fn e8m0_to_f32(code: u8) -> Option<f32> {
 }
 
 /// One fp8 row: codes then one e8m0 scale per 32 values; `conv` turns each
-/// exact f32 value into the output element.
+/// exact f32 value into the output element, `finite` says whether an output
+/// element is a finite number. Errors come in element order: a NaN scale at
+/// its block's first element, then per element a NaN code or a value that is
+/// not finite.
 #[inline]
-pub(super) fn row<T>(
+pub(super) fn row<T: Copy>(
     row: &[u8],
     out: &mut [T],
     conv: impl Fn(f32) -> T,
+    finite: impl Fn(T) -> bool,
 ) -> std::result::Result<(), RowDataError> {
     let (codes, scales) = row.split_at(out.len());
     let table = e4m3_table();
@@ -67,7 +71,11 @@ pub(super) fn row<T>(
             if c & 0x7F == 0x7F {
                 return Err(RowDataError::NanCode(bi * FP8_SCALE_BLOCK + j));
             }
-            *o = conv(table[c as usize] * s);
+            let v = conv(table[c as usize] * s);
+            if !finite(v) {
+                return Err(RowDataError::NonFinite(bi * FP8_SCALE_BLOCK + j));
+            }
+            *o = v;
         }
     }
     Ok(())
@@ -94,5 +102,28 @@ mod tests {
         assert_eq!(e8m0_to_f32(0), Some(2f32.powi(-127)));
         assert_eq!(e8m0_to_f32(254), Some(2f32.powi(127)));
         assert_eq!(e8m0_to_f32(255), None);
+    }
+
+    /// A scale code large enough to overflow the row is invalid data, in
+    /// element order with NaN codes.
+    #[test]
+    fn overflowing_scales_are_invalid_data() {
+        use crate::formats::{dequant_row_bf16, dequant_row_f32, EngramType};
+        let mut row = vec![0x38u8; 64 + 2]; // 1.0 everywhere
+        row[64] = 127;
+        row[65] = 254; // 2^127: 1.0 * 2^127 is finite
+        let (mut o16, mut o32) = ([0u16; 64], [0f32; 64]);
+        dequant_row_bf16(EngramType::Fp8E4m3E8m0, &row, &mut o16).unwrap();
+        row[32 + 5] = 0x48; // 2.0 * 2^127 overflows f32 and bf16
+        let e = Err(RowDataError::NonFinite(37));
+        assert_eq!(dequant_row_bf16(EngramType::Fp8E4m3E8m0, &row, &mut o16), e);
+        assert_eq!(dequant_row_f32(EngramType::Fp8E4m3E8m0, &row, &mut o32), e);
+        row[40] = 0x7F; // a NaN code after it: the overflow comes first
+        assert_eq!(dequant_row_bf16(EngramType::Fp8E4m3E8m0, &row, &mut o16), e);
+        row[3] = 0xFF; // a NaN code before it
+        assert_eq!(
+            dequant_row_bf16(EngramType::Fp8E4m3E8m0, &row, &mut o16),
+            Err(RowDataError::NanCode(3))
+        );
     }
 }

@@ -17,6 +17,15 @@
 //!   arithmetic.
 //! - [`weights`]: how `wkv`, `q` and `k` are held (dense or quantised rows).
 //!
+//! A row that dequantises to a value that is not finite is invalid data
+//! ([`RowDataError`]), like an fp8 NaN code: an e8m0 scale so large that the
+//! row overflows, a NaN or infinite f16 scale in a GGUF block, a NaN or
+//! infinity stored in an f16, bf16 or f32 row. No backend turns such a row
+//! into numbers: the token is refused (its streams untouched) and the call
+//! reports `ENGRAM_STATUS_ERR_INVALID_DATA` naming the row and element. Rows
+//! are checked in element order, so both backends name the same element.
+//! (This is also why the backends agree on every bit they produce: GPU and
+//! CPU differ only in the payloads of NaNs, and no NaN gets out.)
 
 pub mod fp8;
 pub mod ggml;
@@ -231,11 +240,31 @@ impl RowDataError {
     }
 }
 
+/// The first element of `out` that is not finite.
+#[inline]
+fn first_non_finite_f32(out: &[f32]) -> std::result::Result<(), RowDataError> {
+    match out.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(RowDataError::NonFinite(i)),
+    }
+}
+
+/// The first bf16 value of `out` that is not finite (exponent all ones).
+#[inline]
+fn first_non_finite_bf16(out: &[u16]) -> std::result::Result<(), RowDataError> {
+    match out.iter().position(|&b| b & 0x7F80 == 0x7F80) {
+        None => Ok(()),
+        Some(i) => Err(RowDataError::NonFinite(i)),
+    }
+}
+
 /// Dequantise one row of `out.len()` values to f32: for the GGUF block formats
 /// exactly the values ggml's `dequantize_row_*` computes (see [`ggml`] for the
 /// operation order); f16, bf16 and f32 exactly; fp8 as `e4m3 * 2^(scale - 127)`
 /// (exact). `row` must be exactly `fmt.row_bytes(out.len())` bytes and, for
 /// block formats, `out.len()` a whole number of blocks (panics otherwise).
+/// A value that is not finite is an error (the module documentation says
+/// why); for every format but fp8 `out` is still written in full.
 pub fn dequant_row_f32(
     fmt: EngramType,
     row: &[u8],
@@ -259,7 +288,7 @@ pub fn dequant_row_f32(
                 *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
             }
         }
-        EngramType::Fp8E4m3E8m0 => fp8::row(row, out, |x| x)?,
+        EngramType::Fp8E4m3E8m0 => return fp8::row(row, out, |x| x, |x| x.is_finite()),
         _ => {
             let (bl, bb) = fmt.block().expect("block format");
             for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(bl)) {
@@ -267,12 +296,13 @@ pub fn dequant_row_f32(
             }
         }
     }
-    Ok(())
+    first_non_finite_f32(out)
 }
 
 /// Dequantise one row of `out.len()` values to bf16 bit patterns: the
 /// round-to-nearest-even of [`dequant_row_f32`]'s values (bf16 rows are copied
-/// as they are). `row` must be exactly `fmt.row_bytes(out.len())` bytes.
+/// as they are). `row` must be exactly `fmt.row_bytes(out.len())` bytes. A
+/// value that is not finite in bf16 is an error, as for [`dequant_row_f32`].
 pub fn dequant_row_bf16(
     fmt: EngramType,
     row: &[u8],
@@ -298,7 +328,9 @@ pub fn dequant_row_bf16(
         }
         // e4m3 times a power of two: exact in f32; the bf16 rounding only
         // matters where the product leaves bf16's normal range.
-        EngramType::Fp8E4m3E8m0 => fp8::row(row, out, f32_to_bf16)?,
+        EngramType::Fp8E4m3E8m0 => {
+            return fp8::row(row, out, f32_to_bf16, |b| b & 0x7F80 != 0x7F80)
+        }
         _ => {
             let (bl, bb) = fmt.block().expect("block format");
             let mut tmp = [0f32; 256];
@@ -310,7 +342,7 @@ pub fn dequant_row_bf16(
             }
         }
     }
-    Ok(())
+    first_non_finite_bf16(out)
 }
 
 /// The size checks shared by the row dequantisers (cheap next to a row's work;
