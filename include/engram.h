@@ -7,9 +7,9 @@
 #include <stdint.h>
 
 #define ENGRAM_VERSION_MAJOR 0
-#define ENGRAM_VERSION_MINOR 1
+#define ENGRAM_VERSION_MINOR 2
 #define ENGRAM_VERSION_PATCH 0
-#define ENGRAM_VERSION_STRING "0.1.0"
+#define ENGRAM_VERSION_STRING "0.2.0"
 
 
 /*
