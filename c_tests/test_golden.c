@@ -331,6 +331,8 @@ typedef struct {
     int64_t *ids;            /* [n, n_layers, C] */
     uint32_t *out_f32[8];    /* per layer [n, hc, D] */
     uint16_t *out_bf16[8];
+    uint16_t *rows[8];       /* per layer [n, C*Hd], bf16 bits (zero for a dead token) */
+    uint16_t *kv[8];         /* per layer [n, D*(hc+1)], bf16 bits (zero for a dead token) */
 } call_data;
 
 static void read_i32s(fixture *fx, const char *key, uint32_t n, int32_t *out) {
@@ -366,6 +368,15 @@ static void read_call(fixture *fx, const model *m, call_data *c) {
         c->out_bf16[l] = (uint16_t *)filler_alloc(hw * sizeof(uint16_t));
         for (size_t i = 0; i < hw; i++) c->out_bf16[l][i] = (uint16_t)v[i];
         free(v);
+        size_t nr = (size_t)c->n * m->c * m->hd, nk = (size_t)c->n * m->d * (m->hc + 1);
+        if (fx_ints(fx, "rows_bf16", &v) != nr) fx_die(fx, "bad count", "rows_bf16");
+        c->rows[l] = (uint16_t *)filler_alloc(nr * sizeof(uint16_t));
+        for (size_t i = 0; i < nr; i++) c->rows[l][i] = (uint16_t)v[i];
+        free(v);
+        if (fx_ints(fx, "kv_bf16", &v) != nk) fx_die(fx, "bad count", "kv_bf16");
+        c->kv[l] = (uint16_t *)filler_alloc(nk * sizeof(uint16_t));
+        for (size_t i = 0; i < nk; i++) c->kv[l][i] = (uint16_t)v[i];
+        free(v);
     }
 }
 
@@ -374,6 +385,8 @@ static void free_call(const model *m, call_data *c) {
     for (uint32_t l = 0; l < m->n_layers; l++) {
         free(c->out_f32[l]);
         free(c->out_bf16[l]);
+        free(c->rows[l]);
+        free(c->kv[l]);
     }
 }
 
@@ -389,6 +402,63 @@ static void blob_add(blob *b, const void *p, size_t n) {
     memcpy(nb + b->len, p, n);
     b->bytes = nb;
     b->len += n;
+}
+
+/* Value i of layer l's wkv (bf16 or f32, as the model stores it). */
+static double wkv_at(const model *m, uint32_t l, size_t i) {
+    if (m->wkv_dtype[l] == ENGRAM_TYPE_F32) return (double)((const float *)m->wkv[l])[i];
+    return (double)bf16_to_f32(((const uint16_t *)m->wkv[l])[i]);
+}
+
+/* engram_read_back for layer l: the gathered rows equal the golden's bit for
+ * bit, a dead token's rows and kv are zero, and each kv value is within
+ * (K+2) * 2^-24 * sum|row * w| + 1 bf16 ulp of the golden's (the library and
+ * the golden sum the K = C*Hd products in different orders, f32 and f64, and
+ * both round the sum to bf16; the same bound as tests/common/bounds.rs). */
+static void check_read_back(engram_context *ctx, const model *m, const call_data *c, uint32_t l,
+                            const int64_t *ids, const char *what) {
+    uint32_t lid = m->layer_ids[l];
+    size_t k_in = (size_t)m->c * m->hd, k_out = (size_t)m->d * (m->hc + 1);
+    uint16_t *rows = (uint16_t *)filler_alloc(c->n * k_in * sizeof(uint16_t));
+    uint16_t *kv = (uint16_t *)filler_alloc(c->n * k_out * sizeof(uint16_t));
+    memset(rows, 0xAB, c->n * k_in * sizeof(uint16_t));
+    memset(kv, 0xAB, c->n * k_out * sizeof(uint16_t));
+    int st = (int)engram_read_back(ctx, lid, ids, c->n, rows, c->n * k_in, kv, c->n * k_out);
+    if (!check(st == ENGRAM_STATUS_OK, "%s layer %u: engram_read_back", what, lid)) {
+        note("status %d (%s): %s", st, engram_status_str(st), engram_last_error());
+        free(rows);
+        free(kv);
+        return;
+    }
+    size_t rows_bad = 0, kv_bad = 0, dead_bad = 0, live = 0;
+    double worst = 0.0;
+    for (uint32_t t = 0; t < c->n; t++) {
+        const uint16_t *rt = rows + t * k_in, *kt = kv + t * k_out;
+        if (c->dead[t]) {
+            for (size_t i = 0; i < k_in; i++) dead_bad += rt[i] != 0;
+            for (size_t o = 0; o < k_out; o++) dead_bad += kt[o] != 0;
+            continue;
+        }
+        const uint16_t *want_r = c->rows[l] + t * k_in, *want_k = c->kv[l] + t * k_out;
+        rows_bad += memcmp(rt, want_r, k_in * sizeof(uint16_t)) != 0;
+        for (size_t o = 0; o < k_out; o++) {
+            double mag = 0.0;
+            for (size_t i = 0; i < k_in; i++) mag += fabs((double)bf16_to_f32(want_r[i]) * wkv_at(m, l, o * k_in + i));
+            float ref = bf16_to_f32(want_k[o]);
+            double b = (double)(k_in + 2) * ldexp(1.0, -24) * mag + bf16_ulp(ref);
+            double err = fabs((double)bf16_to_f32(kt[o]) - (double)ref);
+            if (!(err <= b)) kv_bad++;
+            if (b > 0 && err / b > worst) worst = err / b;
+        }
+        live++;
+    }
+    check(rows_bad == 0, "%s layer %u: read-back rows equal the golden bit for bit (%zu live tokens)", what,
+          lid, live);
+    check(kv_bad == 0, "%s layer %u: read-back kv within (K+2)*2^-24*sum|r*w| + 1 bf16 ulp (worst %.3g of the bound)",
+          what, lid, worst);
+    check(dead_bad == 0, "%s layer %u: read-back values of dead tokens are zero", what, lid);
+    free(rows);
+    free(kv);
 }
 
 /* Apply layer l to a fresh copy of the call's highway input in f32 and bf16
@@ -560,7 +630,10 @@ static void run_regime(const model *m, const regime *r, uint32_t n_threads, blob
             }
             check(dead_ok, "%s: exactly the dead tokens get ENGRAM_ROW_ID_DEAD in every column", what);
             blob_add(results, ids, cap * sizeof(int64_t));
-            for (uint32_t l = 0; l < m->n_layers; l++) check_apply(ctx, m, c, l, ids, what, results);
+            for (uint32_t l = 0; l < m->n_layers; l++) {
+                check_read_back(ctx, m, c, l, ids, what);
+                check_apply(ctx, m, c, l, ids, what, results);
+            }
         } else {
             note("status %d (%s): %s", st, engram_status_str(st), engram_last_error());
         }

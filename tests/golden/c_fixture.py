@@ -10,7 +10,7 @@ with integers in decimal (i64 values as their u64 bits, f32 as u32 bits, bf16
 as u16 bits, exactly as tiny.json stores them) and a few single-word strings
 (regime and highway names, formats). Records come in a fixed order that the C
 parser expects; see `c_tests/test_golden.c`. Layer rows and kv (`rows_bf16`,
-`kv_bf16`) are left out: the C ABI does not expose those stages.
+`kv_bf16`, every token's; zero for a dead token) are there for `engram_read_back`.
 
 Python 3 standard library only. Usage (from anywhere):
 
@@ -113,6 +113,10 @@ def main(argv):
                 assert len(layer["highway_out_bf16"]) == hw, rname
                 ints("highway_out_f32", layer["highway_out_f32"])
                 ints("highway_out_bf16", layer["highway_out_bf16"])
+                assert len(layer["rows_bf16"]) == n * m["C"] * m["Hd"], rname
+                assert len(layer["kv_bf16"]) == n * m["D"] * (m["hc"] + 1), rname
+                ints("rows_bf16", layer["rows_bf16"])
+                ints("kv_bf16", layer["kv_bf16"])
         # Only `rollback` has these; the others get empty records.
         ints("straight_tokens", r.get("straight_tokens", []))
         ints("straight_ids", r.get("straight_ids", []), U64)
