@@ -74,7 +74,8 @@ impl CpuBackend<'_> {
     fn prepare(&self, li: usize, live: &LiveIds) -> Result<(Vec<u16>, Vec<f32>, Vec<f32>)> {
         let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
         let Some(layer) = layers[li].as_ref() else {
-            bail!(ErrNoWeights, "the layer's weights were never set");
+            // The context checks a layer is set before it applies.
+            bail!(ErrInternal, "layer {li} reached the CPU backend unset");
         };
         let s = &self.shape;
         let nl = live.tokens.len();

@@ -261,7 +261,11 @@ impl Stager {
             let l = &st.layers[li];
             match &l.source {
                 Some(s) => (s.clone(), l.rb, l.gen),
-                None => crate::error::bail!(ErrNoWeights, "the layer's weights were never set"),
+                // The context checks a layer is set before it stages.
+                None => crate::error::bail!(
+                    ErrInternal,
+                    "staging layer {li}, whose table was never set"
+                ),
             }
         };
         // A slot: a free one, else the oldest that no apply holds (after its gather).
@@ -411,7 +415,11 @@ impl Stager {
         };
         drop(st);
         let Some(src) = src else {
-            crate::error::bail!(ErrNoWeights, "the layer's weights were never set");
+            // The context checks a layer is set before it applies.
+            crate::error::bail!(
+                ErrInternal,
+                "gathering layer {li}, whose table was never set"
+            );
         };
         self.count(|s| s.direct += 1);
         let r = match &*src {

@@ -25,7 +25,11 @@ impl CudaBackend {
         let layer_id = self.layer_ids[li];
         let mut st = self.state();
         let Some(layer) = st.layers[li] else {
-            bail!(ErrNoWeights, "layer {layer_id}: weights were never set");
+            // The context checks a layer is set before it applies.
+            bail!(
+                ErrInternal,
+                "layer {layer_id} reached the CUDA backend unset"
+            );
         };
         let _scope = self.dev.scope()?;
         self.take_device_error(&st)?;
