@@ -326,6 +326,23 @@ static void test_create(void) {
         c = base_config(); c.multipliers = longer; c.n_multipliers = E_LAYERS * E_N + 1;
         create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: multipliers one long");
     }
+    {
+        /* The spec's multipliers are odd: an even one (zero included) is refused. */
+        static const uint64_t even_at[3] = {0, 4, E_LAYERS * E_N - 1};
+        static const uint64_t even_value[3] = {0, 2, UINT64_C(0xfffffffffffffffe) /* -2 */};
+        for (int i = 0; i < 3; i++) {
+            uint64_t m[E_LAYERS * E_N];
+            memcpy(m, g_multipliers, sizeof m);
+            m[even_at[i]] = even_value[i];
+            c = base_config(); c.multipliers = m;
+            snprintf(what, sizeof what, "create: multipliers[%d] = %lld (even)", (int)even_at[i],
+                     (long long)(int64_t)even_value[i]);
+            create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, what);
+            char idx[32];
+            snprintf(idx, sizeof idx, "multipliers[%d]", (int)even_at[i]);
+            check(msg_has(idx) && msg_has("even"), "%s: the message names %s and says even", what, idx);
+        }
+    }
     c = base_config(); c.n_primes = E_LAYERS * E_C - 1; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: primes one short");
     c = base_config(); c.n_offsets = E_LAYERS * E_C - 1; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: offsets one short");
     c = base_config(); c.n_primes = 4; c.n_offsets = 4; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: primes/offsets for one layer only");
