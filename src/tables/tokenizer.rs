@@ -161,18 +161,30 @@ pub fn token_map(tok: &Tokenizer) -> Result<TokenMap> {
         );
     }
     let norm = normalizer()?;
-    // Keys in parallel (decode + normalise is the cost), then interned in id order.
+    // Keys in parallel (decode + normalise is the cost), then interned in id
+    // order. On a pool of this call's own, joined before it returns: no
+    // thread outlives the call (rayon's global pool would stay for good).
     use rayon::prelude::*;
     let mut keyed: Vec<Result<Key>> = Vec::new();
     keyed
         .try_reserve_exact(held.len())
         .map_err(|_| oom(held.len(), "token keys"))?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(64));
+    let pool = crate::cpu::pool::Pool::new(threads).map_err(|e| {
+        Error::new(
+            EngramStatus::ErrCapacity,
+            format!("tokenizer: cannot start {threads} threads: {e}"),
+        )
+    })?;
     // The capacity is reserved: `par_extend` of an exact-length iterator does not grow it.
-    keyed.par_extend(
-        held.par_iter()
-            .with_min_len(1024)
-            .map(|&id| key(tok, &norm, id)),
-    );
+    pool.install(|| {
+        keyed.par_extend(
+            held.par_iter()
+                .with_min_len(1024)
+                .map(|&id| key(tok, &norm, id)),
+        )
+    });
+    drop(pool);
     let mut keys: HashMap<String, i32> = HashMap::new();
     keys.try_reserve(held.len())
         .map_err(|_| oom(held.len(), "distinct token keys"))?;
