@@ -66,7 +66,7 @@ pub fn normalizer() -> Result<Sequence> {
 }
 
 /// Largest `tokenizer.json` read: 1 GiB (DeepSeek-V4.1's is 7.5 MB).
-pub const MAX_TOKENIZER_BYTES: u64 = 1 << 30;
+pub(crate) const MAX_TOKENIZER_BYTES: u64 = 1 << 30;
 
 /// Load a `tokenizer.json` (at most [`MAX_TOKENIZER_BYTES`], read into a
 /// fallibly reserved buffer).
@@ -115,11 +115,11 @@ pub fn load(path: &std::path::Path) -> Result<Tokenizer> {
 
 /// Most ids a token map spans (`max id + 1`): 2^24 = 16,777,216 ids, a
 /// 64 MiB map, 130 times DeepSeek-V4.1's 129,280.
-pub const MAX_TOKEN_IDS: usize = 1 << 24;
+pub(crate) const MAX_TOKEN_IDS: usize = 1 << 24;
 
 /// Most ids a token map spans beyond the tokens the file holds (holes, which
 /// map to -1): as many as it holds, plus this many.
-pub const MAX_EXTRA_HOLES: usize = 1 << 16;
+pub(crate) const MAX_EXTRA_HOLES: usize = 1 << 16;
 
 /// The token map of `tok` over ids `0..n` with `n` one past its largest id.
 ///
