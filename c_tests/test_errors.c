@@ -326,6 +326,23 @@ static void test_create(void) {
         c = base_config(); c.multipliers = longer; c.n_multipliers = E_LAYERS * E_N + 1;
         create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: multipliers one long");
     }
+    {
+        /* The spec's multipliers are odd: an even one (zero included) is refused. */
+        static const uint64_t even_at[3] = {0, 4, E_LAYERS * E_N - 1};
+        static const uint64_t even_value[3] = {0, 2, UINT64_C(0xfffffffffffffffe) /* -2 */};
+        for (int i = 0; i < 3; i++) {
+            uint64_t m[E_LAYERS * E_N];
+            memcpy(m, g_multipliers, sizeof m);
+            m[even_at[i]] = even_value[i];
+            c = base_config(); c.multipliers = m;
+            snprintf(what, sizeof what, "create: multipliers[%d] = %lld (even)", (int)even_at[i],
+                     (long long)(int64_t)even_value[i]);
+            create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, what);
+            char idx[32];
+            snprintf(idx, sizeof idx, "multipliers[%d]", (int)even_at[i]);
+            check(msg_has(idx) && msg_has("even"), "%s: the message names %s and says even", what, idx);
+        }
+    }
     c = base_config(); c.n_primes = E_LAYERS * E_C - 1; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: primes one short");
     c = base_config(); c.n_offsets = E_LAYERS * E_C - 1; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: offsets one short");
     c = base_config(); c.n_primes = 4; c.n_offsets = 4; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: primes/offsets for one layer only");
@@ -937,7 +954,9 @@ static void test_apply(void) {
         memcpy(ids, g_probe_ref, sizeof g_probe_ref);
     }
 
-    /* NaN data in a gathered fp8 row: e8m0 scale 255, e4m3 codes 0x7F / 0xFF. */
+    /* Invalid data in a gathered fp8 row: e8m0 scale 255, e4m3 codes 0x7F /
+     * 0xFF (NaN), and scales of 247 and above, which make a code's value
+     * overflow to infinity (a row that is not finite once dequantised). */
     {
         size_t tb = (size_t)ROWS_B * FP8_ROW_BYTES;
         uint8_t *bad = (uint8_t *)filler_alloc(tb);
@@ -945,15 +964,20 @@ static void test_apply(void) {
         struct {
             size_t byte; /* within the row */
             uint8_t code;
+            size_t byte2; /* a second byte, or (size_t)-1 */
+            uint8_t code2;
             const char *desc;
         } cases[] = {
-            {E_HD + 0, 255, "e8m0 scale code 255 (NaN)"},
-            {5, 0x7F, "e4m3 code 0x7F (NaN)"},
-            {31, 0xFF, "e4m3 code 0xFF (-NaN)"},
+            {E_HD + 0, 255, (size_t)-1, 0, "e8m0 scale code 255 (NaN)"},
+            {5, 0x7F, (size_t)-1, 0, "e4m3 code 0x7F (NaN)"},
+            {31, 0xFF, (size_t)-1, 0, "e4m3 code 0xFF (-NaN)"},
+            {E_HD + 0, 247, 7, 0x7E, "e8m0 scale code 247 over e4m3 448 (overflows to +inf)"},
+            {E_HD + 0, 254, 0, 0xFE, "e8m0 scale code 254 over e4m3 -448 (overflows to -inf)"},
         };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             memcpy(bad, g_table_b, tb);
             bad[(size_t)row * FP8_ROW_BYTES + cases[i].byte] = cases[i].code;
+            if (cases[i].byte2 != (size_t)-1) bad[(size_t)row * FP8_ROW_BYTES + cases[i].byte2] = cases[i].code2;
             engram_context *ctx = fresh_ctx(SET_A);
             engram_layer_weights w = weights_b();
             w.table = bad;

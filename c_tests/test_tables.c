@@ -258,8 +258,94 @@ static void test_gguf(void) {
           "status texts of ERR_IO and ERR_FORMAT");
 }
 
+/* Write `text` to `path`; 1 on success. */
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    int ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
+/* A WordLevel tokenizer.json whose tokens are "a" = 0, "b" = `b`, "c" = `c`. */
+static int write_tokenizer(const char *path, long long b, long long c) {
+    char text[512];
+    snprintf(text, sizeof text,
+             "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[],"
+             "\"normalizer\":null,\"pre_tokenizer\":null,\"post_processor\":null,\"decoder\":null,"
+             "\"model\":{\"type\":\"WordLevel\",\"vocab\":{\"a\":0,\"b\":%lld,\"c\":%lld},\"unk_token\":\"a\"}}",
+             b, c);
+    return write_text(path, text);
+}
+
+/* A tokenizer.json is bounded by what it holds: a three-token file naming id
+ * 2^31-2 used to make the token map span 2^31 ids (86 GB of work buffers, an
+ * abort); now the ids may run to at most 2^24 and hold at most as many holes
+ * as tokens plus 65,536, and both loaders refuse the file with a message. */
+static void test_hostile_tokenizer(void) {
+    const char *cfg = "target/c_tests_tables_small_config.json";
+    const char *tok = "target/c_tests_tables_tokenizer.json";
+    if (!check(write_text(cfg, "{\"hidden_size\":64,\"hc_mult\":4,\"engram_layer_ids\":[1],"
+                               "\"engram_max_ngram_size\":2,\"engram_n_heads\":1,\"engram_vocab_size\":100,"
+                               "\"engram_head_dim\":64,\"engram_pad_token_id\":0}"),
+               "write a small config.json in target/"))
+        return;
+    static const struct {
+        long long b, c;
+        int ok;
+        const char *what;
+    } cases[] = {
+        {1, 5, 1, "ids 0, 1, 5 (three holes)"},
+        {1, 60000, 1, "ids 0, 1, 60000 (59,997 holes: within tokens + 65,536)"},
+        {1, 2147483646LL, 0, "id 2^31-2 in a three-token file"},
+        {1, 16777216LL, 0, "id 2^24 (the map would span 2^24+1 ids)"},
+        {1, 70000, 0, "ids 0, 1, 70000 (69,997 holes: more than tokens + 65,536)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (!check(write_tokenizer(tok, cases[i].b, cases[i].c), "write %s", cases[i].what)) continue;
+        engram_tables *keep = (engram_tables *)&keep;
+        engram_tables *t = keep;
+        engram_status s = engram_tables_from_files(cfg, tok, &t);
+        if (cases[i].ok) {
+            int ok = check(s == ENGRAM_STATUS_OK && t != keep, "engram_tables_from_files: %s is accepted",
+                           cases[i].what);
+            if (!ok) note("status %d: %s", (int)s, engram_last_error());
+            if (ok) {
+                engram_config c;
+                engram_config_init(&c);
+                check(engram_tables_fill_config(t, &c) == ENGRAM_STATUS_OK &&
+                          c.token_map_len == (size_t)cases[i].c + 1 && c.token_map[2] == -1 &&
+                          c.token_map[(size_t)cases[i].c] == 2 && engram_tables_compressed_vocab(t) == 3,
+                      "%s: the map spans every id, holes are -1, three compressed ids", cases[i].what);
+                engram_tables_free(t);
+            }
+        } else {
+            int ok = check(s == ENGRAM_STATUS_ERR_INVALID_CONFIG && t == keep && last_error_has("tokenizer"),
+                           "engram_tables_from_files: %s is ERR_INVALID_CONFIG, *out untouched", cases[i].what);
+            if (!ok) note("status %d: %s", (int)s, engram_last_error());
+            /* The GGUF path that completes a file from config.json + tokenizer.json. */
+            engram_gguf_options o;
+            engram_gguf_options_init(&o);
+            o.max_tokens = 16;
+            o.max_seqs = 2;
+            o.max_positions = 64;
+            o.config_json = DATA "tiny_config.json";
+            o.tokenizer_json = tok;
+            engram_context *kc = (engram_context *)&kc;
+            engram_context *ctx = kc;
+            s = engram_create_from_gguf(DATA "tiny_noconst.gguf", &o, &ctx);
+            ok = check(s == ENGRAM_STATUS_ERR_INVALID_CONFIG && ctx == kc && last_error_has("tokenizer"),
+                       "engram_create_from_gguf + tokenizer_json: %s is ERR_INVALID_CONFIG, *out untouched",
+                       cases[i].what);
+            if (!ok) note("status %d: %s", (int)s, engram_last_error());
+        }
+    }
+    remove(cfg);
+    remove(tok);
+}
+
 int main(void) {
     test_tables();
     test_gguf();
+    test_hostile_tokenizer();
     return check_summary("test_tables");
 }

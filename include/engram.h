@@ -286,7 +286,8 @@ typedef struct engram_config {
    */
   int64_t pad_id;
   /*
-   `[n_layers * max_ngram]`, i64 values as u64 bits.
+   `[n_layers * max_ngram]`, i64 values as u64 bits; each odd, as the
+   spec derives them (an even one is `ENGRAM_STATUS_ERR_INVALID_CONFIG`).
    */
   const uint64_t *multipliers;
   size_t n_multipliers;
@@ -422,9 +423,10 @@ const char *engram_status_str(int32_t status);
 /*
  The message of the last failed call on the calling thread ("" if none).
  A successful call does not clear it: read it right after the call that
- failed. Valid until the next failing call on this thread. From a
- thread-exit or `atexit` handler, after the thread's storage is gone, it
- is "".
+ failed. Valid until the next failing call on this thread. Messages are
+ kept in a fixed per-thread buffer (cut at 2047 bytes) that needs no
+ destructor, so failing calls and this one work in `atexit` handlers, C++
+ static destructors and thread-exit (pthread-key) destructors too.
  */
 const char *engram_last_error(void);
 

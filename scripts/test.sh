@@ -19,6 +19,11 @@ cargo test --workspace --all-targets 2>&1 | tee target/cargo-test.log
 # `cargo test` prints one 'test result' line per test binary; fail loudly if none ran.
 grep -q "test result: ok" target/cargo-test.log
 
+echo "== the stager's protocol under loom (the real code on loom's primitives; every interleaving, up to 3 preemptions)"
+# Its own build of the lib's unit tests (feature loom-model); clippy checks that code too.
+cargo clippy --quiet --lib --tests --features loom-model -- -D warnings
+cargo test --quiet --lib --features loom-model cpu::stager::model 2>&1 | tail -n 3
+
 echo "== C ABI tests (C and C++, AddressSanitizer + UBSan)"
 bash c_tests/run.sh
 

@@ -76,7 +76,7 @@ impl<'w> Context<'w> {
         Ok(Context {
             shape,
             limits: cfg.limits,
-            history: Mutex::new(History::new(cfg.limits)),
+            history: Mutex::new(History::new(cfg.limits)?),
             layers: RwLock::new((0..shape.n_layers).map(|_| None).collect()),
             tables,
             backend,

@@ -48,14 +48,38 @@ pub enum HostHighway<'a> {
     Bf16(&'a mut [u16]),
 }
 
+/// One token's working values for [`update`], allocated (fallibly) before
+/// an apply changes anything.
+pub struct Scratch {
+    /// The token's streams `[hc, D]` in f32.
+    x: Vec<f32>,
+    /// Its `hc` gates.
+    gate: Vec<f32>,
+}
+
+impl Scratch {
+    pub fn new(geo: Geometry) -> crate::error::Result<Scratch> {
+        Ok(Scratch {
+            x: crate::batch::try_vec(geo.hc * geo.d, 0f32, "the gate's streams")?,
+            gate: crate::batch::try_vec(geo.hc, 0f32, "the gates")?,
+        })
+    }
+}
+
 /// `highway[t] += gate * value` for each live token `tokens[j]`, whose `kv`
 /// is `kv[j]` (`[D*(hc+1)]`, bf16 values held as f32): the gate and the sum in
 /// f32; a bf16 highway is widened, updated and rounded once (nearest even).
-pub fn update(geo: Geometry, tokens: &[usize], kv: &[f32], qk: &[f32], highway: HostHighway<'_>) {
+pub fn update(
+    geo: Geometry,
+    tokens: &[usize],
+    kv: &[f32],
+    qk: &[f32],
+    highway: HostHighway<'_>,
+    scratch: &mut Scratch,
+) {
     let (hc, d) = (geo.hc, geo.d);
     let k_out = d * (hc + 1);
-    let mut x = vec![0f32; hc * d];
-    let mut gate = vec![0f32; hc];
+    let Scratch { x, gate } = scratch;
     let mut highway = highway;
     for (j, &t) in tokens.iter().enumerate() {
         let kvt = &kv[j * k_out..(j + 1) * k_out];
@@ -69,16 +93,16 @@ pub fn update(geo: Geometry, tokens: &[usize], kv: &[f32], qk: &[f32], highway: 
                 }
             }
         }
-        gates(&x, kvt, qk, hc, d, geo.eps, &mut gate);
+        gates(x, kvt, qk, hc, d, geo.eps, gate);
         for s in 0..hc {
             for (xv, &v) in x[s * d..(s + 1) * d].iter_mut().zip(value) {
                 *xv += gate[s] * v;
             }
         }
         match &mut highway {
-            HostHighway::F32(h) => h[span].copy_from_slice(&x),
+            HostHighway::F32(h) => h[span].copy_from_slice(x),
             HostHighway::Bf16(h) => {
-                for (hv, &xv) in h[span].iter_mut().zip(&x) {
+                for (hv, &xv) in h[span].iter_mut().zip(x.iter()) {
                     *hv = f32_to_bf16(xv);
                 }
             }

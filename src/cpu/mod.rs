@@ -10,9 +10,11 @@
 
 pub mod gate;
 pub mod gather;
+pub(crate) mod pool;
 pub mod projection;
 mod read;
 pub mod stager;
+mod sync;
 
 use crate::backend::{
     ApplyIn, Backend, BackendInfo, CheckedLayer, EngramBackend, Ids, ReadBack, Stream, TableSource,
@@ -70,16 +72,19 @@ impl CpuBackend<'_> {
         self.projection.kernel()
     }
 
-    /// The live tokens' rows and `kv` (bf16 values held as f32) for layer `li`.
-    fn prepare(&self, li: usize, live: &LiveIds) -> Result<(Vec<u16>, Vec<f32>, Vec<f32>)> {
-        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
-        let Some(layer) = layers[li].as_ref() else {
-            // The context checks a layer is set before it applies.
-            bail!(ErrInternal, "layer {li} reached the CPU backend unset");
-        };
+    /// The live tokens' rows and `kv` (bf16 values held as f32) for layer
+    /// `li`, whose weights are `layer` (read under the layers' lock, held
+    /// by the caller until it is done with them).
+    fn prepare(
+        &self,
+        li: usize,
+        layer: &CpuLayer<'_>,
+        live: &LiveIds,
+    ) -> Result<(Vec<u16>, Vec<f32>)> {
         let s = &self.shape;
         let nl = live.tokens.len();
         let mut rows = try_vec(nl * s.k_in, 0u16, "the gathered rows")?;
+        let mut kv = try_vec(nl * s.k_out, 0f32, "kv")?;
         let gathered = self
             .stager
             .gather(li, layer.gen, s.geo.hd, &live.ids, &mut rows)?;
@@ -87,10 +92,18 @@ impl CpuBackend<'_> {
             let (t, c) = (live.tokens[j / s.cols], j % s.cols);
             invalid_row(layer.layer_id, live.ids[j], t, c, &e.describe())
         })?;
-        let mut kv = try_vec(nl * s.k_out, 0f32, "kv")?;
         self.projection
             .run(&rows, nl, s.k_in, layer.wkv, s.k_out, &mut kv);
-        Ok((rows, kv, layer.qk.clone()))
+        Ok((rows, kv))
+    }
+}
+
+/// Layer `li` of `layers` (the context checks a layer is set before it
+/// applies: an unset one here is a bug).
+fn layer_of<'a, 'w>(layers: &'a [Option<CpuLayer<'w>>], li: usize) -> Result<&'a CpuLayer<'w>> {
+    match layers[li].as_ref() {
+        Some(l) => Ok(l),
+        None => bail!(ErrInternal, "layer {li} reached the CPU backend unset"),
     }
 }
 
@@ -188,7 +201,10 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
 
     fn apply(&self, li: usize, call: ApplyIn<'_>) -> Result<()> {
         let live = host_live(call.ids)?;
-        let (_, kv, qk) = self.prepare(li, live)?;
+        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
+        let layer = layer_of(&layers, li)?;
+        let mut scratch = gate::Scratch::new(self.shape.geo)?;
+        let (_, kv) = self.prepare(li, layer, live)?;
         let mut hw = call.highway;
         // SAFETY: a CPU context's highway is host memory the caller lends for
         // this call only (`RegionMut::from_raw`), sized and aligned by the context.
@@ -198,18 +214,27 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
                 HighwayType::Bf16 => HostHighway::Bf16(hw.host_as_mut::<u16>()),
             }
         };
-        gate::update(self.shape.geo, &live.tokens, &kv, &qk, host);
+        gate::update(
+            self.shape.geo,
+            &live.tokens,
+            &kv,
+            &layer.qk,
+            host,
+            &mut scratch,
+        );
         Ok(())
     }
 
     fn read_back(&self, li: usize, ids: Ids<'_>, n: usize) -> Result<ReadBack> {
         let live = host_live(ids)?;
-        let (rows, kv, _) = self.prepare(li, live)?;
         let s = &self.shape;
         let mut out = ReadBack {
             rows: try_vec(n * s.k_in, 0u16, "the rows read back")?,
             kv: try_vec(n * s.k_out, 0u16, "the kv read back")?,
         };
+        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
+        let (rows, kv) = self.prepare(li, layer_of(&layers, li)?, live)?;
+        drop(layers);
         for (j, &t) in live.tokens.iter().enumerate() {
             out.rows[t * s.k_in..(t + 1) * s.k_in]
                 .copy_from_slice(&rows[j * s.k_in..(j + 1) * s.k_in]);

@@ -41,6 +41,8 @@ pub(super) fn hint(src: &Source, rb: usize, ids: &[i64]) {
                     }
                 }
             }
+            #[cfg(all(test, feature = "loom-model"))]
+            Source::Model(_) => {}
         }
     }
 }
@@ -97,6 +99,11 @@ pub(super) fn read_rows(src: &Source, rb: usize, ids: &[i64], dst: &mut [u8]) ->
                 let _ = (file, offset, len, ids, dst);
                 crate::error::bail!(ErrUnsupported, "file-backed tables need a unix system")
             }
+        }
+        #[cfg(all(test, feature = "loom-model"))]
+        Source::Model(t) => {
+            t.read(rb, ids, dst);
+            Ok(())
         }
     }
 }

@@ -33,14 +33,14 @@
 //! the projection's compute threads.
 
 use super::read::{hint, read_rows};
+// std's primitives, or loom's when the model check below runs.
+use super::sync::{thread, Arc, Condvar, Mutex, MutexGuard};
 use crate::backend::StageStats;
 use crate::error::{Error, Result};
 use crate::formats::{dequant_row_bf16, EngramType, RowDataError};
 use crate::EngramStatus;
 use std::collections::VecDeque;
 use std::fs::File;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 
 /// Staging slots per layer.
 const SLOTS: usize = 2;
@@ -53,10 +53,13 @@ pub enum Source {
     Memory { ptr: *const u8, len: usize },
     /// The table starts at `offset` in `file` and is `len` bytes long.
     File {
-        file: Arc<File>,
+        file: std::sync::Arc<File>,
         offset: u64,
         len: u64,
     },
+    /// The model check's table (see `model`): reads and frees are tracked.
+    #[cfg(all(test, feature = "loom-model"))]
+    Model(std::sync::Arc<model::Table>),
 }
 
 // SAFETY: `Memory` points at a table the context borrows for as long as the
@@ -146,6 +149,7 @@ struct State {
     queue: VecDeque<Job>,
     shutdown: bool,
     seq: u64,
+    stats: StageStats,
 }
 
 struct Shared {
@@ -167,9 +171,8 @@ impl Shared {
 
 /// The staging area and worker threads of one context.
 pub struct Stager {
-    stats: Mutex<StageStats>,
     shared: Arc<Shared>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    workers: Mutex<Vec<thread::JoinHandle<()>>>,
     n_workers: usize,
 }
 
@@ -182,7 +185,6 @@ impl Stager {
     /// (started on the first prefetch).
     pub fn new(n_layers: usize, n_workers: usize) -> Stager {
         Stager {
-            stats: Mutex::new(StageStats::default()),
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     layers: (0..n_layers)
@@ -197,6 +199,7 @@ impl Stager {
                     queue: VecDeque::new(),
                     shutdown: false,
                     seq: 0,
+                    stats: StageStats::default(),
                 }),
                 cv: Condvar::new(),
                 work: Condvar::new(),
@@ -256,18 +259,36 @@ impl Stager {
     pub fn stage(&self, li: usize, ids: &[i64]) -> Result<()> {
         let k = ids.len();
         self.start_workers()?;
-        let mut st = self.shared.lock();
-        let (src, rb, gen) = {
-            let l = &st.layers[li];
-            match &l.source {
-                Some(s) => (s.clone(), l.rb, l.gen),
-                // The context checks a layer is set before it stages.
-                None => crate::error::bail!(
-                    ErrInternal,
-                    "staging layer {li}, whose table was never set"
-                ),
-            }
+        let per = k.div_ceil(self.n_workers).max(MIN_ROWS_PER_JOB);
+        let n_jobs = k.div_ceil(per).max(1);
+        // Everything the jobs own, allocated (fallibly) before any state changes.
+        let oom = || {
+            Error::new(
+                EngramStatus::ErrCapacity,
+                format!("out of memory to stage {k} rows"),
+            )
         };
+        let mut owned_ids = Vec::new();
+        owned_ids.try_reserve_exact(k).map_err(|_| oom())?;
+        owned_ids.extend_from_slice(ids);
+        let mut parts = Vec::new();
+        parts.try_reserve_exact(n_jobs).map_err(|_| oom())?;
+        parts.resize_with(n_jobs, Vec::new);
+        let mut job_ids = Vec::new();
+        job_ids.try_reserve_exact(n_jobs).map_err(|_| oom())?;
+        for j in 0..n_jobs {
+            let (a, b) = ((j * per).min(k), ((j + 1) * per).min(k));
+            let mut v = Vec::new();
+            v.try_reserve_exact(b - a).map_err(|_| oom())?;
+            v.extend_from_slice(&ids[a..b]);
+            job_ids.push(v);
+        }
+        let mut st = self.shared.lock();
+        if st.layers[li].source.is_none() {
+            // The context checks a layer is set before it stages.
+            crate::error::bail!(ErrInternal, "staging layer {li}, whose table was never set");
+        }
+        st.queue.try_reserve(n_jobs).map_err(|_| oom())?;
         // A slot: a free one, else the oldest that no apply holds (after its gather).
         let si = loop {
             let slots = &st.layers[li].slots;
@@ -282,57 +303,58 @@ impl Stager {
                 _ => st = self.shared.wait(st),
             }
         };
-        let mut owned_ids = Vec::new();
-        if owned_ids.try_reserve_exact(k).is_err() {
-            crate::error::bail!(ErrCapacity, "out of memory for {k} staged row ids");
-        }
-        owned_ids.extend_from_slice(ids);
+        // The source is read under the same hold of the lock that queues the
+        // jobs: waiting for a slot above released it, and a `set_source`
+        // may have run meanwhile.
+        let (src, rb, gen) = {
+            let l = &st.layers[li];
+            match &l.source {
+                Some(s) => (s.clone(), l.rb, l.gen),
+                None => crate::error::bail!(
+                    ErrInternal,
+                    "staging layer {li}, whose table was never set"
+                ),
+            }
+        };
         st.seq += 1;
         let seq = st.seq;
-        let per = k.div_ceil(self.n_workers).max(MIN_ROWS_PER_JOB);
-        let n_jobs = k.div_ceil(per).max(1);
         let slot = &mut st.layers[li].slots[si];
         slot.clear();
         slot.ids = owned_ids;
-        slot.parts = (0..n_jobs).map(|_| Vec::new()).collect();
+        slot.parts = parts;
         slot.seq = seq;
         slot.gen = gen;
         slot.pending = n_jobs;
         slot.st = St::Gathering;
-        for j in 0..n_jobs {
-            let (a, b) = ((j * per).min(k), ((j + 1) * per).min(k));
-            st.queue.push_back(Job {
+        st.queue
+            .extend(job_ids.into_iter().enumerate().map(|(j, ids)| Job {
                 layer: li,
                 slot: si,
                 seq,
                 part: j,
                 src: src.clone(),
                 rb,
-                ids: ids[a..b].to_vec(),
-            });
-        }
+                ids,
+            }));
+        drop(src);
+        st.stats.prefetched += 1;
         drop(st);
         for _ in 0..n_jobs.min(self.n_workers) {
             self.shared.work.notify_one();
         }
-        self.count(|s| s.prefetched += 1);
         Ok(())
-    }
-
-    fn count(&self, f: impl FnOnce(&mut StageStats)) {
-        f(&mut self.stats.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     /// How the gathers so far were served.
     pub fn stats(&self) -> StageStats {
-        *self.stats.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.lock().stats
     }
 
     fn start_workers(&self) -> Result<()> {
         let mut w = self.workers.lock().unwrap_or_else(|p| p.into_inner());
         while w.len() < self.n_workers {
             let sh = self.shared.clone();
-            let h = std::thread::Builder::new()
+            let h = thread::Builder::new()
                 .name(format!("engram-gather-{}", w.len()))
                 .spawn(move || worker(sh))
                 .map_err(|e| {
@@ -397,8 +419,8 @@ impl Stager {
             }
             slot.st = St::Taken;
             let parts = std::mem::take(&mut slot.parts);
+            st.stats.staged += 1;
             drop(st);
-            self.count(|s| s.staged += 1);
             let r = dequant_parts(&parts, fmt, width, out);
             let mut st = self.shared.lock();
             let slot = &mut st.layers[li].slots[si];
@@ -421,20 +443,26 @@ impl Stager {
                 "gathering layer {li}, whose table was never set"
             );
         };
-        self.count(|s| s.direct += 1);
         let r = match &*src {
             Source::Memory { .. } => {
                 let table = memory_table(&src);
                 Ok(super::gather::gather_rows(table, fmt, width, ids, out))
             }
-            Source::File { .. } => {
-                let mut buf =
-                    crate::batch::try_vec(ids.len() * rb, 0u8, "rows read from the file")?;
-                read_rows(&src, rb, ids, &mut buf)?;
-                Ok(dequant_parts(&[buf], fmt, width, out))
-            }
+            _ => crate::batch::try_vec(ids.len() * rb, 0u8, "rows read from the file").and_then(
+                |mut buf| {
+                    read_rows(&src, rb, ids, &mut buf)?;
+                    Ok(dequant_parts(&[buf], fmt, width, out))
+                },
+            ),
         };
+        // Let go of the source under the lock, as a job does (`run_job`): a
+        // `set_source` waiting for the last reader checks the count under the
+        // lock, so the release and the wake-up cannot fall between its check
+        // and its wait.
+        let mut st = self.shared.lock();
         drop(src);
+        st.stats.direct += 1;
+        drop(st);
         self.shared.cv.notify_all();
         r
     }
@@ -446,7 +474,7 @@ fn memory_table(src: &Arc<Source>) -> &[u8] {
         // SAFETY: see `Source`: the table stays valid while an Arc of the
         // source is held, which outlives the returned borrow.
         Source::Memory { ptr, len } => unsafe { std::slice::from_raw_parts(ptr, len) },
-        Source::File { .. } => &[],
+        _ => &[],
     }
 }
 
@@ -501,8 +529,8 @@ fn worker(sh: Arc<Shared>) {
 }
 
 /// Read one job's rows (after the kernel hints, when `hint_first`) and hand
-/// them to its slot. The job's source is released before the slot hears of
-/// it, so a waiting `set_source` sees the last reader go.
+/// them to its slot. The job's source is released under the lock, before the
+/// slot hears of it, so a waiting `set_source` sees the last reader go.
 fn run_job(sh: &Shared, job: Job, hint_first: bool) {
     let Job {
         layer,
@@ -527,8 +555,8 @@ fn run_job(sh: &Shared, job: Job, hint_first: bool) {
             "a gather thread panicked",
         ))
     });
-    drop(src);
     let mut st = sh.lock();
+    drop(src);
     let s = &mut st.layers[layer].slots[slot];
     if s.seq == seq && s.st == St::Gathering {
         match r {
@@ -544,4 +572,199 @@ fn run_job(sh: &Shared, job: Job, hint_first: bool) {
     }
     drop(st);
     sh.cv.notify_all();
+}
+
+/// The stager's protocol under loom (`cargo test --lib --features
+/// loom-model cpu::stager::model`): the real `Stager` on loom's mutexes,
+/// condition variables, `Arc`s and threads (`super::sync`), over a table
+/// whose reads and whose freeing loom tracks as accesses to one cell, so a
+/// read that is not ordered before the engine frees the table is a causality
+/// violation, in every interleaving loom explores.
+#[cfg(all(test, feature = "loom-model"))]
+mod model {
+    use super::*;
+    use loom::cell::UnsafeCell;
+
+    /// bf16 rows of one value each (`Hd = 1`).
+    pub struct Table {
+        rows: UnsafeCell<Vec<u16>>,
+    }
+
+    // SAFETY: shared across the model's threads on purpose: every access goes
+    // through loom's cell, which reports any that are not ordered.
+    unsafe impl Sync for Table {}
+
+    impl Table {
+        pub fn new(rows: usize, value: u16) -> std::sync::Arc<Table> {
+            std::sync::Arc::new(Table {
+                rows: UnsafeCell::new(vec![value; rows]),
+            })
+        }
+
+        /// Copy rows `ids` into `dst` (rows of `rb` = 2 bytes).
+        pub fn read(&self, rb: usize, ids: &[i64], dst: &mut [u8]) {
+            self.rows.with(|p| {
+                // SAFETY: loom checks that no `free` runs concurrently.
+                let rows = unsafe { &*p };
+                for (&id, d) in ids.iter().zip(dst.chunks_exact_mut(rb)) {
+                    d.copy_from_slice(&rows[id as usize].to_le_bytes());
+                }
+            })
+        }
+
+        /// The engine frees the table (and the memory is reused).
+        pub fn free(&self) {
+            // SAFETY: loom checks that no read runs concurrently.
+            self.rows.with_mut(|p| unsafe { (*p).fill(FREED) })
+        }
+    }
+
+    const ROWS: usize = 4;
+    /// bf16 1.0 and 2.0: every row of table A, of table B.
+    const A: u16 = 0x3F80;
+    const B: u16 = 0x4000;
+    /// What a freed table holds.
+    const FREED: u16 = 0x7F80;
+
+    fn set(s: &Stager, t: &std::sync::Arc<Table>) -> u64 {
+        s.set_source(0, Source::Model(t.clone()), EngramType::Bf16, 2)
+    }
+
+    fn gather(s: &Stager, gen: u64, ids: &[i64]) -> Vec<u16> {
+        let mut out = vec![0u16; ids.len()];
+        s.gather(0, gen, 1, ids, &mut out)
+            .expect("no I/O error")
+            .expect("valid rows");
+        out
+    }
+
+    fn check(f: impl Fn() + Sync + Send + 'static) {
+        let mut b = loom::model::Builder::new();
+        // Every interleaving with up to three preemptions (the bugs this
+        // protocol had need one or two).
+        b.preemption_bound = Some(3);
+        b.check(f);
+    }
+
+    /// The stager on its own (no context lock around it): a prefetch and an
+    /// apply of table A race `set_source(B)`, after which the engine frees A
+    /// and applies B. No read of A may follow `set_source`'s return; every
+    /// gather sees one table whole; the apply after it sees B.
+    #[test]
+    fn set_source_waits_for_every_reader_of_the_old_table() {
+        check(|| {
+            let (a, b) = (Table::new(ROWS, A), Table::new(ROWS, B));
+            let s = Arc::new(Stager::new(1, 1));
+            let gen_a = set(&s, &a);
+            let s1 = s.clone();
+            let t = thread::spawn(move || {
+                let ids = [1i64, 3];
+                s1.stage(0, &ids).unwrap();
+                let got = gather(&s1, gen_a, &ids);
+                assert!(
+                    got == [A, A] || got == [B, B],
+                    "mixed or freed rows: {got:x?}"
+                );
+            });
+            let gen_b = set(&s, &b);
+            a.free();
+            assert_eq!(gather(&s, gen_b, &[0, 2]), [B, B]);
+            t.join().unwrap();
+        });
+    }
+
+    /// An apply without a prefetch reads the table directly; racing
+    /// `set_source(B)` (no context lock around them), it reads one table
+    /// whole and lets go of A before `set_source` returns.
+    #[test]
+    fn a_direct_gather_races_set_source() {
+        check(|| {
+            let (a, b) = (Table::new(ROWS, A), Table::new(ROWS, B));
+            let s = Arc::new(Stager::new(1, 1));
+            let gen_a = set(&s, &a);
+            let s1 = s.clone();
+            let t = thread::spawn(move || {
+                let got = gather(&s1, gen_a, &[3, 1]);
+                assert!(
+                    got == [A, A] || got == [B, B],
+                    "mixed or freed rows: {got:x?}"
+                );
+            });
+            set(&s, &b);
+            a.free();
+            t.join().unwrap();
+        });
+    }
+
+    /// As the context runs it: `prefetch` and `apply` hold the layer lock
+    /// for reading (the apply reads its generation under it), `set_layer`
+    /// for writing. An apply sees exactly the table of the generation it
+    /// read, whether its rows came from the prefetch or not.
+    #[test]
+    fn an_apply_uses_the_rows_of_its_generation() {
+        check(|| {
+            let (a, b) = (Table::new(ROWS, A), Table::new(ROWS, B));
+            let s = Arc::new(Stager::new(1, 1));
+            let gen_a = set(&s, &a);
+            let layer = Arc::new(loom::sync::RwLock::new((gen_a, A)));
+            let (s1, l1) = (s.clone(), layer.clone());
+            let t = thread::spawn(move || {
+                let ids = [2i64, 0];
+                {
+                    let _g = l1.read().unwrap();
+                    s1.stage(0, &ids).unwrap();
+                }
+                let g = l1.read().unwrap();
+                let (gen, v) = *g;
+                assert_eq!(gather(&s1, gen, &ids), [v, v]);
+            });
+            {
+                let mut g = layer.write().unwrap();
+                *g = (set(&s, &b), B);
+            }
+            a.free();
+            t.join().unwrap();
+        });
+    }
+
+    /// Two prefetches in flight on one layer's two slots, applied in either
+    /// order while the worker gathers: each apply gets its own rows.
+    #[test]
+    fn two_prefetches_share_the_slots() {
+        check(|| {
+            let t = Table::new(ROWS, A);
+            t.rows.with_mut(|p| {
+                // SAFETY: no other thread exists yet.
+                let rows = unsafe { &mut *p };
+                for (i, r) in rows.iter_mut().enumerate() {
+                    *r = A + i as u16;
+                }
+            });
+            let s = Arc::new(Stager::new(1, 1));
+            let gen = set(&s, &t);
+            let s1 = s.clone();
+            let th = thread::spawn(move || {
+                s1.stage(0, &[3]).unwrap();
+                assert_eq!(gather(&s1, gen, &[3]), [A + 3]);
+            });
+            s.stage(0, &[1]).unwrap();
+            assert_eq!(gather(&s, gen, &[1]), [A + 1]);
+            th.join().unwrap();
+        });
+    }
+
+    /// Freeing the context (dropping the stager) with a gather queued or
+    /// running: the drop joins the workers, so the engine may free the table
+    /// once it returns.
+    #[test]
+    fn drop_joins_the_workers_before_the_table_is_freed() {
+        check(|| {
+            let a = Table::new(ROWS, A);
+            let s = Stager::new(1, 1);
+            set(&s, &a);
+            s.stage(0, &[0, 1, 2, 3]).unwrap();
+            drop(s);
+            a.free();
+        });
+    }
 }

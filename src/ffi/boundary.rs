@@ -4,9 +4,13 @@
 //! `ENGRAM_STATUS_ERR_INTERNAL` (or the function's neutral value: 0, NULL,
 //! nothing), a failed call records its message for `engram_last_error`, and
 //! all of that, including the recording, happens inside `catch_unwind`. The
-//! message lives in a thread-local; at thread or process teardown, when the
-//! thread-local is gone, messages are dropped and `engram_last_error` returns
-//! an empty string instead of aborting.
+//! message lives in a thread-local byte buffer with no destructor and no heap
+//! memory, so it works at every point of a thread's or the process's
+//! teardown (`atexit` handlers, C++ static destructors, pthread-key
+//! destructors, which run after the thread's destructible thread-locals are
+//! gone): a thread-local with a destructor would be gone there (or, touched
+//! for the first time there, leak), and the standard library's `with` panics
+//! on a destroyed one.
 //!
 //! The helpers below are where C pointers become Rust references. Each relies
 //! on the contract the header states for its argument (a pointer the C caller
@@ -18,18 +22,31 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+/// The longest message kept, its NUL included (bytes); a longer one is cut
+/// at a character boundary.
+pub(crate) const LAST_ERROR_BYTES: usize = 2048;
+
 thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// The last message, NUL-terminated. Plain bytes, `const`-initialised:
+    /// no destructor is registered, so it never goes away before its thread.
+    static LAST_ERROR: RefCell<[u8; LAST_ERROR_BYTES]> =
+        const { RefCell::new([0; LAST_ERROR_BYTES]) };
 }
 
-/// Record `msg` as the calling thread's last error; dropped when the
-/// thread-local is already destroyed (a call from a thread-exit or `atexit`
-/// handler).
+/// Record `msg` as the calling thread's last error (NULs become spaces).
+/// Allocates nothing; `try_with` and `try_borrow_mut` make it a no-op
+/// rather than a panic should the storage be unavailable.
 pub(crate) fn set_last_error(msg: &str) {
-    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
     let _ = LAST_ERROR.try_with(|e| {
-        if let Ok(mut slot) = e.try_borrow_mut() {
-            *slot = c;
+        if let Ok(mut buf) = e.try_borrow_mut() {
+            let mut n = msg.len().min(LAST_ERROR_BYTES - 1);
+            while !msg.is_char_boundary(n) {
+                n -= 1;
+            }
+            for (d, &b) in buf.iter_mut().zip(&msg.as_bytes()[..n]) {
+                *d = if b == 0 { b' ' } else { b };
+            }
+            buf[n] = 0;
         }
     });
 }
@@ -305,14 +322,15 @@ fn status_cstr(s: EngramStatus) -> &'static CStr {
 
 /// The message of the last failed call on the calling thread ("" if none).
 /// A successful call does not clear it: read it right after the call that
-/// failed. Valid until the next failing call on this thread. From a
-/// thread-exit or `atexit` handler, after the thread's storage is gone, it
-/// is "".
+/// failed. Valid until the next failing call on this thread. Messages are
+/// kept in a fixed per-thread buffer (cut at 2047 bytes) that needs no
+/// destructor, so failing calls and this one work in `atexit` handlers, C++
+/// static destructors and thread-exit (pthread-key) destructors too.
 #[no_mangle]
 pub extern "C" fn engram_last_error() -> *const c_char {
     ffi_boundary!({
         LAST_ERROR
-            .try_with(|e| e.try_borrow().map_or(c"".as_ptr(), |m| m.as_ptr()))
+            .try_with(|e| e.try_borrow().map_or(c"".as_ptr(), |m| m.as_ptr().cast()))
             .unwrap_or(c"".as_ptr())
     })
 }
@@ -354,6 +372,27 @@ mod tests {
             7usize
         });
         assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn long_messages_are_cut_at_a_character_boundary() {
+        let last = || {
+            // SAFETY: engram_last_error returns a NUL-terminated string.
+            unsafe { CStr::from_ptr(engram_last_error()) }
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        set_last_error(&"é".repeat(LAST_ERROR_BYTES));
+        let m = last();
+        assert_eq!(
+            m.len(),
+            LAST_ERROR_BYTES - 2,
+            "cut before the last whole 'é'"
+        );
+        assert!(m.chars().all(|c| c == 'é'));
+        set_last_error("a\0b");
+        assert_eq!(last(), "a b");
     }
 
     #[test]

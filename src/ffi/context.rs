@@ -61,7 +61,8 @@ pub struct EngramConfig {
     pub token_map_len: usize,
     /// The pad token's compressed id (`token_map[pad_token_id]`, as GGUF stores it).
     pub pad_id: i64,
-    /// `[n_layers * max_ngram]`, i64 values as u64 bits.
+    /// `[n_layers * max_ngram]`, i64 values as u64 bits; each odd, as the
+    /// spec derives them (an even one is `ENGRAM_STATUS_ERR_INVALID_CONFIG`).
     pub multipliers: *const u64,
     pub n_multipliers: usize,
     /// `[n_layers * C]`, column `(k-1)*H + h`.

@@ -84,6 +84,24 @@ impl SeqHistory {
         0
     }
 
+    /// A copy, allocated fallibly (`None`: out of memory).
+    fn try_clone(&self) -> Option<SeqHistory> {
+        let mut pages = Vec::new();
+        pages.try_reserve_exact(self.pages.len()).ok()?;
+        for p in &self.pages {
+            pages.push(match p {
+                None => None,
+                Some(p) => {
+                    let mut v = Vec::new();
+                    v.try_reserve_exact(p.len()).ok()?;
+                    v.extend_from_slice(p);
+                    Some(v.into_boxed_slice())
+                }
+            });
+        }
+        Some(SeqHistory { pages })
+    }
+
     fn bytes(&self) -> usize {
         self.pages.capacity() * std::mem::size_of::<Option<Box<[i32]>>>()
             + self.pages.iter().flatten().count() * PAGE * 4
@@ -115,12 +133,23 @@ struct Scratch {
 const MARK_BASE: i32 = i32::MIN + 1;
 
 impl History {
-    pub fn new(limits: Limits) -> History {
-        History {
-            limits,
-            seqs: vec![SeqHistory::default(); limits.max_seqs],
-            scratch: Scratch::default(),
+    /// Empty histories for `limits.max_seqs` sequences (24 bytes each),
+    /// allocated fallibly.
+    pub fn new(limits: Limits) -> Result<History> {
+        let mut seqs = Vec::new();
+        if seqs.try_reserve_exact(limits.max_seqs).is_err() {
+            bail!(
+                ErrCapacity,
+                "out of memory for the history of max_seqs = {} sequences",
+                limits.max_seqs
+            );
         }
+        seqs.resize_with(limits.max_seqs, SeqHistory::default);
+        Ok(History {
+            limits,
+            seqs,
+            scratch: Scratch::default(),
+        })
     }
 
     /// Bytes held by the histories (for memory reporting).
@@ -143,7 +172,13 @@ impl History {
     pub fn copy(&mut self, src: i32, dst: i32) -> Result<()> {
         let (s, d) = (self.check_seq(src)?, self.check_seq(dst)?);
         if s != d {
-            let v = self.seqs[s].clone();
+            let Some(v) = self.seqs[s].try_clone() else {
+                bail!(
+                    ErrCapacity,
+                    "out of memory to copy sequence {src}'s history ({} bytes) to sequence {dst}",
+                    self.seqs[s].bytes()
+                );
+            };
             self.seqs[d] = v;
         }
         Ok(())

@@ -114,6 +114,17 @@ impl HashTables {
         check_len("multipliers", t.multipliers.len(), nl * t.max_ngram)?;
         check_len("primes", t.primes.len(), nl * cols)?;
         check_len("offsets", t.offsets.len(), nl * cols)?;
+        // SPEC section 1: the multipliers are odd (`draw * 2 + 1`); an even
+        // one (zero included) discards the high bits of the n-gram mix.
+        if let Some(i) = t.multipliers.iter().position(|&m| m % 2 == 0) {
+            bail!(
+                ErrInvalidConfig,
+                "multipliers[{i}] (layer {}, look-back {}) = {} is even; the multipliers are odd",
+                t.layer_ids[i / t.max_ngram],
+                i % t.max_ngram,
+                t.multipliers[i] as i64
+            );
+        }
         let mut rows_needed = Vec::with_capacity(nl);
         for l in 0..nl {
             let mut need = 0u64;

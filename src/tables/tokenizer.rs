@@ -65,14 +65,43 @@ pub fn normalizer() -> Result<Sequence> {
     Ok(Sequence::new(chain))
 }
 
-/// Load a `tokenizer.json`.
+/// Largest `tokenizer.json` read: 1 GiB (DeepSeek-V4.1's is 7.5 MB).
+pub(crate) const MAX_TOKENIZER_BYTES: u64 = 1 << 30;
+
+/// Load a `tokenizer.json` (at most [`MAX_TOKENIZER_BYTES`], read into a
+/// fallibly reserved buffer).
 pub fn load(path: &std::path::Path) -> Result<Tokenizer> {
-    let bytes = std::fs::read(path).map_err(|e| {
+    use std::io::Read;
+    let io = |e: std::io::Error| {
         Error::new(
             EngramStatus::ErrIo,
             format!("tokenizer {}: {e}", path.display()),
         )
-    })?;
+    };
+    let f = std::fs::File::open(path).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    if len > MAX_TOKENIZER_BYTES {
+        bail!(
+            ErrInvalidConfig,
+            "tokenizer {}: {len} bytes (at most {MAX_TOKENIZER_BYTES})",
+            path.display()
+        );
+    }
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(len as usize)
+        .map_err(|_| oom(len as usize, "bytes of tokenizer.json"))?;
+    // Read at most one byte past the bound: a file that grew past it meanwhile is refused, not read whole.
+    f.take(MAX_TOKENIZER_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_TOKENIZER_BYTES {
+        bail!(
+            ErrInvalidConfig,
+            "tokenizer {}: more than {MAX_TOKENIZER_BYTES} bytes",
+            path.display()
+        );
+    }
     Tokenizer::from_bytes(&bytes).map_err(|e| {
         Error::new(
             EngramStatus::ErrInvalidConfig,
@@ -84,40 +113,90 @@ pub fn load(path: &std::path::Path) -> Result<Tokenizer> {
     })
 }
 
+/// Most ids a token map spans (`max id + 1`): 2^24 = 16,777,216 ids, a
+/// 64 MiB map, 130 times DeepSeek-V4.1's 129,280.
+pub(crate) const MAX_TOKEN_IDS: usize = 1 << 24;
+
+/// Most ids a token map spans beyond the tokens the file holds (holes, which
+/// map to -1): as many as it holds, plus this many.
+pub(crate) const MAX_EXTRA_HOLES: usize = 1 << 16;
+
 /// The token map of `tok` over ids `0..n` with `n` one past its largest id.
+///
+/// The map is bounded by what the file holds: `n` may be at most
+/// [`MAX_TOKEN_IDS`], and the holes (ids the file names no token for) at
+/// most as many as its tokens plus [`MAX_EXTRA_HOLES`]. Only the held ids
+/// are decoded; every allocation is fallible (`ErrCapacity`).
 pub fn token_map(tok: &Tokenizer) -> Result<TokenMap> {
-    let n = tok
-        .get_vocab(true)
-        .values()
-        .map(|&i| i as usize + 1)
-        .max()
-        .unwrap_or(0)
+    let vocab = tok.get_vocab(true);
+    let mut held: Vec<u32> = Vec::new();
+    held.try_reserve_exact(vocab.len())
+        .map_err(|_| oom(vocab.len(), "token ids"))?;
+    held.extend(vocab.values().copied());
+    drop(vocab);
+    held.sort_unstable();
+    held.dedup();
+    let n = held
+        .last()
+        .map_or(0, |&i| i as usize + 1)
         .max(tok.get_vocab_size(true));
     if n == 0 {
         bail!(ErrInvalidConfig, "the tokenizer has no tokens");
     }
-    if n > i32::MAX as usize {
+    if n > MAX_TOKEN_IDS {
         bail!(
             ErrInvalidConfig,
-            "the tokenizer has {n} ids (at most 2^31-1)"
+            "the tokenizer's ids run to {} (at most {MAX_TOKEN_IDS} ids, 2^24)",
+            n - 1
+        );
+    }
+    let holes = n - held.len();
+    if holes > held.len() + MAX_EXTRA_HOLES {
+        bail!(
+            ErrInvalidConfig,
+            "the tokenizer's ids run to {} but it holds {} tokens: {holes} ids without a token \
+             (at most as many as its tokens plus {MAX_EXTRA_HOLES})",
+            n - 1,
+            held.len()
         );
     }
     let norm = normalizer()?;
-    // Keys in parallel (decode + normalise is the cost), then interned in id order.
+    // Keys in parallel (decode + normalise is the cost), then interned in id
+    // order. On a pool of this call's own, joined before it returns: no
+    // thread outlives the call (rayon's global pool would stay for good).
     use rayon::prelude::*;
-    let keyed: Vec<Result<Key>> = (0..n as u32)
-        .into_par_iter()
-        .with_min_len(1024)
-        .map(|id| key(tok, &norm, id))
-        .collect();
-    let mut keys: HashMap<String, i32> = HashMap::with_capacity(n);
-    let mut map = Vec::with_capacity(n);
-    let mut stats = TokenMapStats::default();
-    for k in keyed {
+    let mut keyed: Vec<Result<Key>> = Vec::new();
+    keyed
+        .try_reserve_exact(held.len())
+        .map_err(|_| oom(held.len(), "token keys"))?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(64));
+    let pool = crate::cpu::pool::Pool::new(threads).map_err(|e| {
+        Error::new(
+            EngramStatus::ErrCapacity,
+            format!("tokenizer: cannot start {threads} threads: {e}"),
+        )
+    })?;
+    // The capacity is reserved: `par_extend` of an exact-length iterator does not grow it.
+    pool.install(|| {
+        keyed.par_extend(
+            held.par_iter()
+                .with_min_len(1024)
+                .map(|&id| key(tok, &norm, id)),
+        )
+    });
+    drop(pool);
+    let mut keys: HashMap<String, i32> = HashMap::new();
+    keys.try_reserve(held.len())
+        .map_err(|_| oom(held.len(), "distinct token keys"))?;
+    let mut map = crate::batch::try_vec(n, -1i32, "the token map")?;
+    let mut stats = TokenMapStats {
+        no_token: holes,
+        ..TokenMapStats::default()
+    };
+    for (&id, k) in held.iter().zip(keyed) {
         let k = match k? {
             Key::NoToken => {
                 stats.no_token += 1;
-                map.push(-1);
                 continue;
             }
             Key::Raw(k) => {
@@ -131,13 +210,20 @@ pub fn token_map(tok: &Tokenizer) -> Result<TokenMap> {
             Key::Normalised(k) => k,
         };
         let next = keys.len() as i32;
-        map.push(*keys.entry(k).or_insert(next));
+        map[id as usize] = *keys.entry(k).or_insert(next);
     }
     Ok(TokenMap {
         compressed: keys.len(),
         map,
         stats,
     })
+}
+
+fn oom(n: usize, what: &str) -> Error {
+    Error::new(
+        EngramStatus::ErrCapacity,
+        format!("tokenizer: out of memory for {n} {what}"),
+    )
 }
 
 /// One id's key and how it was found.

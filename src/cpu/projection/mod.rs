@@ -52,7 +52,8 @@ const TOKEN_BLOCK: usize = 64;
 
 /// The projection with its thread pool.
 pub struct Projection {
-    pool: Option<rayon::ThreadPool>,
+    /// Joined when dropped (`engram_free` returns with no thread left).
+    pool: Option<crate::cpu::pool::Pool>,
     kernel: Kernel,
 }
 
@@ -62,13 +63,7 @@ impl Projection {
     /// waits). `threads <= 1` runs everything on the calling thread.
     pub fn new(threads: usize) -> std::io::Result<Projection> {
         let pool = if threads > 1 {
-            Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("engram-{i}"))
-                    .build()
-                    .map_err(std::io::Error::other)?,
-            )
+            Some(crate::cpu::pool::Pool::new(threads)?)
         } else {
             None
         };
