@@ -57,6 +57,14 @@ pub enum Source {
         offset: u64,
         len: u64,
     },
+    /// A split fp8 table: its codes (`crb` bytes a row) and its scales (the
+    /// rest of a row), each read from its own source; a row read from it is
+    /// its codes then its scales (the packed fp8 row).
+    Split {
+        codes: Box<Source>,
+        scales: Box<Source>,
+        crb: usize,
+    },
 }
 
 // SAFETY: `Memory` points at a table the context borrows for as long as the
@@ -419,7 +427,7 @@ impl Stager {
                 let table = memory_table(&src);
                 Ok(super::gather::gather_rows(table, fmt, width, ids, out))
             }
-            Source::File { .. } => {
+            Source::File { .. } | Source::Split { .. } => {
                 let mut buf =
                     crate::batch::try_vec(ids.len() * rb, 0u8, "rows read from the file")?;
                 read_rows(&src, rb, ids, &mut buf)?;
@@ -438,7 +446,7 @@ fn memory_table(src: &Arc<Source>) -> &[u8] {
         // SAFETY: see `Source`: the table stays valid while an Arc of the
         // source is held, which outlives the returned borrow.
         Source::Memory { ptr, len } => unsafe { std::slice::from_raw_parts(ptr, len) },
-        Source::File { .. } => &[],
+        Source::File { .. } | Source::Split { .. } => &[],
     }
 }
 

@@ -65,14 +65,13 @@ pub fn normalizer() -> Result<Sequence> {
     Ok(Sequence::new(chain))
 }
 
+/// Largest `tokenizer.json` read (the DeepSeek one is about 8 MB).
+pub(crate) const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
+
 /// Load a `tokenizer.json`.
 pub fn load(path: &std::path::Path) -> Result<Tokenizer> {
-    let bytes = std::fs::read(path).map_err(|e| {
-        Error::new(
-            EngramStatus::ErrIo,
-            format!("tokenizer {}: {e}", path.display()),
-        )
-    })?;
+    // A FIFO or device is refused before any read (crate::files).
+    let bytes = crate::files::read_small(path, "tokenizer", MAX_TOKENIZER_BYTES)?;
     Tokenizer::from_bytes(&bytes).map_err(|e| {
         Error::new(
             EngramStatus::ErrInvalidConfig,
