@@ -162,9 +162,12 @@ fn read_header(file: &File, len: u64) -> Result<(Vec<u8>, Gguf)> {
         files::read_exact_at(file, &mut buf, 0, "the GGUF header")?;
         match Gguf::parse_header(&buf, len) {
             Ok(g) => {
-                // Everything the header refers to lies before its end.
+                // Everything the header refers to lies before its end; keep
+                // only that (a copy when the read overshot by more than 1/8).
                 buf.truncate(g.header_len);
-                buf.shrink_to_fit();
+                if buf.capacity() - buf.len() > buf.len() / 8 {
+                    buf.shrink_to_fit();
+                }
                 return Ok((buf, g));
             }
             Err(HeaderError::Truncated(e)) => {
@@ -176,7 +179,7 @@ fn read_header(file: &File, len: u64) -> Result<(Vec<u8>, Gguf)> {
                         e.message
                     );
                 }
-                n = n.saturating_mul(4).min(len).min(MAX_HEADER_BYTES);
+                n = n.saturating_mul(2).min(len).min(MAX_HEADER_BYTES);
             }
             Err(HeaderError::Bad(e)) => return Err(e),
         }
