@@ -118,6 +118,15 @@ pub struct LoadedModel {
     layers: Vec<LoadedLayer>,
 }
 
+/// A model's files read but not checked ([`LoadedModel::inspect`]).
+pub struct Inspected {
+    pub model: EngramModel,
+    /// The files the model's blobs point into (`Blob::file` indexes them).
+    pub files: Vec<PathBuf>,
+    /// How many of them are GGUF shards (0 for a checkpoint).
+    pub shards: usize,
+}
+
 /// The name a loader's GGUF entry points use; the same type.
 pub type GgufModel = LoadedModel;
 
@@ -139,6 +148,55 @@ impl LoadedModel {
     }
 
     fn from_set(set: GgufSet, path: &Path, o: &LoadOptions<'_>) -> Result<LoadedModel> {
+        let (set, ext, model) = Self::resolve(set, path, o)?;
+        model.check()?;
+        let mut m = LoadedModel {
+            path: path.to_path_buf(),
+            mmap: o.mmap,
+            gguf: Some(set),
+            ext,
+            model,
+            layers: Vec::new(),
+        };
+        m.load_weights()?;
+        Ok(m)
+    }
+
+    /// Read a model's files into an [`EngramModel`] without running its
+    /// checks or loading its weights: what `engram-inspect` reports on (it
+    /// prints every check, not only the first that fails). `path` is a GGUF
+    /// file (or a shard of a set) or a checkpoint directory.
+    pub fn inspect(
+        path: &Path,
+        tokenizer_json: Option<&Path>,
+        o: &LoadOptions<'_>,
+    ) -> Result<Inspected> {
+        if path.is_dir() {
+            let ck = crate::safetensors::read(path, tokenizer_json, o.tokenizer)?;
+            return Ok(Inspected {
+                files: ck.files.iter().map(|f| f.path.clone()).collect(),
+                shards: 0,
+                model: ck.model,
+            });
+        }
+        let set = GgufSet::open(path, o.mmap)?;
+        let at = |e: Error| Error::new(e.status, format!("{}: {}", path.display(), e.message));
+        let (set, ext, model) = Self::resolve(set, path, o).map_err(at)?;
+        let mut files: Vec<PathBuf> = set.shards.iter().map(|s| s.path.clone()).collect();
+        files.extend(ext.iter().map(|f| f.path.clone()));
+        Ok(Inspected {
+            shards: set.shards.len(),
+            files,
+            model,
+        })
+    }
+
+    /// The dialect read, tables outside the file found, the model completed.
+    fn resolve(
+        set: GgufSet,
+        path: &Path,
+        o: &LoadOptions<'_>,
+    ) -> Result<(GgufSet, Vec<ExtFile>, EngramModel)> {
         let partial = dialect::read(&set)?;
         let n_shards = set.shards.len();
         let mut ext: Vec<ExtFile> = Vec::new();
@@ -183,17 +241,7 @@ impl LoadedModel {
             token_map: o.tokenizer.or(local_tm.as_ref()),
         };
         let model = partial.finish(tables, comp)?;
-        model.check()?;
-        let mut m = LoadedModel {
-            path: path.to_path_buf(),
-            mmap: o.mmap,
-            gguf: Some(set),
-            ext,
-            model,
-            layers: Vec::new(),
-        };
-        m.load_weights()?;
-        Ok(m)
+        Ok((set, ext, model))
     }
 
     /// Open the released checkpoint's directory (`config.json`, the index and

@@ -12,7 +12,7 @@ pub mod parser;
 pub mod shards;
 
 pub use dialect::detect;
-pub use loader::{GgufModel, GgufOptions, LoadOptions, LoadedModel};
+pub use loader::{GgufModel, GgufOptions, Inspected, LoadOptions, LoadedModel};
 pub use meta::{validate, Check, Dialect, EngramModel, EngramTensors, PadReading};
 pub use parser::{ggml_type_size, vt_name, ArrayRef, Gguf, Kv, TensorInfo, Value};
 pub use shards::GgufSet;

@@ -294,10 +294,22 @@ pub struct Checkpoint {
     pub files: Vec<StFile>,
 }
 
-/// Read a checkpoint directory's engram part. `token_map`: the tokenizer's
-/// map, when the caller already has it (else `dir/tokenizer.json`, or
-/// `tokenizer_json`, is read).
+/// Read a checkpoint directory's engram part and check it ([`read`], then
+/// [`EngramModel::check`]).
 pub fn open(
+    dir: &Path,
+    tokenizer_json: Option<&Path>,
+    token_map: Option<&TokenMap>,
+) -> Result<Checkpoint> {
+    let ck = read(dir, tokenizer_json, token_map)?;
+    ck.model.check()?;
+    Ok(ck)
+}
+
+/// Read a checkpoint directory's engram part, without the hash layout's
+/// checks. `token_map`: the tokenizer's map, when the caller already has it
+/// (else `tokenizer_json`, or the directory's `tokenizer.json`, is read).
+pub fn read(
     dir: &Path,
     tokenizer_json: Option<&Path>,
     token_map: Option<&TokenMap>,
@@ -543,7 +555,6 @@ pub fn open(
         },
         layers,
     };
-    model.check()?;
     Ok(Checkpoint {
         model,
         files: shards,
