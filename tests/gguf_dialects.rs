@@ -722,3 +722,116 @@ fn split_and_packed_fp8_tables_gather_the_same_rows() {
         );
     }
 }
+
+// ---- the C tests' copy of the mutations ----
+
+/// `tests/golden/data/dialects/mutations_c.txt`: expected.json's fixtures and
+/// mutations in a line format `c_tests/test_dialects.c` reads (CI has no
+/// Python and C has no JSON parser). Same-length text edits become byte
+/// patches; the one header rewrite (`rewrite_array`) is left to this test.
+fn c_fixture_text() -> String {
+    let e = expected();
+    let mut out = String::from(
+        "# Generated from expected.json by tests/gguf_dialects.rs; do not edit. Regenerate with\n\
+         #   ENGRAM_UPDATE_C_FIXTURE=1 cargo test --test gguf_dialects c_fixture\n\
+         # fixture NAME OPEN FILES FLAGS   (FILES comma-separated, relative to dialects/;\n\
+         #   FLAGS: tables = tables_dir is the checkpoint copy, tokenizer = the DeepSeek tokenizer,\n\
+         #   safetensors = open the directory with engram_create_from_safetensors; - for none)\n\
+         # mutation FIXTURE NAME STATUS NAMES OPS   (STATUS the engram_status number; NAMES\n\
+         #   comma-separated; OPS ';'-separated: patch,FILE,OFFSET,OLDHEX,NEWHEX or delete,FILE)\n",
+    );
+    let fx = e["fixtures"].as_object().unwrap();
+    for (name, f) in fx {
+        if name == "vcruz305_single" {
+            continue; // tiny.gguf, outside dialects/
+        }
+        let files: Vec<&str> = f["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap())
+            .collect();
+        let open = f["open"].as_str().unwrap_or(files[0]);
+        let mut flags = Vec::new();
+        if f["companions"]["checkpoint_dir"].is_string() {
+            flags.push("tables");
+        }
+        if f["hash"] == "derived" {
+            flags.push("tokenizer");
+        }
+        if name == "checkpoint" {
+            flags.push("safetensors");
+        }
+        out += &format!(
+            "fixture {name} {open} {} {}\n",
+            files.join(","),
+            if flags.is_empty() {
+                "-".to_string()
+            } else {
+                flags.join(",")
+            }
+        );
+    }
+    for (name, list) in e["mutations"].as_object().unwrap() {
+        for m in list.as_array().unwrap() {
+            let mut ops = Vec::new();
+            let mut skip = false;
+            for op in m["ops"].as_array().unwrap() {
+                let file = op["file"].as_str().unwrap();
+                match op["op"].as_str().unwrap() {
+                    "patch" => ops.push(format!(
+                        "patch,{file},{},{},{}",
+                        op["offset"],
+                        op["old_hex"].as_str().unwrap(),
+                        op["new_hex"].as_str().unwrap()
+                    )),
+                    "replace_text" => {
+                        let b = std::fs::read(dir().join(file)).unwrap();
+                        let (old, new) = (
+                            op["old"].as_str().unwrap().as_bytes(),
+                            op["new"].as_str().unwrap().as_bytes(),
+                        );
+                        let at = b.windows(old.len()).position(|w| w == old).unwrap();
+                        let hex =
+                            |x: &[u8]| x.iter().map(|c| format!("{c:02x}")).collect::<String>();
+                        ops.push(format!("patch,{file},{at},{},{}", hex(old), hex(new)));
+                    }
+                    "delete_file" => ops.push(format!("delete,{file}")),
+                    _ => skip = true,
+                }
+            }
+            if skip {
+                continue;
+            }
+            let names: Vec<&str> = m["message_names"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_str().unwrap())
+                .collect();
+            out += &format!(
+                "mutation {name} {} {} {} {}\n",
+                m["name"].as_str().unwrap(),
+                status_of(m["status_suggested"].as_str().unwrap()) as i32,
+                names.join(","),
+                ops.join(";")
+            );
+        }
+    }
+    out
+}
+
+#[test]
+fn c_fixture_is_current() {
+    let p = dir().join("mutations_c.txt");
+    let want = c_fixture_text();
+    if std::env::var("ENGRAM_UPDATE_C_FIXTURE").is_ok_and(|v| v == "1") {
+        std::fs::write(&p, &want).unwrap();
+    }
+    let got = std::fs::read_to_string(&p).unwrap_or_default();
+    assert!(
+        got == want,
+        "{} is stale: regenerate with ENGRAM_UPDATE_C_FIXTURE=1 cargo test --test gguf_dialects c_fixture",
+        p.display()
+    );
+}
