@@ -124,6 +124,10 @@ fn layer_values(m: &GgufModel, li: usize) -> (Vec<f32>, Vec<f32>) {
     (wkv, q.iter().zip(&k).map(|(a, b)| a * b).collect())
 }
 
+/// One layer's expected values: layer id, rows and kv (bf16 bits), the f32
+/// highway out.
+type LayerOut = (u32, Vec<u16>, Vec<u16>, Vec<f32>);
+
 /// One call's expected values.
 struct Call {
     tokens: Vec<i32>,
@@ -132,7 +136,7 @@ struct Call {
     highway: String,
     ids: Vec<i64>,
     /// Per layer id: rows, kv (bf16 bits), f32 highway out.
-    layers: Vec<(u32, Vec<u16>, Vec<u16>, Vec<f32>)>,
+    layers: Vec<LayerOut>,
 }
 
 fn call_of(c: &Value) -> Call {

@@ -189,7 +189,7 @@ fn fields(b: &[u8]) -> Vec<Field> {
                 width: match kv.ty {
                     0 | 1 | 7 => 1,
                     2 | 3 => 2,
-                    4 | 5 | 6 => 4,
+                    4..=6 => 4,
                     _ => 8,
                 },
                 values: vec![0, 1, 2, 7, 40, 0x7F, 0xFF, 0xFFFF, 0x7FFF_FFFF, u64::MAX],
@@ -219,7 +219,7 @@ fn fields(b: &[u8]) -> Vec<Field> {
                 let size = match a.et {
                     0 | 1 | 7 => 1,
                     2 | 3 => 2,
-                    4 | 5 | 6 => 4,
+                    4..=6 => 4,
                     10..=12 => 8,
                     _ => 0,
                 };

@@ -173,12 +173,8 @@ fn mkfifo(p: &Path) {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
     // SAFETY: a NUL-terminated path; mkfifo has no other preconditions.
-    assert_eq!(
-        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
-        0,
-        "mkfifo {}",
-        p.display()
-    );
+    let r = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(r, 0, "mkfifo {}", p.display());
 }
 
 fn refused(r: engram::Result<()>, what: &str) {
