@@ -839,3 +839,42 @@ fn c_fixture_is_current() {
         p.display()
     );
 }
+
+/// f16 weights (ds4 writes wkv as f16) are converted at load to a format the
+/// context reads, values unchanged: wkv to bf16 where exact, q and k to one
+/// shared type (f32). Here the prefix fixture's bf16 q and k are relabelled
+/// f16 (same bytes, other values).
+#[test]
+fn f16_weights_are_converted_exactly() {
+    let src = dir().join("vcruz305_deepseek4_prefix.gguf");
+    let mut b = std::fs::read(&src).unwrap();
+    let g = Gguf::parse(&b).unwrap();
+    for n in ["blk.1.engram_q.weight", "blk.1.engram_k.weight"] {
+        let t = g.tensor(n).unwrap();
+        let at = t.entry_at + 4 + 8 * t.dims.len();
+        b[at..at + 4].copy_from_slice(&1u32.to_le_bytes()); // BF16 -> F16
+    }
+    let m = GgufModel::from_memory(vec![("p.gguf".into(), b.clone())], &LoadOptions::default())
+        .unwrap();
+    let [_, (qt, qb), (kt, kb)] = m.layer_weights(0).unwrap();
+    assert_eq!((qt, kt), (EngramType::F32 as u32, EngramType::F32 as u32));
+    let t = g.tensor("blk.1.engram_q.weight").unwrap();
+    let raw = &b[t.offset as usize..(t.offset + t.bytes.unwrap()) as usize];
+    for (i, c) in raw.chunks_exact(2).enumerate() {
+        let want = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+        let got = f32::from_le_bytes(qb[4 * i..4 * i + 4].try_into().unwrap());
+        assert_eq!(got.to_bits(), want.to_bits(), "q[{i}]");
+    }
+    assert_eq!(kb.len(), qb.len());
+    // It applies.
+    let ctx = m.context(&options()).unwrap();
+    let mut ids = vec![0i64; 3 * ctx.ids_per_token()];
+    ctx.hash(&[1, 2, 3], &[0, 0, 0], &[0, 1, 2], &mut ids)
+        .unwrap();
+    let mut h = values("f16.h", 3 * 4 * 64, 1.0, 0.0);
+    ctx.apply(1, &ids, 3, Highway::F32(&mut h)).unwrap();
+    // ds4's f16 wkv became bf16 (every value exact in bf16).
+    let d = GgufModel::open(&dir().join("ds4.gguf"), &LoadOptions::default()).unwrap();
+    let [(wt, _), (qt, _), _] = d.layer_weights(0).unwrap();
+    assert_eq!((wt, qt), (EngramType::Bf16 as u32, EngramType::F32 as u32));
+}

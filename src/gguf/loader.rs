@@ -340,16 +340,20 @@ impl LoadedModel {
             let at =
                 |e: Error| Error::new(e.status, format!("layer {}: {}", l.layer_id, e.message));
             layers.push(LoadedLayer {
-                wkv: self.load_weight(&l.wkv).map_err(at)?,
-                q: self.load_weight(&l.q).map_err(at)?,
-                k: self.load_weight(&l.k).map_err(at)?,
+                wkv: self.load_weight(&l.wkv, false).map_err(at)?,
+                // q and k share one type: f16 ones become f32 (both exact).
+                q: self.load_weight(&l.q, true).map_err(at)?,
+                k: self.load_weight(&l.k, true).map_err(at)?,
             });
         }
         self.layers = layers;
         Ok(())
     }
 
-    fn load_weight(&self, w: &WeightBlob) -> Result<LoadedWeight> {
+    /// One weight as the context reads it; `f16_to_f32`: an f16 weight
+    /// becomes f32 even where bf16 would hold it (q and k, which must share
+    /// one type).
+    fn load_weight(&self, w: &WeightBlob, f16_to_f32: bool) -> Result<LoadedWeight> {
         let b = &w.blob;
         match &w.source {
             WeightSource::Direct(ty) => {
@@ -380,7 +384,7 @@ impl LoadedModel {
             }
             WeightSource::F16 => {
                 let raw = self.read_blob(b)?;
-                let (data, ty) = convert_f16(raw.as_slice(), &b.name)?;
+                let (data, ty) = convert_f16(raw.as_slice(), &b.name, f16_to_f32)?;
                 Ok(LoadedWeight {
                     data: WeightData::Owned(data),
                     ty,
@@ -703,9 +707,10 @@ fn external_table(x: &External, f: &ExtFile, fi: usize, hd: Option<u64>) -> Resu
     }
 }
 
-/// f16 values (little-endian) to bf16 when every one is exact in bf16, else
-/// to f32: the file's values unchanged, in a format the context reads.
-fn convert_f16(raw: &[u8], what: &str) -> Result<(AlignedBuf, u32)> {
+/// f16 values (little-endian) to bf16 when every one is exact in bf16 (and
+/// `!always_f32`), else to f32: the file's values unchanged, in a format the
+/// context reads.
+fn convert_f16(raw: &[u8], what: &str, always_f32: bool) -> Result<(AlignedBuf, u32)> {
     let vals = || {
         raw.chunks_exact(2)
             .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
@@ -716,7 +721,7 @@ fn convert_f16(raw: &[u8], what: &str) -> Result<(AlignedBuf, u32)> {
             "{what}: element {i} is not a finite number (a NaN or infinity stored in an f16 weight)"
         );
     }
-    let exact = vals().all(|v| bf16_to_f32(f32_to_bf16(v)) == v);
+    let exact = !always_f32 && vals().all(|v| bf16_to_f32(f32_to_bf16(v)) == v);
     if exact {
         let mut out = AlignedBuf::zeroed(raw.len(), what)?;
         for (o, v) in out.as_mut_slice().chunks_exact_mut(2).zip(vals()) {
