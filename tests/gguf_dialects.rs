@@ -878,3 +878,31 @@ fn f16_weights_are_converted_exactly() {
     let [(wt, _), (qt, _), _] = d.layer_weights(0).unwrap();
     assert_eq!((wt, qt), (EngramType::Bf16 as u32, EngramType::F32 as u32));
 }
+
+/// A deepstrix file with only `tables_dir` given: the `tokenizer.json` there
+/// completes its hash constants.
+#[test]
+fn a_tokenizer_json_in_tables_dir_completes_a_deepstrix_file() {
+    let d = scratch("tables-tokenizer", "deepstrix");
+    std::fs::copy(
+        golden_dir().join("deepseek_v4_tokenizer.json"),
+        d.join("checkpoint/tokenizer.json"),
+    )
+    .unwrap();
+    let ck = d.join("checkpoint");
+    let m = GgufModel::open(
+        &d.join("deepstrix-00001-of-00001.gguf"),
+        &LoadOptions {
+            tables_dir: Some(&ck),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(m.model.hash_source, "tokenizer+file keys");
+    assert_eq!(m.model.token_map, deepseek_map().map);
+    assert_eq!(
+        m.model.multipliers,
+        u64s(&expected()["constants"]["derived"]["multipliers"])
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
