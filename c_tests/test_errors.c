@@ -506,7 +506,8 @@ static void test_set_layer(void) {
         engram_free(ctx);
     }
 
-    const size_t sizes[] = {0, sizeof(engram_layer_weights) - 8, sizeof(engram_layer_weights) + 8};
+    /* Below the oldest layout read (0.2's, which ends before table_scales), and above this header's. */
+    const size_t sizes[] = {0, offsetof(engram_layer_weights, table_scales) - 8, sizeof(engram_layer_weights) + 8};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         w = weights_a();
         w.struct_size = sizes[i];

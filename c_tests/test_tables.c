@@ -229,7 +229,7 @@ static void test_gguf(void) {
     check(engram_create_from_gguf(DATA "no_such.gguf", &o, &out) == ENGRAM_STATUS_ERR_IO && out == keep,
           "a missing file: ERR_IO");
     engram_gguf_options small = o;
-    small.struct_size = sizeof small - 1;
+    small.struct_size = sizeof small + 1;
     check(engram_create_from_gguf(DATA "tiny.gguf", &small, &out) == ENGRAM_STATUS_ERR_STRUCT_SIZE && out == keep,
           "wrong struct_size");
     small = o;

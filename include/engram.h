@@ -174,6 +174,14 @@ enum engram_type
    `Hd / 32` e8m0 scale codes (one per 32 values); 264 bytes for `Hd = 256`.
    */
   ENGRAM_TYPE_FP8_E4M3_E8M0 = 1000,
+  /*
+   The same values with codes and scales in two arrays, as the released
+   checkpoint stores them (`embed.weight` `[rows, Hd]` e4m3 and
+   `embed.scale` `[rows, Hd/32]` e8m0): the table holds `Hd` code bytes
+   per row, `table_scales` `Hd / 32` scale bytes per row. Dequantises bit
+   for bit as the packed format (`ENGRAM_TYPE_FP8_E4M3_E8M0`).
+   */
+  ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT = 1001,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -357,6 +365,16 @@ typedef struct engram_layer_weights {
   const void *q;
   const void *k;
   uint32_t qk_type;
+  /*
+   With `table_type = ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT` (codes and scales
+   in two arrays, as the released checkpoint's `embed.weight` and
+   `embed.scale`): the e8m0 scales, `table_rows` rows of `Hd / 32` bytes,
+   while `table` holds the e4m3 codes, `table_rows` rows of `Hd` bytes.
+   NULL for every other table type (their scales, if any, are in the
+   rows). Borrowed like `table`. (A struct from a 0.2 header, which ends
+   before this field, is read with it NULL.)
+   */
+  const void *table_scales;
 } engram_layer_weights;
 
 /*
@@ -393,17 +411,80 @@ typedef struct engram_gguf_options {
   /*
    For a file without the hash constants: the model's `config.json` and
    `tokenizer.json` to derive them from (NULL otherwise). When given, they
-   must agree with any constants the file has.
+   must agree with any constants the file has. `tokenizer_json` may come
+   alone for a file that carries the engram config keys but no constants
+   (deepstrix); `config_json` never comes alone.
    */
   const char *config_json;
   const char *tokenizer_json;
   /*
-   0 (default): table rows are read with `pread` on the file, so an I/O
-   error is `ENGRAM_STATUS_ERR_IO`; 1: read from the mapping (a file
-   truncated while mapped then raises SIGBUS).
+   0 (default): nothing is mapped: the headers, `wkv`, `q` and `k` are
+   read with `pread` into memory the context owns (the bytes of every
+   layer's `wkv`, `q` and `k` as stored: 315 MB per layer for the released
+   model in bf16), and table rows are read with `pread` when gathered, so
+   a file cut short is `ENGRAM_STATUS_ERR_IO`, never a signal. 1: the files
+   are mapped and read in place (no copy; a file truncated while mapped
+   raises SIGBUS).
    */
   uint32_t mmap_tables;
+  /*
+   For a file whose tables live outside it (deepstrix's
+   `deepseek4.engram.table_shards`, a shard path and offsets): the
+   directory holding the checkpoint's safetensors shards (the recorded
+   file names are kept; a `tokenizer.json` there also completes a file
+   without hash constants). NULL: the recorded path, then the GGUF file's
+   directory. (A struct from a 0.2 header ends before this field.)
+   */
+  const char *tables_dir;
 } engram_gguf_options;
+
+/*
+ Options of `engram_create_from_safetensors`. Fill with
+ `engram_safetensors_options_init`. Every field is plain data.
+ */
+typedef struct engram_safetensors_options {
+  /*
+   `sizeof(engram_safetensors_options)` of the caller's header (set by
+   `engram_safetensors_options_init`).
+   */
+  size_t struct_size;
+  /*
+   `ENGRAM_BACKEND_CPU` (the checkpoint's tables are served from host
+   memory or the files to the CPU backend).
+   */
+  uint32_t backend;
+  /*
+   CUDA device ordinal (ignored by the CPU backend).
+   */
+  int32_t device;
+  /*
+   RMS epsilon of the gate (default 1e-6).
+   */
+  float eps;
+  /*
+   As in `engram_config`.
+   */
+  uint32_t max_tokens;
+  uint32_t max_seqs;
+  uint32_t max_positions;
+  /*
+   Threads of one call; the prefetch gathers use `max(2, n_threads)`.
+   */
+  uint32_t n_threads;
+  /*
+   The model's `tokenizer.json` (NULL: `tokenizer.json` in the checkpoint
+   directory). The hash constants are derived from it and `config.json`.
+   */
+  const char *tokenizer_json;
+  /*
+   0 (default): nothing is mapped: table rows are read with `pread` when
+   gathered, `q`, `k` and a bf16 `wkv` are read into memory the context
+   owns; 1: the shards are mapped and read in place (a file truncated
+   while mapped raises SIGBUS). An fp8 `wkv` is converted to bf16 at load
+   in both modes (2 bytes a weight: 315 MB per layer of the released model).
+   */
+  uint32_t mmap_tables;
+} engram_safetensors_options;
 
 #ifdef __cplusplus
 extern "C" {
@@ -626,23 +707,38 @@ enum engram_status engram_prefetch(struct engram_context *ctx,
 /*
  Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
  `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
- 131072`, one thread, no config/tokenizer, `pread` tables. NULL is ignored.
+ 131072`, one thread, no config/tokenizer, `pread` tables, no tables
+ directory. NULL is ignored.
  Call it through the header's `engram_gguf_options_init(o)`.
  */
 void engram_gguf_options_init_sized(struct engram_gguf_options *o, size_t struct_size);
 
 /*
- Create a context straight from a GGUF file: the `deepseek41.engram.*`
- metadata (hash constants in any of the integer widths seen in the wild;
- offsets may be absent) and each engram layer's `blk.{i}.engram_embd`,
- `engram_wkv`, `engram_q`, `engram_k` tensors, set as the layers' weights.
- The file is mapped for the context's life (freed by `engram_free`). A file
- without the hash constants needs `options.config_json` and
- `options.tokenizer_json`; without them the call fails naming the missing
- keys. Statuses: `ERR_IO` (cannot open or map), `ERR_FORMAT` (not GGUF,
- truncated, tensor sizes that disagree with their shapes, missing tensors),
- `ERR_UNSUPPORTED` (GGUF version, unknown tensor type), `ERR_INVALID_CONFIG`
- (missing or inconsistent hash constants). On failure `*out` is left as it was.
+ Create a context straight from a GGUF file, in the dialect of any public
+ DeepSeek-V4.1 converter (the README's table): llama.cpp's
+ `deepseek41.engram.*` keys (also spelled `deepseek4.engram.*`), ds4,
+ tarruda, JigSawPT, deepstrix and shard-path-plus-offsets files. The
+ dialect is recognised from the keys that identify it; hash constants in
+ any integer width that holds them (a value that does not fit is refused
+ naming the key), from metadata or tensors; the pad read as the dialect
+ stores it (a compressed or a raw id; where a key's reading is ambiguous
+ and the two readings differ, the call is refused naming both values);
+ tables as ggml rows, 264-byte fp8 rows, or fp8 codes and scales in two
+ tensors (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`), read in place. A split set
+ (`PREFIX-0000k-of-0000n.gguf`) is opened from any of its shards; every
+ shard is opened. Tables outside the file are read from the checkpoint's
+ shards (`options.tables_dir`) or the call says where they are. Every
+ layer's tensors and the hash layout are checked against each other
+ (`engram-inspect` prints the same checks). The context owns what it
+ opened (freed by `engram_free`). Statuses: `ERR_IO` (a file cannot be
+ opened or read, is not a regular file, a shard is missing),
+ `ERR_FORMAT` (not GGUF, truncated, sizes that overflow, a missing or
+ mistyped key or tensor, constants that disagree with each other or with
+ the tables), `ERR_UNSUPPORTED` (GGUF version, a tensor type this build
+ does not read), `ERR_INVALID_CONFIG` (missing hash constants without
+ config + tokenizer, companion files that disagree, an ambiguous pad),
+ `ERR_INVALID_DATA` (an fp8 or f16 weight holding NaN). On failure `*out`
+ is left as it was.
 
  `path` must be NULL or a NUL-terminated path; `options` NULL or filled by
  `engram_gguf_options_init`; `out` NULL or writable.
@@ -650,6 +746,41 @@ void engram_gguf_options_init_sized(struct engram_gguf_options *o, size_t struct
 enum engram_status engram_create_from_gguf(const char *path,
                                            const struct engram_gguf_options *options,
                                            struct engram_context **out);
+
+/*
+ Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
+ `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
+ 131072`, one thread, the directory's tokenizer.json, `pread` tables. NULL
+ is ignored. Call it through the header's `engram_safetensors_options_init(o)`.
+ */
+void engram_safetensors_options_init_sized(struct engram_safetensors_options *o,
+                                           size_t struct_size);
+
+/*
+ Create a context straight from the released DeepSeek-V4.1 checkpoint's
+ directory `model_dir`, without converting it: `config.json` (the engram
+ fields of `text_config`), `model.safetensors.index.json` (or a single
+ `model.safetensors`) and the shards that hold the engram tensors, each
+ opened once. Per engram layer: the table from `layers.{L}.engram.embed.weight`
+ (F8_E4M3) and `.embed.scale` (F8_E8M0) in place
+ (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`); `q_weight`, `k_weight` (BF16); `wkv`
+ (F8_E4M3 with 32x32 block scales: converted once to bf16 in memory the
+ context owns, exact; or BF16/F32). The hash constants are derived from the
+ config and the tokenizer, as SPEC section 3 states. Statuses: `ERR_IO` (the
+ directory, a file or a shard cannot be opened, or is not a regular file),
+ `ERR_FORMAT` (a safetensors header that is not valid or disagrees with its
+ file, a missing tensor, a tensor of the wrong dtype or shape, a config that
+ disagrees with the tensors), `ERR_INVALID_CONFIG` (missing config fields,
+ a tokenizer that does not fit the config), `ERR_UNSUPPORTED` (a dtype this
+ build does not read), `ERR_INVALID_DATA` (a NaN in the fp8 `wkv`). On
+ failure `*out` is left as it was.
+
+ `model_dir` must be NULL or a NUL-terminated path; `options` NULL or
+ filled by `engram_safetensors_options_init`; `out` NULL or writable.
+ */
+enum engram_status engram_create_from_safetensors(const char *model_dir,
+                                                  const struct engram_safetensors_options *options,
+                                                  struct engram_context **out);
 
 /*
  Derive the hash tables (token map, multipliers, primes, offsets) from a
@@ -727,6 +858,11 @@ static inline void engram_layer_weights_init(engram_layer_weights *w) {
 /** Fill `*o` with the defaults for this header's `engram_gguf_options`. */
 static inline void engram_gguf_options_init(engram_gguf_options *o) {
     engram_gguf_options_init_sized(o, sizeof *o);
+}
+
+/** Fill `*o` with the defaults for this header's `engram_safetensors_options`. */
+static inline void engram_safetensors_options_init(engram_safetensors_options *o) {
+    engram_safetensors_options_init_sized(o, sizeof *o);
 }
 
 #ifdef __cplusplus

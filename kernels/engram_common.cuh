@@ -139,7 +139,8 @@ ENG_DEV eng_u32 eng_row_bytes(eng_u32 fmt, eng_u32 hd) {
     case ENG_F32: return 4u * hd;
     case ENG_F16: return 2u * hd;
     case ENG_BF16: return 2u * hd;
-    case ENG_FP8_E4M3_E8M0: return hd + hd / ENG_FP8_SCALE_BLOCK;
+    case ENG_FP8_E4M3_E8M0:
+    case ENG_FP8_E4M3_E8M0_SPLIT: return hd + hd / ENG_FP8_SCALE_BLOCK;
     case ENG_Q8_0: return hd / ENG_Q8_0_BLOCK * ENG_Q8_0_BLOCK_BYTES;
     case ENG_Q4_0: return hd / ENG_Q4_0_BLOCK * ENG_Q4_0_BLOCK_BYTES;
     case ENG_Q2_K: return hd / ENG_Q2_K_BLOCK * ENG_Q2_K_BLOCK_BYTES;
@@ -234,8 +235,30 @@ ENG_DEV float eng_q6_k(const eng_u8 *b, eng_u32 e) {
     return ENG_MUL(sd, (float)v);
 }
 
+// Value `i` of an fp8 row whose e4m3 codes are `codes` and whose e8m0 scales
+// (one per ENG_FP8_SCALE_BLOCK values) are `scales`, as bf16 bits, without the
+// finiteness check: the packed format passes its row and the row's tail, the
+// split format its two arrays' rows. A NaN scale returns ENG_ERR_NAN_SCALE
+// (*where = the scale's index), a NaN code ENG_ERR_NAN_CODE (*where = i).
+ENG_DEV eng_u32 eng_fp8_bf16_raw(const eng_u8 *codes, const eng_u8 *scales, eng_u32 i, eng_u16 *out,
+                                 eng_u32 *where) {
+    eng_u8 sc = scales[i / ENG_FP8_SCALE_BLOCK];
+    if (sc == 255u) {
+        *where = i / ENG_FP8_SCALE_BLOCK;
+        return ENG_ERR_NAN_SCALE;
+    }
+    eng_u8 c = codes[i];
+    if ((c & 0x7Fu) == 0x7Fu) {
+        *where = i;
+        return ENG_ERR_NAN_CODE;
+    }
+    *out = eng_f32_to_bf16(ENG_MUL(eng_e4m3_to_f32(c), eng_e8m0_to_f32(sc)));
+    return 0u;
+}
+
 // Value `i` of a row of `hd` values in `fmt`, as bf16 bits, without the
-// finiteness check (see eng_dequant_bf16).
+// finiteness check (see eng_dequant_bf16). The split fp8 format's row here is
+// its codes followed by its scales (the packed row).
 ENG_DEV eng_u32 eng_dequant_bf16_raw(eng_u32 fmt, const eng_u8 *row, eng_u32 hd, eng_u32 i, eng_u16 *out,
                                  eng_u32 *where) {
     switch (fmt) {
@@ -247,20 +270,8 @@ ENG_DEV eng_u32 eng_dequant_bf16_raw(eng_u32 fmt, const eng_u8 *row, eng_u32 hd,
         *out = eng_f32_to_bf16(eng_f32_from_bits(b));
         return 0u;
     }
-    case ENG_FP8_E4M3_E8M0: {
-        eng_u8 sc = row[hd + i / ENG_FP8_SCALE_BLOCK];
-        if (sc == 255u) {
-            *where = i / ENG_FP8_SCALE_BLOCK;
-            return ENG_ERR_NAN_SCALE;
-        }
-        eng_u8 c = row[i];
-        if ((c & 0x7Fu) == 0x7Fu) {
-            *where = i;
-            return ENG_ERR_NAN_CODE;
-        }
-        *out = eng_f32_to_bf16(ENG_MUL(eng_e4m3_to_f32(c), eng_e8m0_to_f32(sc)));
-        return 0u;
-    }
+    case ENG_FP8_E4M3_E8M0:
+    case ENG_FP8_E4M3_E8M0_SPLIT: return eng_fp8_bf16_raw(row, row + hd, i, out, where);
     case ENG_Q8_0: *out = eng_f32_to_bf16(eng_q8_0(row + (i / ENG_Q8_0_BLOCK) * ENG_Q8_0_BLOCK_BYTES, i % ENG_Q8_0_BLOCK)); return 0u;
     case ENG_Q4_0: *out = eng_f32_to_bf16(eng_q4_0(row + (i / ENG_Q4_0_BLOCK) * ENG_Q4_0_BLOCK_BYTES, i % ENG_Q4_0_BLOCK)); return 0u;
     case ENG_Q2_K: *out = eng_f32_to_bf16(eng_q2_k(row + (i / ENG_Q2_K_BLOCK) * ENG_Q2_K_BLOCK_BYTES, i % ENG_Q2_K_BLOCK)); return 0u;
@@ -282,6 +293,20 @@ ENG_DEV eng_u32 eng_dequant_bf16_raw(eng_u32 fmt, const eng_u8 *row, eng_u32 hd,
 ENG_DEV eng_u32 eng_dequant_bf16(eng_u32 fmt, const eng_u8 *row, eng_u32 hd, eng_u32 i, eng_u16 *out,
                                  eng_u32 *where) {
     const eng_u32 code = eng_dequant_bf16_raw(fmt, row, hd, i, out, where);
+    if (code != 0u) return code;
+    if ((*out & 0x7F80u) == 0x7F80u) {
+        *where = i;
+        return ENG_ERR_NON_FINITE;
+    }
+    return 0u;
+}
+
+// Value `i` of a split fp8 row (`codes`: its e4m3 codes; `scales`: its e8m0
+// scales), as bf16 bits: exactly eng_dequant_bf16 on the packed row `codes ++
+// scales` (src/formats fp8_split_bf16), errors and their positions included.
+ENG_DEV eng_u32 eng_dequant_fp8_split_bf16(const eng_u8 *codes, const eng_u8 *scales, eng_u32 i, eng_u16 *out,
+                                           eng_u32 *where) {
+    const eng_u32 code = eng_fp8_bf16_raw(codes, scales, i, out, where);
     if (code != 0u) return code;
     if ((*out & 0x7F80u) == 0x7F80u) {
         *where = i;

@@ -8,6 +8,8 @@
 // row with a NaN scale or code is an error. A token with an error gets zero
 // rows and BAD flags (the gate leaves it untouched), and the first error of
 // the call is recorded in `latch` (see engram_common.cuh for the codes).
+// engram_gather_split does the same for a table whose fp8 codes and scales
+// are two arrays.
 #include "engram_common.cuh"
 
 __device__ __forceinline__ void eng_latch(eng_u32 *latch, eng_u32 code, eng_u32 token, eng_u32 col,
@@ -34,13 +36,17 @@ __device__ __forceinline__ void eng_store_row(void *out, eng_u32 out_f32, eng_u6
 // One block per (token t, column c), block index t * cols + c; token t's id
 // for column k is ids[t * id_stride + id_offset + k]. Every block checks its
 // token's ids (all C of them: a few loads) so that each decides the token's
-// status alone, and writes flags[t * cols + c].
-extern "C" __global__ void engram_gather(const eng_u8 *__restrict__ table, eng_u64 table_rows, eng_u32 fmt,
-                                         eng_u32 hd, eng_u32 row_bytes, const eng_i64 *__restrict__ ids,
-                                         eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols, void *rows_out,
-                                         eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,
-                                         eng_u32 serial) {
-    __shared__ eng_u32 s_dead, s_first_dead, s_first_range, s_err_at;
+// status alone, and writes flags[t * cols + c]. `scales` is NULL, or (the
+// split fp8 format) the table's e8m0 scale array: then `table` holds `hd` code
+// bytes a row and `scales` `hd / 32` scale bytes a row. `s` is the block's
+// shared scratch (4 words).
+__device__ __forceinline__ void eng_gather_block(const eng_u8 *__restrict__ table, const eng_u8 *__restrict__ scales,
+                                                 eng_u64 table_rows, eng_u32 fmt, eng_u32 hd, eng_u32 row_bytes,
+                                                 const eng_i64 *__restrict__ ids, eng_u32 id_stride,
+                                                 eng_u32 id_offset, eng_u32 cols, void *rows_out, eng_u32 out_f32,
+                                                 eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id, eng_u32 serial,
+                                                 eng_u32 *s) {
+    eng_u32 &s_dead = s[0], &s_first_dead = s[1], &s_first_range = s[2], &s_err_at = s[3];
     const eng_u32 t = blockIdx.x / cols, c = blockIdx.x % cols;
     const eng_u64 base = ((eng_u64)t * cols + c) * hd;
     const eng_i64 *tid = ids + (eng_u64)t * id_stride + id_offset;
@@ -84,11 +90,14 @@ extern "C" __global__ void engram_gather(const eng_u8 *__restrict__ table, eng_u
         return;
     }
     const eng_i64 id = tid[c];
-    const eng_u8 *row = table + (eng_u64)id * row_bytes;
+    const eng_u8 *row = table + (eng_u64)id * (scales ? hd : row_bytes);
+    const eng_u8 *srow = scales ? scales + (eng_u64)id * (hd / ENG_FP8_SCALE_BLOCK) : row;
     for (eng_u32 i = threadIdx.x; i < hd; i += blockDim.x) {
         eng_u16 v = 0u;
         eng_u32 where = 0u;
-        if (eng_dequant_bf16(fmt, row, hd, i, &v, &where) != 0u) {
+        const eng_u32 code = scales ? eng_dequant_fp8_split_bf16(row, srow, i, &v, &where)
+                                    : eng_dequant_bf16(fmt, row, hd, i, &v, &where);
+        if (code != 0u) {
             // Report the row's first failing element (a NaN scale fails every
             // element of its block), as the CPU backend does.
             v = 0u;
@@ -101,11 +110,35 @@ extern "C" __global__ void engram_gather(const eng_u8 *__restrict__ table, eng_u
         if (s_err_at != 0xFFFFFFFFu) {
             eng_u16 v;
             eng_u32 where = 0u;
-            const eng_u32 code = eng_dequant_bf16(fmt, row, hd, s_err_at, &v, &where);
+            const eng_u32 code = scales ? eng_dequant_fp8_split_bf16(row, srow, s_err_at, &v, &where)
+                                        : eng_dequant_bf16(fmt, row, hd, s_err_at, &v, &where);
             eng_latch(latch, code, t, c, where, id, layer_id, serial);
             flags[(eng_u64)t * cols + c] = ENG_TOKEN_BAD;
         } else {
             flags[(eng_u64)t * cols + c] = ENG_TOKEN_LIVE;
         }
     }
+}
+
+extern "C" __global__ void engram_gather(const eng_u8 *__restrict__ table, eng_u64 table_rows, eng_u32 fmt,
+                                         eng_u32 hd, eng_u32 row_bytes, const eng_i64 *__restrict__ ids,
+                                         eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols, void *rows_out,
+                                         eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,
+                                         eng_u32 serial) {
+    __shared__ eng_u32 s[4];
+    eng_gather_block(table, nullptr, table_rows, fmt, hd, row_bytes, ids, id_stride, id_offset, cols, rows_out,
+                     out_f32, flags, latch, layer_id, serial, s);
+}
+
+// engram_gather for a table in the split fp8 format (ENG_FP8_E4M3_E8M0_SPLIT):
+// codes in `table` (`hd` bytes a row), e8m0 scales in `scales` (`hd / 32`
+// bytes a row); the same parameters otherwise (`fmt` and `row_bytes` unused).
+extern "C" __global__ void engram_gather_split(const eng_u8 *__restrict__ table, eng_u64 table_rows, eng_u32 fmt,
+                                               eng_u32 hd, eng_u32 row_bytes, const eng_i64 *__restrict__ ids,
+                                               eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols, void *rows_out,
+                                               eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,
+                                               eng_u32 serial, const eng_u8 *__restrict__ scales) {
+    __shared__ eng_u32 s[4];
+    eng_gather_block(table, scales, table_rows, fmt, hd, row_bytes, ids, id_stride, id_offset, cols, rows_out,
+                     out_f32, flags, latch, layer_id, serial, s);
 }

@@ -16,6 +16,8 @@
 #   6. gpu-formats tests/cuda_formats.rs: every table-row format (fp8, bf16,
 #                  f16, f32, GGUF Q8_0/Q4_0/Q2_K..Q6_K) dequantised on the GPU
 #                  gives the CPU backend's bf16 bits
+#   6b. gpu-split  tests/fp8_split.rs: a table whose fp8 codes and scales are two
+#                  arrays (engram_gather_split) gives the CPU backend's bits
 #   7. cpp-host    examples/cpp_host built with ENGRAM_EXAMPLE_CUDA (its own
 #                  cudaStream_t and device buffers), checked against the CPU
 #                  backend; exit 77 (no CUDA backend) counts as a failure here
@@ -92,7 +94,7 @@ build() {
         echo "# built with cargo here"
         cp target/release/libengram.so "$BIN/"
         local t exe
-        for t in cuda_golden cuda_nvrtc cuda_formats; do
+        for t in cuda_golden cuda_nvrtc cuda_formats fp8_split; do
             exe="$(cargo test --release --offline --test "$t" --no-run --message-format=json 2>/dev/null |
                 python3 -c 'import json,sys
 for l in sys.stdin:
@@ -124,7 +126,7 @@ for l in sys.stdin:
         mkdir -p "$(dirname "$baked")" && ln -sfn "$ROOT" "$baked" || return 1
         echo "# linked $baked -> $ROOT"
     fi
-    chmod +x "$BIN"/cuda_golden "$BIN"/cuda_nvrtc "$BIN"/cuda_formats "$BIN"/gpu_bench
+    chmod +x "$BIN"/cuda_golden "$BIN"/cuda_nvrtc "$BIN"/cuda_formats "$BIN"/fp8_split "$BIN"/gpu_bench
     ls -la "$BIN"
 }
 export -f build
@@ -149,6 +151,7 @@ export -f c_cuda
 step c-cuda 120 c_cuda
 
 step gpu-formats 120 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_formats" --nocapture
+step gpu-split 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/fp8_split" --nocapture
 
 # The C++ host example on CUDA, compiled straight against the header and the
 # library built above (no install or CMake needed on the GPU machine).

@@ -6,6 +6,7 @@
 #     cuda_golden      the GPU tests (tests/cuda_golden.rs), release
 #     cuda_nvrtc       the NVRTC compile test (tests/cuda_nvrtc.rs), release
 #     cuda_formats     every row format on the GPU (tests/cuda_formats.rs), release
+#     fp8_split        the split fp8 table format, its GPU test included (tests/fp8_split.rs)
 #     gpu_bench        the benchmark (benches/gpu.rs), release
 #     libengram.so     the library, for the C ABI test on CUDA
 #     ROOT             the source path compiled into the binaries (they read
@@ -39,7 +40,7 @@ for line in sys.stdin:
 echo "== cargo build --release --lib"
 cargo build --release --lib
 cp target/release/libengram.so "$B/"
-for t in cuda_golden cuda_nvrtc cuda_formats; do
+for t in cuda_golden cuda_nvrtc cuda_formats fp8_split; do
     echo "== cargo test --release --test $t --no-run"
     exe="$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null | exe_of "$t")"
     cp "$exe" "$B/$t"
@@ -47,7 +48,7 @@ done
 echo "== cargo bench --bench gpu --no-run"
 exe="$(cargo bench --bench gpu --no-run --message-format=json 2>/dev/null | exe_of gpu)"
 cp "$exe" "$B/gpu_bench"
-for f in "$B"/cuda_golden "$B"/cuda_nvrtc "$B"/cuda_formats "$B"/gpu_bench "$B"/libengram.so; do
+for f in "$B"/cuda_golden "$B"/cuda_nvrtc "$B"/cuda_formats "$B"/fp8_split "$B"/gpu_bench "$B"/libengram.so; do
     strip --strip-debug "$f"
 done
 echo "$ROOT" >"$B/ROOT"

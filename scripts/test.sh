@@ -43,6 +43,21 @@ cargo run --quiet -p engram-tables -- --config tests/golden/data/v41_config.json
     --tokenizer tests/golden/data/deepseek_v4_tokenizer.json --out target/engram-tables
 cmp target/engram-tables/token_map.i32 tests/golden/data/v41_token_map.i32
 
+echo "== engram-inspect: two dialect fixtures check; a file whose rows disagree with its primes fails naming both keys"
+cargo run --quiet -p engram-inspect -- tests/golden/data/dialects/tarruda.gguf > target/inspect.log
+cargo run --quiet -p engram-inspect -- tests/golden/data/dialects/vcruz305_split-00002-of-00003.gguf >> target/inspect.log
+grep -c '^  ok ' target/inspect.log
+cp tests/golden/data/dialects/ds4.gguf target/inspect_bad.gguf
+printf '\xa5' | dd of=target/inspect_bad.gguf bs=1 seek=826 conv=notrunc status=none # layer 1's rows: 420 -> 421
+rc=0
+cargo run --quiet -p engram-inspect -- target/inspect_bad.gguf > target/inspect_bad.log || rc=$?
+if [ "$rc" -ne 1 ] || ! grep -q 'FAIL.*deepseek41.engram.rows.*deepseek41.engram.primes' target/inspect_bad.log; then
+    cat target/inspect_bad.log
+    echo "engram-inspect did not fail (exit $rc) naming deepseek41.engram.rows and .primes"
+    exit 1
+fi
+grep FAIL target/inspect_bad.log
+
 echo "== CUDA kernels: NVRTC compile for sm_80 and sm_90, errors and warnings fail (no GPU needed)"
 # libnvrtc from the nvidia-cuda-nvrtc-cu12 wheel (PyPI), in a venv under target/.
 # The GPU tests themselves skip without a driver; scripts/gpu-check.sh runs them.

@@ -43,6 +43,11 @@ pub enum TableSource<'w> {
 #[derive(Clone, Debug)]
 pub struct TableIn<'w> {
     pub source: TableSource<'w>,
+    /// The scale array of a table in the split fp8 format
+    /// (`EngramType::Fp8E4m3E8m0Split`: `source` holds the codes, `Hd` bytes a
+    /// row, this the e8m0 scales, `Hd / 32` bytes a row); `None` for every
+    /// other format.
+    pub scales: Option<TableSource<'w>>,
     /// `ENGRAM_TYPE_*`
     pub ty: u32,
     pub rows: u64,
@@ -89,6 +94,7 @@ impl<'w> LayerIn<'w> {
             layer_id,
             table: TableIn {
                 source: TableSource::Memory(Region::of(table)),
+                scales: None,
                 ty: table_type as u32,
                 rows: table_rows,
             },
@@ -125,6 +131,7 @@ impl<'w> LayerIn<'w> {
             layer_id,
             table: TableIn {
                 source: TableSource::Memory(r(table)),
+                scales: None,
                 ty: table_type,
                 rows: table_rows,
             },
@@ -143,6 +150,9 @@ impl<'w> LayerIn<'w> {
 pub struct CheckedLayer<'w> {
     pub layer_id: u32,
     pub source: TableSource<'w>,
+    /// The scale array of a split fp8 table (`format` is
+    /// `Fp8E4m3E8m0Split`), sized; `None` otherwise.
+    pub scales: Option<TableSource<'w>>,
     pub format: EngramType,
     pub rows: u64,
     pub wkv: Region<'w>,

@@ -361,16 +361,50 @@ pub fn check_layer<'w>(
         }
         f @ TableSource::File { .. } => f,
     };
-    let rb = format.row_bytes(g.hd) as u64;
-    let table = rows
-        .checked_mul(rb)
-        .filter(|&b| b <= isize::MAX as u64)
-        .ok_or_else(|| too_large(&format!("a table of {rows} rows of {rb} bytes")))?;
+    // The arrays' bytes per row: one array, or codes and scales (split fp8).
+    let (rb, scale_rb) = format.planes(g.hd);
+    let bytes = |per_row: usize, what: &str| {
+        rows.checked_mul(per_row as u64)
+            .filter(|&b| b <= isize::MAX as u64)
+            .ok_or_else(|| too_large(&format!("{what}: {rows} rows of {per_row} bytes")))
+    };
+    let table = bytes(rb, "the table")?;
     let source = match source {
         TableSource::Memory(r) => {
             TableSource::Memory(r.sized(table as usize, 1, "weights.table")?)
         }
         f => f,
+    };
+    let (scales, scales_bytes) = match (scale_rb, w.table.scales) {
+        (None, None) => (None, 0),
+        (None, Some(_)) => bail!(
+            ErrInvalidArgument,
+            "weights.table_scales is set, but a {} table keeps its scales in its rows \
+             (only ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT takes a separate scale array)",
+            format.name()
+        ),
+        (Some(_), None) => bail!(
+            ErrNullArgument,
+            "weights.table_scales is NULL: a {} table needs its e8m0 scale array",
+            format.name()
+        ),
+        (Some(srb), Some(src)) => {
+            let n = bytes(srb, "the table's scales")?;
+            let src = match src {
+                TableSource::Memory(r) => {
+                    if r.is_null() {
+                        bail!(
+                            ErrNullArgument,
+                            "weights.table_scales is NULL: a {} table needs its e8m0 scale array",
+                            format.name()
+                        );
+                    }
+                    TableSource::Memory(r.sized(n as usize, 1, "weights.table_scales")?)
+                }
+                f => f,
+            };
+            (Some(src), n)
+        }
     };
     // A weight's type, then its region: `(type, bytes, region)`.
     let weight =
@@ -408,6 +442,7 @@ pub fn check_layer<'w>(
     Ok(CheckedLayer {
         layer_id,
         source,
+        scales,
         format,
         rows,
         wkv,
@@ -417,6 +452,7 @@ pub fn check_layer<'w>(
         qk_type,
         bytes: LayerBytes {
             table,
+            scales: scales_bytes,
             wkv: wkv_bytes,
             qk: qk_bytes,
         },
@@ -426,7 +462,10 @@ pub fn check_layer<'w>(
 /// Byte sizes of one layer's weights (see [`check_layer`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayerBytes {
+    /// The table (for the split fp8 format: its code array).
     pub table: u64,
+    /// The split fp8 format's scale array (0 for every other format).
+    pub scales: u64,
     pub wkv: usize,
     /// Each of `q` and `k`.
     pub qk: usize,

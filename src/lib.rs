@@ -8,8 +8,10 @@
 //! host threads) and [`cuda`] (the engine's device memory and stream).
 //! [`batch`] holds every check on a call's inputs, [`context`] the object the
 //! C ABI wraps, [`memory`] the engine's memory as the library receives it.
-//! Loaders: [`tables`] (config.json + tokenizer.json), [`gguf`]. [`ffi`] is
-//! the C boundary only.
+//! Loaders: [`tables`] (config.json + tokenizer.json), [`gguf`] (GGUF files
+//! of every public dialect, split sets, and the loaded model contexts
+//! borrow), [`safetensors`] (the released checkpoint); [`files`] opens every
+//! file they read. [`ffi`] is the C boundary only.
 
 pub mod backend;
 pub mod batch;
@@ -18,10 +20,12 @@ pub mod cpu;
 pub mod cuda;
 pub mod error;
 pub mod ffi;
+pub mod files;
 pub mod formats;
 pub mod gguf;
 pub mod hash;
 pub mod memory;
+pub mod safetensors;
 pub mod tables;
 
 pub use backend::{EngramBackend, Highway, LayerIn, ReadBack, RowIds, TableIn, TableSource};

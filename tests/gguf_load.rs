@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use engram::gguf::{Gguf, GgufModel, GgufOptions};
+use engram::gguf::{Gguf, GgufModel, GgufOptions, LoadOptions};
 use engram::tables::EngramTables;
 use engram::{Context, EngramStatus, Highway, Limits};
 use std::path::PathBuf;
@@ -21,8 +21,23 @@ fn options() -> GgufOptions {
         backend: engram::EngramBackend::Cpu as u32,
         device: 0,
         eps: f32::from_bits(0x358637bd), // f32(1e-6), as the golden
-        mmap_tables: false,
     }
+}
+
+/// Open a fixture (pread mode), with config + tokenizer tables if given.
+fn open(path: &std::path::Path, companion: Option<&EngramTables>) -> engram::Result<GgufModel> {
+    GgufModel::open(
+        path,
+        &LoadOptions {
+            companion,
+            ..LoadOptions::default()
+        },
+    )
+}
+
+/// A model from a GGUF file's bytes.
+fn from_bytes(b: Vec<u8>) -> engram::Result<GgufModel> {
+    GgufModel::from_memory(vec![("m.gguf".into(), b)], &LoadOptions::default())
 }
 
 /// One call: `(tokens, seq_ids, pos, highway_name, row ids)`.
@@ -101,7 +116,7 @@ fn leak<T>(x: T) -> &'static T {
 #[test]
 fn tiny_gguf_gives_the_golden() {
     let tiny: &'static Tiny = leak(Tiny::load());
-    let m: &'static GgufModel = leak(GgufModel::open(&fixture("tiny.gguf"), None).unwrap());
+    let m: &'static GgufModel = leak(open(&fixture("tiny.gguf"), None).unwrap());
     let em = &m.model;
     assert_eq!(em.hash_source, "gguf");
     assert_eq!((em.d, em.hc, em.hd), (tiny.d, tiny.hc, tiny.hd));
@@ -111,14 +126,26 @@ fn tiny_gguf_gives_the_golden() {
     assert_eq!(em.primes, tiny.primes);
     assert_eq!(em.offsets, tiny.offsets);
     assert_eq!(em.pad_id, tiny.pad_id);
-    assert_eq!(m.header.version, 3);
+    assert_eq!(m.gguf.as_ref().unwrap().header().version, 3);
     // The unrelated tensors were sized: f32 [48, 32] and q4_1 [2, 64].
     assert_eq!(
-        m.header.tensor("token_embd.weight").unwrap().bytes,
+        m.gguf
+            .as_ref()
+            .unwrap()
+            .header()
+            .tensor("token_embd.weight")
+            .unwrap()
+            .bytes,
         Some(48 * 32 * 4)
     );
     assert_eq!(
-        m.header.tensor("output.weight").unwrap().bytes,
+        m.gguf
+            .as_ref()
+            .unwrap()
+            .header()
+            .tensor("output.weight")
+            .unwrap()
+            .bytes,
         Some(2 * 2 * 20)
     );
     // Layer 1's bf16 table holds the fp8 table's dequantised values, so the
@@ -134,7 +161,7 @@ fn tiny_gguf_gives_the_golden() {
 #[test]
 fn other_integer_widths_and_derived_offsets() {
     let tiny: &'static Tiny = leak(Tiny::load());
-    let m: &'static GgufModel = leak(GgufModel::open(&fixture("tiny_u32.gguf"), None).unwrap());
+    let m: &'static GgufModel = leak(open(&fixture("tiny_u32.gguf"), None).unwrap());
     let em = &m.model;
     assert_eq!(
         em.token_map, tiny.token_map,
@@ -145,12 +172,18 @@ fn other_integer_widths_and_derived_offsets() {
     assert_eq!(em.offsets, tiny.offsets, "offsets absent: prefix sums");
     assert_eq!(em.pad_id, tiny.pad_id);
     assert_eq!(
-        m.header.tensor("blk.3.engram_embd").unwrap().ty,
+        m.gguf
+            .as_ref()
+            .unwrap()
+            .header()
+            .tensor("blk.3.engram_embd")
+            .unwrap()
+            .ty,
         8,
         "q8_0 table"
     );
     // Hash ids exactly; apply equal to tiny.gguf's where the weights agree (layer 1).
-    let main: &'static GgufModel = leak(GgufModel::open(&fixture("tiny.gguf"), None).unwrap());
+    let main: &'static GgufModel = leak(open(&fixture("tiny.gguf"), None).unwrap());
     let ctx = m.context(&options()).unwrap();
     let ctx_main = main.context(&options()).unwrap();
     for (_, calls) in all_calls(tiny) {
@@ -177,9 +210,7 @@ fn other_integer_widths_and_derived_offsets() {
 
 #[test]
 fn missing_hash_constants_name_the_keys_or_come_from_config_and_tokenizer() {
-    let e = GgufModel::open(&fixture("tiny_noconst.gguf"), None)
-        .err()
-        .unwrap();
+    let e = open(&fixture("tiny_noconst.gguf"), None).err().unwrap();
     assert_eq!(e.status, EngramStatus::ErrInvalidConfig);
     for k in ["multipliers", "primes", "offsets", "token_map", "pad_id"] {
         assert!(
@@ -196,10 +227,9 @@ fn missing_hash_constants_name_the_keys_or_come_from_config_and_tokenizer() {
     let exp = load_json("gguf_expected.json");
     assert_eq!(tables.multipliers, u64s(&exp["multipliers"]));
     assert_eq!(tables.primes, u64s(&exp["primes"]));
-    let m: &'static GgufModel =
-        leak(GgufModel::open(&fixture("tiny_noconst.gguf"), Some(&tables)).unwrap());
+    let m: &'static GgufModel = leak(open(&fixture("tiny_noconst.gguf"), Some(&tables)).unwrap());
     assert_eq!(m.model.hash_source, "config+tokenizer");
-    let with: &'static GgufModel = leak(GgufModel::open(&fixture("tiny_u32.gguf"), None).unwrap());
+    let with: &'static GgufModel = leak(open(&fixture("tiny_u32.gguf"), None).unwrap());
     let opts = GgufOptions {
         limits: Limits {
             max_tokens: 64,
@@ -232,9 +262,7 @@ fn missing_hash_constants_name_the_keys_or_come_from_config_and_tokenizer() {
         }
     }
     // A file with its own constants and a companion that derives others: refused.
-    let e = GgufModel::open(&fixture("tiny.gguf"), Some(&tables))
-        .err()
-        .unwrap();
+    let e = open(&fixture("tiny.gguf"), Some(&tables)).err().unwrap();
     assert_eq!(e.status, EngramStatus::ErrInvalidConfig);
     assert!(
         e.message.contains("deepseek41.engram.multipliers")
@@ -246,7 +274,7 @@ fn missing_hash_constants_name_the_keys_or_come_from_config_and_tokenizer() {
     // A companion that disagrees with the file's geometry is refused.
     let mut other = tables.clone();
     other.config.n_heads = 3;
-    let e = GgufModel::open(&fixture("tiny_noconst.gguf"), Some(&other))
+    let e = open(&fixture("tiny_noconst.gguf"), Some(&other))
         .err()
         .unwrap();
     assert_eq!(e.status, EngramStatus::ErrInvalidConfig);
@@ -323,24 +351,23 @@ fn bad_files_get_their_own_status() {
     b[at + 20..at + 24].copy_from_slice(&99u32.to_le_bytes());
     let g = Gguf::parse(&b).unwrap();
     assert_eq!(g.tensor("blk.3.engram_q").unwrap().bytes, None);
-    let e = engram::gguf::EngramModel::from_gguf(&g, None).unwrap_err();
+    let e = from_bytes(b).err().unwrap();
     assert_eq!(e.status, EngramStatus::ErrUnsupported);
     assert!(
         e.message.contains("blk.3.engram_q") && e.message.contains("99"),
         "{}",
         e.message
     );
-    // A ggml type the engram path does not take (q4_1 q/k): unsupported at context creation.
+    // A ggml type the engram path does not take as table rows (q4_1): unsupported.
     let mut b = good.clone();
     let at = tensor_entry(&b, "blk.1.engram_embd");
     b[at + 20..at + 24].copy_from_slice(&3u32.to_le_bytes()); // q4_1: fewer bytes, still inside
-    let g = Gguf::parse(&b).unwrap();
-    assert!(engram::gguf::EngramModel::from_gguf(&g, None).is_ok());
+    let e = from_bytes(b).err().unwrap();
+    assert_eq!(e.status, EngramStatus::ErrUnsupported, "{}", e.message);
+    assert!(e.message.contains("blk.1.engram_embd"), "{}", e.message);
     // Files: missing, and not a file.
-    let e = GgufModel::open(&fixture("no_such.gguf"), None)
-        .err()
-        .unwrap();
+    let e = open(&fixture("no_such.gguf"), None).err().unwrap();
     assert_eq!(e.status, EngramStatus::ErrIo);
-    let e = GgufModel::open(&golden_dir(), None).err().unwrap();
+    let e = open(&golden_dir(), None).err().unwrap();
     assert_eq!(e.status, EngramStatus::ErrIo);
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use engram::gguf::{GgufModel, GgufOptions};
+use engram::gguf::{GgufModel, GgufOptions, LoadOptions};
 use engram::{EngramStatus, Highway};
 use std::sync::Arc;
 
@@ -115,22 +115,25 @@ fn prefetched_memory_tables_give_the_direct_results() {
 #[test]
 fn gguf_tables_read_with_pread_or_the_mapping_agree() {
     let tiny = Tiny::load();
-    let m = GgufModel::open(&golden_dir().join("tiny.gguf"), None).unwrap();
+    let path = golden_dir().join("tiny.gguf");
+    let m = GgufModel::open(&path, &LoadOptions::default()).unwrap();
+    let mm = GgufModel::open(
+        &path,
+        &LoadOptions {
+            mmap: true,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
     let o = GgufOptions {
         limits: Tiny::limits(),
         n_threads: 3,
         backend: engram::EngramBackend::Cpu as u32,
         device: 0,
         eps: tiny.eps,
-        mmap_tables: false,
     };
     let pread = m.context(&o).unwrap();
-    let mapped = m
-        .context(&GgufOptions {
-            mmap_tables: true,
-            ..o
-        })
-        .unwrap();
+    let mapped = mm.context(&o).unwrap();
     check_against_direct(&tiny, &pread, &mapped, false);
     // And without prefetch: the pread path of apply itself.
     let direct = tiny.context();

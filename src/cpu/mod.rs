@@ -132,6 +132,37 @@ fn host_weights<'w>(
     })
 }
 
+/// A table array (`bytes` long) as the stager reads it: host memory, or a
+/// file range checked against the file's length now.
+fn host_source(src: TableSource<'_>, bytes: u64, layer_id: u32, what: &str) -> Result<Source> {
+    Ok(match src {
+        // SAFETY: as `host_weights`: host memory, sized by the context.
+        TableSource::Memory(r) => Source::memory(unsafe { r.host() }),
+        TableSource::File { file, offset } => {
+            let len = file
+                .metadata()
+                .map_err(|e| {
+                    Error::new(
+                        crate::EngramStatus::ErrIo,
+                        format!("the {what}'s file: {e}"),
+                    )
+                })?
+                .len();
+            if offset.checked_add(bytes).is_none_or(|end| end > len) {
+                bail!(
+                    ErrIo,
+                    "layer {layer_id}: the {what}'s {bytes} bytes at offset {offset} pass the end of its file ({len} bytes)"
+                );
+            }
+            Source::File {
+                file,
+                offset,
+                len: bytes,
+            }
+        }
+    })
+}
+
 impl<'w> Backend<'w> for CpuBackend<'w> {
     fn info(&self) -> BackendInfo {
         let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
@@ -154,33 +185,21 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
         for (i, v) in qk.iter_mut().enumerate() {
             *v = q.get(i) * k.get(i);
         }
-        let source = match l.source {
-            // SAFETY: as `host_weights`: host memory, sized by the context.
-            TableSource::Memory(r) => Source::memory(unsafe { r.host() }),
-            TableSource::File { file, offset } => {
-                let len = file
-                    .metadata()
-                    .map_err(|e| {
-                        Error::new(crate::EngramStatus::ErrIo, format!("the table's file: {e}"))
-                    })?
-                    .len();
-                if offset
-                    .checked_add(l.bytes.table)
-                    .is_none_or(|end| end > len)
-                {
-                    bail!(
-                        ErrIo,
-                        "layer {}: the table's {} bytes at offset {offset} pass the end of its file ({len} bytes)",
-                        l.layer_id,
-                        l.bytes.table
-                    );
-                }
-                Source::File {
-                    file,
-                    offset,
-                    len: l.bytes.table,
-                }
-            }
+        let codes = host_source(l.source, l.bytes.table, l.layer_id, "table")?;
+        let source = match l.scales {
+            None => codes,
+            // A split fp8 table: each staged row is its codes then its scales,
+            // the packed format's row (which the split format dequantises as).
+            Some(sc) => Source::Split {
+                codes: Box::new(codes),
+                scales: Box::new(host_source(
+                    sc,
+                    l.bytes.scales,
+                    l.layer_id,
+                    "table's scales",
+                )?),
+                crb: l.format.planes(s.geo.hd).0,
+            },
         };
         let mut layers = self.layers.write().unwrap_or_else(|p| p.into_inner());
         let gen = self

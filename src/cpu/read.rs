@@ -26,6 +26,10 @@ pub(super) fn hint(src: &Source, rb: usize, ids: &[i64]) {
                     }
                 }
             }
+            Source::Split { codes, scales, crb } => {
+                hint(codes, *crb, ids);
+                hint(scales, rb - crb, ids);
+            }
             Source::File { file, offset, .. } => {
                 use std::os::unix::io::AsRawFd;
                 for &id in ids {
@@ -65,6 +69,15 @@ fn page_size() -> usize {
 /// into `dst`, back to back.
 pub(super) fn read_rows(src: &Source, rb: usize, ids: &[i64], dst: &mut [u8]) -> Result<()> {
     match src {
+        Source::Split { codes, scales, crb } => {
+            // Each row: its codes, then its scales (the packed fp8 row).
+            for (id, d) in ids.iter().zip(dst.chunks_exact_mut(rb)) {
+                let (c, s) = d.split_at_mut(*crb);
+                read_rows(codes, *crb, std::slice::from_ref(id), c)?;
+                read_rows(scales, rb - crb, std::slice::from_ref(id), s)?;
+            }
+            Ok(())
+        }
         Source::Memory { ptr, len } => {
             for (&id, d) in ids.iter().zip(dst.chunks_exact_mut(rb)) {
                 let a = id as usize * rb;

@@ -21,6 +21,9 @@
 //! - file: a file and the table's offset in it (the GGUF loader's default):
 //!   reads are `pread`, so an I/O error or a file cut short is a status
 //!   (`ErrIo`), never a signal; `apply` without a prefetch preads too.
+//! - split: a split fp8 table's codes and scales, each from a memory or file
+//!   source of its own; a row read from it is its codes then its scales, the
+//!   packed fp8 row, which is what the staging slots hold and dequantise.
 //!
 //! Each job owns what it reads into and hands it back to its slot. Replacing
 //! a layer's table ([`Stager::set_source`]) drops the jobs still queued for
@@ -60,6 +63,14 @@ pub enum Source {
     /// The model check's table (see `model`): reads and frees are tracked.
     #[cfg(all(test, feature = "loom-model"))]
     Model(std::sync::Arc<model::Table>),
+    /// A split fp8 table: its codes (`crb` bytes a row) and its scales (the
+    /// rest of a row), each read from its own source; a row read from it is
+    /// its codes then its scales (the packed fp8 row).
+    Split {
+        codes: Box<Source>,
+        scales: Box<Source>,
+        crb: usize,
+    },
 }
 
 // SAFETY: `Memory` points at a table the context borrows for as long as the

@@ -137,20 +137,28 @@ impl CudaBackend {
             let latch = st.latch.ptr;
             let lid = layer_id;
             let serial = st.serial;
+            let scales = layer.scales;
             let mut a = args![
                 table, table_rows, fmt, hd, row_bytes, ids_ptr, id_stride, id_offset, cols,
-                rows_buf, out_f32, flags, latch, lid, serial
+                rows_buf, out_f32, flags, latch, lid, serial, scales
             ];
-            // SAFETY: arguments match engram_gather's parameters; buffers hold
-            // max_tokens >= n tokens; the table was checked at set_layer.
+            // A split fp8 table has its own kernel, which takes `scales` too.
+            let (f, n_args) = if scales != 0 {
+                (self.module.gather_split, a.len())
+            } else {
+                (self.module.gather, a.len() - 1)
+            };
+            // SAFETY: arguments match engram_gather's parameters (the first 15)
+            // or engram_gather_split's (all 16); buffers hold max_tokens >= n
+            // tokens; the table (and its scales) were checked at set_layer.
             unsafe {
                 launch(
-                    self.module.gather,
+                    f,
                     ((n * s.cols) as u32, 1, 1),
                     kernels::GATHER_THREADS,
                     0,
                     cs,
-                    &mut a,
+                    &mut a[..n_args],
                     "the gather kernel",
                 )?;
             }

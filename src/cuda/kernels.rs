@@ -203,6 +203,9 @@ pub struct Module {
     module: sys::CUmodule,
     ctx: sys::CUcontext,
     pub gather: sys::CUfunction,
+    /// `engram_gather_split`: the gather of a split fp8 table (codes and scales
+    /// in two arrays).
+    pub gather_split: sys::CUfunction,
     /// `[highway f32/bf16][kv bf16/f32]`: gate_f32_bf16, gate_f32_f32, gate_bf16_bf16, gate_bf16_f32.
     pub gate: [[sys::CUfunction; 2]; 2],
     /// `gemv[n - 1]` for n = 1..=GEMV_MAX tokens.
@@ -242,10 +245,12 @@ impl Module {
             module,
             ctx,
             gather: std::ptr::null_mut(),
+            gather_split: std::ptr::null_mut(),
             gate: [[std::ptr::null_mut(); 2]; 2],
             gemv: [std::ptr::null_mut(); GEMV_MAX],
         };
         m.gather = m.function("engram_gather")?;
+        m.gather_split = m.function("engram_gather_split")?;
         m.gate = [
             [
                 m.function("engram_gate_f32_bf16")?,

@@ -56,6 +56,8 @@ pub const DEFAULT_GEMV_MAX_TOKENS: usize = 8;
 struct DevLayer {
     layer_id: u32,
     table: u64,
+    /// The scale array of a split fp8 table (0 for every other format).
+    scales: u64,
     rows: u64,
     format: EngramType,
     wkv: u64,
@@ -298,6 +300,18 @@ impl<'w> Backend<'w> for CudaBackend {
         let ord = self.dev.ordinal;
         let table_bytes = l.bytes.table as usize;
         driver::check_device_range(table.addr() as u64, table_bytes, ord, "weights.table")?;
+        let scales = match &l.scales {
+            None => 0,
+            Some(TableSource::Memory(r)) => {
+                let n = l.bytes.scales as usize;
+                driver::check_device_range(r.addr() as u64, n, ord, "weights.table_scales")?;
+                r.addr() as u64
+            }
+            Some(TableSource::File { .. }) => bail!(
+                ErrUnsupported,
+                "the CUDA backend in this build takes a table in device memory, not a file"
+            ),
+        };
         driver::check_device_range(l.wkv.addr() as u64, l.bytes.wkv, ord, "weights.wkv")?;
         driver::check_device_range(l.q.addr() as u64, l.bytes.qk, ord, "weights.q")?;
         driver::check_device_range(l.k.addr() as u64, l.bytes.qk, ord, "weights.k")?;
@@ -329,6 +343,7 @@ impl<'w> Backend<'w> for CudaBackend {
         st.layers[li] = Some(DevLayer {
             layer_id: l.layer_id,
             table: table.addr() as u64,
+            scales,
             rows: l.rows,
             format: l.format,
             wkv: l.wkv.addr() as u64,

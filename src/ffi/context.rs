@@ -14,9 +14,9 @@ use std::ffi::c_void;
 /// Opaque engram context. Create with `engram_create`, release with `engram_free`.
 pub struct EngramContext {
     pub(crate) inner: Context<'static>,
-    /// What `inner` borrows when the library loaded it (a mapped GGUF file);
-    /// dropped after `inner`.
-    pub(crate) _owner: Option<Box<crate::gguf::GgufModel>>,
+    /// What `inner` borrows when the library loaded it (a GGUF file or a
+    /// safetensors checkpoint: mappings, files, owned weights); dropped after `inner`.
+    pub(crate) _owner: Option<Box<crate::gguf::LoadedModel>>,
 }
 
 /// Configuration for `engram_create`. Fill it with `engram_config_init`, which
@@ -148,10 +148,19 @@ pub struct EngramLayerWeights {
     pub q: *const c_void,
     pub k: *const c_void,
     pub qk_type: u32,
+    /// With `table_type = ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT` (codes and scales
+    /// in two arrays, as the released checkpoint's `embed.weight` and
+    /// `embed.scale`): the e8m0 scales, `table_rows` rows of `Hd / 32` bytes,
+    /// while `table` holds the e4m3 codes, `table_rows` rows of `Hd` bytes.
+    /// NULL for every other table type (their scales, if any, are in the
+    /// rows). Borrowed like `table`. (A struct from a 0.2 header, which ends
+    /// before this field, is read with it NULL.)
+    pub table_scales: *const c_void,
 }
 
-/// The smallest `engram_layer_weights` this library reads (its 0.1 layout).
-const LAYER_WEIGHTS_MIN_SIZE: usize = size_of::<EngramLayerWeights>();
+/// The smallest `engram_layer_weights` this library reads: its 0.2 layout,
+/// which ends before `table_scales`.
+const LAYER_WEIGHTS_MIN_SIZE: usize = std::mem::offset_of!(EngramLayerWeights, table_scales);
 
 impl Default for EngramLayerWeights {
     fn default() -> Self {
@@ -166,6 +175,7 @@ impl Default for EngramLayerWeights {
             q: std::ptr::null(),
             k: std::ptr::null(),
             qk_type: 0,
+            table_scales: std::ptr::null(),
         }
     }
 }
@@ -283,10 +293,16 @@ pub extern "C" fn engram_set_layer(
             // context borrows them until `engram_free` or the next set).
             unsafe { Region::from_raw(p as usize, None) }
         };
+        // The scale array: for the split fp8 format (NULL refused there), or
+        // set where no format takes one (refused, naming it).
+        let split = w.table_type == crate::formats::EngramType::Fp8E4m3E8m0Split as u32;
+        let scales = (split || !w.table_scales.is_null())
+            .then(|| TableSource::Memory(region(w.table_scales)));
         c.set_layer(LayerIn {
             layer_id: w.layer_id,
             table: TableIn {
                 source: TableSource::Memory(region(w.table)),
+                scales,
                 ty: w.table_type,
                 rows: w.table_rows,
             },

@@ -1,10 +1,12 @@
-//! A context straight from a GGUF file.
+//! A context straight from a GGUF file (any dialect, split sets).
 
 use super::boundary::{give_object, non_null, path_arg, read_options, write_options};
 use super::context::EngramContext;
 use crate::backend::EngramBackend;
 use crate::batch::Limits;
-use crate::error::{bail, EngramStatus};
+use crate::error::{bail, EngramStatus, Result};
+use crate::gguf::{GgufOptions, LoadOptions, LoadedModel};
+use crate::tables::{EngramTables, TokenMap};
 use std::ffi::c_char;
 
 /// Options of `engram_create_from_gguf`. Fill with `engram_gguf_options_init`.
@@ -28,17 +30,31 @@ pub struct EngramGgufOptions {
     pub n_threads: u32,
     /// For a file without the hash constants: the model's `config.json` and
     /// `tokenizer.json` to derive them from (NULL otherwise). When given, they
-    /// must agree with any constants the file has.
+    /// must agree with any constants the file has. `tokenizer_json` may come
+    /// alone for a file that carries the engram config keys but no constants
+    /// (deepstrix); `config_json` never comes alone.
     pub config_json: *const c_char,
     pub tokenizer_json: *const c_char,
-    /// 0 (default): table rows are read with `pread` on the file, so an I/O
-    /// error is `ENGRAM_STATUS_ERR_IO`; 1: read from the mapping (a file
-    /// truncated while mapped then raises SIGBUS).
+    /// 0 (default): nothing is mapped: the headers, `wkv`, `q` and `k` are
+    /// read with `pread` into memory the context owns (the bytes of every
+    /// layer's `wkv`, `q` and `k` as stored: 315 MB per layer for the released
+    /// model in bf16), and table rows are read with `pread` when gathered, so
+    /// a file cut short is `ENGRAM_STATUS_ERR_IO`, never a signal. 1: the files
+    /// are mapped and read in place (no copy; a file truncated while mapped
+    /// raises SIGBUS).
     pub mmap_tables: u32,
+    /// For a file whose tables live outside it (deepstrix's
+    /// `deepseek4.engram.table_shards`, a shard path and offsets): the
+    /// directory holding the checkpoint's safetensors shards (the recorded
+    /// file names are kept; a `tokenizer.json` there also completes a file
+    /// without hash constants). NULL: the recorded path, then the GGUF file's
+    /// directory. (A struct from a 0.2 header ends before this field.)
+    pub tables_dir: *const c_char,
 }
 
-/// The smallest `engram_gguf_options` this library reads (its 0.1 layout).
-const GGUF_OPTIONS_MIN_SIZE: usize = size_of::<EngramGgufOptions>();
+/// The smallest `engram_gguf_options` this library reads: its 0.2 layout,
+/// which ends before `tables_dir`.
+const GGUF_OPTIONS_MIN_SIZE: usize = std::mem::offset_of!(EngramGgufOptions, tables_dir);
 
 impl Default for EngramGgufOptions {
     fn default() -> Self {
@@ -54,30 +70,46 @@ impl Default for EngramGgufOptions {
             config_json: std::ptr::null(),
             tokenizer_json: std::ptr::null(),
             mmap_tables: 0,
+            tables_dir: std::ptr::null(),
         }
     }
 }
 
 /// Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
 /// `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
-/// 131072`, one thread, no config/tokenizer, `pread` tables. NULL is ignored.
+/// 131072`, one thread, no config/tokenizer, `pread` tables, no tables
+/// directory. NULL is ignored.
 /// Call it through the header's `engram_gguf_options_init(o)`.
 #[no_mangle]
 pub extern "C" fn engram_gguf_options_init_sized(o: *mut EngramGgufOptions, struct_size: usize) {
     ffi_boundary!({ write_options(o, EngramGgufOptions::default(), struct_size) })
 }
 
-/// Create a context straight from a GGUF file: the `deepseek41.engram.*`
-/// metadata (hash constants in any of the integer widths seen in the wild;
-/// offsets may be absent) and each engram layer's `blk.{i}.engram_embd`,
-/// `engram_wkv`, `engram_q`, `engram_k` tensors, set as the layers' weights.
-/// The file is mapped for the context's life (freed by `engram_free`). A file
-/// without the hash constants needs `options.config_json` and
-/// `options.tokenizer_json`; without them the call fails naming the missing
-/// keys. Statuses: `ERR_IO` (cannot open or map), `ERR_FORMAT` (not GGUF,
-/// truncated, tensor sizes that disagree with their shapes, missing tensors),
-/// `ERR_UNSUPPORTED` (GGUF version, unknown tensor type), `ERR_INVALID_CONFIG`
-/// (missing or inconsistent hash constants). On failure `*out` is left as it was.
+/// Create a context straight from a GGUF file, in the dialect of any public
+/// DeepSeek-V4.1 converter (the README's table): llama.cpp's
+/// `deepseek41.engram.*` keys (also spelled `deepseek4.engram.*`), ds4,
+/// tarruda, JigSawPT, deepstrix and shard-path-plus-offsets files. The
+/// dialect is recognised from the keys that identify it; hash constants in
+/// any integer width that holds them (a value that does not fit is refused
+/// naming the key), from metadata or tensors; the pad read as the dialect
+/// stores it (a compressed or a raw id; where a key's reading is ambiguous
+/// and the two readings differ, the call is refused naming both values);
+/// tables as ggml rows, 264-byte fp8 rows, or fp8 codes and scales in two
+/// tensors (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`), read in place. A split set
+/// (`PREFIX-0000k-of-0000n.gguf`) is opened from any of its shards; every
+/// shard is opened. Tables outside the file are read from the checkpoint's
+/// shards (`options.tables_dir`) or the call says where they are. Every
+/// layer's tensors and the hash layout are checked against each other
+/// (`engram-inspect` prints the same checks). The context owns what it
+/// opened (freed by `engram_free`). Statuses: `ERR_IO` (a file cannot be
+/// opened or read, is not a regular file, a shard is missing),
+/// `ERR_FORMAT` (not GGUF, truncated, sizes that overflow, a missing or
+/// mistyped key or tensor, constants that disagree with each other or with
+/// the tables), `ERR_UNSUPPORTED` (GGUF version, a tensor type this build
+/// does not read), `ERR_INVALID_CONFIG` (missing hash constants without
+/// config + tokenizer, companion files that disagree, an ambiguous pad),
+/// `ERR_INVALID_DATA` (an fp8 or f16 weight holding NaN). On failure `*out`
+/// is left as it was.
 ///
 /// `path` must be NULL or a NUL-terminated path; `options` NULL or filled by
 /// `engram_gguf_options_init`; `out` NULL or writable.
@@ -103,19 +135,20 @@ pub extern "C" fn engram_create_from_gguf(
                 o.backend
             );
         }
-        let companion = match (o.config_json.is_null(), o.tokenizer_json.is_null()) {
-            (true, true) => None,
-            (false, false) => Some(crate::tables::EngramTables::from_files(
-                path_arg(o.config_json, "options.config_json")?,
-                path_arg(o.tokenizer_json, "options.tokenizer_json")?,
-            )?),
-            _ => bail!(
-                ErrInvalidArgument,
-                "options.config_json and options.tokenizer_json go together: set both or neither"
-            ),
+        let (companion, tokenizer) = companions(o.config_json, o.tokenizer_json)?;
+        let tables_dir = if o.tables_dir.is_null() {
+            None
+        } else {
+            Some(path_arg(o.tables_dir, "options.tables_dir")?)
         };
-        let model = Box::new(crate::gguf::GgufModel::open(p, companion.as_ref())?);
-        let opts = crate::gguf::GgufOptions {
+        let lo = LoadOptions {
+            mmap: o.mmap_tables != 0,
+            companion: companion.as_ref(),
+            tokenizer: tokenizer.as_ref(),
+            tables_dir,
+        };
+        let model = Box::new(LoadedModel::open(p, &lo)?);
+        let opts = GgufOptions {
             limits: Limits {
                 max_tokens: o.max_tokens as usize,
                 max_seqs: o.max_seqs as usize,
@@ -125,20 +158,58 @@ pub extern "C" fn engram_create_from_gguf(
             backend: o.backend,
             device: o.device,
             eps: o.eps,
-            mmap_tables: o.mmap_tables != 0,
         };
-        // SAFETY: the context borrows the mapping inside `model`, a heap
-        // allocation that does not move when the box does; the EngramContext
-        // owns the box and drops it after the context (field order).
-        let m: &'static crate::gguf::GgufModel = unsafe { &*(model.as_ref() as *const _) };
-        let inner = m.context(&opts)?;
-        give_object(
-            out,
-            EngramContext {
-                inner,
-                _owner: Some(model),
-            },
-        );
-        Ok(())
+        give_context(out, model, &opts)
     })
+}
+
+/// The companion files of a loader: config + tokenizer (both), a tokenizer
+/// alone, or neither.
+pub(crate) fn companions(
+    config_json: *const c_char,
+    tokenizer_json: *const c_char,
+) -> Result<(Option<EngramTables>, Option<TokenMap>)> {
+    match (config_json.is_null(), tokenizer_json.is_null()) {
+        (true, true) => Ok((None, None)),
+        (false, false) => Ok((
+            Some(EngramTables::from_files(
+                path_arg(config_json, "options.config_json")?,
+                path_arg(tokenizer_json, "options.tokenizer_json")?,
+            )?),
+            None,
+        )),
+        (true, false) => {
+            let tok = crate::tables::tokenizer::load(path_arg(
+                tokenizer_json,
+                "options.tokenizer_json",
+            )?)?;
+            Ok((None, Some(crate::tables::tokenizer::token_map(&tok)?)))
+        }
+        (false, true) => bail!(
+            ErrInvalidArgument,
+            "options.config_json needs options.tokenizer_json (the token map comes from the tokenizer): set both, \
+             the tokenizer alone, or neither"
+        ),
+    }
+}
+
+/// A context over `model` (owned by the context from now on) into `*out`.
+pub(crate) fn give_context(
+    out: *mut *mut EngramContext,
+    model: Box<LoadedModel>,
+    opts: &GgufOptions,
+) -> Result<()> {
+    // SAFETY: the context borrows the model inside `model`, a heap allocation
+    // that does not move when the box does; the EngramContext owns the box and
+    // drops it after the context (field order).
+    let m: &'static LoadedModel = unsafe { &*(model.as_ref() as *const _) };
+    let inner = m.context(opts)?;
+    give_object(
+        out,
+        EngramContext {
+            inner,
+            _owner: Some(model),
+        },
+    );
+    Ok(())
 }

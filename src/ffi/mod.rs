@@ -8,15 +8,18 @@
 //!   of the ABI).
 //! - [`context`]: contexts, layers, hashing, apply, read-back.
 //! - [`tables`]: hash tables from `config.json` + `tokenizer.json`.
-//! - [`gguf`]: a context straight from a GGUF file.
+//! - [`gguf`]: a context straight from a GGUF file (any dialect, split sets).
+//! - [`safetensors`]: a context straight from the released checkpoint.
 
 #[macro_use]
 pub mod boundary;
 pub mod context;
 pub mod gguf;
+pub mod safetensors;
 pub mod tables;
 
 pub use boundary::{engram_last_error, engram_status_str, engram_version};
 pub use context::*;
 pub use gguf::*;
+pub use safetensors::*;
 pub use tables::*;

@@ -44,19 +44,20 @@ pub fn e8m0_to_f32(code: u8) -> Option<f32> {
     }
 }
 
-/// One fp8 row: codes then one e8m0 scale per 32 values; `conv` turns each
-/// exact f32 value into the output element, `finite` says whether an output
-/// element is a finite number. Errors come in element order: a NaN scale at
-/// its block's first element, then per element a NaN code or a value that is
-/// not finite.
+/// One fp8 row: `codes`, and one e8m0 scale per 32 values in `scales` (the
+/// packed format's row split after its codes, or the split format's two
+/// arrays); `conv` turns each exact f32 value into the output element,
+/// `finite` says whether an output element is a finite number. Errors come
+/// in element order: a NaN scale at its block's first element, then per
+/// element a NaN code or a value that is not finite.
 #[inline]
 pub(super) fn row<T: Copy>(
-    row: &[u8],
+    codes: &[u8],
+    scales: &[u8],
     out: &mut [T],
     conv: impl Fn(f32) -> T,
     finite: impl Fn(T) -> bool,
 ) -> std::result::Result<(), RowDataError> {
-    let (codes, scales) = row.split_at(out.len());
     let table = e4m3_table();
     for (bi, (&sc, (ob, cb))) in scales
         .iter()

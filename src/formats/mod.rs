@@ -71,6 +71,12 @@ pub enum EngramType {
     /// DeepSeek's released checkpoint: per row, `Hd` fp8 e4m3 codes followed by
     /// `Hd / 32` e8m0 scale codes (one per 32 values); 264 bytes for `Hd = 256`.
     Fp8E4m3E8m0 = 1000,
+    /// The same values with codes and scales in two arrays, as the released
+    /// checkpoint stores them (`embed.weight` `[rows, Hd]` e4m3 and
+    /// `embed.scale` `[rows, Hd/32]` e8m0): the table holds `Hd` code bytes
+    /// per row, `table_scales` `Hd / 32` scale bytes per row. Dequantises bit
+    /// for bit as the packed format (`ENGRAM_TYPE_FP8_E4M3_E8M0`).
+    Fp8E4m3E8m0Split = 1001,
 }
 
 /// `(ggml_type, name, values per block, bytes per block)` of every ggml type
@@ -121,7 +127,7 @@ pub fn ggml_block(t: u32) -> Option<(usize, usize)> {
 }
 
 impl EngramType {
-    pub(crate) const ALL: [EngramType; 11] = [
+    pub(crate) const ALL: [EngramType; 12] = [
         EngramType::F32,
         EngramType::F16,
         EngramType::Q4_0,
@@ -133,6 +139,7 @@ impl EngramType {
         EngramType::Q6_K,
         EngramType::Bf16,
         EngramType::Fp8E4m3E8m0,
+        EngramType::Fp8E4m3E8m0Split,
     ];
 
     pub fn from_u32(v: u32) -> Option<EngramType> {
@@ -142,6 +149,7 @@ impl EngramType {
     pub fn name(self) -> &'static str {
         match self {
             EngramType::Fp8E4m3E8m0 => "fp8_e4m3_e8m0",
+            EngramType::Fp8E4m3E8m0Split => "fp8_e4m3_e8m0_split",
             t => GGML_BLOCKS
                 .iter()
                 .find(|e| e.0 == t as u32)
@@ -156,7 +164,7 @@ impl EngramType {
         let Some(f) = EngramType::from_u32(ty) else {
             bail!(ErrUnsupported, "unknown table format {ty}");
         };
-        if f == EngramType::Fp8E4m3E8m0 && !width.is_multiple_of(FP8_SCALE_BLOCK) {
+        if f.is_fp8() && !width.is_multiple_of(FP8_SCALE_BLOCK) {
             bail!(
                 ErrUnsupported,
                 "fp8 rows need a width that is a multiple of {FP8_SCALE_BLOCK}, got {width}"
@@ -179,8 +187,23 @@ impl EngramType {
     /// element formats and for fp8 (whose scales follow the row's codes).
     pub fn block(self) -> Option<(usize, usize)> {
         match self {
-            EngramType::Fp8E4m3E8m0 => None,
+            EngramType::Fp8E4m3E8m0 | EngramType::Fp8E4m3E8m0Split => None,
             t => ggml_block(t as u32).filter(|&(v, _)| v > 1),
+        }
+    }
+
+    /// Whether this is one of the fp8 row formats (packed or split).
+    pub fn is_fp8(self) -> bool {
+        matches!(self, EngramType::Fp8E4m3E8m0 | EngramType::Fp8E4m3E8m0Split)
+    }
+
+    /// Bytes per row of a table's arrays: `(table, Some(table_scales))` for
+    /// the split fp8 format (`Hd` code bytes, `Hd / 32` scale bytes), `(row
+    /// bytes, None)` for every other format (one array).
+    pub fn planes(self, width: usize) -> (usize, Option<usize>) {
+        match self {
+            EngramType::Fp8E4m3E8m0Split => (width, Some(width / FP8_SCALE_BLOCK)),
+            t => (t.row_bytes(width), None),
         }
     }
 
@@ -190,10 +213,15 @@ impl EngramType {
     }
 
     /// Bytes of one row of `width` values (for block formats `width` must be a
-    /// whole number of blocks, as [`EngramType::row_format`] checks).
+    /// whole number of blocks, as [`EngramType::row_format`] checks). For the
+    /// split fp8 format, the bytes of a row once its codes and scales are put
+    /// side by side (as the packed format holds them; [`EngramType::planes`]
+    /// gives the two arrays' shares).
     pub fn row_bytes(self, width: usize) -> usize {
         match self {
-            EngramType::Fp8E4m3E8m0 => width + width / FP8_SCALE_BLOCK,
+            EngramType::Fp8E4m3E8m0 | EngramType::Fp8E4m3E8m0Split => {
+                width + width / FP8_SCALE_BLOCK
+            }
             t => {
                 let (bl, bb) = ggml_block(t as u32).expect("every EngramType is in GGML_BLOCKS");
                 width / bl * bb
@@ -288,7 +316,10 @@ pub fn dequant_row_f32(
                 *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
             }
         }
-        EngramType::Fp8E4m3E8m0 => return fp8::row(row, out, |x| x, |x| x.is_finite()),
+        EngramType::Fp8E4m3E8m0 | EngramType::Fp8E4m3E8m0Split => {
+            let (codes, scales) = row.split_at(w);
+            return fp8::row(codes, scales, out, |x| x, |x| x.is_finite());
+        }
         _ => {
             let (bl, bb) = fmt.block().expect("block format");
             for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(bl)) {
@@ -328,8 +359,9 @@ pub fn dequant_row_bf16(
         }
         // e4m3 times a power of two: exact in f32; the bf16 rounding only
         // matters where the product leaves bf16's normal range.
-        EngramType::Fp8E4m3E8m0 => {
-            return fp8::row(row, out, f32_to_bf16, |b| b & 0x7F80 != 0x7F80)
+        EngramType::Fp8E4m3E8m0 | EngramType::Fp8E4m3E8m0Split => {
+            let (codes, scales) = row.split_at(w);
+            return fp8_split_bf16(codes, scales, out);
         }
         _ => {
             let (bl, bb) = fmt.block().expect("block format");
@@ -343,6 +375,27 @@ pub fn dequant_row_bf16(
         }
     }
     first_non_finite_bf16(out)
+}
+
+/// Dequantise one fp8 row held in two arrays (`out.len()` e4m3 codes, one
+/// e8m0 scale per 32 of them) to bf16 bit patterns: bit for bit what
+/// [`dequant_row_bf16`] gives for the packed row `codes ++ scales`, errors
+/// included (in element order).
+pub fn fp8_split_bf16(
+    codes: &[u8],
+    scales: &[u8],
+    out: &mut [u16],
+) -> std::result::Result<(), RowDataError> {
+    assert!(
+        codes.len() == out.len()
+            && out.len().is_multiple_of(FP8_SCALE_BLOCK)
+            && scales.len() == out.len() / FP8_SCALE_BLOCK,
+        "fp8 row of {} values: {} codes, {} scales",
+        out.len(),
+        codes.len(),
+        scales.len()
+    );
+    fp8::row(codes, scales, out, f32_to_bf16, |b| b & 0x7F80 != 0x7F80)
 }
 
 /// The size checks shared by the row dequantisers (cheap next to a row's work;

@@ -68,7 +68,7 @@ impl WeightFormat {
                 })?;
                 Ok(WeightFormat::Quant(f))
             }
-            EngramType::F16 | EngramType::Fp8E4m3E8m0 => bail!(
+            EngramType::F16 | EngramType::Fp8E4m3E8m0 | EngramType::Fp8E4m3E8m0Split => bail!(
                 ErrUnsupported,
                 "{what} dtype {} ({ty}) is not supported (f32, bf16, q8_0, q4_0 or q2_K..q6_K)",
                 t.name()

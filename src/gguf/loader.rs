@@ -1,18 +1,51 @@
-//! A context straight from a mapped GGUF file.
+//! A model loaded from its files (a GGUF file or split set in any dialect, or
+//! the safetensors checkpoint), and contexts over it.
+//!
+//! Two modes ([`LoadOptions::mmap`]):
+//!
+//! - `pread` (`mmap = false`, the C API's default): nothing is mapped. GGUF
+//!   headers and safetensors headers are read with `pread`; `wkv`, `q` and
+//!   `k` are read at load into memory the model owns (allocated fallibly);
+//!   table rows are read with `pread` when they are gathered. A file cut
+//!   short at any time is an `ErrIo` status, never SIGBUS. Cost: the bytes of
+//!   every layer's `wkv`, `q` and `k` as stored (the released V4.1 model:
+//!   315 MB per layer in bf16, 167 MB as q8_0), plus the headers.
+//! - mapped (`mmap = true`): each file is mapped read-only; tables, `wkv`, `q`
+//!   and `k` are read in place (no copy). A file truncated while mapped
+//!   raises SIGBUS in the reading thread: keep model files immutable while
+//!   they are in use, as every mmap-based engine does.
+//!
+//! In both modes a weight the context has no format for is converted once at
+//! load into owned memory: f16 `wkv`/`q`/`k` (ds4) to bf16 where every value
+//! is exact in bf16, else to f32; the checkpoint's fp8 `wkv` with 32x32 block
+//! scales to bf16 (exact). Owned bytes are reported by
+//! [`LoadedModel::owned_bytes`].
+//!
+//! Tables that live outside the GGUF file (deepstrix's `table_shards`, the
+//! "ds4gw" shard path and offsets) are looked for under
+//! [`LoadOptions::tables_dir`] (the checkpoint directory: the recorded file
+//! name is kept), else at the recorded path, else next to the GGUF file; when
+//! none is there the load is refused, saying where the tables are and how to
+//! open them.
 
-use super::meta::EngramModel;
-use super::parser::{fmt_err, Gguf, TensorInfo};
+use super::dialect::{self, Companions, External, TableSpec};
+use super::meta::{Blob, EngramModel, TableBlobs, WeightBlob, WeightSource};
+use super::shards::GgufSet;
 use crate::backend::{LayerIn, TableIn, TableSource};
 use crate::batch::{Geometry, Limits};
 use crate::context::{Context, ContextConfig, Tuning};
 use crate::error::{bail, Error, Result};
-use crate::formats::{EngramType, WeightDtype, WeightFormat};
+use crate::files::{self, AlignedBuf};
+use crate::formats::{bf16_to_f32, e4m3_to_f32, e8m0_to_f32, f32_to_bf16, EngramType};
 use crate::memory::Region;
-use crate::tables::EngramTables;
+use crate::safetensors::StFile;
+use crate::tables::{EngramTables, TokenMap};
 use crate::EngramStatus;
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-/// Options of [`GgufModel::context`] (the C options struct carries the same).
+/// Options of [`LoadedModel::context`] (the C options structs carry the same).
 #[derive(Clone, Debug)]
 pub struct GgufOptions {
     pub limits: Limits,
@@ -20,62 +53,424 @@ pub struct GgufOptions {
     pub backend: u32,
     pub device: i32,
     pub eps: f32,
-    /// Read table rows from the mapping (`true`) instead of with `pread` on
-    /// the file (`false`, the default: I/O errors become `ErrIo`, never SIGBUS).
-    pub mmap_tables: bool,
 }
 
-/// A GGUF file mapped into memory, its header, and its engram model. The
-/// mapping is read-only and private; a context created from it borrows it.
-///
-/// Reading a mapped file that shrinks underneath (another process truncates
-/// it) raises SIGBUS in the reading thread: keep model files immutable while
-/// they are in use, as every mmap-based engine does. Table rows gathered
-/// through `engram_prefetch` on a file-backed table use `pread` and report
-/// `ErrIo` instead.
-pub struct GgufModel {
+/// How to load a model.
+#[derive(Clone, Copy, Default)]
+pub struct LoadOptions<'a> {
+    /// Map the files and read in place (`true`), or read with `pread` into
+    /// owned memory and read table rows with `pread` (`false`).
+    pub mmap: bool,
+    /// Hash tables derived from the model's `config.json` + `tokenizer.json`:
+    /// they complete a file without the hash constants and must agree with
+    /// the constants it has.
+    pub companion: Option<&'a EngramTables>,
+    /// A tokenizer's token map alone: completes a file that carries the
+    /// engram config keys but no constants (deepstrix), and must agree with a
+    /// token map the file has.
+    pub tokenizer: Option<&'a TokenMap>,
+    /// Where tables outside the GGUF file are (the checkpoint directory).
+    pub tables_dir: Option<&'a Path>,
+}
+
+/// A file the model's data is read from, besides the GGUF set.
+struct ExtFile {
+    path: PathBuf,
+    file: Arc<File>,
+    len: u64,
+    map: Option<memmap2::Mmap>,
+}
+
+/// A weight the context reads: in place, or owned (read or converted).
+#[derive(Debug)]
+enum WeightData {
+    InPlace {
+        file: usize,
+        offset: u64,
+        bytes: u64,
+    },
+    Owned(AlignedBuf),
+}
+
+#[derive(Debug)]
+struct LoadedWeight {
+    data: WeightData,
+    /// `EngramType` number of the data.
+    ty: u32,
+}
+
+struct LoadedLayer {
+    wkv: LoadedWeight,
+    q: LoadedWeight,
+    k: LoadedWeight,
+}
+
+/// A model loaded from its files; contexts made by [`LoadedModel::context`]
+/// borrow it.
+pub struct LoadedModel {
+    /// What was opened (the GGUF file given, or the checkpoint directory).
     pub path: PathBuf,
-    pub file: std::sync::Arc<std::fs::File>,
-    map: memmap2::Mmap,
-    pub header: Gguf,
+    pub mmap: bool,
+    /// The GGUF set (files `0..n` of the model's blobs); `None` for a checkpoint.
+    pub gguf: Option<GgufSet>,
+    ext: Vec<ExtFile>,
     pub model: EngramModel,
+    layers: Vec<LoadedLayer>,
 }
 
-impl GgufModel {
-    /// Open, map and parse `path`; `companion` completes missing hash constants.
-    pub fn open(path: &Path, companion: Option<&EngramTables>) -> Result<GgufModel> {
-        let io =
-            |e: std::io::Error| Error::new(EngramStatus::ErrIo, format!("{}: {e}", path.display()));
-        let file = std::fs::File::open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        if !meta.is_file() {
-            bail!(ErrIo, "{}: not a regular file", path.display());
-        }
-        if meta.len() == 0 {
-            bail!(ErrFormat, "{}: empty file, not GGUF", path.display());
-        }
-        // SAFETY: a private read-only mapping; the file must not be truncated
-        // while mapped (documented above).
-        let map = unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(io)?;
+/// A model's files read but not checked ([`LoadedModel::inspect`]).
+pub struct Inspected {
+    pub model: EngramModel,
+    /// The files the model's blobs point into (`Blob::file` indexes them).
+    pub files: Vec<PathBuf>,
+    /// How many of them are GGUF shards (0 for a checkpoint).
+    pub shards: usize,
+}
+
+/// The name a loader's GGUF entry points use; the same type.
+pub type GgufModel = LoadedModel;
+
+impl LoadedModel {
+    /// Open a GGUF file (or the split set it belongs to) in any dialect.
+    pub fn open(path: &Path, o: &LoadOptions<'_>) -> Result<LoadedModel> {
+        let set = GgufSet::open(path, o.mmap)?;
         let at = |e: Error| Error::new(e.status, format!("{}: {}", path.display(), e.message));
-        let header = Gguf::parse(&map).map_err(at)?;
-        let model = EngramModel::from_gguf(&header, companion).map_err(at)?;
-        Ok(GgufModel {
+        Self::from_set(set, path, o).map_err(at)
+    }
+
+    /// A model from GGUF files held in memory (`(file name, bytes)`, the first
+    /// one opened): tests and fuzzing. Tables outside the file are found
+    /// under `o.tables_dir` only.
+    pub fn from_memory(files: Vec<(String, Vec<u8>)>, o: &LoadOptions<'_>) -> Result<LoadedModel> {
+        let path = PathBuf::from(files.first().map_or("", |f| f.0.as_str()));
+        let set = GgufSet::from_memory(files)?;
+        Self::from_set(set, &path, o)
+    }
+
+    fn from_set(set: GgufSet, path: &Path, o: &LoadOptions<'_>) -> Result<LoadedModel> {
+        let (set, ext, model) = Self::resolve(set, path, o)?;
+        model.check()?;
+        let mut m = LoadedModel {
             path: path.to_path_buf(),
-            file: std::sync::Arc::new(file),
-            map,
-            header,
+            mmap: o.mmap,
+            gguf: Some(set),
+            ext,
+            model,
+            layers: Vec::new(),
+        };
+        m.load_weights()?;
+        Ok(m)
+    }
+
+    /// Read a model's files into an [`EngramModel`] without running its
+    /// checks or loading its weights: what `engram-inspect` reports on (it
+    /// prints every check, not only the first that fails). `path` is a GGUF
+    /// file (or a shard of a set) or a checkpoint directory.
+    pub fn inspect(
+        path: &Path,
+        tokenizer_json: Option<&Path>,
+        o: &LoadOptions<'_>,
+    ) -> Result<Inspected> {
+        if path.is_dir() {
+            let ck = crate::safetensors::read(path, tokenizer_json, o.tokenizer)?;
+            return Ok(Inspected {
+                files: ck.files.iter().map(|f| f.path.clone()).collect(),
+                shards: 0,
+                model: ck.model,
+            });
+        }
+        let set = GgufSet::open(path, o.mmap)?;
+        let at = |e: Error| Error::new(e.status, format!("{}: {}", path.display(), e.message));
+        let (set, ext, model) = Self::resolve(set, path, o).map_err(at)?;
+        let mut files: Vec<PathBuf> = set.shards.iter().map(|s| s.path.clone()).collect();
+        files.extend(ext.iter().map(|f| f.path.clone()));
+        Ok(Inspected {
+            shards: set.shards.len(),
+            files,
             model,
         })
     }
 
-    /// A tensor's data.
-    pub fn data(&self, t: &TensorInfo) -> &[u8] {
-        let n = t.bytes.expect("sized tensor") as usize;
-        &self.map[t.offset as usize..t.offset as usize + n]
+    /// The dialect read, tables outside the file found, the model completed.
+    fn resolve(
+        set: GgufSet,
+        path: &Path,
+        o: &LoadOptions<'_>,
+    ) -> Result<(GgufSet, Vec<ExtFile>, EngramModel)> {
+        let partial = dialect::read(&set)?;
+        let n_shards = set.shards.len();
+        let mut ext: Vec<ExtFile> = Vec::new();
+        let gguf_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        // Tables: in the file, or resolved outside it.
+        let mut tables = Vec::with_capacity(partial.layers.len());
+        for l in &partial.layers {
+            tables.push(match &l.table {
+                TableSpec::InFile(t) => t.clone(),
+                TableSpec::External(x) => {
+                    let p = find_external(x, o.tables_dir, &gguf_dir)?;
+                    let fi = match ext.iter().position(|f| f.path == p) {
+                        Some(i) => i,
+                        None => {
+                            ext.push(ExtFile::open(&p, o.mmap)?);
+                            ext.len() - 1
+                        }
+                    };
+                    external_table(
+                        x,
+                        &ext[fi],
+                        n_shards + fi,
+                        partial.hd.as_ref().map(|h| h.value),
+                    )?
+                }
+            });
+        }
+        // A file without constants: a tokenizer.json in tables_dir completes it.
+        let mut local_tm = None;
+        let has_consts = partial.multipliers.is_some() || partial.token_map.is_some();
+        if !has_consts && o.companion.is_none() && o.tokenizer.is_none() {
+            if let Some(d) = o.tables_dir {
+                let p = d.join("tokenizer.json");
+                if p.exists() {
+                    let tok = crate::tables::tokenizer::load(&p)?;
+                    local_tm = Some(crate::tables::tokenizer::token_map(&tok)?);
+                }
+            }
+        }
+        let comp = Companions {
+            tables: o.companion,
+            token_map: o.tokenizer.or(local_tm.as_ref()),
+        };
+        let model = partial.finish(tables, comp)?;
+        Ok((set, ext, model))
     }
 
-    /// A context over this file's engram layers (weights borrowed from the mapping).
+    /// Open the released checkpoint's directory (`config.json`, the index and
+    /// the shards with the engram tensors). The hash constants are derived
+    /// from the config and `o.tokenizer` (else `tokenizer_json`, else the
+    /// directory's `tokenizer.json`).
+    pub fn open_checkpoint(
+        dir: &Path,
+        tokenizer_json: Option<&Path>,
+        o: &LoadOptions<'_>,
+    ) -> Result<LoadedModel> {
+        let ck = crate::safetensors::open(dir, tokenizer_json, o.tokenizer)?;
+        let mut ext = Vec::with_capacity(ck.files.len());
+        for f in ck.files {
+            ext.push(ExtFile::from_st(f, o.mmap)?);
+        }
+        let mut m = LoadedModel {
+            path: dir.to_path_buf(),
+            mmap: o.mmap,
+            gguf: None,
+            ext,
+            model: ck.model,
+            layers: Vec::new(),
+        };
+        m.load_weights()?;
+        Ok(m)
+    }
+
+    fn n_shards(&self) -> usize {
+        self.gguf.as_ref().map_or(0, |g| g.shards.len())
+    }
+
+    /// The path of file `f` of the model's blobs.
+    pub fn file_path(&self, f: usize) -> PathBuf {
+        let n = self.n_shards();
+        match &self.gguf {
+            Some(g) if f < n => g.shards[f].path.clone(),
+            _ => self.ext[f - n].path.clone(),
+        }
+    }
+
+    /// `len` bytes at `offset` of file `f`, in place (mapped or in memory).
+    fn in_place(&self, f: usize, offset: u64, len: u64) -> Option<&[u8]> {
+        let n = self.n_shards();
+        match &self.gguf {
+            Some(g) if f < n => g.shards[f].in_place(offset, len),
+            _ => {
+                let x = &self.ext[f - n];
+                let m = x.map.as_ref()?;
+                m.get(offset as usize..offset.checked_add(len)? as usize)
+            }
+        }
+    }
+
+    /// The open file `f` (`None` for a GGUF held in memory).
+    fn file(&self, f: usize) -> Option<Arc<File>> {
+        let n = self.n_shards();
+        match &self.gguf {
+            Some(g) if f < n => g.shards[f].file.clone(),
+            _ => Some(self.ext[f - n].file.clone()),
+        }
+    }
+
+    /// A blob's bytes copied into owned memory (`pread`, or from the mapping).
+    fn read_blob(&self, b: &Blob) -> Result<AlignedBuf> {
+        if let Some(s) = self.in_place(b.file, b.offset, b.bytes) {
+            let mut buf = AlignedBuf::zeroed(s.len(), &b.name)?;
+            buf.as_mut_slice().copy_from_slice(s);
+            return Ok(buf);
+        }
+        let n = self.n_shards();
+        match &self.gguf {
+            Some(g) if b.file < n => g.shards[b.file].read(b.offset, b.bytes, &b.name),
+            _ => {
+                let x = &self.ext[b.file - n];
+                if b.offset.checked_add(b.bytes).is_none_or(|e| e > x.len) {
+                    bail!(
+                        ErrFormat,
+                        "{}: {} bytes at {} pass the end of {} ({} bytes)",
+                        b.name,
+                        b.bytes,
+                        b.offset,
+                        x.path.display(),
+                        x.len
+                    );
+                }
+                files::read_range(&x.file, b.offset, b.bytes, &b.name)
+            }
+        }
+    }
+
+    /// Prepare every layer's `wkv`, `q` and `k` for the context.
+    fn load_weights(&mut self) -> Result<()> {
+        let mut layers = Vec::with_capacity(self.model.layers.len());
+        for l in &self.model.layers {
+            let at =
+                |e: Error| Error::new(e.status, format!("layer {}: {}", l.layer_id, e.message));
+            layers.push(LoadedLayer {
+                wkv: self.load_weight(&l.wkv, false).map_err(at)?,
+                // q and k share one type: f16 ones become f32 (both exact).
+                q: self.load_weight(&l.q, true).map_err(at)?,
+                k: self.load_weight(&l.k, true).map_err(at)?,
+            });
+        }
+        self.layers = layers;
+        Ok(())
+    }
+
+    /// One weight as the context reads it; `f16_to_f32`: an f16 weight
+    /// becomes f32 even where bf16 would hold it (q and k, which must share
+    /// one type).
+    fn load_weight(&self, w: &WeightBlob, f16_to_f32: bool) -> Result<LoadedWeight> {
+        let b = &w.blob;
+        match &w.source {
+            WeightSource::Direct(ty) => {
+                let align = match EngramType::from_u32(*ty) {
+                    Some(EngramType::F32) => 4,
+                    Some(EngramType::Bf16) => 2,
+                    _ => 1,
+                };
+                // In place when mapped and aligned for its element type.
+                if self.mmap || self.file(b.file).is_none() {
+                    if let Some(s) = self.in_place(b.file, b.offset, b.bytes) {
+                        if (s.as_ptr() as usize).is_multiple_of(align) {
+                            return Ok(LoadedWeight {
+                                data: WeightData::InPlace {
+                                    file: b.file,
+                                    offset: b.offset,
+                                    bytes: b.bytes,
+                                },
+                                ty: *ty,
+                            });
+                        }
+                    }
+                }
+                Ok(LoadedWeight {
+                    data: WeightData::Owned(self.read_blob(b)?),
+                    ty: *ty,
+                })
+            }
+            WeightSource::F16 => {
+                let raw = self.read_blob(b)?;
+                let (data, ty) = convert_f16(raw.as_slice(), &b.name, f16_to_f32)?;
+                Ok(LoadedWeight {
+                    data: WeightData::Owned(data),
+                    ty,
+                })
+            }
+            WeightSource::Fp8Block { scale, block } => {
+                let codes = self.read_blob(b)?;
+                let scales = self.read_blob(scale)?;
+                let (rows, cols) = (
+                    b.dims.get(1).copied().unwrap_or(1) as usize,
+                    b.dims.first().copied().unwrap_or(1) as usize,
+                );
+                let data = convert_fp8_block(
+                    codes.as_slice(),
+                    scales.as_slice(),
+                    rows,
+                    cols,
+                    *block,
+                    &b.name,
+                    &scale.name,
+                )?;
+                Ok(LoadedWeight {
+                    data: WeightData::Owned(data),
+                    ty: EngramType::Bf16 as u32,
+                })
+            }
+        }
+    }
+
+    /// Host bytes the model owns beyond its files (weights read or
+    /// converted at load, headers read with `pread`).
+    pub fn owned_bytes(&self) -> usize {
+        let w: usize = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wkv, &l.q, &l.k])
+            .map(|w| match &w.data {
+                WeightData::Owned(b) => b.capacity_bytes(),
+                WeightData::InPlace { .. } => 0,
+            })
+            .sum();
+        let h: usize = self.gguf.as_ref().map_or(0, |g| {
+            g.shards
+                .iter()
+                .filter(|s| !s.is_in_place())
+                .map(|s| s.header_bytes().len() + s.header.heap_bytes())
+                .sum()
+        });
+        w + h + self.model.token_map.len() * 4
+    }
+
+    fn weight_region<'a>(&'a self, w: &'a LoadedWeight) -> Result<Region<'a>> {
+        Ok(match &w.data {
+            WeightData::Owned(b) => Region::of(b.as_slice()),
+            WeightData::InPlace {
+                file,
+                offset,
+                bytes,
+            } => Region::of(self.in_place(*file, *offset, *bytes).ok_or_else(|| {
+                Error::new(
+                    EngramStatus::ErrInternal,
+                    "a weight read in place is not mapped",
+                )
+            })?),
+        })
+    }
+
+    /// A table array as the context reads it: in place when mapped (or in
+    /// memory), else from its file with `pread`.
+    fn table_source(&self, b: &Blob) -> Result<TableSource<'_>> {
+        if self.mmap || self.file(b.file).is_none() {
+            if let Some(s) = self.in_place(b.file, b.offset, b.bytes) {
+                return Ok(TableSource::Memory(Region::of(s)));
+            }
+        }
+        match self.file(b.file) {
+            Some(file) => Ok(TableSource::File {
+                file,
+                offset: b.offset,
+            }),
+            None => bail!(ErrInternal, "{}: no file to read the table from", b.name),
+        }
+    }
+
+    /// A context over this model's engram layers (weights borrowed from the
+    /// model).
     pub fn context(&self, o: &GgufOptions) -> Result<Context<'_>> {
         let m = &self.model;
         let cfg = ContextConfig {
@@ -93,7 +488,7 @@ impl GgufModel {
             tuning: Tuning::default(),
         };
         let ctx = Context::new(&cfg)?;
-        for l in &m.layers {
+        for (l, w) in m.layers.iter().zip(&self.layers) {
             let at = |e: Error| {
                 Error::new(
                     e.status,
@@ -105,63 +500,297 @@ impl GgufModel {
                     ),
                 )
             };
-            EngramType::row_format(l.embd.ty, m.hd).map_err(|e| {
-                at(Error::new(
-                    e.status,
-                    format!("{}: {}", l.embd.name, e.message),
-                ))
-            })?;
-            let rows = l.embd.dims.get(1).copied().unwrap_or(1);
-            let kv_in = m.hd * (m.max_ngram - 1) * m.n_heads;
-            let wkv = self.weight(&l.wkv, kv_in, true).map_err(at)?;
-            let q = self.weight(&l.q, m.d, false).map_err(at)?;
-            let k = self.weight(&l.k, m.d, false).map_err(at)?;
-            let source = if o.mmap_tables {
-                TableSource::Memory(Region::of(self.data(&l.embd)))
-            } else {
-                TableSource::File {
-                    file: self.file.clone(),
-                    offset: l.embd.offset,
-                }
+            let t = &l.table;
+            let source = self.table_source(&t.codes).map_err(at)?;
+            let scales = match &t.scales {
+                Some(s) => Some(self.table_source(s).map_err(at)?),
+                None => None,
             };
             ctx.set_layer(LayerIn {
                 layer_id: l.layer_id,
                 table: TableIn {
                     source,
-                    ty: l.embd.ty,
-                    rows,
+                    scales,
+                    ty: t.format as u32,
+                    rows: t.rows,
                 },
-                wkv,
-                wkv_type: l.wkv.ty,
-                q,
-                k,
-                qk_type: l.q.ty,
+                wkv: self.weight_region(&w.wkv).map_err(at)?,
+                wkv_type: w.wkv.ty,
+                q: self.weight_region(&w.q).map_err(at)?,
+                k: self.weight_region(&w.k).map_err(at)?,
+                qk_type: w.q.ty,
             })
-            .map_err(at)?;
+            .map_err(|e| {
+                at(Error::new(
+                    e.status,
+                    format!("{} ({}): {}", t.codes.name, t.format.name(), e.message),
+                ))
+            })?;
         }
         Ok(ctx)
     }
 
-    /// A weight tensor's data as a region, after the checks that name the
-    /// tensor: its type (f32, bf16, or GGUF blocks where `quant_ok`) and the
-    /// alignment its element type needs.
-    fn weight(&self, t: &TensorInfo, row_len: usize, quant_ok: bool) -> Result<Region<'_>> {
-        let fmt = if quant_ok {
-            WeightFormat::new(t.ty, row_len, &t.name)?
-        } else {
-            WeightFormat::Dense(WeightDtype::new(t.ty, &t.name)?)
-        };
-        let data = self.data(t);
-        let align = match fmt {
-            WeightFormat::Dense(d) => d.size(),
-            WeightFormat::Quant(_) => 1,
-        };
-        if !(data.as_ptr() as usize).is_multiple_of(align) {
-            return Err(fmt_err(format!(
-                "tensor {}: data not aligned to {align} bytes",
-                t.name
-            )));
+    /// Layer `li`'s `wkv`, `q` and `k` as the context gets them (type, bytes):
+    /// for tests and tools.
+    pub fn layer_weights(&self, li: usize) -> Result<[(u32, &[u8]); 3]> {
+        let l = &self.layers[li];
+        let mut out = [(0u32, &[][..]); 3];
+        for (o, w) in out.iter_mut().zip([&l.wkv, &l.q, &l.k]) {
+            // SAFETY: a region made from a host slice of this model.
+            *o = (w.ty, unsafe { self.weight_region(w)?.host() });
         }
-        Ok(Region::of(data))
+        Ok(out)
     }
+
+    /// Layer `li`'s table rows `ids`, as the context would gather them
+    /// (bf16): for tools and tests.
+    pub fn table_rows(&self, li: usize, ids: &[u64]) -> Result<Vec<u16>> {
+        let t = &self.model.layers[li].table;
+        let hd = self.model.hd;
+        let (rb, srb) = t.format.planes(hd);
+        let mut out = crate::batch::try_vec(ids.len() * hd, 0u16, "rows")?;
+        for (&id, o) in ids.iter().zip(out.chunks_exact_mut(hd)) {
+            if id >= t.rows {
+                bail!(
+                    ErrInvalidRowId,
+                    "row {id} outside the table's {} rows",
+                    t.rows
+                );
+            }
+            let read = |b: &Blob, n: usize| -> Result<AlignedBuf> {
+                self.read_blob(&Blob {
+                    offset: b.offset + id * n as u64,
+                    bytes: n as u64,
+                    ..b.clone()
+                })
+            };
+            let mut row = read(&t.codes, rb)?.as_slice().to_vec();
+            if let (Some(s), Some(n)) = (&t.scales, srb) {
+                row.extend_from_slice(read(s, n)?.as_slice());
+            }
+            crate::formats::dequant_row_bf16(t.format, &row, o).map_err(|e| {
+                Error::new(
+                    EngramStatus::ErrInvalidData,
+                    format!("{} row {id}: {}", t.codes.name, e.describe()),
+                )
+            })?;
+        }
+        Ok(out)
+    }
+}
+
+impl ExtFile {
+    fn open(path: &Path, mmap: bool) -> Result<ExtFile> {
+        let (file, len) = files::open_regular(path, "table file")?;
+        let map = if mmap {
+            Some(files::map(&file, len, path, "table file")?)
+        } else {
+            None
+        };
+        Ok(ExtFile {
+            path: path.to_path_buf(),
+            file: Arc::new(file),
+            len,
+            map,
+        })
+    }
+
+    fn from_st(f: StFile, mmap: bool) -> Result<ExtFile> {
+        let map = if mmap {
+            Some(files::map(&f.file, f.len, &f.path, "safetensors file")?)
+        } else {
+            None
+        };
+        Ok(ExtFile {
+            path: f.path,
+            file: Arc::new(f.file),
+            len: f.len,
+            map,
+        })
+    }
+}
+
+/// Where a table outside the GGUF file is: `tables_dir` + its recorded file
+/// name, else the recorded path, else the GGUF's directory + the file name.
+fn find_external(x: &External, tables_dir: Option<&Path>, gguf_dir: &Path) -> Result<PathBuf> {
+    let recorded = Path::new(x.recorded());
+    let Some(fname) = recorded.file_name() else {
+        bail!(
+            ErrFormat,
+            "{} is {:?}, not a path to a file",
+            x.key(),
+            x.recorded()
+        );
+    };
+    let mut tried = Vec::new();
+    let cands: Vec<PathBuf> = match tables_dir {
+        Some(d) => vec![d.join(fname)],
+        None => vec![recorded.to_path_buf(), gguf_dir.join(fname)],
+    };
+    for c in cands {
+        if c.is_file() {
+            return Ok(c);
+        }
+        tried.push(c.display().to_string());
+    }
+    let lid = match x {
+        External::Shard { layer_id, .. } | External::Offsets { layer_id, .. } => *layer_id,
+    };
+    bail!(
+        ErrIo,
+        "the engram tables live outside this file: {} names {} for layer {lid}, which is not there \
+         (looked for {}). Set tables_dir (engram_gguf_options.tables_dir) to the directory that holds the \
+         checkpoint's safetensors shards (the file names are kept), or open the checkpoint directory itself \
+         with engram_create_from_safetensors",
+        x.key(),
+        x.recorded(),
+        tried.join(", ")
+    )
+}
+
+/// A table outside the GGUF file, in file `fi` of the model.
+fn external_table(x: &External, f: &ExtFile, fi: usize, hd: Option<u64>) -> Result<TableBlobs> {
+    match x {
+        External::Shard { layer_id, key, .. } => {
+            let h = crate::safetensors::parse_header(&f.file, f.len, &f.path.display().to_string())
+                .map_err(|e| {
+                    Error::new(
+                        e.status,
+                        format!("{key} names {}: {}", f.path.display(), e.message),
+                    )
+                })?;
+            crate::safetensors::embed_table(&h, &f.path.display().to_string(), *layer_id, hd, fi)
+        }
+        External::Offsets {
+            layer_id,
+            weight_key,
+            weight_offset,
+            scale_key,
+            scale_offset,
+            rows,
+            ..
+        } => {
+            let Some(hd) = hd else {
+                bail!(ErrFormat, "no row width for the table of layer {layer_id}");
+            };
+            let plane = |key: &str, off: u64, per_row: u64| -> Result<Blob> {
+                let bytes = rows.checked_mul(per_row).ok_or_else(|| {
+                    Error::new(
+                        EngramStatus::ErrFormat,
+                        format!("{key}: {rows} rows overflow"),
+                    )
+                })?;
+                if off.checked_add(bytes).is_none_or(|e| e > f.len) {
+                    bail!(
+                        ErrFormat,
+                        "{key} = {off}: the {rows} rows of {per_row} bytes there ({bytes} bytes) pass the end of \
+                         {} ({} bytes)",
+                        f.path.display(),
+                        f.len
+                    );
+                }
+                Ok(Blob {
+                    name: key.to_string(),
+                    file: fi,
+                    offset: off,
+                    bytes,
+                    dims: vec![per_row, *rows],
+                })
+            };
+            Ok(TableBlobs {
+                format: EngramType::Fp8E4m3E8m0Split,
+                rows: *rows,
+                codes: plane(weight_key, *weight_offset, hd)?,
+                scales: Some(plane(scale_key, *scale_offset, hd / 32)?),
+            })
+        }
+    }
+}
+
+/// f16 values (little-endian) to bf16 when every one is exact in bf16 (and
+/// `!always_f32`), else to f32: the file's values unchanged, in a format the
+/// context reads.
+fn convert_f16(raw: &[u8], what: &str, always_f32: bool) -> Result<(AlignedBuf, u32)> {
+    let vals = || {
+        raw.chunks_exact(2)
+            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+    };
+    if let Some(i) = vals().position(|v| !v.is_finite()) {
+        bail!(
+            ErrInvalidData,
+            "{what}: element {i} is not a finite number (a NaN or infinity stored in an f16 weight)"
+        );
+    }
+    let exact = !always_f32 && vals().all(|v| bf16_to_f32(f32_to_bf16(v)) == v);
+    if exact {
+        let mut out = AlignedBuf::zeroed(raw.len(), what)?;
+        for (o, v) in out.as_mut_slice().chunks_exact_mut(2).zip(vals()) {
+            o.copy_from_slice(&f32_to_bf16(v).to_le_bytes());
+        }
+        Ok((out, EngramType::Bf16 as u32))
+    } else {
+        let n = raw.len() / 2 * 4;
+        let mut out = AlignedBuf::zeroed(n, what)?;
+        for (o, v) in out.as_mut_slice().chunks_exact_mut(4).zip(vals()) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+        Ok((out, EngramType::F32 as u32))
+    }
+}
+
+/// fp8 e4m3 codes `[rows, cols]` with one e8m0 scale per `block` (rows,
+/// columns) block (`scales` `[ceil(rows/br), ceil(cols/bc)]`) to bf16: each
+/// value `e4m3 * 2^(scale-127)` rounded to nearest-even (exact unless it
+/// leaves bf16's normal range). A NaN code or scale, or a value that is not
+/// finite, is `ErrInvalidData` naming the element.
+pub fn convert_fp8_block(
+    codes: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    (br, bc): (usize, usize),
+    what: &str,
+    scale_what: &str,
+) -> Result<AlignedBuf> {
+    let (sr, sc) = (rows.div_ceil(br), cols.div_ceil(bc));
+    if codes.len() != rows * cols || scales.len() != sr * sc {
+        bail!(
+            ErrFormat,
+            "{what}: {} codes and {} scales for [{rows}, {cols}] in {br}x{bc} blocks",
+            codes.len(),
+            scales.len()
+        );
+    }
+    let mut out = AlignedBuf::zeroed(rows * cols * 2, what)?;
+    let o = out.as_mut_slice();
+    for r in 0..rows {
+        for c in 0..cols {
+            let i = r * cols + c;
+            let s = scales[(r / br) * sc + c / bc];
+            let Some(sv) = e8m0_to_f32(s) else {
+                bail!(
+                    ErrInvalidData,
+                    "{scale_what}: the scale of block ({}, {}) is the e8m0 NaN code 255",
+                    r / br,
+                    c / bc
+                );
+            };
+            let code = codes[i];
+            if code & 0x7F == 0x7F {
+                bail!(
+                    ErrInvalidData,
+                    "{what}: element [{r}, {c}] is an e4m3 NaN code"
+                );
+            }
+            let b = f32_to_bf16(e4m3_to_f32(code) * sv);
+            if b & 0x7F80 == 0x7F80 {
+                bail!(
+                    ErrInvalidData,
+                    "{what}: element [{r}, {c}] is not finite once scaled (scale code {s})"
+                );
+            }
+            o[2 * i..2 * i + 2].copy_from_slice(&b.to_le_bytes());
+        }
+    }
+    Ok(out)
 }

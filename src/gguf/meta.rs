@@ -1,34 +1,150 @@
-//! The engram metadata of a GGUF file (`{arch}.engram.*`, SPEC section 3) and
-//! each engram layer's tensors, completed from a config.json + tokenizer.json
-//! where the file lacks the hash constants.
+//! The one description of an engram model that every loader fills
+//! ([`EngramModel`]): the dialect it was read from, the geometry, the hash
+//! constants (with the name of the key or tensor each came from), the pad and
+//! how it was read, and where each layer's table, `wkv`, `q` and `k` are
+//! ([`Blob`]s in the loader's files). [`validate`] checks the hash layout
+//! against itself and the tables; the loaders refuse a model that fails a
+//! check, and `engram-inspect` prints every check.
 
-use super::parser::{
-    fmt_err, vt_name, Gguf, TensorInfo, Value, VT_BOOL, VT_I16, VT_I32, VT_I64, VT_I8, VT_U16,
-    VT_U32, VT_U64, VT_U8,
-};
-use crate::error::{bail, Result};
-use crate::hash::{derive_offsets, HashTablesIn};
-use crate::tables::EngramTables;
+use crate::error::{Error, Result};
+use crate::formats::EngramType;
+use crate::hash::{is_prime, HashTablesIn};
+use crate::EngramStatus;
 
-/// The hash-constant keys (after the `{arch}.engram.` prefix) that published
-/// files have been seen without.
-const HASH_KEYS: [&str; 5] = ["multipliers", "primes", "offsets", "token_map", "pad_id"];
-
-/// One engram layer's tensors in a GGUF file.
-#[derive(Clone, Debug)]
-pub struct EngramTensors {
-    pub layer_id: u32,
-    pub embd: TensorInfo,
-    pub wkv: TensorInfo,
-    pub q: TensorInfo,
-    pub k: TensorInfo,
+/// The file dialects this library reads (`tests/golden/DIALECTS.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// llama.cpp PR 28696 / ik_llama.cpp (`{arch}.engram.{layer_ids, head_count, key_length, ...}`).
+    Vcruz305,
+    /// The same keys spelled `deepseek4.engram.*` on a `deepseek41` file (early converter).
+    Vcruz305Prefix,
+    /// antirez/ds4 (`deepseek41.engram.encoding`, 264-byte fp8 rows).
+    Ds4,
+    /// tarruda/llama.cpp (`deepseek41.engram.layers`, codes + scale tensors).
+    Tarruda,
+    /// JigSawPT/llama.cpp (flat `deepseek41.engram_*` keys, constants as tensors).
+    JigSawPT,
+    /// XMPPwocky/deepstrix (arch `deepseek4`, tables in the checkpoint's shards).
+    Deepstrix,
+    /// Shard path + byte offsets (`deepseek4.engram.{i}.table_path`), as read
+    /// by JLFN/ds4-dfm-rs; no writer found (unverified).
+    Ds4gw,
+    /// The released safetensors checkpoint (a directory).
+    Checkpoint,
 }
 
-/// Everything a context needs from a GGUF file (and a companion config +
-/// tokenizer where the file lacks the hash constants).
+impl Dialect {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Vcruz305 => "vcruz305",
+            Dialect::Vcruz305Prefix => "vcruz305 (deepseek4. key prefix)",
+            Dialect::Ds4 => "ds4",
+            Dialect::Tarruda => "tarruda",
+            Dialect::JigSawPT => "jigsawpt",
+            Dialect::Deepstrix => "deepstrix",
+            Dialect::Ds4gw => "ds4gw",
+            Dialect::Checkpoint => "safetensors checkpoint",
+        }
+    }
+}
+
+/// How a dialect's pad key is to be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PadReading {
+    /// Already a compressed id.
+    Compressed,
+    /// A raw token id, mapped through the token map.
+    Raw,
+    /// The dialect does not say: used only where both readings agree, or a
+    /// config + tokenizer decide.
+    Ambiguous,
+}
+
+/// The pad as the model's source stores it, and what it came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PadInfo {
+    /// The key it was read from.
+    pub key: String,
+    pub stored: u64,
+    pub reading: PadReading,
+    /// The compressed pad the hash uses.
+    pub compressed: i64,
+    /// How the reading was settled, for a report.
+    pub how: String,
+}
+
+/// A run of bytes in one of the loader's files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blob {
+    /// The tensor's name (or the key that located it).
+    pub name: String,
+    /// Index of the file in the loader's file list.
+    pub file: usize,
+    /// Absolute byte offset in that file.
+    pub offset: u64,
+    pub bytes: u64,
+    /// Shape, innermost first (ggml order).
+    pub dims: Vec<u64>,
+}
+
+/// A layer's table: `rows` rows of `format`; `scales` for the split fp8 format.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableBlobs {
+    pub format: EngramType,
+    pub rows: u64,
+    pub codes: Blob,
+    pub scales: Option<Blob>,
+}
+
+/// How a weight is stored in its file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WeightSource {
+    /// A type the context reads as is (`EngramType` number: f32, bf16, or a
+    /// GGUF block format for `wkv`).
+    Direct(u32),
+    /// f16 values: converted at load to bf16 where every value is exact in
+    /// bf16, else to f32 (the context has no f16 weight format).
+    F16,
+    /// fp8 e4m3 codes with one e8m0 scale per `block` (rows, columns) block
+    /// in `scale` (the checkpoint's `wkv.weight` + `wkv.scale`): converted at
+    /// load to bf16 (exact for every finite code and scale the checkpoint uses).
+    Fp8Block { scale: Blob, block: (usize, usize) },
+}
+
+/// A weight matrix `[rows, cols]` (row-major; `cols` contiguous).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightBlob {
+    pub blob: Blob,
+    pub source: WeightSource,
+}
+
+/// One engram layer's data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngramTensors {
+    pub layer_id: u32,
+    pub table: TableBlobs,
+    pub wkv: WeightBlob,
+    pub q: WeightBlob,
+    pub k: WeightBlob,
+}
+
+/// Where each hash constant came from (key or tensor names), for messages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Keys {
+    pub layer_ids: String,
+    pub multipliers: String,
+    pub primes: String,
+    pub offsets: String,
+    pub token_map: String,
+    /// The key of the rows per layer, where the source states them.
+    pub rows: Option<String>,
+    pub compressed_vocab: Option<String>,
+}
+
+/// Everything a context needs from a model's files.
 #[derive(Clone, Debug)]
 pub struct EngramModel {
-    pub prefix: String,
+    pub dialect: Dialect,
     pub d: usize,
     pub hc: usize,
     pub hd: usize,
@@ -36,369 +152,34 @@ pub struct EngramModel {
     pub max_ngram: usize,
     pub n_heads: usize,
     pub token_map: Vec<i32>,
+    /// The compressed pad (`pad.compressed`).
     pub pad_id: i64,
+    pub pad: PadInfo,
     pub multipliers: Vec<u64>,
     pub primes: Vec<u64>,
     pub offsets: Vec<u64>,
-    /// Where the hash constants came from: `"gguf"` or `"config+tokenizer"`.
+    /// Whether the offsets were stored (`false`: derived as prefix sums).
+    pub offsets_stored: bool,
+    /// Rows per layer the source states (checked against the primes and tables).
+    pub stated_rows: Option<Vec<u64>>,
+    /// The compressed vocabulary the source states (checked against the map).
+    pub compressed_vocab: Option<u64>,
+    /// Where the hash constants came from: `"gguf"`, `"gguf tensors"`,
+    /// `"config+tokenizer"`, ...
     pub hash_source: &'static str,
+    pub keys: Keys,
     pub layers: Vec<EngramTensors>,
 }
 
-fn ints(g: &Gguf, key: &str, allowed: &[u32]) -> Result<Option<Vec<i128>>> {
-    let Some(kv) = g.get(key) else {
-        return Ok(None);
-    };
-    let names = || {
-        allowed
-            .iter()
-            .map(|&t| vt_name(t))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    match &kv.value {
-        Value::Array(et, items) if allowed.contains(et) => Ok(Some(
-            items
-                .iter()
-                .map(|v| match v {
-                    Value::Int(x) => *x,
-                    _ => unreachable!("integer element types hold integers"),
-                })
-                .collect(),
-        )),
-        Value::Array(et, _) => bail!(
-            ErrFormat,
-            "{key} is an array of {}, expected one of {}",
-            vt_name(*et),
-            names()
-        ),
-        _ => bail!(
-            ErrFormat,
-            "{key} is a {}, expected an array of {}",
-            vt_name(kv.ty),
-            names()
-        ),
-    }
+/// One check of [`validate`]: what was checked, the keys involved, and the
+/// problem found (`None`: it holds).
+#[derive(Clone, Debug)]
+pub struct Check {
+    pub what: &'static str,
+    pub problem: Option<String>,
 }
-
-fn uint(g: &Gguf, key: &str) -> Result<Option<u64>> {
-    let Some(kv) = g.get(key) else {
-        return Ok(None);
-    };
-    match kv.value {
-        Value::Int(x) if (0..=u32::MAX as i128 * 4).contains(&x) && kv.ty != VT_BOOL => {
-            Ok(Some(x as u64))
-        }
-        _ => bail!(
-            ErrFormat,
-            "{key} is {:?} ({}), expected a non-negative integer",
-            kv.value,
-            vt_name(kv.ty)
-        ),
-    }
-}
-
-const INT_TYPES: [u32; 8] = [VT_U8, VT_I8, VT_U16, VT_I16, VT_U32, VT_I32, VT_U64, VT_I64];
 
 impl EngramModel {
-    /// Read the engram metadata and find each layer's tensors. `companion`
-    /// (derived from a config.json + tokenizer.json) supplies the hash constants
-    /// when the file lacks any of them, and must agree with those it has.
-    pub fn from_gguf(g: &Gguf, companion: Option<&EngramTables>) -> Result<EngramModel> {
-        let arch = g.architecture().unwrap_or("deepseek41").to_string();
-        let p = format!("{arch}.engram.");
-        let key = |k: &str| format!("{p}{k}");
-        let cfg = companion.map(|c| &c.config);
-        // Geometry keys: from the file, else from the companion config.
-        let layer_ids: Vec<u32> = match ints(g, &key("layer_ids"), &INT_TYPES)? {
-            Some(v) => v
-                .iter()
-                .map(|&x| {
-                    u32::try_from(x)
-                        .map_err(|_| fmt_err(format!("{}: layer id {x}", key("layer_ids"))))
-                })
-                .collect::<Result<_>>()?,
-            None => match cfg {
-                Some(c) => c.layer_ids.clone(),
-                None => bail!(
-                    ErrFormat,
-                    "{} is missing: not an engram model file?",
-                    key("layer_ids")
-                ),
-            },
-        };
-        let geo = |k: &str, from_cfg: Option<usize>| -> Result<Option<usize>> {
-            Ok(uint(g, &key(k))?.map(|v| v as usize).or(from_cfg))
-        };
-        let n_heads = geo("head_count", cfg.map(|c| c.n_heads))?;
-        let max_ngram = geo("max_ngram_size", cfg.map(|c| c.max_ngram))?;
-        let key_length = geo("key_length", cfg.and_then(|c| c.head_dim))?;
-        let (Some(n_heads), Some(max_ngram)) = (n_heads, max_ngram) else {
-            let missing: Vec<String> = [("head_count", n_heads), ("max_ngram_size", max_ngram)]
-                .iter()
-                .filter(|(_, v)| v.is_none())
-                .map(|(k, _)| key(k))
-                .collect();
-            bail!(
-                ErrFormat,
-                "the file lacks {} and no config.json was given",
-                missing.join(", ")
-            );
-        };
-        if !(2..=64).contains(&max_ngram) || !(1..=1024).contains(&n_heads) {
-            bail!(
-                ErrFormat,
-                "{} = {max_ngram}, {} = {n_heads} out of range",
-                key("max_ngram_size"),
-                key("head_count")
-            );
-        }
-        // The hash constants.
-        let mult = ints(g, &key("multipliers"), &[VT_U64, VT_I64])?;
-        let primes = ints(g, &key("primes"), &[VT_U32, VT_U64, VT_I32, VT_I64])?;
-        let offsets = ints(g, &key("offsets"), &[VT_U32, VT_U64, VT_I32, VT_I64])?;
-        let tmap = ints(g, &key("token_map"), &[VT_I32, VT_U32, VT_I64])?;
-        let pad = match g.get(&key("pad_id")) {
-            None => None,
-            Some(kv) => match kv.value {
-                Value::Int(x) if (0..=i32::MAX as i128).contains(&x) => Some(x as i64),
-                _ => bail!(
-                    ErrFormat,
-                    "{} is {:?}, expected a compressed id",
-                    key("pad_id"),
-                    kv.value
-                ),
-            },
-        };
-        let cols = (max_ngram - 1) * n_heads;
-        let from_file = mult.is_some() && primes.is_some() && tmap.is_some() && pad.is_some();
-        let (token_map, pad_id, multipliers, primes_v, offsets_v, source);
-        if from_file {
-            let mult = mult.unwrap();
-            let pr = primes.unwrap();
-            if pr.iter().any(|&x| x <= 0 || x > i64::MAX as i128) {
-                bail!(
-                    ErrFormat,
-                    "{} holds a value that is not a positive i64",
-                    key("primes")
-                );
-            }
-            multipliers = mult.iter().map(|&x| x as u64).collect::<Vec<u64>>();
-            primes_v = pr.iter().map(|&x| x as u64).collect::<Vec<u64>>();
-            offsets_v = match offsets {
-                Some(o) => {
-                    if o.iter().any(|&x| x < 0 || x > i64::MAX as i128) {
-                        bail!(ErrFormat, "{} holds a negative value", key("offsets"));
-                    }
-                    o.iter().map(|&x| x as u64).collect()
-                }
-                None if primes_v.len() % cols == 0 => derive_offsets(&primes_v, cols),
-                None => bail!(
-                    ErrFormat,
-                    "{} has {} entries, not whole layers of {cols}",
-                    key("primes"),
-                    primes_v.len()
-                ),
-            };
-            // i32, u32 (0xFFFFFFFF is -1) or i64 entries.
-            token_map = tmap
-                .unwrap()
-                .iter()
-                .map(|&x| match x {
-                    -1..=0x7FFF_FFFF => Ok(x as i32),
-                    0xFFFF_FFFF => Ok(-1),
-                    _ => Err(fmt_err(format!(
-                        "{} holds {x}, not a compressed id or -1",
-                        key("token_map")
-                    ))),
-                })
-                .collect::<Result<Vec<i32>>>()?;
-            pad_id = pad.unwrap();
-            source = "gguf";
-            // A config + tokenizer given alongside must describe the same hash.
-            if let Some(c) = companion {
-                let differs: Vec<&str> = [
-                    ("layer_ids", c.config.layer_ids != layer_ids),
-                    ("max_ngram_size", c.config.max_ngram != max_ngram),
-                    ("head_count", c.config.n_heads != n_heads),
-                    ("multipliers", c.multipliers != multipliers),
-                    ("primes", c.primes != primes_v),
-                    ("offsets", c.offsets != offsets_v),
-                    ("token_map", c.token_map != token_map),
-                    ("pad_id", c.pad_id != pad_id),
-                ]
-                .into_iter()
-                .filter(|(_, d)| *d)
-                .map(|(k, _)| k)
-                .collect();
-                if !differs.is_empty() {
-                    bail!(
-                        ErrInvalidConfig,
-                        "the file's {} differ from those derived from the config.json + tokenizer.json given alongside",
-                        differs
-                            .iter()
-                            .map(|k| key(k))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    );
-                }
-            }
-        } else {
-            let missing: Vec<String> = HASH_KEYS
-                .iter()
-                .zip([
-                    mult.is_none(),
-                    primes.is_none(),
-                    offsets.is_none(),
-                    tmap.is_none(),
-                    pad.is_none(),
-                ])
-                .filter(|(_, m)| *m)
-                .map(|(k, _)| key(k))
-                .collect();
-            let Some(c) = companion else {
-                bail!(
-                    ErrInvalidConfig,
-                    "the file lacks the hash constants {}: pass the model's config.json and tokenizer.json to derive them",
-                    missing.join(", ")
-                );
-            };
-            // The companion must describe the same hash as the file.
-            if c.config.layer_ids != layer_ids
-                || c.config.max_ngram != max_ngram
-                || c.config.n_heads != n_heads
-            {
-                bail!(
-                    ErrInvalidConfig,
-                    "config.json describes layers {:?}, N = {}, H = {}; the file has {layer_ids:?}, N = {max_ngram}, H = {n_heads}",
-                    c.config.layer_ids, c.config.max_ngram, c.config.n_heads
-                );
-            }
-            let check = |name: &str, file: &Option<Vec<i128>>, derived: &[u64]| -> Result<()> {
-                if let Some(f) = file {
-                    if f.len() != derived.len()
-                        || f.iter().zip(derived).any(|(&a, &b)| a as u64 != b)
-                    {
-                        bail!(ErrInvalidConfig, "{} in the file differs from the one derived from config.json + tokenizer.json", key(name));
-                    }
-                }
-                Ok(())
-            };
-            check("multipliers", &mult, &c.multipliers)?;
-            check("primes", &primes, &c.primes)?;
-            check("offsets", &offsets, &c.offsets)?;
-            token_map = c.token_map.clone();
-            pad_id = c.pad_id;
-            multipliers = c.multipliers.clone();
-            primes_v = c.primes.clone();
-            offsets_v = c.offsets.clone();
-            source = "config+tokenizer";
-        }
-        // The tensors.
-        let find = |lid: u32, what: &str| -> Result<TensorInfo> {
-            let base = format!("blk.{lid}.{what}");
-            g.tensor(&base)
-                .or_else(|| g.tensor(&format!("{base}.weight")))
-                .cloned()
-                .ok_or_else(|| {
-                    fmt_err(format!(
-                        "the file has no tensor {base} (or {base}.weight) for engram layer {lid}"
-                    ))
-                })
-        };
-        let mut layers = Vec::new();
-        for &lid in &layer_ids {
-            layers.push(EngramTensors {
-                layer_id: lid,
-                embd: find(lid, "engram_embd")?,
-                wkv: find(lid, "engram_wkv")?,
-                q: find(lid, "engram_q")?,
-                k: find(lid, "engram_k")?,
-            });
-        }
-        let first = layers
-            .first()
-            .ok_or_else(|| fmt_err(format!("{} is empty", key("layer_ids"))))?;
-        let dims2 = |t: &TensorInfo| -> Result<(u64, u64)> {
-            if t.dims.iter().skip(2).any(|&d| d != 1) {
-                bail!(
-                    ErrFormat,
-                    "tensor {} has shape {:?}, expected two dimensions",
-                    t.name,
-                    t.dims
-                );
-            }
-            Ok((t.dims[0], t.dims.get(1).copied().unwrap_or(1)))
-        };
-        let (d, hc) = dims2(&first.q)?;
-        let hd = match key_length {
-            Some(h) => h as u64,
-            None => dims2(&first.embd)?.0,
-        };
-        let (d, hc, hd) = (d as usize, hc as usize, hd as usize);
-        for l in &layers {
-            for t in [&l.embd, &l.wkv, &l.q, &l.k] {
-                if t.bytes.is_none() {
-                    bail!(
-                        ErrUnsupported,
-                        "tensor {} has type {}, unknown to this build",
-                        t.name,
-                        t.ty
-                    );
-                }
-            }
-            let want = [
-                (&l.embd, None, Some(hd as u64)),
-                (
-                    &l.wkv,
-                    Some((d * (hc + 1)) as u64),
-                    Some((cols * hd) as u64),
-                ),
-                (&l.q, Some(hc as u64), Some(d as u64)),
-                (&l.k, Some(hc as u64), Some(d as u64)),
-            ];
-            for (t, rows, row_len) in want {
-                let (ne0, ne1) = dims2(t)?;
-                if row_len.is_some_and(|r| r != ne0) || rows.is_some_and(|r| r != ne1) {
-                    bail!(
-                        ErrFormat,
-                        "tensor {} has shape {:?}, expected [{}, {}] (ggml order) for D = {d}, hc = {hc}, Hd = {hd}, C = {cols}",
-                        t.name,
-                        t.dims,
-                        row_len.map_or("rows".into(), |r| r.to_string()),
-                        rows.map_or("rows".into(), |r| r.to_string())
-                    );
-                }
-            }
-            if l.q.ty != l.k.ty {
-                bail!(
-                    ErrFormat,
-                    "{} and {} have different types ({} and {})",
-                    l.q.name,
-                    l.k.name,
-                    l.q.ty,
-                    l.k.ty
-                );
-            }
-        }
-        Ok(EngramModel {
-            prefix: p,
-            d,
-            hc,
-            hd,
-            layer_ids,
-            max_ngram,
-            n_heads,
-            token_map,
-            pad_id,
-            multipliers,
-            primes: primes_v,
-            offsets: offsets_v,
-            hash_source: source,
-            layers,
-        })
-    }
-
     pub fn tables_in(&self) -> HashTablesIn<'_> {
         HashTablesIn {
             layer_ids: &self.layer_ids,
@@ -411,4 +192,179 @@ impl EngramModel {
             offsets: &self.offsets,
         }
     }
+
+    /// Hash columns per token per layer, `C = (N-1)*H`.
+    pub fn cols(&self) -> usize {
+        (self.max_ngram - 1) * self.n_heads
+    }
+
+    /// Rows each layer's hash can address: the sum of its primes.
+    pub fn prime_rows(&self) -> Vec<u64> {
+        self.primes
+            .chunks(self.cols().max(1))
+            .map(|c| c.iter().fold(0u64, |a, &p| a.saturating_add(p)))
+            .collect()
+    }
+
+    /// The first failed check, as an error (`ErrFormat`), or `Ok`.
+    pub fn check(&self) -> Result<()> {
+        match validate(self).into_iter().find_map(|c| c.problem) {
+            None => Ok(()),
+            Some(p) => Err(Error::new(EngramStatus::ErrFormat, p)),
+        }
+    }
+}
+
+/// Every check of the hash layout against itself and the tables, in the
+/// order the loaders apply them (the first failure is what they report).
+/// The lengths of the constants were checked when the model was read.
+pub fn validate(m: &EngramModel) -> Vec<Check> {
+    let cols = m.cols();
+    let k = &m.keys;
+    let mut out = Vec::new();
+    let mut push = |what: &'static str, problem: Option<String>| out.push(Check { what, problem });
+
+    // Every column's bucket lies inside its layer's table.
+    let mut p = None;
+    'cover: for (li, l) in m.layers.iter().enumerate() {
+        for c in 0..cols {
+            let i = li * cols + c;
+            let (o, pr) = (m.offsets[i], m.primes[i]);
+            let end = o.checked_add(pr);
+            if end.is_none_or(|e| e > l.table.rows) {
+                p = Some(format!(
+                    "{}: layer {}'s column {c} covers rows [{o}, {}) of {} (its prime {pr} from {}), \
+                     past the {} rows of {}",
+                    k.offsets,
+                    l.layer_id,
+                    end.map_or("overflow".into(), |e| e.to_string()),
+                    k.offsets,
+                    k.primes,
+                    l.table.rows,
+                    l.table.codes.name
+                ));
+                break 'cover;
+            }
+        }
+    }
+    push("every hash bucket lies inside its table", p);
+
+    // Offsets are the per-layer exclusive prefix sums of the primes.
+    let mut p = None;
+    if m.offsets_stored {
+        'prefix: for (li, (pl, ol)) in m
+            .primes
+            .chunks(cols)
+            .zip(m.offsets.chunks(cols))
+            .enumerate()
+        {
+            let mut acc = 0u64;
+            for (c, (&pr, &o)) in pl.iter().zip(ol).enumerate() {
+                if o != acc {
+                    p = Some(format!(
+                        "{} and {} disagree: layer {}'s column {c} has offset {o}, but the primes before it sum to {acc} \
+                         (offsets are the per-layer prefix sums of the primes)",
+                        k.primes, k.offsets, m.layer_ids[li]
+                    ));
+                    break 'prefix;
+                }
+                acc = acc.saturating_add(pr);
+            }
+        }
+    }
+    push("offsets are the prefix sums of the primes", p);
+
+    // The stated rows per layer equal the sums of the primes.
+    let sums = m.prime_rows();
+    let mut p = None;
+    if let (Some(rows), Some(key)) = (&m.stated_rows, &k.rows) {
+        if let Some(li) = (0..rows.len()).find(|&i| rows[i] != sums[i]) {
+            p = Some(format!(
+                "{key} says layer {} has {} rows, but its primes in {} sum to {}",
+                m.layer_ids[li], rows[li], k.primes, sums[li]
+            ));
+        }
+    }
+    push("rows per layer equal the sums of the primes", p);
+
+    // The tables hold those rows.
+    let mut p = None;
+    for (li, l) in m.layers.iter().enumerate() {
+        let want = m.stated_rows.as_ref().map_or(sums[li], |r| r[li]);
+        let exact = m.stated_rows.is_some();
+        if (exact && l.table.rows != want) || l.table.rows < want {
+            p = Some(format!(
+                "{} has {} rows, but {} says layer {} has {want}",
+                l.table.codes.name,
+                l.table.rows,
+                k.rows.as_deref().unwrap_or(&k.primes),
+                l.layer_id
+            ));
+            break;
+        }
+    }
+    push("each table has its layer's rows", p);
+
+    // Primes: prime, and no two columns share one.
+    let mut p = None;
+    let mut seen = std::collections::HashSet::new();
+    for (i, &pr) in m.primes.iter().enumerate() {
+        let (li, c) = (i / cols, i % cols);
+        if !is_prime(pr) {
+            p = Some(format!(
+                "{}: layer {}'s column {c} has {pr}, which is not prime",
+                k.primes, m.layer_ids[li]
+            ));
+            break;
+        }
+        if !seen.insert(pr) {
+            p = Some(format!(
+                "{}: {pr} appears twice (layer {}'s column {c} repeats an earlier prime; each column takes its own)",
+                k.primes, m.layer_ids[li]
+            ));
+            break;
+        }
+    }
+    push("primes are distinct and prime", p);
+
+    // Multipliers: odd, positive i64 values.
+    let p = m
+        .multipliers
+        .iter()
+        .position(|&x| x % 2 == 0 || x > i64::MAX as u64)
+        .map(|i| {
+            format!(
+                "{}: entry {i} (layer {}, look-back {}) is {}, not an odd positive i64",
+                k.multipliers,
+                m.layer_ids[i / m.max_ngram],
+                i % m.max_ngram,
+                m.multipliers[i]
+            )
+        });
+    push("multipliers are odd", p);
+
+    // The token map's range against the compressed vocabulary.
+    let max = m.token_map.iter().copied().max().unwrap_or(-1);
+    let p = match (m.compressed_vocab, &k.compressed_vocab) {
+        (Some(cv), Some(key)) if max >= 0 && max as u64 >= cv => {
+            let i = m.token_map.iter().position(|&x| x == max).unwrap_or(0);
+            Some(format!(
+                "{}[{i}] = {max}, outside the compressed vocabulary of {key} = {cv}",
+                k.token_map
+            ))
+        }
+        _ => None,
+    };
+    push("the token map stays inside the compressed vocabulary", p);
+
+    // The pad.
+    let p = match (m.compressed_vocab, &k.compressed_vocab) {
+        (Some(cv), Some(key)) if m.pad_id as u64 >= cv => Some(format!(
+            "{} = {} gives the compressed pad {}, outside the compressed vocabulary of {key} = {cv}",
+            m.pad.key, m.pad.stored, m.pad_id
+        )),
+        _ => None,
+    };
+    push("the pad is a compressed id", p);
+    out
 }

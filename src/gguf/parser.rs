@@ -4,9 +4,14 @@
 //! slice could describe (every count is checked against the bytes left before
 //! anything is reserved), so a truncated, corrupt or hostile file gives an
 //! error status, not a crash: `ErrFormat` for a file that is not valid GGUF
-//! (wrong magic, truncated, tensors outside the file or overlapping, metadata
-//! of the wrong type), `ErrUnsupported` for a valid file this build cannot use
-//! (GGUF version other than 2 or 3, big-endian, a tensor type unknown to it).
+//! (wrong magic, truncated, tensors outside the file or overlapping, sizes
+//! that overflow, metadata of the wrong type), `ErrUnsupported` for a valid
+//! file this build cannot use (GGUF version other than 2 or 3, big-endian).
+//!
+//! Metadata arrays are not copied: an [`ArrayRef`] is the element type, the
+//! count and the byte range of the elements in the header, read on demand
+//! (a tokenizer's 20 MB array costs 32 bytes here, not a `Vec` of values).
+//! Every size computed from the file uses checked arithmetic.
 
 use crate::error::{bail, Error, Result};
 use crate::EngramStatus;
@@ -15,7 +20,7 @@ use std::collections::HashMap;
 /// `"GGUF"` as a little-endian u32.
 const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 /// Tensor data alignment when `general.alignment` is absent.
-const DEFAULT_ALIGNMENT: u64 = 32;
+pub(crate) const DEFAULT_ALIGNMENT: u64 = 32;
 /// ggml's `GGML_MAX_DIMS`.
 const MAX_DIMS: usize = 4;
 /// Nesting depth accepted for arrays of arrays.
@@ -56,16 +61,99 @@ pub fn vt_name(t: u32) -> &'static str {
     }
 }
 
+/// Bytes of one element of a fixed-size value type (`None` for strings and arrays).
+fn fixed_size(t: u32) -> Option<usize> {
+    match t {
+        VT_U8 | VT_I8 | VT_BOOL => Some(1),
+        VT_U16 | VT_I16 => Some(2),
+        VT_U32 | VT_I32 | VT_F32 => Some(4),
+        VT_U64 | VT_I64 | VT_F64 => Some(8),
+        _ => None,
+    }
+}
+
+/// Whether `t` is an integer type.
+pub fn is_int_type(t: u32) -> bool {
+    matches!(
+        t,
+        VT_U8 | VT_I8 | VT_U16 | VT_I16 | VT_U32 | VT_I32 | VT_U64 | VT_I64
+    )
+}
+
+/// The value of one little-endian integer of type `t` (an integer type).
+fn int_at(s: &[u8], t: u32) -> i128 {
+    let mut b = [0u8; 16];
+    b[..s.len()].copy_from_slice(s);
+    let signed = matches!(t, VT_I8 | VT_I16 | VT_I32 | VT_I64);
+    if signed && s[s.len() - 1] & 0x80 != 0 {
+        b[s.len()..].fill(0xFF);
+    }
+    i128::from_le_bytes(b)
+}
+
 /// A metadata value. Integers of every width are held as `i128`; the GGUF
-/// type is kept beside them.
+/// type is kept beside them ([`Kv::ty`]). Arrays stay in the header bytes.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     Int(i128),
     Float(f64),
     Bool(bool),
     Str(String),
-    /// Element type and items.
-    Array(u32, Vec<Value>),
+    Array(ArrayRef),
+}
+
+/// An array in the header: its element type, count and the byte range of its
+/// elements (`start..end` in the bytes the header was parsed from). The
+/// parser checked every element (strings' lengths and UTF-8, nested arrays).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArrayRef {
+    pub et: u32,
+    pub len: u64,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl ArrayRef {
+    /// The elements as integers (an integer element type), from the header
+    /// bytes `b` the array was parsed from.
+    pub fn ints<'b>(&self, b: &'b [u8]) -> Option<impl Iterator<Item = i128> + 'b> {
+        let sz = fixed_size(self.et).filter(|_| is_int_type(self.et))?;
+        let et = self.et;
+        Some(
+            b.get(self.start..self.end)?
+                .chunks_exact(sz)
+                .map(move |c| int_at(c, et)),
+        )
+    }
+
+    /// The elements as strings (a string element type).
+    pub fn strs<'b>(&self, b: &'b [u8]) -> Option<impl Iterator<Item = &'b str> + 'b> {
+        if self.et != VT_STRING {
+            return None;
+        }
+        let mut s = b.get(self.start..self.end)?;
+        // The parser checked every string of the array in these bytes; other
+        // bytes end the iteration early instead of panicking.
+        Some(std::iter::from_fn(move || {
+            let n = u64::from_le_bytes(s.get(..8)?.try_into().ok()?);
+            let end = usize::try_from(n).ok()?.checked_add(8)?;
+            let v = std::str::from_utf8(s.get(8..end)?).ok()?;
+            s = &s[end..];
+            Some(v)
+        }))
+    }
+
+    /// Element `i` as a float (f32 or f64 elements).
+    pub fn float_at(&self, b: &[u8], i: usize) -> Option<f64> {
+        let sz = fixed_size(self.et)?;
+        let at = self.start + i.checked_mul(sz)?;
+        let c = b.get(at..at + sz)?;
+        match self.et {
+            VT_F32 => Some(f32::from_le_bytes(c.try_into().ok()?) as f64),
+            VT_F64 => Some(f64::from_le_bytes(c.try_into().ok()?)),
+            _ => None,
+        }
+    }
 }
 
 /// One metadata entry.
@@ -74,6 +162,8 @@ pub struct Kv {
     pub key: String,
     pub ty: u32,
     pub value: Value,
+    /// Offset of the entry's type field in the header (for tools and tests).
+    pub type_at: usize,
 }
 
 /// One tensor's header entry, checked against the file.
@@ -89,6 +179,8 @@ pub struct TensorInfo {
     /// Bytes of data, `None` for a type this build does not know (then only
     /// its offset is checked).
     pub bytes: Option<u64>,
+    /// Offset of the entry's dimension count in the header (for tools and tests).
+    pub entry_at: usize,
 }
 
 impl TensorInfo {
@@ -106,7 +198,10 @@ pub struct Gguf {
     pub alignment: u64,
     /// Absolute offset of the tensor data section.
     pub data_offset: u64,
+    /// Bytes of the header proper (before the padding to `data_offset`).
+    pub header_len: usize,
     index: HashMap<String, usize>,
+    keys: HashMap<String, usize>,
 }
 
 /// `(values per block, bytes per block)` of ggml type `t` ([`crate::formats::GGML_BLOCKS`]).
@@ -114,14 +209,44 @@ pub fn ggml_type_size(t: u32) -> Option<(u64, u64)> {
     crate::formats::ggml_block(t).map(|(v, b)| (v as u64, b as u64))
 }
 
+/// Bytes of a tensor of `dims` (ggml order) of ggml type `ty`: `None` for a
+/// type this build does not know; an `ErrFormat` error for a row that is not
+/// whole blocks or a size that overflows.
+pub fn tensor_bytes(name: &str, dims: &[u64], ty: u32) -> Result<Option<u64>> {
+    let n = dims
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .filter(|&n| n < 1 << 62)
+        .ok_or_else(|| fmt_err(format!("tensor {name}: dimensions {dims:?} overflow")))?;
+    let Some((bl, bb)) = ggml_type_size(ty) else {
+        return Ok(None);
+    };
+    if dims.first().is_some_and(|d| d % bl != 0) {
+        bail!(
+            ErrFormat,
+            "tensor {name}: a row of {} values is not whole blocks of {bl} (type {ty})",
+            dims[0]
+        );
+    }
+    match (n / bl).checked_mul(bb) {
+        Some(b) => Ok(Some(b)),
+        None => bail!(
+            ErrFormat,
+            "tensor {name}: {n} elements of type {ty} ({bb} bytes per {bl}) overflow a 64-bit size"
+        ),
+    }
+}
+
 pub(crate) fn fmt_err(msg: String) -> Error {
     Error::new(EngramStatus::ErrFormat, msg)
 }
 
-/// A cursor over the header bytes; every read is checked.
+/// A cursor over the header bytes; every read is checked. `truncated` is
+/// set when a read needed bytes past the slice (more of the file may hold them).
 struct Cur<'a> {
     b: &'a [u8],
     pos: usize,
+    truncated: bool,
 }
 
 impl<'a> Cur<'a> {
@@ -129,14 +254,20 @@ impl<'a> Cur<'a> {
         self.b.len() - self.pos
     }
 
+    fn short(&mut self, msg: String) -> Error {
+        self.truncated = true;
+        fmt_err(msg)
+    }
+
     fn take(&mut self, n: usize, what: &dyn Fn() -> String) -> Result<&'a [u8]> {
         if n > self.left() {
-            return Err(fmt_err(format!(
+            let msg = format!(
                 "truncated GGUF header: {} needs {n} bytes at offset {}, the file has {} left",
                 what(),
                 self.pos,
                 self.left()
-            )));
+            );
+            return Err(self.short(msg));
         }
         let s = &self.b[self.pos..self.pos + n];
         self.pos += n;
@@ -145,95 +276,146 @@ impl<'a> Cur<'a> {
 
     fn u32(&mut self, what: &dyn Fn() -> String) -> Result<u32> {
         let s = self.take(4, what)?;
-        Ok(u32::from_le_bytes(s.try_into().unwrap()))
+        Ok(u32::from_le_bytes(s.try_into().expect("4 bytes")))
     }
 
     fn u64(&mut self, what: &dyn Fn() -> String) -> Result<u64> {
         let s = self.take(8, what)?;
-        Ok(u64::from_le_bytes(s.try_into().unwrap()))
+        Ok(u64::from_le_bytes(s.try_into().expect("8 bytes")))
     }
 
-    fn string(&mut self, what: &dyn Fn() -> String) -> Result<String> {
+    /// A string's bytes, checked to be UTF-8.
+    fn str_bytes(&mut self, what: &dyn Fn() -> String) -> Result<&'a str> {
         let n = self.u64(what)?;
         if n > self.left() as u64 {
-            return Err(fmt_err(format!(
+            let msg = format!(
                 "truncated GGUF header: {} is a string of {n} bytes at offset {}, the file has {} left",
                 what(),
                 self.pos,
                 self.left()
-            )));
+            );
+            return Err(self.short(msg));
         }
         let s = self.take(n as usize, what)?;
-        String::from_utf8(s.to_vec()).map_err(|_| fmt_err(format!("{} is not valid UTF-8", what())))
+        std::str::from_utf8(s).map_err(|_| fmt_err(format!("{} is not valid UTF-8", what())))
+    }
+
+    fn string(&mut self, what: &dyn Fn() -> String) -> Result<String> {
+        Ok(self.str_bytes(what)?.to_string())
     }
 
     /// Smallest encoding of one value of type `t` (to bound array counts).
     fn min_size(t: u32) -> usize {
-        match t {
-            VT_U8 | VT_I8 | VT_BOOL => 1,
-            VT_U16 | VT_I16 => 2,
-            VT_U32 | VT_I32 | VT_F32 => 4,
-            VT_U64 | VT_I64 | VT_F64 | VT_STRING => 8,
+        fixed_size(t).unwrap_or(match t {
+            VT_STRING => 8,
             _ => 12, // array: element type + count
-        }
+        })
     }
 
-    fn value(&mut self, t: u32, depth: usize, what: &dyn Fn() -> String) -> Result<Value> {
-        let int = |s: &[u8], signed: bool| -> i128 {
-            let mut b = [0u8; 16];
-            b[..s.len()].copy_from_slice(s);
-            if signed && s[s.len() - 1] & 0x80 != 0 {
-                b[s.len()..].fill(0xFF);
+    /// Skip one element of type `t` (checking it).
+    fn skip(&mut self, t: u32, depth: usize, what: &dyn Fn() -> String) -> Result<()> {
+        match t {
+            VT_STRING => {
+                self.str_bytes(what)?;
             }
-            i128::from_le_bytes(b)
-        };
+            VT_ARRAY => {
+                self.array(depth, what)?;
+            }
+            VT_BOOL => {
+                let b = self.take(1, what)?[0];
+                if b > 1 {
+                    bail!(ErrFormat, "{}: bool value {b}", what());
+                }
+            }
+            t => {
+                let n = fixed_size(t)
+                    .ok_or_else(|| fmt_err(format!("{}: unknown value type {t}", what())))?;
+                self.take(n, what)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn array(&mut self, depth: usize, what: &dyn Fn() -> String) -> Result<ArrayRef> {
+        if depth >= MAX_ARRAY_DEPTH {
+            bail!(
+                ErrFormat,
+                "{}: arrays nested deeper than {MAX_ARRAY_DEPTH}",
+                what()
+            );
+        }
+        let et = self.u32(what)?;
+        if et > VT_F64 {
+            bail!(ErrFormat, "{}: unknown array element type {et}", what());
+        }
+        let n = self.u64(what)?;
+        if n > (self.left() / Self::min_size(et)) as u64 {
+            let msg = format!(
+                "truncated GGUF header: {} is an array of {n} {} at offset {}, the file has {} bytes left",
+                what(),
+                vt_name(et),
+                self.pos,
+                self.left()
+            );
+            return Err(self.short(msg));
+        }
+        let start = self.pos;
+        match fixed_size(et) {
+            Some(sz) if et != VT_BOOL => {
+                self.take(n as usize * sz, what)?;
+            }
+            _ => {
+                for _ in 0..n {
+                    self.skip(et, depth + 1, what)?;
+                }
+            }
+        }
+        Ok(ArrayRef {
+            et,
+            len: n,
+            start,
+            end: self.pos,
+        })
+    }
+
+    fn value(&mut self, t: u32, what: &dyn Fn() -> String) -> Result<Value> {
         Ok(match t {
-            VT_U8 | VT_I8 => Value::Int(int(self.take(1, what)?, t == VT_I8)),
-            VT_U16 | VT_I16 => Value::Int(int(self.take(2, what)?, t == VT_I16)),
-            VT_U32 | VT_I32 => Value::Int(int(self.take(4, what)?, t == VT_I32)),
-            VT_U64 | VT_I64 => Value::Int(int(self.take(8, what)?, t == VT_I64)),
-            VT_F32 => {
-                Value::Float(f32::from_le_bytes(self.take(4, what)?.try_into().unwrap()) as f64)
+            _ if is_int_type(t) => {
+                let sz = fixed_size(t).expect("integer types are fixed-size");
+                Value::Int(int_at(self.take(sz, what)?, t))
             }
-            VT_F64 => Value::Float(f64::from_le_bytes(self.take(8, what)?.try_into().unwrap())),
+            VT_F32 => Value::Float(f32::from_le_bytes(
+                self.take(4, what)?.try_into().expect("4 bytes"),
+            ) as f64),
+            VT_F64 => Value::Float(f64::from_le_bytes(
+                self.take(8, what)?.try_into().expect("8 bytes"),
+            )),
             VT_BOOL => match self.take(1, what)?[0] {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
                 b => return Err(fmt_err(format!("{}: bool value {b}", what()))),
             },
             VT_STRING => Value::Str(self.string(what)?),
-            VT_ARRAY => {
-                if depth >= MAX_ARRAY_DEPTH {
-                    return Err(fmt_err(format!(
-                        "{}: arrays nested deeper than {MAX_ARRAY_DEPTH}",
-                        what()
-                    )));
-                }
-                let et = self.u32(what)?;
-                if et > VT_F64 {
-                    return Err(fmt_err(format!(
-                        "{}: unknown array element type {et}",
-                        what()
-                    )));
-                }
-                let n = self.u64(what)?;
-                if n > (self.left() / Self::min_size(et)) as u64 {
-                    return Err(fmt_err(format!(
-                        "truncated GGUF header: {} is an array of {n} {} at offset {}, the file has {} bytes left",
-                        what(),
-                        vt_name(et),
-                        self.pos,
-                        self.left()
-                    )));
-                }
-                let mut items = Vec::with_capacity(n as usize);
-                for _ in 0..n {
-                    items.push(self.value(et, depth + 1, what)?);
-                }
-                Value::Array(et, items)
-            }
+            VT_ARRAY => Value::Array(self.array(0, what)?),
             _ => return Err(fmt_err(format!("{}: unknown value type {t}", what()))),
         })
+    }
+}
+
+/// Why [`Gguf::parse_header`] failed.
+#[derive(Debug)]
+pub enum HeaderError {
+    /// The header runs past the bytes given (more of the file may hold it).
+    Truncated(Error),
+    /// The file is bad.
+    Bad(Error),
+}
+
+impl HeaderError {
+    pub fn into_error(self) -> Error {
+        match self {
+            HeaderError::Truncated(e) | HeaderError::Bad(e) => e,
+        }
     }
 }
 
@@ -243,11 +425,31 @@ impl Gguf {
     /// overlapping the next tensor (so a shape that disagrees with the data
     /// written is caught).
     pub fn parse(b: &[u8]) -> Result<Gguf> {
-        let mut c = Cur { b, pos: 0 };
+        Self::parse_header(b, b.len() as u64).map_err(HeaderError::into_error)
+    }
+
+    /// Parse a header from `b`, the first bytes of a file of `file_len` bytes
+    /// (`b` may stop anywhere after the header), checking the tensors against
+    /// `file_len`. [`HeaderError::Truncated`] when the header needs more
+    /// bytes than `b` holds.
+    pub fn parse_header(b: &[u8], file_len: u64) -> std::result::Result<Gguf, HeaderError> {
+        let mut c = Cur {
+            b,
+            pos: 0,
+            truncated: false,
+        };
+        match Self::parse_impl(&mut c, file_len) {
+            Ok(g) => Ok(g),
+            Err(e) if c.truncated && (b.len() as u64) < file_len => Err(HeaderError::Truncated(e)),
+            Err(e) => Err(HeaderError::Bad(e)),
+        }
+    }
+
+    fn parse_impl(c: &mut Cur<'_>, len: u64) -> Result<Gguf> {
         let magic = c.take(4, &|| "the magic".into()).map_err(|_| {
             fmt_err(format!(
                 "not a GGUF file: {} bytes, too short for the magic",
-                b.len()
+                c.b.len()
             ))
         })?;
         if magic != GGUF_MAGIC {
@@ -274,34 +476,41 @@ impl Gguf {
         let n_tensors = c.u64(&|| "the tensor count".into())?;
         let n_kv = c.u64(&|| "the metadata count".into())?;
         // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes, a
-        // tensor entry 8 + 4 + 4 + 8.
+        // tensor entry 8 + 4 + 8 + 4 + 8.
         if n_kv > (c.left() / 13) as u64 {
-            bail!(
-                ErrFormat,
+            let msg = format!(
                 "truncated GGUF header: {n_kv} metadata entries cannot fit in the {} bytes left",
                 c.left()
             );
+            return Err(c.short(msg));
         }
-        if n_tensors > (c.left() / 24) as u64 {
-            bail!(
-                ErrFormat,
+        if n_tensors > (c.left() / 32) as u64 {
+            let msg = format!(
                 "truncated GGUF header: {n_tensors} tensors cannot fit in the {} bytes left",
                 c.left()
             );
+            return Err(c.short(msg));
         }
         let mut kvs = Vec::with_capacity(n_kv as usize);
-        let mut keys = std::collections::HashSet::new();
+        let mut keys = HashMap::with_capacity(n_kv as usize);
         for i in 0..n_kv {
             let key = c.string(&|| format!("metadata entry {i}'s key"))?;
+            let type_at = c.pos;
             let ty = c.u32(&|| format!("metadata {key}'s type"))?;
-            let value = c.value(ty, 0, &|| format!("metadata {key}"))?;
-            if !keys.insert(key.clone()) {
+            let value = c.value(ty, &|| format!("metadata {key}"))?;
+            if keys.insert(key.clone(), kvs.len()).is_some() {
                 bail!(ErrFormat, "metadata key {key} appears twice");
             }
-            kvs.push(Kv { key, ty, value });
+            kvs.push(Kv {
+                key,
+                ty,
+                value,
+                type_at,
+            });
         }
         let mut alignment = DEFAULT_ALIGNMENT;
-        if let Some(kv) = kvs.iter().find(|k| k.key == "general.alignment") {
+        if let Some(&i) = keys.get("general.alignment") {
+            let kv: &Kv = &kvs[i];
             match kv.value {
                 Value::Int(a) if a > 0 && a <= 1 << 30 && (a as u64).is_power_of_two() => {
                     alignment = a as u64
@@ -313,6 +522,7 @@ impl Gguf {
         let mut index = HashMap::with_capacity(n_tensors as usize);
         for i in 0..n_tensors {
             let name = c.string(&|| format!("tensor {i}'s name"))?;
+            let entry_at = c.pos;
             let nd = c.u32(&|| format!("tensor {name}'s dimension count"))? as usize;
             if nd == 0 || nd > MAX_DIMS {
                 bail!(
@@ -329,30 +539,18 @@ impl Gguf {
             if index.insert(name.clone(), tensors.len()).is_some() {
                 bail!(ErrFormat, "tensor {name} appears twice");
             }
-            let n = dims
-                .iter()
-                .try_fold(1u64, |a, &d| a.checked_mul(d))
-                .filter(|&n| n < 1 << 62)
-                .ok_or_else(|| fmt_err(format!("tensor {name}: dimensions {dims:?} overflow")))?;
-            let bytes = match ggml_type_size(ty) {
-                Some((bl, bb)) => {
-                    if dims[0] % bl != 0 {
-                        bail!(ErrFormat, "tensor {name}: a row of {} values is not whole blocks of {bl} (type {ty})", dims[0]);
-                    }
-                    Some(n / bl * bb)
-                }
-                None => None,
-            };
+            let bytes = tensor_bytes(&name, &dims, ty)?;
             tensors.push(TensorInfo {
                 name,
                 dims,
                 ty,
                 offset,
                 bytes,
+                entry_at,
             });
         }
+        let header_len = c.pos;
         let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
-        let len = b.len() as u64;
         for t in &mut tensors {
             if t.offset % alignment != 0 {
                 bail!(
@@ -385,6 +583,7 @@ impl Gguf {
         for w in order.windows(2) {
             let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
             if let Some(n) = a.bytes {
+                // Both inside the file (checked above): no overflow.
                 if a.offset + n > b.offset {
                     bail!(
                         ErrFormat,
@@ -400,12 +599,14 @@ impl Gguf {
             tensors,
             alignment,
             data_offset,
+            header_len,
             index,
+            keys,
         })
     }
 
     pub fn get(&self, key: &str) -> Option<&Kv> {
-        self.kvs.iter().find(|k| k.key == key)
+        self.keys.get(key).map(|&i| &self.kvs[i])
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
@@ -418,5 +619,46 @@ impl Gguf {
             Some(Value::Str(s)) => Some(s),
             _ => None,
         }
+    }
+
+    /// Heap bytes this header holds (keys, names, strings, the indexes):
+    /// independent of the size of the metadata arrays.
+    pub fn heap_bytes(&self) -> usize {
+        let kv: usize = self
+            .kvs
+            .iter()
+            .map(|k| {
+                std::mem::size_of::<Kv>()
+                    + 2 * k.key.capacity()
+                    + match &k.value {
+                        Value::Str(s) => s.capacity(),
+                        _ => 0,
+                    }
+            })
+            .sum();
+        let t: usize = self
+            .tensors
+            .iter()
+            .map(|t| {
+                std::mem::size_of::<TensorInfo>() + 2 * t.name.capacity() + t.dims.capacity() * 8
+            })
+            .sum();
+        kv + t + (self.kvs.len() + self.tensors.len()) * 16
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_that_overflow_are_format_errors() {
+        // 2^61 elements of an 8-byte type: 2^64 bytes (wrapped to 0 before).
+        let e = tensor_bytes("t", &[1 << 31, 1 << 30], 27).unwrap_err();
+        assert_eq!(e.status, EngramStatus::ErrFormat);
+        assert!(e.message.contains("overflow"), "{}", e.message);
+        assert_eq!(tensor_bytes("t", &[4, 2], 27).unwrap(), Some(64));
+        assert_eq!(tensor_bytes("t", &[4, 2], 9999).unwrap(), None);
+        assert!(tensor_bytes("t", &[u64::MAX, 2], 0).is_err());
     }
 }

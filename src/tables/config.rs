@@ -33,7 +33,13 @@ pub struct EngramConfig {
     pub num_embeddings: Option<Vec<u64>>,
     /// Compressed vocabulary the config states: checked against the tokenizer.
     pub compressed_vocab: Option<u64>,
+    /// `quantization_config.weight_block_size` (the checkpoint's fp8 weight
+    /// blocks, `[rows, columns]`), where the config gives it.
+    pub weight_block_size: Option<[u64; 2]>,
 }
+
+/// Largest `config.json` read (the released one is a few KB).
+pub(crate) const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 /// Accepted names, first match wins: `(field, [V4.1 name, Engram demo name, ...])`.
 pub const FIELD_NAMES: &[(&str, &[&str])] = &[
@@ -244,7 +250,23 @@ impl EngramConfig {
                 );
             }
         }
+        let weight_block_size = match root
+            .get("quantization_config")
+            .and_then(|q| q.get("weight_block_size"))
+        {
+            None => None,
+            Some(v) => match v.as_array().map(|a| a.iter().map(Value::as_u64).collect::<Vec<_>>()) {
+                Some(a) if a.len() == 2 && a.iter().all(|x| x.is_some_and(|x| (1..=1 << 16).contains(&x))) => {
+                    Some([a[0].unwrap_or(1), a[1].unwrap_or(1)])
+                }
+                _ => bail!(
+                    ErrInvalidConfig,
+                    "config.json: quantization_config.weight_block_size = {v} is not two block sizes"
+                ),
+            },
+        };
         Ok(EngramConfig {
+            weight_block_size,
             layer_ids,
             max_ngram,
             n_heads,
@@ -261,10 +283,11 @@ impl EngramConfig {
 
     /// Read and parse a `config.json` file.
     pub fn from_file(path: &std::path::Path) -> Result<EngramConfig> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        let bytes = crate::files::read_small(path, "config", MAX_CONFIG_BYTES)?;
+        let text = String::from_utf8(bytes).map_err(|_| {
             Error::new(
-                EngramStatus::ErrIo,
-                format!("config {}: {e}", path.display()),
+                EngramStatus::ErrInvalidConfig,
+                format!("config {}: not UTF-8 text", path.display()),
             )
         })?;
         EngramConfig::from_json(&text)

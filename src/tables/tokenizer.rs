@@ -65,43 +65,13 @@ pub fn normalizer() -> Result<Sequence> {
     Ok(Sequence::new(chain))
 }
 
-/// Largest `tokenizer.json` read: 1 GiB (DeepSeek-V4.1's is 7.5 MB).
-pub(crate) const MAX_TOKENIZER_BYTES: u64 = 1 << 30;
+/// Largest `tokenizer.json` read (the DeepSeek one is about 8 MB).
+pub(crate) const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
 
 /// Load a `tokenizer.json` (at most [`MAX_TOKENIZER_BYTES`], read into a
-/// fallibly reserved buffer).
+/// fallibly reserved buffer; a FIFO or device is refused before any read).
 pub fn load(path: &std::path::Path) -> Result<Tokenizer> {
-    use std::io::Read;
-    let io = |e: std::io::Error| {
-        Error::new(
-            EngramStatus::ErrIo,
-            format!("tokenizer {}: {e}", path.display()),
-        )
-    };
-    let f = std::fs::File::open(path).map_err(io)?;
-    let len = f.metadata().map_err(io)?.len();
-    if len > MAX_TOKENIZER_BYTES {
-        bail!(
-            ErrInvalidConfig,
-            "tokenizer {}: {len} bytes (at most {MAX_TOKENIZER_BYTES})",
-            path.display()
-        );
-    }
-    let mut bytes = Vec::new();
-    bytes
-        .try_reserve_exact(len as usize)
-        .map_err(|_| oom(len as usize, "bytes of tokenizer.json"))?;
-    // Read at most one byte past the bound: a file that grew past it meanwhile is refused, not read whole.
-    f.take(MAX_TOKENIZER_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
-    if bytes.len() as u64 > MAX_TOKENIZER_BYTES {
-        bail!(
-            ErrInvalidConfig,
-            "tokenizer {}: more than {MAX_TOKENIZER_BYTES} bytes",
-            path.display()
-        );
-    }
+    let bytes = crate::files::read_small(path, "tokenizer", MAX_TOKENIZER_BYTES)?;
     Tokenizer::from_bytes(&bytes).map_err(|e| {
         Error::new(
             EngramStatus::ErrInvalidConfig,

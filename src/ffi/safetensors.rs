@@ -1,0 +1,141 @@
+//! A context straight from the released safetensors checkpoint.
+
+use super::boundary::{non_null, path_arg, read_options, write_options};
+use super::context::EngramContext;
+use super::gguf::give_context;
+use crate::backend::EngramBackend;
+use crate::batch::Limits;
+use crate::error::{bail, EngramStatus};
+use crate::gguf::{GgufOptions, LoadOptions, LoadedModel};
+use std::ffi::c_char;
+
+/// Options of `engram_create_from_safetensors`. Fill with
+/// `engram_safetensors_options_init`. Every field is plain data.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EngramSafetensorsOptions {
+    /// `sizeof(engram_safetensors_options)` of the caller's header (set by
+    /// `engram_safetensors_options_init`).
+    pub struct_size: usize,
+    /// `ENGRAM_BACKEND_CPU` (the checkpoint's tables are served from host
+    /// memory or the files to the CPU backend).
+    pub backend: u32,
+    /// CUDA device ordinal (ignored by the CPU backend).
+    pub device: i32,
+    /// RMS epsilon of the gate (default 1e-6).
+    pub eps: f32,
+    /// As in `engram_config`.
+    pub max_tokens: u32,
+    pub max_seqs: u32,
+    pub max_positions: u32,
+    /// Threads of one call; the prefetch gathers use `max(2, n_threads)`.
+    pub n_threads: u32,
+    /// The model's `tokenizer.json` (NULL: `tokenizer.json` in the checkpoint
+    /// directory). The hash constants are derived from it and `config.json`.
+    pub tokenizer_json: *const c_char,
+    /// 0 (default): nothing is mapped: table rows are read with `pread` when
+    /// gathered, `q`, `k` and a bf16 `wkv` are read into memory the context
+    /// owns; 1: the shards are mapped and read in place (a file truncated
+    /// while mapped raises SIGBUS). An fp8 `wkv` is converted to bf16 at load
+    /// in both modes (2 bytes a weight: 315 MB per layer of the released model).
+    pub mmap_tables: u32,
+}
+
+/// The smallest `engram_safetensors_options` this library reads (its first layout).
+const SAFETENSORS_OPTIONS_MIN_SIZE: usize = size_of::<EngramSafetensorsOptions>();
+
+impl Default for EngramSafetensorsOptions {
+    fn default() -> Self {
+        EngramSafetensorsOptions {
+            struct_size: size_of::<EngramSafetensorsOptions>(),
+            backend: EngramBackend::Cpu as u32,
+            device: 0,
+            eps: 1e-6,
+            max_tokens: 4096,
+            max_seqs: 64,
+            max_positions: 131072,
+            n_threads: 1,
+            tokenizer_json: std::ptr::null(),
+            mmap_tables: 0,
+        }
+    }
+}
+
+/// Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
+/// `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
+/// 131072`, one thread, the directory's tokenizer.json, `pread` tables. NULL
+/// is ignored. Call it through the header's `engram_safetensors_options_init(o)`.
+#[no_mangle]
+pub extern "C" fn engram_safetensors_options_init_sized(
+    o: *mut EngramSafetensorsOptions,
+    struct_size: usize,
+) {
+    ffi_boundary!({ write_options(o, EngramSafetensorsOptions::default(), struct_size) })
+}
+
+/// Create a context straight from the released DeepSeek-V4.1 checkpoint's
+/// directory `model_dir`, without converting it: `config.json` (the engram
+/// fields of `text_config`), `model.safetensors.index.json` (or a single
+/// `model.safetensors`) and the shards that hold the engram tensors, each
+/// opened once. Per engram layer: the table from `layers.{L}.engram.embed.weight`
+/// (F8_E4M3) and `.embed.scale` (F8_E8M0) in place
+/// (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`); `q_weight`, `k_weight` (BF16); `wkv`
+/// (F8_E4M3 with 32x32 block scales: converted once to bf16 in memory the
+/// context owns, exact; or BF16/F32). The hash constants are derived from the
+/// config and the tokenizer, as SPEC section 3 states. Statuses: `ERR_IO` (the
+/// directory, a file or a shard cannot be opened, or is not a regular file),
+/// `ERR_FORMAT` (a safetensors header that is not valid or disagrees with its
+/// file, a missing tensor, a tensor of the wrong dtype or shape, a config that
+/// disagrees with the tensors), `ERR_INVALID_CONFIG` (missing config fields,
+/// a tokenizer that does not fit the config), `ERR_UNSUPPORTED` (a dtype this
+/// build does not read), `ERR_INVALID_DATA` (a NaN in the fp8 `wkv`). On
+/// failure `*out` is left as it was.
+///
+/// `model_dir` must be NULL or a NUL-terminated path; `options` NULL or
+/// filled by `engram_safetensors_options_init`; `out` NULL or writable.
+#[no_mangle]
+pub extern "C" fn engram_create_from_safetensors(
+    model_dir: *const c_char,
+    options: *const EngramSafetensorsOptions,
+    out: *mut *mut EngramContext,
+) -> EngramStatus {
+    ffi_boundary!({
+        let dir = path_arg(model_dir, "model_dir")?;
+        let o = read_options(
+            options,
+            EngramSafetensorsOptions::default(),
+            SAFETENSORS_OPTIONS_MIN_SIZE,
+            "options",
+        )?;
+        non_null(out, "out")?;
+        if o.backend != EngramBackend::Cpu as u32 {
+            bail!(
+                ErrUnsupported,
+                "engram_create_from_safetensors serves host tables to the CPU backend; backend {} is not supported here",
+                o.backend
+            );
+        }
+        let tok = if o.tokenizer_json.is_null() {
+            None
+        } else {
+            Some(path_arg(o.tokenizer_json, "options.tokenizer_json")?)
+        };
+        let lo = LoadOptions {
+            mmap: o.mmap_tables != 0,
+            ..LoadOptions::default()
+        };
+        let model = Box::new(LoadedModel::open_checkpoint(dir, tok, &lo)?);
+        let opts = GgufOptions {
+            limits: Limits {
+                max_tokens: o.max_tokens as usize,
+                max_seqs: o.max_seqs as usize,
+                max_positions: o.max_positions as usize,
+            },
+            n_threads: o.n_threads as usize,
+            backend: o.backend,
+            device: o.device,
+            eps: o.eps,
+        };
+        give_context(out, model, &opts)
+    })
+}
