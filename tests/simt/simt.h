@@ -118,9 +118,17 @@ SIMT_INL int __syncthreads_and(int pred) { return simt_block_sync(SIMT_B_AND, pr
 SIMT_INL int __syncthreads_or(int pred) { return simt_block_sync(SIMT_B_OR, pred); }
 SIMT_INL void __syncwarp(unsigned mask = 0xFFFFFFFFu) { (void)simt_warp_op(SIMT_W_SYNCWARP, mask, 0, 0, 32); }
 SIMT_INL unsigned __activemask() { return simt_active_mask(); }
-SIMT_INL void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-SIMT_INL void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-SIMT_INL void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+// ThreadSanitizer does not model fences: under it a fence is a sequentially
+// consistent read-modify-write of one word, which TSan does understand (and
+// the atomics below are acquire-release; see the atomics section).
+#if defined(__SANITIZE_THREAD__)
+SIMT_INL void simt_fence() { (void)__atomic_fetch_add(&simt_fence_word, 0u, __ATOMIC_SEQ_CST); }
+#else
+SIMT_INL void simt_fence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+#endif
+SIMT_INL void __threadfence() { simt_fence(); }
+SIMT_INL void __threadfence_block() { simt_fence(); }
+SIMT_INL void __threadfence_system() { simt_fence(); }
 SIMT_INL void __nanosleep(unsigned) { simt_yield(); }
 [[noreturn]] SIMT_INL void __trap() { simt_trap("__trap()"); }
 [[noreturn]] SIMT_INL void __brkpt() { simt_trap("__brkpt()"); }
@@ -317,26 +325,36 @@ SIMT_INL double max(double a, double b) { return __builtin_fmax(a, b); }
 template <class T> SIMT_INL T __ldg(const T *p) { return *p; }
 
 // ---- atomics (relaxed, as CUDA's; on any memory) ----------------------------------
+// Under ThreadSanitizer they are acquire-release instead: TSan ignores fences,
+// so the CUDA idiom "relaxed atomic + __threadfence" would otherwise be
+// reported as a race. (TSan then misses a race that only a missing fence causes.)
+#if defined(__SANITIZE_THREAD__)
+#define SIMT_RMW __ATOMIC_ACQ_REL
+#define SIMT_LD __ATOMIC_ACQUIRE
+#else
+#define SIMT_RMW __ATOMIC_RELAXED
+#define SIMT_LD __ATOMIC_RELAXED
+#endif
 #define SIMT_ATOMIC_INT(T)                                                                                       \
-    SIMT_INL T atomicAdd(T *p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }                        \
-    SIMT_INL T atomicExch(T *p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }                      \
-    SIMT_INL T atomicAnd(T *p, T v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }                        \
-    SIMT_INL T atomicOr(T *p, T v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }                          \
-    SIMT_INL T atomicXor(T *p, T v) { return __atomic_fetch_xor(p, v, __ATOMIC_RELAXED); }                        \
+    SIMT_INL T atomicAdd(T *p, T v) { return __atomic_fetch_add(p, v, SIMT_RMW); }                        \
+    SIMT_INL T atomicExch(T *p, T v) { return __atomic_exchange_n(p, v, SIMT_RMW); }                      \
+    SIMT_INL T atomicAnd(T *p, T v) { return __atomic_fetch_and(p, v, SIMT_RMW); }                        \
+    SIMT_INL T atomicOr(T *p, T v) { return __atomic_fetch_or(p, v, SIMT_RMW); }                          \
+    SIMT_INL T atomicXor(T *p, T v) { return __atomic_fetch_xor(p, v, SIMT_RMW); }                        \
     SIMT_INL T atomicCAS(T *p, T cmp, T v) {                                                                     \
-        if (!__atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) simt_yield();   \
+        if (!__atomic_compare_exchange_n(p, &cmp, v, false, SIMT_RMW, SIMT_LD)) simt_yield();   \
         return cmp;                                                                                              \
     }
 #define SIMT_ATOMIC_MINMAX(T)                                                                                    \
     SIMT_INL T atomicMin(T *p, T v) {                                                                            \
-        T old = __atomic_load_n(p, __ATOMIC_RELAXED);                                                            \
-        while (v < old && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {   \
+        T old = __atomic_load_n(p, SIMT_LD);                                                            \
+        while (v < old && !__atomic_compare_exchange_n(p, &old, v, true, SIMT_RMW, SIMT_LD)) {   \
         }                                                                                                        \
         return old;                                                                                              \
     }                                                                                                            \
     SIMT_INL T atomicMax(T *p, T v) {                                                                            \
-        T old = __atomic_load_n(p, __ATOMIC_RELAXED);                                                            \
-        while (v > old && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {   \
+        T old = __atomic_load_n(p, SIMT_LD);                                                            \
+        while (v > old && !__atomic_compare_exchange_n(p, &old, v, true, SIMT_RMW, SIMT_LD)) {   \
         }                                                                                                        \
         return old;                                                                                              \
     }
@@ -349,23 +367,23 @@ SIMT_ATOMIC_MINMAX(long long)
 SIMT_ATOMIC_MINMAX(unsigned long long)
 #undef SIMT_ATOMIC_INT
 #undef SIMT_ATOMIC_MINMAX
-SIMT_INL int atomicSub(int *p, int v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }
-SIMT_INL unsigned atomicSub(unsigned *p, unsigned v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }
+SIMT_INL int atomicSub(int *p, int v) { return __atomic_fetch_sub(p, v, SIMT_RMW); }
+SIMT_INL unsigned atomicSub(unsigned *p, unsigned v) { return __atomic_fetch_sub(p, v, SIMT_RMW); }
 SIMT_INL unsigned short atomicCAS(unsigned short *p, unsigned short cmp, unsigned short v) {
-    if (!__atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) simt_yield();
+    if (!__atomic_compare_exchange_n(p, &cmp, v, false, SIMT_RMW, SIMT_LD)) simt_yield();
     return cmp;
 }
 // ((old >= v) ? 0 : old + 1) and ((old == 0 || old > v) ? v : old - 1).
 SIMT_INL unsigned atomicInc(unsigned *p, unsigned v) {
-    unsigned old = __atomic_load_n(p, __ATOMIC_RELAXED);
-    while (!__atomic_compare_exchange_n(p, &old, old >= v ? 0u : old + 1u, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    unsigned old = __atomic_load_n(p, SIMT_LD);
+    while (!__atomic_compare_exchange_n(p, &old, old >= v ? 0u : old + 1u, true, SIMT_RMW, SIMT_LD)) {
     }
     return old;
 }
 SIMT_INL unsigned atomicDec(unsigned *p, unsigned v) {
-    unsigned old = __atomic_load_n(p, __ATOMIC_RELAXED);
-    while (!__atomic_compare_exchange_n(p, &old, (old == 0u || old > v) ? v : old - 1u, true, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED)) {
+    unsigned old = __atomic_load_n(p, SIMT_LD);
+    while (!__atomic_compare_exchange_n(p, &old, (old == 0u || old > v) ? v : old - 1u, true, SIMT_RMW,
+                                        SIMT_LD)) {
     }
     return old;
 }
@@ -373,26 +391,26 @@ SIMT_INL unsigned atomicDec(unsigned *p, unsigned v) {
 // to a zero of their sign (PTX ISA), NaN canonical.
 SIMT_INL float atomicAdd(float *p, float v) {
     unsigned *q = reinterpret_cast<unsigned *>(p);
-    unsigned old = __atomic_load_n(q, __ATOMIC_RELAXED);
+    unsigned old = __atomic_load_n(q, SIMT_LD);
     for (;;) {
         const float r = simt::ftz(__fadd_rn(simt::ftz(simt::f32(old)), simt::ftz(v)));
-        if (__atomic_compare_exchange_n(q, &old, simt::bits(r), true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        if (__atomic_compare_exchange_n(q, &old, simt::bits(r), true, SIMT_RMW, SIMT_LD))
             return simt::f32(old);
     }
 }
 SIMT_INL float atomicExch(float *p, float v) {
-    return simt::f32(__atomic_exchange_n(reinterpret_cast<unsigned *>(p), simt::bits(v), __ATOMIC_RELAXED));
+    return simt::f32(__atomic_exchange_n(reinterpret_cast<unsigned *>(p), simt::bits(v), SIMT_RMW));
 }
 SIMT_INL double atomicAdd(double *p, double v) {
     unsigned long long *q = reinterpret_cast<unsigned long long *>(p);
-    unsigned long long old = __atomic_load_n(q, __ATOMIC_RELAXED);
+    unsigned long long old = __atomic_load_n(q, SIMT_LD);
     for (;;) {
         double o, r;
         std::memcpy(&o, &old, 8);
         r = o + v;
         unsigned long long rb;
         std::memcpy(&rb, &r, 8);
-        if (__atomic_compare_exchange_n(q, &old, rb, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return o;
+        if (__atomic_compare_exchange_n(q, &old, rb, true, SIMT_RMW, SIMT_LD)) return o;
     }
 }
 

@@ -62,6 +62,9 @@ SIMT_API unsigned simt_active_mask(void);
 // Let the other threads of the block run (a failed atomicCAS, __nanosleep).
 SIMT_API void simt_yield(void);
 
+// The word a fence updates under ThreadSanitizer (simt.h's simt_fence).
+SIMT_API extern unsigned simt_fence_word;
+
 // __trap(): end the launch with SIMT_ERR_TRAP.
 SIMT_API __attribute__((noreturn)) void simt_trap(const char *what);
 }

@@ -65,6 +65,7 @@
 // memory poisoning leaves such symbols alone) ------------------------------------
 extern "C" {
 SIMT_API __thread const simt_builtins *simt_tl_builtins = nullptr;
+SIMT_API unsigned simt_fence_word = 0;
 }
 static __thread char simt_tl_err[1024];
 static __thread void *simt_tl_worker = nullptr;
@@ -293,11 +294,14 @@ struct Worker {
     int err = 0;
     char msg[768];
     unsigned char *dyn = nullptr; // dynamic shared memory, 48 KiB
+    const simt_builtins **tl_slot = nullptr; // &simt_tl_builtins of the worker's thread
     char tsan_block_start, tsan_block_done, tsan_bar[2];
 };
 
 inline Fiber *cur_fiber() { return reinterpret_cast<Fiber *>(const_cast<simt_builtins *>(simt_tl_builtins)); }
-inline void set_cur(Fiber *f) { simt_tl_builtins = f ? &f->b : nullptr; }
+// Through the worker's cached address of its simt_tl_builtins (a global-dynamic
+// TLS access costs a call to __tls_get_addr).
+inline void set_cur(Worker *w, Fiber *f) { *w->tl_slot = f ? &f->b : nullptr; }
 
 inline void ctx_switch(Ctx *from, Ctx *to) {
 #if SIMT_ASAN
@@ -395,7 +399,7 @@ inline Fiber *pop_ready(Worker *w) {
 void shuffle(Worker *w, unsigned *a, unsigned n) {
     if (!w->shuffle) return;
     for (unsigned i = n; i > 1; i--) {
-        const unsigned j = (unsigned)(splitmix(w->rng) % i);
+        const unsigned j = (unsigned)(((splitmix(w->rng) >> 32) * i) >> 32); // in [0, i)
         const unsigned t = a[i - 1];
         a[i - 1] = a[j];
         a[j] = t;
@@ -406,6 +410,11 @@ void shuffle(Worker *w, unsigned *a, unsigned n) {
 // next ready fiber, or to the scheduler when none is.
 void park(Fiber *self) {
     Worker *w = self->w;
+#if SIMT_TSAN
+    // For the scheduler (which acquires this at the block's end) only, so that
+    // a block abandoned after an error still happens before what follows it.
+    __tsan_release(&w->tsan_block_done);
+#endif
     Fiber *next = pop_ready(w);
     if (next == self) {
         self->state = F_RUNNING;
@@ -414,10 +423,10 @@ void park(Fiber *self) {
     Ctx *to;
     if (next) {
         next->state = F_RUNNING;
-        set_cur(next);
+        set_cur(w, next);
         to = &next->ctx;
     } else {
-        set_cur(nullptr);
+        set_cur(w, nullptr);
         to = &w->sched;
     }
     ctx_switch(&self->ctx, to);
@@ -434,7 +443,10 @@ void park(Fiber *self) {
         vsnprintf(w->msg, sizeof w->msg, fmt, ap);
         va_end(ap);
     }
-    set_cur(nullptr);
+#if SIMT_TSAN
+    __tsan_release(&w->tsan_block_done);
+#endif
+    set_cur(w, nullptr);
     ctx_switch(&self->ctx, &w->sched);
     abort(); // the scheduler never resumes a failed fiber
 }
@@ -663,7 +675,7 @@ int find_module_cb(struct dl_phdr_info *info, size_t, void *data) {
 // The module holding `addr` and its __shared__ variables (cached per module).
 const ModuleInfo *module_info(const void *addr) {
     static std::mutex mu;
-    static std::vector<ModuleInfo *> cache;
+    static std::vector<ModuleInfo *> &cache = *new std::vector<ModuleInfo *>(); // kept to the end
     FindModule fm;
     fm.addr = (uintptr_t)addr;
     dl_iterate_phdr(find_module_cb, &fm);
@@ -795,11 +807,11 @@ bool run_block(Worker *w, uint64_t lin) {
 #endif
     while (Fiber *f = pop_ready(w)) {
         f->state = F_RUNNING;
-        set_cur(f);
+        set_cur(w, f);
         ctx_switch(&w->sched, &f->ctx);
         if (w->err) break;
     }
-    set_cur(nullptr);
+    set_cur(w, nullptr);
     if (!w->err && w->done != n) describe_deadlock(w);
 #if SIMT_TSAN
     __tsan_acquire(&w->tsan_block_done);
@@ -863,6 +875,7 @@ struct Pool {
         set_fp_env();
         Worker *w = new Worker();
         simt_tl_worker = w;
+        w->tl_slot = &simt_tl_builtins;
         w->dyn = static_cast<unsigned char *>(aligned_alloc(64, 48 * 1024));
 #if SIMT_ASAN
         pthread_attr_t attr;
