@@ -303,8 +303,8 @@ SIMT_INL unsigned long long __umul64hi(unsigned long long a, unsigned long long 
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }
 
-#define SIMT_MINMAX(T)                                                                                           \
-    SIMT_INL T min(T a, T b) { return a < b ? a : b; }                                                           \
+#define SIMT_MINMAX(T)                                                                                               \
+    SIMT_INL T min(T a, T b) { return a < b ? a : b; }                                                               \
     SIMT_INL T max(T a, T b) { return a > b ? a : b; }
 SIMT_MINMAX(int)
 SIMT_MINMAX(unsigned)
@@ -335,28 +335,28 @@ template <class T> SIMT_INL T __ldg(const T *p) { return *p; }
 #define SIMT_RMW __ATOMIC_RELAXED
 #define SIMT_LD __ATOMIC_RELAXED
 #endif
-#define SIMT_ATOMIC_INT(T)                                                                                       \
-    SIMT_INL T atomicAdd(T *p, T v) { return __atomic_fetch_add(p, v, SIMT_RMW); }                        \
-    SIMT_INL T atomicExch(T *p, T v) { return __atomic_exchange_n(p, v, SIMT_RMW); }                      \
-    SIMT_INL T atomicAnd(T *p, T v) { return __atomic_fetch_and(p, v, SIMT_RMW); }                        \
-    SIMT_INL T atomicOr(T *p, T v) { return __atomic_fetch_or(p, v, SIMT_RMW); }                          \
-    SIMT_INL T atomicXor(T *p, T v) { return __atomic_fetch_xor(p, v, SIMT_RMW); }                        \
-    SIMT_INL T atomicCAS(T *p, T cmp, T v) {                                                                     \
-        if (!__atomic_compare_exchange_n(p, &cmp, v, false, SIMT_RMW, SIMT_LD)) simt_yield();   \
-        return cmp;                                                                                              \
+#define SIMT_ATOMIC_INT(T)                                                                                           \
+    SIMT_INL T atomicAdd(T *p, T v) { return __atomic_fetch_add(p, v, SIMT_RMW); }                                   \
+    SIMT_INL T atomicExch(T *p, T v) { return __atomic_exchange_n(p, v, SIMT_RMW); }                                 \
+    SIMT_INL T atomicAnd(T *p, T v) { return __atomic_fetch_and(p, v, SIMT_RMW); }                                   \
+    SIMT_INL T atomicOr(T *p, T v) { return __atomic_fetch_or(p, v, SIMT_RMW); }                                     \
+    SIMT_INL T atomicXor(T *p, T v) { return __atomic_fetch_xor(p, v, SIMT_RMW); }                                   \
+    SIMT_INL T atomicCAS(T *p, T cmp, T v) {                                                                         \
+        if (!__atomic_compare_exchange_n(p, &cmp, v, false, SIMT_RMW, SIMT_LD)) simt_yield();                        \
+        return cmp;                                                                                                  \
     }
-#define SIMT_ATOMIC_MINMAX(T)                                                                                    \
-    SIMT_INL T atomicMin(T *p, T v) {                                                                            \
-        T old = __atomic_load_n(p, SIMT_LD);                                                            \
-        while (v < old && !__atomic_compare_exchange_n(p, &old, v, true, SIMT_RMW, SIMT_LD)) {   \
-        }                                                                                                        \
-        return old;                                                                                              \
-    }                                                                                                            \
-    SIMT_INL T atomicMax(T *p, T v) {                                                                            \
-        T old = __atomic_load_n(p, SIMT_LD);                                                            \
-        while (v > old && !__atomic_compare_exchange_n(p, &old, v, true, SIMT_RMW, SIMT_LD)) {   \
-        }                                                                                                        \
-        return old;                                                                                              \
+#define SIMT_ATOMIC_MINMAX(T)                                                                                        \
+    SIMT_INL T atomicMin(T *p, T v) {                                                                                \
+        T old = __atomic_load_n(p, SIMT_LD);                                                                         \
+        while (v < old && !__atomic_compare_exchange_n(p, &old, v, true, SIMT_RMW, SIMT_LD)) {                       \
+        }                                                                                                            \
+        return old;                                                                                                  \
+    }                                                                                                                \
+    SIMT_INL T atomicMax(T *p, T v) {                                                                                \
+        T old = __atomic_load_n(p, SIMT_LD);                                                                         \
+        while (v > old && !__atomic_compare_exchange_n(p, &old, v, true, SIMT_RMW, SIMT_LD)) {                       \
+        }                                                                                                            \
+        return old;                                                                                                  \
     }
 SIMT_ATOMIC_INT(int)
 SIMT_ATOMIC_INT(unsigned)
