@@ -1,26 +1,57 @@
-// Gather the rows of one engram layer by id from a device-resident table and
-// dequantise them: rows_out[t][c*Hd + i] = bf16 of value i of row ids[t][c]
-// (or that bf16 value widened to f32, for an f32 wkv). One block per row.
+// Gather the rows of one engram layer by id and dequantise them:
+// rows_out[t][c*Hd + i] = bf16 of value i of row ids[t][c] (or that bf16 value
+// widened to f32, for an f32 wkv). One block per (token, column).
+//
+// Where a row is read from: a table in device memory (`table`, row `id` at
+// table + id * row_bytes), or, for a table in host memory, the layer's device
+// staging buffer (`staged_rows` non-NULL): the host staged the row of position
+// (t, c) at staged_rows + (t * cols + c) * row_bytes and its id at
+// staged_ids[t * cols + c]; a position whose staged id is not the id asked for
+// is an error (ENG_ERR_NOT_STAGED: the engine replayed a graph without
+// staging that step's rows).
 //
 // The token's ids are checked here, as the CPU backend checks them on the host:
-// all -1 is a dead token (rows zeroed, flags[t] = DEAD); some -1 (partly dead),
-// a negative id other than -1 or an id >= table_rows is an error; and an fp8
-// row with a NaN scale or code is an error. A token with an error gets zero
-// rows and BAD flags (the gate leaves it untouched), and the first error of
-// the call is recorded in `latch` (see engram_common.cuh for the codes).
+// all -1 is a dead token (rows zeroed, flags = DEAD); some -1 (partly dead),
+// a negative id other than -1 or an id >= table_rows is an error; and a row
+// whose data is invalid (an fp8 NaN scale or code, a value that is not finite
+// once dequantised) is an error. The gate leaves a token alone when any of its
+// C flags is not LIVE, so a token with an error is never applied. Its rows in
+// the workspace are then not all zero (a bad row's valid elements are written,
+// and its other columns' rows are gathered normally), but nothing reads them:
+// read-back reports the error instead of returning rows.
+//
+// Errors are recorded in `latch` (see src/cuda/latch.rs): the first of the
+// call in the order the CPU backend checks, whatever order the blocks ran in:
+// row-id errors before row-data errors, then by token, then by column.
 #include "engram_common.cuh"
 
-__device__ __forceinline__ void eng_latch(eng_u32 *latch, eng_u32 code, eng_u32 token, eng_u32 col,
-                                          eng_u32 where, eng_i64 row, eng_u32 layer, eng_u32 serial) {
-    if (atomicCAS(latch, 0u, code) == 0u) {
-        latch[1] = token;
-        latch[2] = col;
-        latch[3] = where;
-        latch[4] = (eng_u32)((eng_u64)row & 0xFFFFFFFFu);
-        latch[5] = (eng_u32)((eng_u64)row >> 32);
-        latch[6] = layer;
-        latch[7] = serial;
+// Record an error unless an earlier one (by that order) is recorded. The
+// order key is stored inverted, so that the cleared latch (all zero) holds
+// the latest possible key and atomicMax keeps the earliest. The details are
+// written under a lock by a block whose key is still the latch's, so the
+// last writer is the block with the earliest key.
+__device__ __forceinline__ void eng_latch(eng_u32 *latch, eng_u32 code, eng_u32 data_error, eng_u32 token,
+                                          eng_u32 col, eng_u32 where, eng_i64 row, eng_u32 layer,
+                                          eng_u32 serial) {
+    const eng_u64 key = ~(((eng_u64)data_error << 63) | ((eng_u64)token << 32) | (eng_u64)col);
+    eng_u64 *k = (eng_u64 *)(latch + ENG_LATCH_KEY);
+    if (atomicMax(k, key) > key) return;
+    while (atomicCAS(latch + ENG_LATCH_LOCK, 0u, 1u) != 0u) {
     }
+    __threadfence();
+    if (*(volatile eng_u64 *)k == key) {
+        volatile eng_u32 *l = latch;
+        l[1] = token;
+        l[2] = col;
+        l[3] = where;
+        l[4] = (eng_u32)((eng_u64)row & 0xFFFFFFFFu);
+        l[5] = (eng_u32)((eng_u64)row >> 32);
+        l[6] = layer;
+        l[7] = serial;
+        l[0] = code;
+    }
+    __threadfence();
+    atomicExch(latch + ENG_LATCH_LOCK, 0u);
 }
 
 __device__ __forceinline__ void eng_store_row(void *out, eng_u32 out_f32, eng_u64 at, eng_u16 v) {
@@ -37,7 +68,9 @@ __device__ __forceinline__ void eng_store_row(void *out, eng_u32 out_f32, eng_u6
 // status alone, and writes flags[t * cols + c].
 extern "C" __global__ void engram_gather(const eng_u8 *__restrict__ table, eng_u64 table_rows, eng_u32 fmt,
                                          eng_u32 hd, eng_u32 row_bytes, const eng_i64 *__restrict__ ids,
-                                         eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols, void *rows_out,
+                                         eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols,
+                                         const eng_u8 *__restrict__ staged_rows,
+                                         const eng_i64 *__restrict__ staged_ids, void *rows_out,
                                          eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,
                                          eng_u32 serial) {
     __shared__ eng_u32 s_dead, s_first_dead, s_first_range, s_err_at;
@@ -68,23 +101,32 @@ extern "C" __global__ void engram_gather(const eng_u8 *__restrict__ table, eng_u
     } else if (dead > 0u || s_first_range != 0xFFFFFFFFu) {
         status = ENG_TOKEN_BAD;
     }
+    const eng_i64 id = tid[c];
+    const eng_u64 pos = (eng_u64)t * cols + c;
+    if (status == ENG_TOKEN_LIVE && staged_rows != 0 && staged_ids[pos] != id) {
+        status = ENG_TOKEN_BAD;
+        if (threadIdx.x == 0) {
+            eng_latch(latch, ENG_ERR_NOT_STAGED, 0u, t, c, 0u, id, layer_id, serial);
+        }
+    }
     if (status != ENG_TOKEN_LIVE) {
         for (eng_u32 i = threadIdx.x; i < hd; i += blockDim.x) eng_store_row(rows_out, out_f32, base + i, 0u);
         if (threadIdx.x == 0) {
-            flags[(eng_u64)t * cols + c] = status;
+            flags[pos] = status;
             if (status == ENG_TOKEN_BAD && c == 0u) {
+                // The CPU backend's order within a token: the first dead
+                // column of a partly dead token, else the first id out of range.
                 if (dead > 0u) {
-                    eng_latch(latch, ENG_ERR_PARTLY_DEAD, t, s_first_dead, 0u, -1, layer_id, serial);
-                } else {
-                    eng_latch(latch, ENG_ERR_ROW_RANGE, t, s_first_range, 0u, tid[s_first_range], layer_id,
+                    eng_latch(latch, ENG_ERR_PARTLY_DEAD, 0u, t, s_first_dead, 0u, -1, layer_id, serial);
+                } else if (s_first_range != 0xFFFFFFFFu) {
+                    eng_latch(latch, ENG_ERR_ROW_RANGE, 0u, t, s_first_range, 0u, tid[s_first_range], layer_id,
                               serial);
                 }
             }
         }
         return;
     }
-    const eng_i64 id = tid[c];
-    const eng_u8 *row = table + (eng_u64)id * row_bytes;
+    const eng_u8 *row = staged_rows != 0 ? staged_rows + pos * row_bytes : table + (eng_u64)id * row_bytes;
     for (eng_u32 i = threadIdx.x; i < hd; i += blockDim.x) {
         eng_u16 v = 0u;
         eng_u32 where = 0u;
@@ -102,10 +144,10 @@ extern "C" __global__ void engram_gather(const eng_u8 *__restrict__ table, eng_u
             eng_u16 v;
             eng_u32 where = 0u;
             const eng_u32 code = eng_dequant_bf16(fmt, row, hd, s_err_at, &v, &where);
-            eng_latch(latch, code, t, c, where, id, layer_id, serial);
-            flags[(eng_u64)t * cols + c] = ENG_TOKEN_BAD;
+            eng_latch(latch, code, 1u, t, c, where, id, layer_id, serial);
+            flags[pos] = ENG_TOKEN_BAD;
         } else {
-            flags[(eng_u64)t * cols + c] = ENG_TOKEN_LIVE;
+            flags[pos] = ENG_TOKEN_LIVE;
         }
     }
 }
