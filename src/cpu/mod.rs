@@ -144,28 +144,7 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
             // SAFETY: as `host_weights`: host memory, sized by the context.
             TableSource::Memory(r) => Source::memory(unsafe { r.host() }),
             TableSource::File { file, offset } => {
-                let len = file
-                    .metadata()
-                    .map_err(|e| {
-                        Error::new(crate::EngramStatus::ErrIo, format!("the table's file: {e}"))
-                    })?
-                    .len();
-                if offset
-                    .checked_add(l.bytes.table)
-                    .is_none_or(|end| end > len)
-                {
-                    bail!(
-                        ErrIo,
-                        "layer {}: the table's {} bytes at offset {offset} pass the end of its file ({len} bytes)",
-                        l.layer_id,
-                        l.bytes.table
-                    );
-                }
-                Source::File {
-                    file,
-                    offset,
-                    len: l.bytes.table,
-                }
+                Source::file(file, offset, l.bytes.table, l.layer_id)?
             }
         };
         let mut layers = self.layers.write().unwrap_or_else(|p| p.into_inner());
