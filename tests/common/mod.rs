@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod bounds;
+pub mod device;
 
 use engram::formats::f32_to_bf16;
 use engram::{
