@@ -546,11 +546,9 @@ fn every_wkv_format_projects_within_the_bound_of_the_cpu() {
     }
     if let Some(e) = &dev.emu {
         let l = e.launches();
-        for n in [1, 5, 8] {
-            assert!(
-                l.contains_key(format!("engram_gemv_q_{n}").as_str()),
-                "GEMV {n} ran"
-            );
+        for f in engram::cuda::gpu::GEMV_Q_FORMATS {
+            let name = engram::cuda::gpu::Kernel::GemvQ(f).name();
+            assert!(l.contains_key(name), "{name} ran");
         }
         assert!(l.contains_key("engram_dequant_bf16"), "the tiles ran");
     }

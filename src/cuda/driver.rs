@@ -7,7 +7,8 @@ use super::kernels;
 use super::sys::{self, CUcontext, CUdevice, CUresult, DriverApi, CUDA_SUCCESS};
 use crate::error::{bail, EngramStatus, Error, Result};
 use std::ffi::{c_void, CStr, CString};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// The oldest driver (as `cuDriverGetVersion` reports it) the backend accepts:
 /// CUDA 12.0.
@@ -107,10 +108,13 @@ pub struct RealGpu {
     /// Compute capability (major, minor).
     pub cc: (i32, i32),
     pub name: String,
-    /// What the kernels were compiled to (`"sm_90 cubin"`, `"compute_90 PTX"`).
-    pub target: String,
-    module: sys::CUmodule,
-    functions: Vec<sys::CUfunction>,
+    /// What the kernels are compiled to (`"sm_90"` for a cubin, `"compute_90"` for PTX).
+    pub arch: String,
+    /// The loaded modules of [`kernels::MODULES`] (0: not yet), behind the
+    /// lock that loading holds.
+    modules: Mutex<[usize; 2]>,
+    /// Every kernel's `CUfunction` (0 until its module is loaded).
+    functions: Vec<AtomicUsize>,
 }
 
 // SAFETY: driver handles usable from any thread with the context current,
@@ -170,53 +174,74 @@ impl RealGpu {
                 (d.cuDevicePrimaryCtxRetain)(&mut ctx, dev),
                 "cuDevicePrimaryCtxRetain",
             )?;
-            let mut g = RealGpu {
+            let g = RealGpu {
                 ordinal,
                 dev,
                 ctx,
                 cc,
                 name,
-                target: String::new(),
-                module: std::ptr::null_mut(),
-                functions: Vec::new(),
+                arch: String::new(),
+                modules: Mutex::new([0; 2]),
+                functions: KERNEL_NAMES.iter().map(|_| AtomicUsize::new(0)).collect(),
             };
-            g.load_kernels()?;
+            // From here on, Drop releases the context.
+            let mut g = g;
+            g.arch = kernels::arch_for(cc)?;
+            g.load_module(0)?;
             Ok(Arc::new(g))
         }
     }
 
-    fn load_kernels(&mut self) -> Result<()> {
+    /// Compile (or reuse) and load module `m` of [`kernels::MODULES`] and look
+    /// up its kernels; a no-op once it is loaded.
+    fn load_module(&self, m: usize) -> Result<()> {
+        let mut loaded = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if loaded[m] != 0 {
+            return Ok(());
+        }
         let d = api()?;
-        let (arch, img) = kernels::module_for(self.cc)?;
+        let img = kernels::module_image(m, &self.arch)?;
         let _g = enter_ctx(self.ctx)?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: the image is a complete cubin or PTX; the context is current.
         unsafe {
             check(
-                (d.cuModuleLoadData)(&mut self.module, img.as_ptr() as *const c_void),
-                &format!("loading the engram kernels ({arch})"),
+                (d.cuModuleLoadData)(&mut module, img.as_ptr() as *const c_void),
+                &format!(
+                    "loading the engram kernels ({}, {})",
+                    kernels::MODULES[m].0,
+                    self.arch
+                ),
             )?;
         }
-        self.target = if arch.starts_with("sm_") {
-            format!("{arch} cubin")
-        } else {
-            format!(
-                "{arch} PTX, compiled by the driver for sm_{}{}",
-                self.cc.0, self.cc.1
-            )
-        };
-        for name in KERNEL_NAMES {
-            let c = CString::new(name).expect("no NUL");
+        for k in Kernel::all().into_iter().filter(|k| k.module() == m) {
+            let c = CString::new(k.name()).expect("no NUL");
             let mut f = std::ptr::null_mut();
             // SAFETY: the module is loaded; the name is a live CString.
-            unsafe {
-                check(
-                    (d.cuModuleGetFunction)(&mut f, self.module, c.as_ptr()),
-                    &format!("kernel {name}"),
-                )?;
+            let r = unsafe { (d.cuModuleGetFunction)(&mut f, module, c.as_ptr()) };
+            if let Err(e) = check(r, &format!("kernel {}", k.name())) {
+                // SAFETY: loaded above, unloaded once.
+                unsafe {
+                    let _ = (d.cuModuleUnload)(module);
+                }
+                return Err(e);
             }
-            self.functions.push(f);
+            self.functions[k.index()].store(f as usize, Ordering::Release);
         }
+        loaded[m] = module as usize;
         Ok(())
+    }
+
+    /// What the kernels are compiled to, in words.
+    fn target(&self) -> String {
+        if self.arch.starts_with("sm_") {
+            format!("{} cubin", self.arch)
+        } else {
+            format!(
+                "{} PTX, compiled by the driver for sm_{}{}",
+                self.arch, self.cc.0, self.cc.1
+            )
+        }
     }
 
     fn ctx_guard(&self) -> Result<Guard> {
@@ -228,11 +253,12 @@ impl Drop for RealGpu {
     fn drop(&mut self) {
         let Ok(d) = api() else { return };
         if let Ok(_g) = self.ctx_guard() {
-            // SAFETY: loaded once, unloaded once, after the device is idle.
+            let loaded = *self.modules.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: each loaded once, unloaded once, after the device is idle.
             unsafe {
                 let _ = (d.cuCtxSynchronize)();
-                if !self.module.is_null() {
-                    let _ = (d.cuModuleUnload)(self.module);
+                for m in loaded.into_iter().filter(|&m| m != 0) {
+                    let _ = (d.cuModuleUnload)(m as sys::CUmodule);
                 }
             }
         }
@@ -250,7 +276,7 @@ impl Gpu for RealGpu {
             self.name,
             self.cc.0,
             self.cc.1,
-            self.target,
+            self.target(),
             sys::describe()
         )
     }
@@ -534,6 +560,11 @@ impl Gpu for RealGpu {
         args: &[Arg],
     ) -> Result<()> {
         let d = api()?;
+        let mut f = self.functions[k.index()].load(Ordering::Acquire);
+        if f == 0 {
+            self.load_module(k.module())?;
+            f = self.functions[k.index()].load(Ordering::Acquire);
+        }
         let _g = self.ctx_guard()?;
         let mut ptrs: Vec<*mut c_void> = args.iter().map(|a| a.ptr).collect();
         // SAFETY: the caller's contract (arguments matching the kernel, valid
@@ -541,7 +572,7 @@ impl Gpu for RealGpu {
         unsafe {
             check(
                 (d.cuLaunchKernel)(
-                    self.functions[k.index()],
+                    f as sys::CUfunction,
                     grid,
                     1,
                     1,
@@ -561,5 +592,9 @@ impl Gpu for RealGpu {
     fn new_blas(&self) -> Result<Box<dyn Blas>> {
         let _g = self.ctx_guard()?;
         Ok(Box::new(RealBlas::new(self.ctx)?))
+    }
+
+    fn preload(&self, k: Kernel) -> Result<()> {
+        self.load_module(k.module())
     }
 }

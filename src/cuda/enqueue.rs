@@ -250,15 +250,14 @@ impl CudaBackend {
             }
             WkvKind::Quant(fmt) if n <= st.gemv_max && k_in % 32 == 0 => {
                 let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
-                let f = fmt as u32;
                 let rb = fmt.row_bytes(k_in) as u32;
-                let (n_out, k) = (k_out as u32, k_in as u32);
-                let a = args![w, f, rb, rows, kv, n_out, k];
-                // SAFETY: arguments match engram_gemv_q_<n>; `rows` is our
-                // 256-byte aligned workspace and k % 32 == 0.
+                let (n_out, k, nt) = (k_out as u32, k_in as u32, n as u32);
+                let a = args![w, rb, rows, kv, n_out, k, nt];
+                // SAFETY: arguments match engram_gemv_q_<format>; `rows` is
+                // our 256-byte aligned workspace, k % 32 == 0, n <= GEMV_MAX.
                 unsafe {
                     self.gpu.launch(
-                        Kernel::GemvQ(n),
+                        Kernel::GemvQ(fmt),
                         gemv_blocks,
                         kernels::GEMV_THREADS,
                         stream,

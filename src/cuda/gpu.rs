@@ -72,8 +72,9 @@ pub enum Kernel {
     },
     /// `engram_gemv_bf16_<n>`, n in 1..=GEMV_MAX.
     Gemv(usize),
-    /// `engram_gemv_q_<n>`: the fused dequantising GEMV of a quantised `wkv`.
-    GemvQ(usize),
+    /// `engram_gemv_q_<format>`: the fused dequantising GEMV of a `wkv` read
+    /// in place (f16 or a GGUF block format), for up to GEMV_MAX tokens.
+    GemvQ(crate::formats::EngramType),
     /// `engram_dequant_bf16`: rows of a quantised `wkv` to bf16 (a GEMM tile).
     Dequant,
 }
@@ -93,18 +94,47 @@ pub const KERNEL_NAMES: [&str; 22] = [
     "engram_gemv_bf16_6",
     "engram_gemv_bf16_7",
     "engram_gemv_bf16_8",
-    "engram_gemv_q_1",
-    "engram_gemv_q_2",
-    "engram_gemv_q_3",
-    "engram_gemv_q_4",
-    "engram_gemv_q_5",
-    "engram_gemv_q_6",
-    "engram_gemv_q_7",
-    "engram_gemv_q_8",
+    "engram_gemv_q_f16",
+    "engram_gemv_q_q8_0",
+    "engram_gemv_q_q4_0",
+    "engram_gemv_q_q2_k",
+    "engram_gemv_q_q3_k",
+    "engram_gemv_q_q4_k",
+    "engram_gemv_q_q5_k",
+    "engram_gemv_q_q6_k",
     "engram_dequant_bf16",
 ];
 
+/// The `wkv` formats of [`Kernel::GemvQ`], in [`KERNEL_NAMES`] order.
+pub const GEMV_Q_FORMATS: [crate::formats::EngramType; 8] = {
+    use crate::formats::EngramType::*;
+    [F16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
+};
+
 impl Kernel {
+    /// Which of [`super::kernels::MODULES`] holds it.
+    pub fn module(self) -> usize {
+        match self {
+            Kernel::GemvQ(_) | Kernel::Dequant => 1,
+            _ => 0,
+        }
+    }
+
+    /// Every kernel, in [`KERNEL_NAMES`] order.
+    pub fn all() -> Vec<Kernel> {
+        use super::kernels::GEMV_MAX;
+        let mut v = vec![Kernel::Gather];
+        for hw_bf16 in [false, true] {
+            for kv_f32 in [false, true] {
+                v.push(Kernel::Gate { hw_bf16, kv_f32 });
+            }
+        }
+        v.extend((1..=GEMV_MAX).map(Kernel::Gemv));
+        v.extend(GEMV_Q_FORMATS.map(Kernel::GemvQ));
+        v.push(Kernel::Dequant);
+        v
+    }
+
     /// Its position in [`KERNEL_NAMES`].
     pub fn index(self) -> usize {
         use super::kernels::GEMV_MAX;
@@ -115,11 +145,14 @@ impl Kernel {
                 assert!((1..=GEMV_MAX).contains(&n), "GEMV of {n} tokens");
                 4 + n
             }
-            Kernel::GemvQ(n) => {
-                assert!((1..=GEMV_MAX).contains(&n), "GEMV of {n} tokens");
-                4 + GEMV_MAX + n
+            Kernel::GemvQ(f) => {
+                let i = GEMV_Q_FORMATS
+                    .iter()
+                    .position(|&x| x == f)
+                    .unwrap_or_else(|| panic!("no fused GEMV for {f:?}"));
+                5 + GEMV_MAX + i
             }
-            Kernel::Dequant => 5 + 2 * GEMV_MAX,
+            Kernel::Dequant => 5 + GEMV_MAX + GEMV_Q_FORMATS.len(),
         }
     }
 
@@ -249,6 +282,14 @@ pub trait Gpu: Send + Sync {
 
     /// A GEMM for one context.
     fn new_blas(&self) -> Result<Box<dyn Blas>>;
+
+    /// Make sure `k` can be launched (the real device compiles and loads the
+    /// module holding it the first time; a launch does so too, but a caller
+    /// that can wait now, `set_layer`, calls this so the first apply does not).
+    fn preload(&self, k: Kernel) -> Result<()> {
+        let _ = k;
+        Ok(())
+    }
 }
 
 /// The caller's context, restored on drop (see [`Gpu::enter`]).
@@ -464,4 +505,24 @@ pub fn check_device_range(gpu: &dyn Gpu, ptr: u64, bytes: usize, what: &str) -> 
              with any allocations mapped right after it)"
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_has_its_name_and_index() {
+        let all = Kernel::all();
+        assert_eq!(all.len(), KERNEL_NAMES.len());
+        for (i, k) in all.iter().enumerate() {
+            assert_eq!(k.index(), i, "{k:?}");
+            assert_eq!(
+                k.module(),
+                k.name().starts_with("engram_gemv_q_") as usize
+                    | (k.name() == "engram_dequant_bf16") as usize,
+                "{k:?}"
+            );
+        }
+    }
 }

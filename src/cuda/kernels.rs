@@ -24,9 +24,22 @@ pub const SOURCES: [(&str, &str); 5] = [
     ("gemv_q.cu", include_str!("../../kernels/gemv_q.cu")),
 ];
 
-/// The translation unit of the module the backend loads.
+/// Every kernel in one translation unit (the NVRTC check compiles it; the
+/// SIMT build checks its include order against tests/simt/kernels_host.cpp).
 pub const MODULE_MAIN: &str =
     "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n#include \"gemv_q.cu\"\n";
+
+/// The modules the backend loads, `(name, translation unit)`: the one every
+/// context needs, and the quantised-`wkv` kernels, compiled and loaded the
+/// first time a layer with such a `wkv` is set (they take as long to compile
+/// as the rest together). Together they are the whole of the main unit above.
+pub const MODULES: [(&str, &str); 2] = [
+    (
+        "engram_kernels.cu",
+        "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n",
+    ),
+    ("engram_quant.cu", "#include \"gemv_q.cu\"\n"),
+];
 
 /// The options every compile uses besides the architecture and [`defines`].
 /// No `--use_fast_math` and no `--ftz`: f32 subnormals and IEEE division and
@@ -230,28 +243,29 @@ pub fn compile_source(main: &str, name: &str, arch: &str) -> Result<Compiled> {
     }
 }
 
-/// The backend's module for `arch`, compiled once per process.
-pub fn module_image(arch: &str) -> Result<Arc<Vec<u8>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Vec<u8>>>>> = OnceLock::new();
+/// Module `m` of [`MODULES`] for `arch`, compiled once per process.
+pub fn module_image(m: usize, arch: &str) -> Result<Arc<Vec<u8>>> {
+    type Images = HashMap<(usize, String), Arc<Vec<u8>>>;
+    static CACHE: OnceLock<Mutex<Images>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(img) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(arch) {
+    let key = (m, arch.to_string());
+    if let Some(img) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(img.clone());
     }
-    let c = compile_source(MODULE_MAIN, "engram_kernels.cu", arch)?;
+    let (name, main) = MODULES[m];
+    let c = compile_source(main, name, arch)?;
     let img = Arc::new(c.image);
     cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(arch.to_string(), img.clone());
+        .insert(key, img.clone());
     Ok(img)
 }
 
-/// The architecture ([`choose_arch`]) and module image for a device of
-/// compute capability `cc`.
-pub fn module_for(cc: (i32, i32)) -> Result<(String, Arc<Vec<u8>>)> {
-    let arch = choose_arch(cc, &supported_archs()?)?;
-    let img = module_image(&arch)?;
-    Ok((arch, img))
+/// The architecture to compile for on a device of compute capability `cc`
+/// ([`choose_arch`] with this NVRTC's list).
+pub fn arch_for(cc: (i32, i32)) -> Result<String> {
+    choose_arch(cc, &supported_archs()?)
 }
 
 /// Most tokens the GEMV kernels take (`engram_gemv_bf16_1` ... `_8`,
@@ -264,3 +278,31 @@ pub const GATE_THREADS: u32 = 256;
 pub const GEMV_THREADS: u32 = 256;
 pub const GEMV_ROWS_PER_WARP: u32 = 2;
 pub const DEQUANT_THREADS: u32 = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_modules_make_up_the_main_unit() {
+        let joined: String = MODULES.iter().map(|m| m.1).collect();
+        assert_eq!(joined, MODULE_MAIN);
+    }
+
+    #[test]
+    fn the_target_is_the_device_or_the_newest_older_virtual_arch() {
+        let nvrtc12_4 = [50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90];
+        let nvrtc13 = [75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121];
+        assert_eq!(choose_arch((9, 0), &nvrtc12_4).unwrap(), "sm_90");
+        assert_eq!(choose_arch((9, 0), &nvrtc13).unwrap(), "sm_90");
+        // A device newer than the NVRTC: PTX the driver compiles.
+        assert_eq!(choose_arch((12, 0), &nvrtc12_4).unwrap(), "compute_90");
+        assert_eq!(choose_arch((10, 0), &nvrtc12_4).unwrap(), "compute_90");
+        // A minor version the NVRTC lacks: the newest older one.
+        assert_eq!(choose_arch((8, 9), &[80, 86, 90]).unwrap(), "compute_86");
+        // An NVRTC that dropped the device.
+        let e = choose_arch((7, 0), &nvrtc13).unwrap_err();
+        assert_eq!(e.status, EngramStatus::ErrDevice);
+        assert!(e.message.contains("sm_75"), "{}", e.message);
+    }
+}

@@ -459,6 +459,10 @@ impl<'w> Backend<'w> for CudaBackend {
             }
         };
         let qk = self.qk_of(&l)?;
+        if let WkvKind::Quant(f) = wkv_kind {
+            // Compile the quantised-wkv kernels now, not in the first apply.
+            self.gpu.preload(gpu::Kernel::GemvQ(f))?;
+        }
         let mut st = self.state();
         let (m, k_in, k_out) = (self.max_tokens, s.k_in, s.k_out);
         if wkv_kind == WkvKind::F32 && st.rows32.is_none() {

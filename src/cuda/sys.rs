@@ -306,26 +306,49 @@ fn dlopen(name: &str, flags: c_int) -> Result<Lib, String> {
 /// Directories of NVIDIA's pip wheels and toolkits worth trying (see the
 /// module documentation), existing ones only, without duplicates.
 fn candidate_dirs() -> Vec<PathBuf> {
+    let env = |v: &str| std::env::var_os(v).map(PathBuf::from);
+    let homes: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(|v| env(v))
+        .collect();
+    search_dirs(
+        &loaded_object_paths(),
+        env("VIRTUAL_ENV").as_deref(),
+        env("CONDA_PREFIX").as_deref(),
+        &homes,
+    )
+}
+
+/// [`candidate_dirs`] from its inputs: the paths of the loaded objects, the
+/// virtual environment and conda prefix, and the toolkit homes (before
+/// `/usr/local/cuda`).
+pub fn search_dirs(
+    loaded: &[String],
+    virtual_env: Option<&std::path::Path>,
+    conda_prefix: Option<&std::path::Path>,
+    cuda_homes: &[PathBuf],
+) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     let mut site = Vec::new();
-    for p in loaded_object_paths() {
+    for p in loaded {
         if let Some(i) = p.find("/site-packages/") {
             site.push(PathBuf::from(&p[..i + "/site-packages".len()]));
         }
     }
-    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
-        if let Some(v) = std::env::var_os(var) {
-            let lib = PathBuf::from(v).join("lib");
-            if let Ok(rd) = std::fs::read_dir(&lib) {
-                for e in rd.flatten() {
-                    if e.file_name().to_string_lossy().starts_with("python") {
-                        site.push(e.path().join("site-packages"));
-                    }
-                }
-            }
-            if var == "CONDA_PREFIX" {
-                dirs.push(lib);
-            }
+    for (prefix, conda) in [(virtual_env, false), (conda_prefix, true)] {
+        let Some(prefix) = prefix else { continue };
+        let lib = prefix.join("lib");
+        if let Ok(rd) = std::fs::read_dir(&lib) {
+            let mut pys: Vec<PathBuf> = rd
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("python"))
+                .map(|e| e.path().join("site-packages"))
+                .collect();
+            pys.sort();
+            site.extend(pys);
+        }
+        if conda {
+            dirs.push(lib);
         }
     }
     for s in site {
@@ -337,11 +360,7 @@ fn candidate_dirs() -> Vec<PathBuf> {
             dirs.push(s.join(sub));
         }
     }
-    let mut homes: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .map(PathBuf::from)
-        .collect();
+    let mut homes = cuda_homes.to_vec();
     homes.push(PathBuf::from("/usr/local/cuda"));
     for h in homes {
         dirs.push(h.join("lib64"));
@@ -596,4 +615,58 @@ pub fn describe() -> String {
         ));
     }
     parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pip_wheels_are_found_from_a_venv_and_from_loaded_objects() {
+        let root = std::env::temp_dir().join(format!("engram-sys-{}", std::process::id()));
+        let venv = root.join("venv");
+        let sp = venv.join("lib/python3.12/site-packages");
+        for d in ["nvidia/cu13/lib", "nvidia/cublas/lib", "torch/lib"] {
+            std::fs::create_dir_all(sp.join(d)).unwrap();
+        }
+        let other = root.join("other/lib/python3.11/site-packages/nvidia/cuda_nvrtc/lib");
+        std::fs::create_dir_all(&other).unwrap();
+        let home = root.join("cuda");
+        std::fs::create_dir_all(home.join("targets/x86_64-linux/lib")).unwrap();
+        let loaded = vec![format!(
+            "{}/torch/lib/libtorch_cuda.so",
+            root.join("other/lib/python3.11/site-packages").display()
+        )];
+        let dirs = search_dirs(&loaded, Some(&venv), None, std::slice::from_ref(&home));
+        let want = [
+            other.clone(),
+            sp.join("nvidia/cu13/lib"),
+            sp.join("nvidia/cublas/lib"),
+            home.join("targets/x86_64-linux/lib"),
+        ];
+        let found: Vec<&PathBuf> = dirs.iter().filter(|d| d.starts_with(&root)).collect();
+        assert_eq!(found, want.iter().collect::<Vec<_>>(), "{dirs:?}");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_missing_library_is_an_error_that_names_what_was_tried() {
+        let e = match find(&["libengram_no_such_cuda_lib.so.13".to_string()]) {
+            Ok(_) => panic!("loaded a library that does not exist"),
+            Err(e) => e,
+        };
+        assert!(e.contains("libengram_no_such_cuda_lib.so.13"), "{e}");
+    }
+
+    #[test]
+    fn a_library_without_a_symbol_is_an_error_naming_it() {
+        // libc is loaded in every process and lacks cuInit.
+        let lib = dlopen("libc.so.6", libc::RTLD_NOW | libc::RTLD_LOCAL).unwrap();
+        let e = match DriverApi::load(&lib) {
+            Ok(_) => panic!("libc has the driver API?"),
+            Err(e) => e,
+        };
+        assert!(e.contains("lacks the function cuInit"), "{e}");
+        assert!(e.contains("libc"), "{e}");
+    }
 }

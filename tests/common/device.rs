@@ -82,9 +82,14 @@ pub fn device() -> Option<Dev> {
     emulated()
 }
 
-/// The emulation (never the GPU).
+/// The emulation (never the GPU); not in the GPU check (`ENGRAM_REQUIRE_GPU=1`),
+/// whose time is the GPU's.
 pub fn emulated() -> Option<Dev> {
     static EMU: OnceLock<Option<Dev>> = OnceLock::new();
+    if require_gpu() {
+        say_once("SKIP: emulation-only tests in the GPU check (ENGRAM_REQUIRE_GPU=1)");
+        return None;
+    }
     EMU.get_or_init(|| match simt_library() {
         Err(e) => panic!("the SIMT emulation could not be built: {e}"),
         Ok(Some(p)) => {
