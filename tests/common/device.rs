@@ -7,9 +7,10 @@
 //! - `ENGRAM_TEST_DEVICE=emulated`: the emulation even where there is a GPU.
 //! - Without a GPU and without g++ the tests print why and pass.
 //!
-//! The SIMT library is built once per source state (a hash of the kernels,
-//! the shim and the `-D` options) into `target/tmp/simt-<hash>/`, under a
-//! file lock, so every test binary of a run shares one build (~15 s).
+//! The SIMT library (and its self-test, run by `tests/simt_selftest.rs`) is
+//! built once per source state (a hash of the kernels, the shim and the `-D`
+//! options) into `target/tmp/simt-<hash>/`, under a file lock, so every test
+//! binary of a run shares one build (~20 s).
 
 use engram::cuda::emu::Emulator;
 use engram::cuda::gpu::{DevBuf, Gpu};
@@ -181,7 +182,6 @@ fn build_simt() -> Result<Option<PathBuf>, String> {
         .arg(root.join("tests/simt/build.sh"))
         .arg(&tmp)
         .args(&defines)
-        .env("SELFTEST", "0")
         .env("FMAD", fmad)
         .output()
         .map_err(|e| format!("running tests/simt/build.sh: {e}"))?;
@@ -192,6 +192,7 @@ fn build_simt() -> Result<Option<PathBuf>, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
+    std::fs::write(tmp.join("defines.txt"), defines.join(" ")).map_err(|e| e.to_string())?;
     std::fs::rename(&tmp, &dir).map_err(|e| e.to_string())?;
     eprintln!(
         "built the SIMT emulation in {:.1} s: {}",

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Build tests/simt (libengram_simt.so and its self-test) and run the self-test.
 #
-#   tests/simt/run_selftest.sh [OUTDIR]        (default OUTDIR: build/simt)
+#   tests/simt/run_selftest.sh [OUTDIR [-DNAME=VALUE ...]]   (default OUTDIR: build/simt)
+#
+# The kernels need the -D options of src/cuda/kernels.rs defines() (build.sh
+# passes them on); `cargo test --test simt_selftest` builds and runs the
+# self-test with them, and leaves them in target/tmp/simt-*/defines.txt for a
+# run by hand: tests/simt/run_selftest.sh build/simt $(cat target/tmp/simt-*/defines.txt)
 #
 # Environment: as build.sh (FMAD, SANITIZE=1, TSAN=1, UCONTEXT=1), and
 #   ALL=1   run four builds in turn: plain, SANITIZE=1, TSAN=1 and
@@ -14,29 +19,24 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 OUT="${1:-$ROOT/build/simt}"
-KRS="$ROOT/src/cuda/kernels.rs"
+shift || true
+DEFS=("$@")
+KNAMES="$ROOT/src/cuda/gpu.rs"
 
-# The kernel names the CUDA backend looks up (src/cuda/kernels.rs): each
-# m.function("NAME") literal, and the GEMV family format!("PREFIX{}", i + 1)
-# for i < GEMV_MAX.
+# The kernel names the CUDA backend launches: the KERNEL_NAMES list of
+# src/cuda/gpu.rs.
 EXPECT=()
-if [ -f "$KRS" ]; then
-    mapfile -t NAMES < <(grep -o 'function("[A-Za-z0-9_]*")' "$KRS" | sed 's/function("\(.*\)")/\1/')
-    PREFIX="$(grep -o 'format!("[A-Za-z0-9_]*{}", i + 1)' "$KRS" | sed 's/format!("\([A-Za-z0-9_]*\){}".*/\1/' | head -n 1 || true)"
-    MAX="$(grep -o 'GEMV_MAX: usize = [0-9]*' "$KRS" | grep -o '[0-9]*$' | head -n 1 || true)"
-    if [ -n "$PREFIX" ] && [ -n "$MAX" ]; then
-        for ((i = 1; i <= MAX; i++)); do NAMES+=("$PREFIX$i"); done
-    else
-        echo "run_selftest.sh: note: no GEMV kernel family found in $KRS" >&2
-    fi
+if [ -f "$KNAMES" ]; then
+    mapfile -t NAMES < <(awk '/pub const KERNEL_NAMES/{f=1} f{print} f&&/\];/{exit}' "$KNAMES" |
+        grep -o '"engram_[A-Za-z0-9_]*"' | tr -d '"')
     for n in "${NAMES[@]}"; do EXPECT+=(--expect "$n"); done
 fi
 [ "${#EXPECT[@]}" -gt 0 ] ||
-    echo "run_selftest.sh: WARNING: no kernel names found in $KRS: the CUDA backend's names are not checked" >&2
+    echo "run_selftest.sh: WARNING: no kernel names found in $KNAMES: the CUDA backend's names are not checked" >&2
 
 run_one() {
     local dir="$1"
-    "$HERE/build.sh" "$dir"
+    "$HERE/build.sh" "$dir" "${DEFS[@]}"
     "$dir/selftest" "${EXPECT[@]}"
     if [ "${TSAN:-0}" = 1 ]; then
         local rc=0
