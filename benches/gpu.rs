@@ -137,7 +137,10 @@ fn wall_ms(stream: sys::CUstream, reps: usize, mut f: impl FnMut(usize)) -> f64 
 }
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    // ENGRAM_SOURCE_ROOT: the tree this binary was carried to (scripts/gpu-check.sh).
+    std::env::var_os("ENGRAM_SOURCE_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 fn write<T: Copy>(path: &PathBuf, data: &[T]) {

@@ -609,13 +609,15 @@ enum engram_status engram_read_back(struct engram_context *ctx,
  Wait for `stream` (CUDA backend; NULL: the legacy default stream) and report
  what went wrong in the work this context queued: an asynchronous CUDA error
  (`ENGRAM_STATUS_ERR_DEVICE`) or an error the kernels found in the row ids or
- rows (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`, `ENGRAM_STATUS_ERR_INVALID_DATA`;
- reported once). `ENGRAM_STATUS_OK` when all is well, and always on the CPU
+ rows (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`, `ENGRAM_STATUS_ERR_INVALID_DATA`,
+ or `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` for a host table's row that
+ `engram_stage` did not stage; reported once). `ENGRAM_STATUS_OK` when all is well, and always on the CPU
  backend. It synchronises, so it is not for a captured step.
 
  `ctx` as in `engram_free`; `stream` a stream of the context's device or NULL.
  */
-enum engram_status engram_check(struct engram_context *ctx, void *stream);
+enum engram_status engram_check(struct engram_context *ctx,
+                                void *stream);
 
 /*
  Start gathering the table rows of engram layer `layer_id` for a step on

@@ -58,6 +58,8 @@ SUMMARY="$OUT/summary.txt"
 FAILED=0
 BIN="$OUT/bin"
 mkdir -p "$BIN"
+# The bundled binaries read tests/golden/data and bench/gpu_peer.py from here.
+export ENGRAM_SOURCE_ROOT="$ROOT"
 export OUT ROOT CUDA_HOME ENGRAM_TORCH_PYTHON BIN
 
 # step NAME LIMIT_S COMMAND...: run it with its output in OUTDIR/NAME.log, for at
@@ -118,14 +120,9 @@ prepare() {
         return 1
     }
     cp target/gpu-bundle/* "$BIN/"
-    # The binaries read tests/golden/data and bench/gpu_peer.py under the
-    # source path they were compiled in; point that path at this tree.
-    local baked
-    baked="$(cat "$BIN/ROOT")"
-    if [ "$baked" != "$ROOT" ] && [ ! -e "$baked/tests/golden/data/tiny.json" ]; then
-        mkdir -p "$(dirname "$baked")" && ln -sfn "$ROOT" "$baked" || return 1
-        echo "linked $baked -> $ROOT"
-    fi
+    # The binaries read their data through ENGRAM_SOURCE_ROOT (this tree).
+    echo "bundle built in $(cat "$BIN/ROOT"); ENGRAM_SOURCE_ROOT=$ENGRAM_SOURCE_ROOT"
+    [ -f "$ENGRAM_SOURCE_ROOT/tests/golden/data/tiny.json" ] || { echo "no tests/golden/data here"; return 1; }
     chmod +x "$BIN"/cuda_* "$BIN"/gpu_bench
     ls -la "$BIN"
 }

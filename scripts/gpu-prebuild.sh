@@ -10,8 +10,10 @@
 #     cuda_nvrtc        tests/cuda_nvrtc.rs: every kernel compiles without a warning
 #     gpu_bench         benches/gpu.rs
 #     libengram.so      the library, for the C test and examples/cpp_host on CUDA
-#     ROOT, COMMIT      the source path compiled into the binaries (they read
-#                       tests/golden/data and bench/gpu_peer.py from there) and its commit
+#     ROOT, COMMIT      where and from which commit it was built (on the GPU
+#                       machine the binaries read tests/golden/data and
+#                       bench/gpu_peer.py under ENGRAM_SOURCE_ROOT, which
+#                       gpu-check.sh sets to the tree it runs in)
 #
 # Debug info is stripped so the bundle stays well under 64 MiB (checked). The
 # binaries need glibc 2.36 or later and nothing else: the CUDA libraries are

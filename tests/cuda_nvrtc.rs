@@ -90,7 +90,9 @@ fn a_device_newer_than_this_nvrtc_gets_ptx_that_compiles() {
         .unwrap_or_else(|e| panic!("PTX for {arch}: {}", e.message));
     assert_clean("the module", &arch, &c.log);
     assert!(
-        String::from_utf8_lossy(&c.image).contains(".entry engram_gemv_q_8"),
+        engram::cuda::gpu::KERNEL_NAMES
+            .iter()
+            .all(|k| String::from_utf8_lossy(&c.image).contains(&format!(".entry {k}("))),
         "PTX with every entry"
     );
     println!(
