@@ -471,7 +471,20 @@ pub fn driver() -> Result<&'static Loaded<DriverApi>, String> {
         let lib = dlopen("libcuda.so.1", libc::RTLD_NOW | libc::RTLD_LOCAL).map_err(|e| {
             format!("no CUDA driver: libcuda.so.1 cannot be loaded ({e}); the CUDA backend needs the NVIDIA driver")
         })?;
-        let api = DriverApi::load(&lib)?;
+        let mut api = DriverApi::load(&lib)?;
+        if api.cuEventElapsedTime.is_none() {
+            // CUDA 12.8 added a _v2 of the same signature; a driver could
+            // drop the old name one day (benchmarks only).
+            api.cuEventElapsedTime = lib.sym_opt("cuEventElapsedTime_v2").map(|p| {
+                // SAFETY: cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end).
+                unsafe {
+                    std::mem::transmute::<
+                        *mut c_void,
+                        unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult,
+                    >(p)
+                }
+            });
+        }
         let mut v = 0;
         // SAFETY: cuDriverGetVersion needs no initialisation; `v` is a local.
         let r = unsafe { (api.cuDriverGetVersion)(&mut v) };
