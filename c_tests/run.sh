@@ -72,15 +72,18 @@ if [ "${#HEADER_FUNCS[@]}" -lt 4 ]; then
     fail "found the function declarations in include/engram.h (got ${#HEADER_FUNCS[@]})"
 fi
 mapfile -t WANTED < <(printf '%s\n' engram_create engram_hash engram_apply engram_free "${HEADER_FUNCS[@]}" | sort -u)
+# (grep -x >/dev/null, not grep -q: under pipefail, a grep -q that exits at its
+# first match can leave printf writing into a closed pipe, and SIGPIPE fails
+# the pipeline at random.)
 for f in "${WANTED[@]}"; do
-    if printf '%s\n' "${EXPORTED[@]}" | grep -qx "$f"; then
+    if printf '%s\n' "${EXPORTED[@]}" | grep -x -- "$f" >/dev/null; then
         pass "nm -D --defined-only libengram.so exports $f"
     else
         fail "nm -D --defined-only libengram.so exports $f"
     fi
 done
 for f in "${EXPORTED[@]}"; do
-    if printf '%s\n' "${HEADER_FUNCS[@]}" | grep -qx "$f"; then :; else
+    if printf '%s\n' "${HEADER_FUNCS[@]}" | grep -x -- "$f" >/dev/null; then :; else
         fail "exported function $f is declared in include/engram.h"
     fi
 done

@@ -163,27 +163,43 @@ ENG_DEV float eng_q4_0(const eng_u8 *b, eng_u32 e) {
     return ENG_MUL((float)((eng_i32)q - 8), eng_f16_at(b));
 }
 
-ENG_DEV float eng_q2_k(const eng_u8 *b, eng_u32 e) {
+// The K-quants in two parts: the (sub-block) scales of value e, computed once
+// for a run of values that share them (the GEMV of gemv_q.cu), and the value
+// from them. eng_qN_k(b, e) composes the two: one formula, one rounding order.
+
+// q2_K: 16 sub-blocks of 16; x = d * (sc & 15) * q - dmin * (sc >> 4).
+ENG_DEV void eng_q2_k_scale(const eng_u8 *b, eng_u32 e, float *dl, float *ml) {
+    const eng_u32 sc = b[e / 16u];
+    *dl = ENG_MUL(eng_f16_at(b + 80), (float)(sc & 0xFu));
+    *ml = ENG_MUL(eng_f16_at(b + 82), (float)(sc >> 4));
+}
+
+ENG_DEV float eng_q2_k_at(const eng_u8 *b, eng_u32 e, float dl, float ml) {
     eng_u32 s = e / 16u, l = e % 16u;
-    eng_u32 sc = b[s];
-    float d = eng_f16_at(b + 80), dmin = eng_f16_at(b + 82);
-    float dl = ENG_MUL(d, (float)(sc & 0xFu));
-    float ml = ENG_MUL(dmin, (float)(sc >> 4));
     eng_u32 half = s / 8u, group = (s / 2u) % 4u, part = s % 2u;
     eng_u32 qb = b[16u + 32u * half + 16u * part + l];
     return ENG_SUB(ENG_MUL(dl, (float)((qb >> (2u * group)) & 3u)), ml);
 }
 
-ENG_DEV eng_i32 eng_q3_k_scale(const eng_u8 *sc, eng_u32 s) {
+ENG_DEV float eng_q2_k(const eng_u8 *b, eng_u32 e) {
+    float dl, ml;
+    eng_q2_k_scale(b, e, &dl, &ml);
+    return eng_q2_k_at(b, e, dl, ml);
+}
+
+ENG_DEV eng_i32 eng_q3_k_scale6(const eng_u8 *sc, eng_u32 s) {
     eng_u32 lo = s < 8u ? (sc[s] & 0xFu) : (sc[s - 8u] >> 4);
     eng_u32 hi = (sc[8u + s % 4u] >> (2u * (s / 4u))) & 3u;
     return (eng_i32)(lo | (hi << 4)) - 32;
 }
 
-ENG_DEV float eng_q3_k(const eng_u8 *b, eng_u32 e) {
+// q3_K: 16 sub-blocks of 16; x = d * (scale - 32) * (q - (hmask ? 0 : 4)).
+ENG_DEV float eng_q3_k_scale(const eng_u8 *b, eng_u32 e) {
+    return ENG_MUL(eng_f16_at(b + 108), (float)eng_q3_k_scale6(b + 96, e / 16u));
+}
+
+ENG_DEV float eng_q3_k_at(const eng_u8 *b, eng_u32 e, float dl) {
     eng_u32 s = e / 16u, l = e % 16u;
-    float d = eng_f16_at(b + 108);
-    float dl = ENG_MUL(d, (float)eng_q3_k_scale(b + 96, s));
     eng_u32 half = s / 8u, group = (s / 2u) % 4u, part = s % 2u;
     eng_u32 qb = b[32u + 32u * half + 16u * part + l];
     eng_u32 hb = b[16u * part + l];
@@ -191,6 +207,8 @@ ENG_DEV float eng_q3_k(const eng_u8 *b, eng_u32 e) {
     eng_i32 v = (eng_i32)((qb >> (2u * group)) & 3u) - ((hb & bit) != 0u ? 0 : 4);
     return ENG_MUL(dl, (float)v);
 }
+
+ENG_DEV float eng_q3_k(const eng_u8 *b, eng_u32 e) { return eng_q3_k_at(b, e, eng_q3_k_scale(b, e)); }
 
 // ggml's get_scale_min_k4: the packed 6-bit (scale, min) pair j.
 ENG_DEV void eng_scale_min_k4(const eng_u8 *sc, eng_u32 j, eng_u32 *s, eng_u32 *m) {
@@ -203,29 +221,47 @@ ENG_DEV void eng_scale_min_k4(const eng_u8 *sc, eng_u32 j, eng_u32 *s, eng_u32 *
     }
 }
 
-ENG_DEV float eng_q4_k(const eng_u8 *b, eng_u32 e) {
-    eng_u32 s = e / 32u, l = e % 32u, sc, m;
-    eng_scale_min_k4(b + 4, s, &sc, &m);
-    float d1 = ENG_MUL(eng_f16_at(b), (float)sc);
-    float m1 = ENG_MUL(eng_f16_at(b + 2), (float)m);
+// q4_K and q5_K: 8 sub-blocks of 32; x = d * sc * q - dmin * m.
+ENG_DEV void eng_k4_scale(const eng_u8 *b, eng_u32 e, float *d1, float *m1) {
+    eng_u32 sc, m;
+    eng_scale_min_k4(b + 4, e / 32u, &sc, &m);
+    *d1 = ENG_MUL(eng_f16_at(b), (float)sc);
+    *m1 = ENG_MUL(eng_f16_at(b + 2), (float)m);
+}
+
+ENG_DEV float eng_q4_k_at(const eng_u8 *b, eng_u32 e, float d1, float m1) {
+    eng_u32 s = e / 32u, l = e % 32u;
     eng_u32 qb = b[16u + 32u * (s / 2u) + l];
     return ENG_SUB(ENG_MUL(d1, (float)((qb >> (4u * (s % 2u))) & 0xFu)), m1);
 }
 
-ENG_DEV float eng_q5_k(const eng_u8 *b, eng_u32 e) {
-    eng_u32 s = e / 32u, l = e % 32u, sc, m;
-    eng_scale_min_k4(b + 4, s, &sc, &m);
-    float d1 = ENG_MUL(eng_f16_at(b), (float)sc);
-    float m1 = ENG_MUL(eng_f16_at(b + 2), (float)m);
+ENG_DEV float eng_q4_k(const eng_u8 *b, eng_u32 e) {
+    float d1, m1;
+    eng_k4_scale(b, e, &d1, &m1);
+    return eng_q4_k_at(b, e, d1, m1);
+}
+
+ENG_DEV float eng_q5_k_at(const eng_u8 *b, eng_u32 e, float d1, float m1) {
+    eng_u32 s = e / 32u, l = e % 32u;
     eng_u32 qb = b[48u + 32u * (s / 2u) + l];
     eng_u32 hb = b[16u + l];
     eng_u32 v = ((qb >> (4u * (s % 2u))) & 0xFu) + ((hb & (1u << s)) != 0u ? 16u : 0u);
     return ENG_SUB(ENG_MUL(d1, (float)v), m1);
 }
 
-ENG_DEV float eng_q6_k(const eng_u8 *b, eng_u32 e) {
+ENG_DEV float eng_q5_k(const eng_u8 *b, eng_u32 e) {
+    float d1, m1;
+    eng_k4_scale(b, e, &d1, &m1);
+    return eng_q5_k_at(b, e, d1, m1);
+}
+
+// q6_K: 16 sub-blocks of 16; x = d * scale * (q - 32).
+ENG_DEV float eng_q6_k_scale(const eng_u8 *b, eng_u32 e) {
+    return ENG_MUL(eng_f16_at(b + 208), (float)(eng_i8)b[192u + e / 16u]);
+}
+
+ENG_DEV float eng_q6_k_at(const eng_u8 *b, eng_u32 e, float sd) {
     eng_u32 s = e / 16u, l = e % 16u;
-    float sd = ENG_MUL(eng_f16_at(b + 208), (float)(eng_i8)b[192u + s]);
     eng_u32 half = s / 8u, group = (s / 2u) % 4u, part = s % 2u;
     eng_u32 l0 = 16u * part;
     eng_u32 lb = b[64u * half + 32u * (group % 2u) + l0 + l];
@@ -234,6 +270,8 @@ ENG_DEV float eng_q6_k(const eng_u8 *b, eng_u32 e) {
     eng_i32 v = (eng_i32)(((lb >> shift) & 0xFu) | (((hb >> (2u * group)) & 3u) << 4)) - 32;
     return ENG_MUL(sd, (float)v);
 }
+
+ENG_DEV float eng_q6_k(const eng_u8 *b, eng_u32 e) { return eng_q6_k_at(b, e, eng_q6_k_scale(b, e)); }
 
 // Value `i` of an fp8 row whose e4m3 codes are `codes` and whose e8m0 scales
 // (one per ENG_FP8_SCALE_BLOCK values) are `scales`, as bf16 bits, without the

@@ -12,7 +12,19 @@
 // Block 0 also moves the gather's error latch to the host-mapped mirror
 // (if the mirror is free) and clears the latch: the gather kernel of this call
 // has finished, and nothing else writes the latch while this kernel runs.
+// While the mirror holds an error the host has not reported yet, the errors
+// of later calls are dropped: the host reports the first error until then.
+//
+// Bits: the sums run in a different order than the CPU backend's, and NVRTC
+// contracts products and sums into FMAs (--fmad=true) and uses its own
+// expf, so the gate's bits may differ from the CPU's in the last places;
+// the tests hold both to the bound of tests/common/bounds.rs. A NaN in the
+// highway gives a NaN gate on both backends, with the canonical NaN bits
+// (0x7FFFFFFF) on the GPU and x86's payload on the CPU.
 #include "engram_common.cuh"
+
+static_assert(ENG_GATE_THREADS % 32 == 0 && ENG_GATE_THREADS >= 32 && ENG_GATE_THREADS <= 1024,
+              "the gate's reduction takes whole warps (ENG_GATE_THREADS, src/cuda/kernels.rs)");
 
 
 template <typename T> __device__ __forceinline__ float eng_load(const T *p, eng_u64 i);
@@ -41,11 +53,13 @@ __device__ __forceinline__ float eng_warp_sum(float v) {
 __device__ __forceinline__ void eng_move_latch(eng_u32 *latch, volatile eng_u32 *mirror) {
     if (latch[0] != 0u) {
         if (mirror[0] == 0u) {
-            for (int i = 1; i < (int)ENG_LATCH_WORDS; i++) mirror[i] = latch[i];
+            for (int i = 1; i < (int)ENG_LATCH_KEY; i++) mirror[i] = latch[i];
             __threadfence_system();
             mirror[0] = latch[0];
         }
         latch[0] = 0u;
+        latch[ENG_LATCH_KEY] = 0u;
+        latch[ENG_LATCH_KEY + 1] = 0u;
     }
 }
 

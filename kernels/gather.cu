@@ -1,28 +1,62 @@
-// Gather the rows of one engram layer by id from a device-resident table and
-// dequantise them: rows_out[t][c*Hd + i] = bf16 of value i of row ids[t][c]
-// (or that bf16 value widened to f32, for an f32 wkv). One block per row.
+// Gather the rows of one engram layer by id and dequantise them:
+// rows_out[t][c*Hd + i] = bf16 of value i of row ids[t][c] (or that bf16 value
+// widened to f32, for an f32 wkv). One block per (token, column).
+//
+// Where a row is read from: a table in device memory (`table`, row `id` at
+// table + id * row_bytes), or, for a table in host memory, the layer's device
+// staging buffer (`staged_rows` non-NULL): the host staged the row of position
+// (t, c) at staged_rows + (t * cols + c) * row_bytes and its id at
+// staged_ids[t * cols + c]; a position whose staged id is not the id asked for
+// is an error (ENG_ERR_NOT_STAGED: the engine replayed a graph without
+// staging that step's rows).
 //
 // The token's ids are checked here, as the CPU backend checks them on the host:
-// all -1 is a dead token (rows zeroed, flags[t] = DEAD); some -1 (partly dead),
-// a negative id other than -1 or an id >= table_rows is an error; and an fp8
-// row with a NaN scale or code is an error. A token with an error gets zero
-// rows and BAD flags (the gate leaves it untouched), and the first error of
-// the call is recorded in `latch` (see engram_common.cuh for the codes).
-// engram_gather_split does the same for a table whose fp8 codes and scales
-// are two arrays.
+// all -1 is a dead token (rows zeroed, flags = DEAD); some -1 (partly dead),
+// a negative id other than -1 or an id >= table_rows is an error; and a row
+// whose data is invalid (an fp8 NaN scale or code, a value that is not finite
+// once dequantised) is an error. The gate leaves a token alone when any of its
+// C flags is not LIVE, so a token with an error is never applied. Its rows in
+// the workspace are then not all zero (a bad row's valid elements are written,
+// and its other columns' rows are gathered normally), but nothing reads them:
+// read-back reports the error instead of returning rows.
+//
+// Errors are recorded in `latch` (see src/cuda/latch.rs): the first of the
+// call in the order the CPU backend checks, whatever order the blocks ran in:
+// row-id errors before row-data errors, then by token, then by column.
+//
+// engram_gather_split does the same for a device table in the split fp8
+// format (ENG_FP8_E4M3_E8M0_SPLIT): its e4m3 codes in `table` (`hd` bytes a
+// row) and its e8m0 scales in `scales` (`hd / 32` bytes a row). Staged rows
+// are always packed (the host assembles them), so the staged path is shared.
 #include "engram_common.cuh"
 
-__device__ __forceinline__ void eng_latch(eng_u32 *latch, eng_u32 code, eng_u32 token, eng_u32 col,
-                                          eng_u32 where, eng_i64 row, eng_u32 layer, eng_u32 serial) {
-    if (atomicCAS(latch, 0u, code) == 0u) {
-        latch[1] = token;
-        latch[2] = col;
-        latch[3] = where;
-        latch[4] = (eng_u32)((eng_u64)row & 0xFFFFFFFFu);
-        latch[5] = (eng_u32)((eng_u64)row >> 32);
-        latch[6] = layer;
-        latch[7] = serial;
+// Record an error unless an earlier one (by that order) is recorded. The
+// order key is stored inverted, so that the cleared latch (all zero) holds
+// the latest possible key and atomicMax keeps the earliest. The details are
+// written under a lock by a block whose key is still the latch's, so the
+// last writer is the block with the earliest key.
+__device__ __forceinline__ void eng_latch(eng_u32 *latch, eng_u32 code, eng_u32 data_error, eng_u32 token,
+                                          eng_u32 col, eng_u32 where, eng_i64 row, eng_u32 layer,
+                                          eng_u32 serial) {
+    const eng_u64 key = ~(((eng_u64)data_error << 63) | ((eng_u64)token << 32) | (eng_u64)col);
+    eng_u64 *k = (eng_u64 *)(latch + ENG_LATCH_KEY);
+    if (atomicMax(k, key) > key) return;
+    while (atomicCAS(latch + ENG_LATCH_LOCK, 0u, 1u) != 0u) {
     }
+    __threadfence();
+    if (*(volatile eng_u64 *)k == key) {
+        volatile eng_u32 *l = latch;
+        l[1] = token;
+        l[2] = col;
+        l[3] = where;
+        l[4] = (eng_u32)((eng_u64)row & 0xFFFFFFFFu);
+        l[5] = (eng_u32)((eng_u64)row >> 32);
+        l[6] = layer;
+        l[7] = serial;
+        l[0] = code;
+    }
+    __threadfence();
+    atomicExch(latch + ENG_LATCH_LOCK, 0u);
 }
 
 __device__ __forceinline__ void eng_store_row(void *out, eng_u32 out_f32, eng_u64 at, eng_u16 v) {
@@ -36,16 +70,16 @@ __device__ __forceinline__ void eng_store_row(void *out, eng_u32 out_f32, eng_u6
 // One block per (token t, column c), block index t * cols + c; token t's id
 // for column k is ids[t * id_stride + id_offset + k]. Every block checks its
 // token's ids (all C of them: a few loads) so that each decides the token's
-// status alone, and writes flags[t * cols + c]. `scales` is NULL, or (the
-// split fp8 format) the table's e8m0 scale array: then `table` holds `hd` code
-// bytes a row and `scales` `hd / 32` scale bytes a row. `s` is the block's
-// shared scratch (4 words).
+// status alone, and writes flags[t * cols + c]. `scales` is NULL but for a
+// split fp8 table in device memory; `s` is the block's shared scratch (4 words).
 __device__ __forceinline__ void eng_gather_block(const eng_u8 *__restrict__ table, const eng_u8 *__restrict__ scales,
                                                  eng_u64 table_rows, eng_u32 fmt, eng_u32 hd, eng_u32 row_bytes,
                                                  const eng_i64 *__restrict__ ids, eng_u32 id_stride,
-                                                 eng_u32 id_offset, eng_u32 cols, void *rows_out, eng_u32 out_f32,
-                                                 eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id, eng_u32 serial,
-                                                 eng_u32 *s) {
+                                                 eng_u32 id_offset, eng_u32 cols,
+                                                 const eng_u8 *__restrict__ staged_rows,
+                                                 const eng_i64 *__restrict__ staged_ids, void *rows_out,
+                                                 eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,
+                                                 eng_u32 serial, eng_u32 *s) {
     eng_u32 &s_dead = s[0], &s_first_dead = s[1], &s_first_range = s[2], &s_err_at = s[3];
     const eng_u32 t = blockIdx.x / cols, c = blockIdx.x % cols;
     const eng_u64 base = ((eng_u64)t * cols + c) * hd;
@@ -74,29 +108,45 @@ __device__ __forceinline__ void eng_gather_block(const eng_u8 *__restrict__ tabl
     } else if (dead > 0u || s_first_range != 0xFFFFFFFFu) {
         status = ENG_TOKEN_BAD;
     }
+    const eng_i64 id = tid[c];
+    const eng_u64 pos = (eng_u64)t * cols + c;
+    if (status == ENG_TOKEN_LIVE && staged_rows != 0 && staged_ids[pos] != id) {
+        status = ENG_TOKEN_BAD;
+        if (threadIdx.x == 0) {
+            eng_latch(latch, ENG_ERR_NOT_STAGED, 0u, t, c, 0u, id, layer_id, serial);
+        }
+    }
     if (status != ENG_TOKEN_LIVE) {
         for (eng_u32 i = threadIdx.x; i < hd; i += blockDim.x) eng_store_row(rows_out, out_f32, base + i, 0u);
         if (threadIdx.x == 0) {
-            flags[(eng_u64)t * cols + c] = status;
+            flags[pos] = status;
             if (status == ENG_TOKEN_BAD && c == 0u) {
+                // The CPU backend's order within a token: the first dead
+                // column of a partly dead token, else the first id out of range.
                 if (dead > 0u) {
-                    eng_latch(latch, ENG_ERR_PARTLY_DEAD, t, s_first_dead, 0u, -1, layer_id, serial);
-                } else {
-                    eng_latch(latch, ENG_ERR_ROW_RANGE, t, s_first_range, 0u, tid[s_first_range], layer_id,
+                    eng_latch(latch, ENG_ERR_PARTLY_DEAD, 0u, t, s_first_dead, 0u, -1, layer_id, serial);
+                } else if (s_first_range != 0xFFFFFFFFu) {
+                    eng_latch(latch, ENG_ERR_ROW_RANGE, 0u, t, s_first_range, 0u, tid[s_first_range], layer_id,
                               serial);
                 }
             }
         }
         return;
     }
-    const eng_i64 id = tid[c];
-    const eng_u8 *row = table + (eng_u64)id * (scales ? hd : row_bytes);
-    const eng_u8 *srow = scales ? scales + (eng_u64)id * (hd / ENG_FP8_SCALE_BLOCK) : row;
+    const eng_u8 *row, *srow = 0;
+    if (staged_rows != 0) {
+        row = staged_rows + pos * row_bytes;
+    } else if (scales != 0) {
+        row = table + (eng_u64)id * hd;
+        srow = scales + (eng_u64)id * (hd / ENG_FP8_SCALE_BLOCK);
+    } else {
+        row = table + (eng_u64)id * row_bytes;
+    }
     for (eng_u32 i = threadIdx.x; i < hd; i += blockDim.x) {
         eng_u16 v = 0u;
         eng_u32 where = 0u;
-        const eng_u32 code = scales ? eng_dequant_fp8_split_bf16(row, srow, i, &v, &where)
-                                    : eng_dequant_bf16(fmt, row, hd, i, &v, &where);
+        const eng_u32 code = srow != 0 ? eng_dequant_fp8_split_bf16(row, srow, i, &v, &where)
+                                       : eng_dequant_bf16(fmt, row, hd, i, &v, &where);
         if (code != 0u) {
             // Report the row's first failing element (a NaN scale fails every
             // element of its block), as the CPU backend does.
@@ -110,35 +160,38 @@ __device__ __forceinline__ void eng_gather_block(const eng_u8 *__restrict__ tabl
         if (s_err_at != 0xFFFFFFFFu) {
             eng_u16 v;
             eng_u32 where = 0u;
-            const eng_u32 code = scales ? eng_dequant_fp8_split_bf16(row, srow, s_err_at, &v, &where)
-                                        : eng_dequant_bf16(fmt, row, hd, s_err_at, &v, &where);
-            eng_latch(latch, code, t, c, where, id, layer_id, serial);
-            flags[(eng_u64)t * cols + c] = ENG_TOKEN_BAD;
+            const eng_u32 code = srow != 0 ? eng_dequant_fp8_split_bf16(row, srow, s_err_at, &v, &where)
+                                           : eng_dequant_bf16(fmt, row, hd, s_err_at, &v, &where);
+            eng_latch(latch, code, 1u, t, c, where, id, layer_id, serial);
+            flags[pos] = ENG_TOKEN_BAD;
         } else {
-            flags[(eng_u64)t * cols + c] = ENG_TOKEN_LIVE;
+            flags[pos] = ENG_TOKEN_LIVE;
         }
     }
 }
 
 extern "C" __global__ void engram_gather(const eng_u8 *__restrict__ table, eng_u64 table_rows, eng_u32 fmt,
                                          eng_u32 hd, eng_u32 row_bytes, const eng_i64 *__restrict__ ids,
-                                         eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols, void *rows_out,
+                                         eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols,
+                                         const eng_u8 *__restrict__ staged_rows,
+                                         const eng_i64 *__restrict__ staged_ids, void *rows_out,
                                          eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,
                                          eng_u32 serial) {
     __shared__ eng_u32 s[4];
-    eng_gather_block(table, nullptr, table_rows, fmt, hd, row_bytes, ids, id_stride, id_offset, cols, rows_out,
-                     out_f32, flags, latch, layer_id, serial, s);
+    eng_gather_block(table, nullptr, table_rows, fmt, hd, row_bytes, ids, id_stride, id_offset, cols, staged_rows,
+                     staged_ids, rows_out, out_f32, flags, latch, layer_id, serial, s);
 }
 
-// engram_gather for a table in the split fp8 format (ENG_FP8_E4M3_E8M0_SPLIT):
-// codes in `table` (`hd` bytes a row), e8m0 scales in `scales` (`hd / 32`
-// bytes a row); the same parameters otherwise (`fmt` and `row_bytes` unused).
+// engram_gather for a device table in the split fp8 format: the same
+// parameters, then `scales`.
 extern "C" __global__ void engram_gather_split(const eng_u8 *__restrict__ table, eng_u64 table_rows, eng_u32 fmt,
                                                eng_u32 hd, eng_u32 row_bytes, const eng_i64 *__restrict__ ids,
-                                               eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols, void *rows_out,
+                                               eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols,
+                                               const eng_u8 *__restrict__ staged_rows,
+                                               const eng_i64 *__restrict__ staged_ids, void *rows_out,
                                                eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,
                                                eng_u32 serial, const eng_u8 *__restrict__ scales) {
     __shared__ eng_u32 s[4];
-    eng_gather_block(table, scales, table_rows, fmt, hd, row_bytes, ids, id_stride, id_offset, cols, rows_out,
-                     out_f32, flags, latch, layer_id, serial, s);
+    eng_gather_block(table, scales, table_rows, fmt, hd, row_bytes, ids, id_stride, id_offset, cols, staged_rows,
+                     staged_ids, rows_out, out_f32, flags, latch, layer_id, serial, s);
 }

@@ -21,10 +21,11 @@ template <int NT>
 __device__ __forceinline__ void eng_gemv(const uint4 *__restrict__ w, const uint4 *__restrict__ rows,
                                          eng_u16 *__restrict__ kv, eng_u32 n_out, eng_u32 k) {
     const eng_u32 k8 = k / 8u;
-    const eng_u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    // 64-bit: blockIdx.x * blockDim.x passes 2^32 threads above 2^28 output rows.
+    const eng_u64 warp = (eng_u64)blockIdx.x * (blockDim.x / 32u) + threadIdx.x / 32u;
     const eng_u32 lane = threadIdx.x % 32u;
-    const eng_u32 o0 = warp * ENG_GEMV_ROWS;
-    if (o0 >= n_out) return;
+    if (warp * ENG_GEMV_ROWS >= n_out) return;
+    const eng_u32 o0 = (eng_u32)(warp * ENG_GEMV_ROWS);
     float acc[ENG_GEMV_ROWS][NT];
 #pragma unroll
     for (int r = 0; r < ENG_GEMV_ROWS; r++)

@@ -1,35 +1,43 @@
 #!/usr/bin/env bash
 # Every check of the CUDA backend that needs a GPU, on a machine with an NVIDIA
-# GPU, its driver and the CUDA toolkit (and, for the benchmark's peer, PyTorch
-# with CUDA). All logs go to OUTDIR; each step is run even when an earlier one
-# failed, and OUTDIR/summary.txt lists every step as PASS or FAIL with its exit
-# status and time. The exit status is 0 only if every step passed.
+# GPU and its driver; no network, no cargo needed (it runs the prebuilt
+# target/gpu-bundle that scripts/gpu-prebuild.sh made, or builds with cargo
+# --offline where cargo works and ENGRAM_GPU_CHECK_BUILD=1).
 #
-#   1. env         nvidia-smi, the toolkit, libcuda / libnvrtc / libcublas, torch
-#   2. build       cargo build --release (offline) if cargo is here, else the
-#                  prebuilt target/gpu-bundle (scripts/gpu-prebuild.sh made it)
-#   3. nvrtc       every kernel compiles with this machine's NVRTC, no warning
-#   4. gpu-tests   tests/cuda_golden.rs with ENGRAM_REQUIRE_GPU=1: every golden
-#                  regime, graph replay, two contexts on two streams, device errors
-#   5. c-cuda      c_tests/cuda/test_cuda_apply.c: the C ABI on CUDA with the
-#                  program's own stream and device buffers (cc ... -lcudart)
-#   6. gpu-formats tests/cuda_formats.rs: every table-row format (fp8, bf16,
-#                  f16, f32, GGUF Q8_0/Q4_0/Q2_K..Q6_K) dequantised on the GPU
-#                  gives the CPU backend's bf16 bits
-#   6b. gpu-split  tests/fp8_split.rs: a table whose fp8 codes and scales are two
-#                  arrays (engram_gather_split) gives the CPU backend's bits
-#   7. cpp-host    examples/cpp_host built with ENGRAM_EXAMPLE_CUDA (its own
-#                  cudaStream_t and device buffers), checked against the CPU
-#                  backend; exit 77 (no CUDA backend) counts as a failure here
-#   8. bench       benches/gpu.rs: apply at the V4.1 geometry against torch
-#                  eager and the roofline
+# All logs go to OUTDIR; each step runs even when an earlier one failed, with
+# its own time limit, under a total budget (ENGRAM_GPU_CHECK_BUDGET seconds,
+# default 420: the script ends well inside 8 minutes). OUTDIR/summary.txt lists
+# every step as PASS, FAIL or SKIP with its exit status and time; the exit
+# status is 0 only if nothing failed. Steps that need the CUDA toolkit (a C or
+# C++ program against cudart) SKIP, saying why, where there is none.
 #
-# Sized to finish in a few minutes (the benchmark is most of it).
+#   env          the GPU, driver, toolkit, the CUDA libraries the loader sees, torch
+#   nvrtc        every kernel compiles with this machine's NVRTC, no warning
+#   gpu-tests    tests/cuda_golden.rs: every golden regime (f32/bf16 highway,
+#                host/device ids, GEMV 1-8 and cuBLAS), a CUDA graph replay, two
+#                contexts on two streams, device-found errors (first in the CPU's
+#                order), argument checks, 64-bit offsets into a 384M-row table
+#   gpu-formats  tests/cuda_formats.rs: every row format bit-identical to the CPU,
+#                non-finite rows refused alike, every wkv format (f16, q8_0, q4_0,
+#                q2_K..q6_K; fused GEMV and bf16 tiles + cuBLAS) within its bound
+#   host-tables  tests/cuda_host_tables.rs: tables in host memory and in a file
+#                (prefetch, staging), engram_stage + device ids, unstaged rows,
+#                I/O errors
+#   gpu-split    tests/fp8_split.rs: a device table whose fp8 codes and scales
+#                are two arrays (engram_gather_split) gives the CPU's bits
+#   c-cuda       c_tests/cuda/test_cuda_apply.c: the C ABI with the program's
+#                own stream and buffers; graph replay; host tables with
+#                engram_stage + graph replay; GGUF on CUDA (needs the toolkit)
+#   cpp-host     examples/cpp_host with ENGRAM_EXAMPLE_CUDA (needs the toolkit)
+#   bench        benches/gpu.rs: apply at the V4.1 geometry for 1..4096 tokens
+#                against torch eager and the measured roofline, quantised wkv,
+#                the host-table path; its tables go to OUTDIR/BENCHMARKS-candidate.md
 #
 # Usage: bash scripts/gpu-check.sh OUTDIR
-#   CUDA_HOME (default /usr/local/cuda)   the toolkit
-#   ENGRAM_TORCH_PYTHON (default python3) the Python with torch for the peer
-#   ENGRAM_GPU_CHECK_USE_BUNDLE=1         skip cargo, use target/gpu-bundle
+#   CUDA_HOME (default /usr/local/cuda)    the toolkit (headers, libcudart, nvcc)
+#   ENGRAM_TORCH_PYTHON                    the Python with torch for the peer
+#                                          (default /opt/torch/.venv/bin/python3 if
+#                                          it exists, else python3)
 set -uo pipefail
 
 OUT="${1:?usage: bash scripts/gpu-check.sh OUTDIR}"
@@ -38,27 +46,46 @@ OUT="$(cd "$OUT" && pwd)"
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
-export ENGRAM_TORCH_PYTHON="${ENGRAM_TORCH_PYTHON:-python3}"
-# libnvrtc and libcublas of the toolkit, for the library's run-time loading.
-for d in "$CUDA_HOME/lib64" "$CUDA_HOME/targets/x86_64-linux/lib"; do
-    [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
+if [ -z "${ENGRAM_TORCH_PYTHON:-}" ]; then
+    if [ -x /opt/torch/.venv/bin/python3 ]; then
+        ENGRAM_TORCH_PYTHON=/opt/torch/.venv/bin/python3
+    else
+        ENGRAM_TORCH_PYTHON=python3
+    fi
+fi
+BUDGET="${ENGRAM_GPU_CHECK_BUDGET:-420}"
+START=$SECONDS
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 FAILED=0
+BIN="$OUT/bin"
+mkdir -p "$BIN"
+# The bundled binaries read tests/golden/data and bench/gpu_peer.py from here.
+export ENGRAM_SOURCE_ROOT="$ROOT"
+export OUT ROOT CUDA_HOME ENGRAM_TORCH_PYTHON BIN
 
-# step NAME TIMEOUT_S COMMAND...: run it with its output in OUTDIR/NAME.log.
+# step NAME LIMIT_S COMMAND...: run it with its output in OUTDIR/NAME.log, for at
+# most LIMIT_S seconds and never past the budget. Exit 77 means SKIP.
 step() {
     local name="$1" limit="$2"
     shift 2
-    echo "== $name: $*"
+    local left=$((BUDGET - (SECONDS - START)))
+    if [ "$left" -lt 15 ]; then
+        echo "FAIL $name (not run: the ${BUDGET}s budget is spent)" | tee -a "$SUMMARY"
+        FAILED=$((FAILED + 1))
+        return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "== $name (at most ${limit}s): $*"
     local t0=$SECONDS rc=0
     # Through bash -c so that a shell function (exported below) can be a step.
-    timeout "$limit" bash -c '"$@"' bash "$@" >"$OUT/$name.log" 2>&1 || rc=$?
+    timeout -k 5 "$limit" bash -c '"$@"' bash "$@" >"$OUT/$name.log" 2>&1 || rc=$?
     local dt=$((SECONDS - t0))
-    tail -n 25 "$OUT/$name.log"
+    tail -n 20 "$OUT/$name.log"
     if [ "$rc" -eq 0 ]; then
         echo "PASS $name (${dt}s)" | tee -a "$SUMMARY"
+    elif [ "$rc" -eq 77 ]; then
+        echo "SKIP $name ($(tail -n 1 "$OUT/$name.log"))" | tee -a "$SUMMARY"
     else
         [ "$rc" -eq 124 ] && echo "(timed out after ${limit}s)" | tee -a "$OUT/$name.log"
         echo "FAIL $name (exit $rc, ${dt}s; see $name.log)" | tee -a "$SUMMARY"
@@ -69,106 +96,88 @@ step() {
 env_info() {
     set +e
     echo "date: $(date -u)"
-    echo "commit: $(git rev-parse HEAD 2>/dev/null) (working tree may differ)"
-    nvidia-smi
-    "$CUDA_HOME/bin/nvcc" --version
+    echo "tree: $(git rev-parse HEAD 2>/dev/null || echo '(no git)') at $ROOT"
+    [ -f target/gpu-bundle/COMMIT ] && echo "bundle: $(cat target/gpu-bundle/COMMIT) built in $(cat target/gpu-bundle/ROOT)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+    nvidia-smi | head -n 15
+    ls -d "$CUDA_HOME" && "$CUDA_HOME/bin/nvcc" --version | tail -n 2
     ldd --version | head -n 1
-    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    command -v gcc g++ cc
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
     ldconfig -p | grep -E 'libcuda\.so|libnvrtc\.so|libcublas\.so|libcudart\.so'
-    ls "$CUDA_HOME/lib64" 2>/dev/null | grep -E 'nvrtc|cublas|cudart' | head -n 20
-    command -v cargo && cargo --version
+    ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib 2>/dev/null | head -n 20
     "$ENGRAM_TORCH_PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
-    [ -f target/gpu-bundle/COMMIT ] && echo "bundle built from $(cat target/gpu-bundle/COMMIT) in $(cat target/gpu-bundle/ROOT)"
     return 0
 }
 export -f env_info
-export OUT ROOT CUDA_HOME
-step env 60 env_info
+step env 30 env_info
 
-# --- build: cargo (offline) if possible, else the prebuilt bundle ---
-BIN="$OUT/bin"
-mkdir -p "$BIN"
-build() {
-    if [ "${ENGRAM_GPU_CHECK_USE_BUNDLE:-0}" != 1 ] && command -v cargo >/dev/null 2>&1 &&
-        cargo build --release --offline --lib; then
-        echo "# built with cargo here"
-        cp target/release/libengram.so "$BIN/"
-        local t exe
-        for t in cuda_golden cuda_nvrtc cuda_formats fp8_split; do
-            exe="$(cargo test --release --offline --test "$t" --no-run --message-format=json 2>/dev/null |
-                python3 -c 'import json,sys
-for l in sys.stdin:
-    try: m=json.loads(l)
-    except ValueError: continue
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]==sys.argv[1]: print(m["executable"])' "$t")"
-            [ -n "$exe" ] || return 1
-            cp "$exe" "$BIN/$t"
-        done
-        exe="$(cargo bench --offline --bench gpu --no-run --message-format=json 2>/dev/null |
-            python3 -c 'import json,sys
-for l in sys.stdin:
-    try: m=json.loads(l)
-    except ValueError: continue
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="gpu": print(m["executable"])')"
-        [ -n "$exe" ] || return 1
-        cp "$exe" "$BIN/gpu_bench"
-        echo "$ROOT" >"$BIN/ROOT"
-    else
-        echo "# no cargo build here: using the prebuilt target/gpu-bundle"
-        [ -f target/gpu-bundle/ROOT ] || { echo "target/gpu-bundle is missing: run scripts/gpu-prebuild.sh where cargo works and carry it"; return 1; }
-        cp target/gpu-bundle/* "$BIN/"
+# The binaries: the bundle, or a cargo build here when asked.
+prepare() {
+    if [ "${ENGRAM_GPU_CHECK_BUILD:-0}" = 1 ]; then
+        bash scripts/gpu-prebuild.sh || return 1
     fi
-    # The binaries read tests/golden/data and bench/gpu_peer.py under the
-    # source path they were compiled in; point that path at this tree.
-    local baked
-    baked="$(cat "$BIN/ROOT")"
-    if [ "$baked" != "$ROOT" ] && [ ! -e "$baked/tests/golden/data/tiny.json" ]; then
-        mkdir -p "$(dirname "$baked")" && ln -sfn "$ROOT" "$baked" || return 1
-        echo "# linked $baked -> $ROOT"
-    fi
-    chmod +x "$BIN"/cuda_golden "$BIN"/cuda_nvrtc "$BIN"/cuda_formats "$BIN"/fp8_split "$BIN"/gpu_bench
+    [ -f target/gpu-bundle/ROOT ] || {
+        echo "target/gpu-bundle is missing: run scripts/gpu-prebuild.sh where cargo works and carry it"
+        return 1
+    }
+    cp target/gpu-bundle/* "$BIN/"
+    # The binaries read their data through ENGRAM_SOURCE_ROOT (this tree).
+    echo "bundle built in $(cat "$BIN/ROOT"); ENGRAM_SOURCE_ROOT=$ENGRAM_SOURCE_ROOT"
+    [ -f "$ENGRAM_SOURCE_ROOT/tests/golden/data/tiny.json" ] || { echo "no tests/golden/data here"; return 1; }
+    chmod +x "$BIN"/cuda_* "$BIN"/gpu_bench
     ls -la "$BIN"
 }
-export -f build
-export BIN
-step build 420 build
+export -f prepare
+step prepare 60 prepare
 
-# --- the checks ---
-step nvrtc 120 env ENGRAM_REQUIRE_NVRTC=1 "$BIN/cuda_nvrtc" --nocapture
-step gpu-tests 300 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_golden" --test-threads=1 --nocapture
+step nvrtc 60 env ENGRAM_REQUIRE_NVRTC=1 "$BIN/cuda_nvrtc" --test-threads=1 --nocapture
+step gpu-tests 150 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_golden" --test-threads=1 --nocapture
+step gpu-formats 90 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_formats" --test-threads=1 --nocapture
+step host-tables 90 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_host_tables" --test-threads=1 --nocapture
+step gpu-split 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/fp8_split" --test-threads=1 --nocapture
 
+toolkit() { # a compiler and the CUDA runtime's header and library, or exit 77
+    [ -f "$CUDA_HOME/include/cuda_runtime_api.h" ] || { echo "no CUDA toolkit headers in $CUDA_HOME/include"; exit 77; }
+    ls "$CUDA_HOME"/lib64/libcudart.so* >/dev/null 2>&1 ||
+        ls "$CUDA_HOME"/targets/*/lib/libcudart.so* >/dev/null 2>&1 || { echo "no libcudart in $CUDA_HOME"; exit 77; }
+}
+export -f toolkit
 c_cuda() {
+    set -o pipefail
+    toolkit
     local cc=gcc
     command -v gcc >/dev/null 2>&1 || cc="$CUDA_HOME/bin/nvcc"
+    command -v "$cc" >/dev/null 2>&1 || { echo "no C compiler (gcc or nvcc)"; exit 77; }
     "$cc" -std=c11 -O1 -Wall -Wextra -I include -I c_tests -I "$CUDA_HOME/include" \
         c_tests/cuda/test_cuda_apply.c -L "$BIN" -lengram -Wl,-rpath,"$BIN" \
-        -L "$CUDA_HOME/lib64" -lcudart -lm -o "$BIN/test_cuda_apply" || return 1
-    "$BIN/test_cuda_apply" || return 1
+        -L "$CUDA_HOME/lib64" -L "$CUDA_HOME/targets/x86_64-linux/lib" -lcudart -lm -o "$BIN/test_cuda_apply" || return 1
+    "$BIN/test_cuda_apply" | tee "$OUT/c-cuda.out" || return 1
     # run.sh's rule: every check printed PASS.
-    ! grep -q '^FAIL' "$OUT/c-cuda.log"
+    ! grep -q '^FAIL' "$OUT/c-cuda.out"
 }
 export -f c_cuda
-step c-cuda 120 c_cuda
-
-step gpu-formats 120 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_formats" --nocapture
-step gpu-split 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/fp8_split" --nocapture
+step c-cuda 90 c_cuda
 
 # The C++ host example on CUDA, compiled straight against the header and the
-# library built above (no install or CMake needed on the GPU machine).
+# bundled library (no install or CMake needed on the GPU machine).
 cpp_host_cuda() {
+    toolkit
+    command -v g++ >/dev/null 2>&1 || { echo "no g++"; exit 77; }
     g++ -std=c++17 -O1 -Wall -Wextra -Werror -DENGRAM_EXAMPLE_CUDA=1 -I include -I "$CUDA_HOME/include" \
         examples/cpp_host/main.cpp -L "$BIN" -lengram -Wl,-rpath,"$BIN" \
-        -L "$CUDA_HOME/lib64" -lcudart -o "$BIN/cpp_host_cuda" || return 1
+        -L "$CUDA_HOME/lib64" -L "$CUDA_HOME/targets/x86_64-linux/lib" -lcudart -o "$BIN/cpp_host_cuda" || return 1
     "$BIN/cpp_host_cuda"
 }
 export -f cpp_host_cuda
-step cpp-host 120 cpp_host_cuda
+step cpp-host 90 cpp_host_cuda
 
-step bench 400 env ENGRAM_REQUIRE_GPU=1 "$BIN/gpu_bench"
-cp "$OUT/bench.log" "$OUT/BENCHMARKS-candidate.md" 2>/dev/null
+step bench 240 env ENGRAM_REQUIRE_GPU=1 "$BIN/gpu_bench"
+sed -n '/^## /,$p' "$OUT/bench.log" >"$OUT/BENCHMARKS-candidate.md" 2>/dev/null
 
-echo "== summary ($OUT/summary.txt)"
+echo "== summary ($SUMMARY), $((SECONDS - START))s in all"
 cat "$SUMMARY"
 P=$(grep -c '^PASS' "$SUMMARY" || true)
-echo "$P passed, $FAILED failed"
+S=$(grep -c '^SKIP' "$SUMMARY" || true)
+echo "$P passed, $S skipped, $FAILED failed"
 [ "$FAILED" -eq 0 ]

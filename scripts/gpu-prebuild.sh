@@ -3,18 +3,27 @@
 # scripts/gpu-check.sh runs on a GPU machine, into one small folder:
 #
 #   target/gpu-bundle/
-#     cuda_golden      the GPU tests (tests/cuda_golden.rs), release
-#     cuda_nvrtc       the NVRTC compile test (tests/cuda_nvrtc.rs), release
-#     cuda_formats     every row format on the GPU (tests/cuda_formats.rs), release
-#     fp8_split        the split fp8 table format, its GPU test included (tests/fp8_split.rs)
-#     gpu_bench        the benchmark (benches/gpu.rs), release
-#     libengram.so     the library, for the C ABI test on CUDA
-#     ROOT             the source path compiled into the binaries (they read
-#                      tests/golden/data and bench/gpu_peer.py from there)
+#     cuda_golden       tests/cuda_golden.rs, release: every golden regime, GEMV
+#                       sizes, graph replay, two streams, device errors, 64-bit offsets
+#     cuda_formats      tests/cuda_formats.rs: every row format and every wkv format
+#     cuda_host_tables  tests/cuda_host_tables.rs: host and file tables, staging
+#     fp8_split         tests/fp8_split.rs: fp8 codes and scales in two arrays
+#     cuda_nvrtc        tests/cuda_nvrtc.rs: every kernel compiles without a warning
+#     gpu_bench         benches/gpu.rs
+#     libengram.so      the library, for the C test and examples/cpp_host on CUDA
+#     ROOT, COMMIT      where and from which commit it was built (on the GPU
+#                       machine the binaries read tests/golden/data and
+#                       bench/gpu_peer.py under ENGRAM_SOURCE_ROOT, which
+#                       gpu-check.sh sets to the tree it runs in)
 #
-# Debug info is stripped so the bundle stays well under 64 MiB. A GPU machine
-# without network (or without cargo) runs these as they are; one with cargo
-# and the crates rebuilds instead (scripts/gpu-check.sh decides).
+# Debug info is stripped so the bundle stays well under 64 MiB (checked). The
+# binaries need glibc 2.36 or later and nothing else: the CUDA libraries are
+# loaded at run time.
+#
+# Before it finishes it runs the bundled test binaries here on the emulated
+# device (ENGRAM_TEST_DEVICE=emulated: the kernels on the CPU through
+# tests/simt), so a bundle that cannot pass its own tests is never carried to a
+# GPU. ENGRAM_PREBUILD_SMOKE=0 skips that (a minute or so).
 #
 # Usage: bash scripts/gpu-prebuild.sh
 set -euo pipefail
@@ -23,6 +32,7 @@ ROOT="$(pwd)"
 B=target/gpu-bundle
 rm -rf "$B"
 mkdir -p "$B"
+TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_nvrtc)
 
 exe_of() { # the test/bench executable cargo built, from its JSON messages
     python3 -c '
@@ -40,18 +50,38 @@ for line in sys.stdin:
 echo "== cargo build --release --lib"
 cargo build --release --lib
 cp target/release/libengram.so "$B/"
-for t in cuda_golden cuda_nvrtc cuda_formats fp8_split; do
+for t in "${TESTS[@]}"; do
     echo "== cargo test --release --test $t --no-run"
     exe="$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null | exe_of "$t")"
+    [ -n "$exe" ] || { echo "no executable for $t"; exit 1; }
     cp "$exe" "$B/$t"
 done
 echo "== cargo bench --bench gpu --no-run"
 exe="$(cargo bench --bench gpu --no-run --message-format=json 2>/dev/null | exe_of gpu)"
+[ -n "$exe" ] || { echo "no executable for the gpu bench"; exit 1; }
 cp "$exe" "$B/gpu_bench"
-for f in "$B"/cuda_golden "$B"/cuda_nvrtc "$B"/cuda_formats "$B"/fp8_split "$B"/gpu_bench "$B"/libengram.so; do
-    strip --strip-debug "$f"
+for f in "${TESTS[@]}" gpu_bench libengram.so; do
+    strip --strip-debug "$B/$f"
 done
 echo "$ROOT" >"$B/ROOT"
-git rev-parse HEAD >"$B/COMMIT" 2>/dev/null || true
+git rev-parse HEAD >"$B/COMMIT" 2>/dev/null || echo unknown >"$B/COMMIT"
+if ! git diff --quiet HEAD 2>/dev/null; then
+    echo "(the working tree differs from $(cat "$B/COMMIT"): uncommitted changes are in the bundle)" | tee -a "$B/COMMIT"
+fi
 ls -la "$B"
-du -sh "$B"
+KB=$(du -sk "$B" | cut -f1)
+echo "bundle: $((KB / 1024)) MiB"
+if [ "$KB" -ge $((60 * 1024)) ]; then
+    echo "the bundle is over 60 MiB (the carry limit is 64 MiB in all)"
+    exit 1
+fi
+
+if [ "${ENGRAM_PREBUILD_SMOKE:-1}" = 1 ]; then
+    echo "== smoke: the bundled test binaries on the emulated device"
+    for t in cuda_golden cuda_formats cuda_host_tables fp8_split; do
+        ENGRAM_TEST_DEVICE=emulated "$B/$t" --test-threads=2 -q 2>&1 | tail -n 3
+    done
+    "$B/gpu_bench" --list >/dev/null
+    echo "smoke: OK"
+fi
+echo "carry target/gpu-bundle to the GPU machine and run: bash scripts/gpu-check.sh OUTDIR"

@@ -247,9 +247,12 @@ pub struct StageStats {
 #[derive(Clone, Debug)]
 pub struct BackendInfo {
     pub kind: EngramBackend,
-    /// The kernels in use (`"avx512"`, `"portable"`, `"sm_90 cubin"`, ...).
+    /// The kernels in use (`"avx512"`, `"portable"`; on CUDA the device, what
+    /// its kernels were compiled to, and the driver, NVRTC and cuBLAS in use:
+    /// their versions and paths).
     pub kernel: String,
-    /// Host bytes the backend holds beyond the borrowed weights.
+    /// Host bytes the backend holds beyond the borrowed weights (on CUDA:
+    /// its pinned staging memory).
     pub host_bytes: usize,
     /// Device bytes the backend allocated (0 on the CPU).
     pub device_bytes: usize,
@@ -273,6 +276,24 @@ pub trait Backend<'w>: Send + Sync {
     /// Start gathering the rows of a step's live tokens of layer `li`
     /// (`engram_prefetch`); `apply` with the same ids then waits only for it.
     fn stage(&self, li: usize, live: &LiveIds) -> Result<()>;
+
+    /// Put the rows of a step's tokens (host ids `all`, `[n, n_layers, C]`,
+    /// `live` their checked live tokens) where a call with device row ids
+    /// reads them, queued on `stream` (`engram_stage`: the CUDA backend copies
+    /// a host table's rows to the device, for a captured graph to replay).
+    /// Backends that read the table in place need nothing: by default it
+    /// starts the gather as [`Backend::stage`] does.
+    fn stage_device(
+        &self,
+        li: usize,
+        all: &[i64],
+        live: &LiveIds,
+        n: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        let _ = (all, n, stream);
+        self.stage(li, live)
+    }
 
     /// Apply layer `li` (whose weights are set).
     fn apply(&self, li: usize, call: ApplyIn<'_>) -> Result<()>;
@@ -303,6 +324,7 @@ pub(crate) fn open<'w>(
             &tables.layer_ids,
             cfg.limits.max_tokens,
             cfg.tuning.gemv_max_tokens,
+            cfg.tuning.cuda_device.clone(),
         )?),
     })
 }

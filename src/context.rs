@@ -14,12 +14,29 @@ use crate::hash::{HashTables, HashTablesIn, History};
 use std::sync::{Mutex, RwLock};
 
 /// Choices that tests and benchmarks make; engines keep the defaults.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Tuning {
     /// The CPU projection kernel (`None`: the best this CPU runs).
     pub cpu_kernel: Option<Kernel>,
-    /// Tokens up to which the CUDA backend uses its GEMV kernel (`None`: the default).
+    /// Tokens up to which the CUDA backend uses its GEMV kernels (`None`: the default).
     pub gemv_max_tokens: Option<usize>,
+    /// The device the CUDA backend runs on instead of opening `device`: a
+    /// device object shared with the caller, or the emulation of
+    /// [`crate::cuda::emu`] (tests without a GPU).
+    pub cuda_device: Option<std::sync::Arc<dyn crate::cuda::gpu::Gpu>>,
+}
+
+impl std::fmt::Debug for Tuning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tuning")
+            .field("cpu_kernel", &self.cpu_kernel)
+            .field("gemv_max_tokens", &self.gemv_max_tokens)
+            .field(
+                "cuda_device",
+                &self.cuda_device.as_ref().map(|d| d.describe()),
+            )
+            .finish()
+    }
 }
 
 /// Everything `Context::new` needs.
@@ -209,6 +226,18 @@ impl<'w> Context<'w> {
         let rows = Self::layer_rows(&layers, li, layer_id)?;
         let live = live_ids(&self.shape, row_ids, n, li, layer_id, rows)?;
         self.backend.stage(li, &live)
+    }
+
+    /// Put layer `layer_id`'s rows for a step's host `row_ids` (`[n, n_layers,
+    /// C]`) where a later call with device row ids reads them, queued on
+    /// `stream` (`engram_stage`; see [`Backend::stage_device`]). Bad ids are
+    /// reported here.
+    pub fn stage(&self, layer_id: u32, row_ids: &[i64], n: usize, stream: Stream) -> Result<()> {
+        let li = self.call_layer(layer_id, n, RowIds::Host(row_ids))?;
+        let layers = self.layers();
+        let rows = Self::layer_rows(&layers, li, layer_id)?;
+        let live = live_ids(&self.shape, row_ids, n, li, layer_id, rows)?;
+        self.backend.stage_device(li, row_ids, &live, n, stream)
     }
 
     /// Apply engram layer `layer_id` to `n` tokens with host row ids (the

@@ -17,6 +17,7 @@ pub mod backend;
 pub mod batch;
 pub mod context;
 pub mod cpu;
+/// cbindgen:ignore
 pub mod cuda;
 pub mod error;
 pub mod ffi;

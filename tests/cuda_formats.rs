@@ -1,23 +1,30 @@
-//! Every table-row format gathered and dequantised on the GPU gives the same
-//! bf16 bits as the CPU backend: fp8 e4m3 + e8m0, bf16, f16, f32 and the GGUF
-//! blocks Q8_0, Q4_0, Q2_K .. Q6_K (rows built from the gguf-py oracle blocks
-//! of `tests/golden/data/gguf_blocks.json`, edge cases included).
+//! Every format on the CUDA backend against the CPU backend:
 //!
-//! Without a CUDA driver the test prints why and passes; `ENGRAM_REQUIRE_GPU=1`
-//! (set by `scripts/gpu-check.sh`) makes that a failure.
+//! - table rows: fp8 e4m3 + e8m0, bf16, f16, f32 and the GGUF blocks Q8_0,
+//!   Q4_0, Q2_K .. Q6_K (rows built from the gguf-py oracle blocks of
+//!   `tests/golden/data/gguf_blocks.json`, edge cases included) gathered and
+//!   dequantised to the same bf16 bits; rows that are not finite refused
+//!   alike;
+//! - `wkv`: f16 and the GGUF blocks read in place, through the fused GEMV
+//!   (up to 8 tokens) and through bf16 tiles and cuBLAS (more), each within
+//!   a stated bound of the CPU backend's quantised path.
+//!
+//! On the GPU when there is one, else on the emulation (see
+//! `tests/common/device.rs`); `ENGRAM_REQUIRE_GPU=1` requires the GPU.
 
 mod common;
 
+use common::bounds::{ulp_bf16, U};
+use common::device::{device, Dev};
 use common::*;
-use cudarc::driver::sys;
-use engram::cuda::driver::{DevBuf, Device};
+use engram::cuda::gpu::DevBuf;
+use engram::formats::{bf16_to_f32, dequant_row_f32, f32_to_bf16};
 use engram::hash::{derive_offsets, derive_primes_uniform};
 use engram::{
     Context, ContextConfig, EngramBackend, EngramType, Geometry, HashTablesIn, LayerIn, Limits,
     Weights,
 };
 use engram::{EngramStatus, RowIds};
-use std::ffi::c_void;
 
 const D: usize = 64;
 const HC: usize = 4;
@@ -58,21 +65,7 @@ fn table(fmt: EngramType, rows: usize) -> Vec<u8> {
                 .collect();
         }
     };
-    let g = load_json("gguf_blocks.json");
-    let finite = |b: &serde_json::Value| {
-        b["f32"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|v| v.as_u64().unwrap() as u32 & 0x7fff_ffff < 0x7f7f_8000)
-    };
-    let blocks: Vec<Vec<u8>> = g["formats"][name]["blocks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|b| finite(b))
-        .map(|b| unhex(b["bytes"].as_str().unwrap()))
-        .collect();
+    let blocks = oracle_blocks(name);
     let rb = EngramType::row_format(fmt as u32, HD)
         .unwrap()
         .row_bytes(HD);
@@ -82,35 +75,32 @@ fn table(fmt: EngramType, rows: usize) -> Vec<u8> {
         .collect()
 }
 
-fn gpu() -> Option<Device> {
-    match engram::cuda::probe() {
-        Ok(desc) => {
-            println!("{desc}");
-            Some(Device::open(0).expect("open device 0"))
-        }
-        Err(why) => {
-            assert!(
-                !std::env::var("ENGRAM_REQUIRE_GPU").is_ok_and(|v| v == "1"),
-                "ENGRAM_REQUIRE_GPU=1 but: {why}"
-            );
-            eprintln!("SKIP: the CUDA format test: {why}");
-            None
-        }
-    }
+/// The gguf-py oracle's blocks of format `name` whose values are finite in bf16.
+fn oracle_blocks(name: &str) -> Vec<Vec<u8>> {
+    let g = load_json("gguf_blocks.json");
+    // "f32": each value's bit pattern as 8 hex digits.
+    let finite = |b: &serde_json::Value| {
+        let h = b["f32"].as_str().unwrap();
+        (0..h.len() / 8).all(|i| {
+            u32::from_str_radix(&h[8 * i..8 * i + 8], 16).unwrap() & 0x7fff_ffff < 0x7f7f_8000
+        })
+    };
+    g["formats"][name]["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| finite(b))
+        .map(|b| unhex(b["bytes"].as_str().unwrap()))
+        .collect()
 }
 
-fn upload(dev: &Device, data: &[u8]) -> DevBuf {
-    let b = DevBuf::new(dev.ctx, data.len(), "test data").expect("cuMemAlloc");
-    // SAFETY: `b` holds `data.len()` bytes; the device's context is current.
-    let r = unsafe { sys::cuMemcpyHtoD_v2(b.ptr, data.as_ptr() as *const c_void, data.len()) };
-    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "upload");
-    b
+fn upload(dev: &Dev, data: &[u8]) -> DevBuf {
+    dev.upload(data)
 }
 
 #[test]
-fn every_row_format_dequantises_to_the_cpu_bits_on_the_gpu() {
-    let Some(dev) = gpu() else { return };
-    let _scope = dev.scope().unwrap();
+fn every_row_format_dequantises_to_the_cpu_bits_on_the_device() {
+    let Some(dev) = device() else { return };
     let (heads, ngram) = (2usize, 3usize);
     let cols = (ngram - 1) * heads;
     let layer_ids = [1u32];
@@ -146,7 +136,10 @@ fn every_row_format_dequantises_to_the_cpu_bits_on_the_gpu() {
         n_threads: 1,
         backend: backend as u32,
         device: 0,
-        tuning: Default::default(),
+        tuning: engram::Tuning {
+            cuda_device: Some(dev.gpu.clone()),
+            ..Default::default()
+        },
     };
     let wkv: Vec<u16> = values("cuda.formats.wkv", D * (HC + 1) * cols * HD, 0.0625, 0.0)
         .iter()
@@ -220,8 +213,9 @@ fn every_row_format_dequantises_to_the_cpu_bits_on_the_gpu() {
             );
         }
         println!(
-            "{fmt:?}: {} row values bit-identical on the GPU",
-            rows_gpu.len()
+            "{fmt:?}: {} row values bit-identical on the {}",
+            rows_gpu.len(),
+            if dev.is_real() { "GPU" } else { "emulation" }
         );
     }
 }
@@ -231,8 +225,7 @@ fn every_row_format_dequantises_to_the_cpu_bits_on_the_gpu() {
 /// and message, naming the same element.
 #[test]
 fn non_finite_rows_are_refused_alike() {
-    let Some(dev) = gpu() else { return };
-    let _scope = dev.scope().unwrap();
+    let Some(dev) = device() else { return };
     let (ngram, heads) = (2usize, 2usize);
     let cols = (ngram - 1) * heads;
     let primes = derive_primes_uniform(1, ngram, heads, 100).unwrap();
@@ -265,7 +258,10 @@ fn non_finite_rows_are_refused_alike() {
         n_threads: 1,
         backend: backend as u32,
         device: 0,
-        tuning: Default::default(),
+        tuning: engram::Tuning {
+            cuda_device: Some(dev.gpu.clone()),
+            ..Default::default()
+        },
     };
     let k_in = cols * HD;
     let wkv = vec![0u16; 2 * 64 * k_in];
@@ -331,4 +327,281 @@ fn non_finite_rows_are_refused_alike() {
             e_gpu.message
         );
     }
+}
+
+/// Quantise `vals` (rows of whole 32-blocks) to Q8_0 as llama.cpp's reference
+/// quantiser does: `d = max|x| / 127` as f16, `q = round(x / d)`.
+fn q8_0(vals: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in vals.chunks(32) {
+        let amax = b.iter().fold(0f32, |m, &x| m.max(x.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(half::f16::from_f32(d).to_bits().to_le_bytes());
+        out.extend(b.iter().map(|&x| (x * id).round() as i8 as u8));
+    }
+    out
+}
+
+/// Q4_0: `d = max / -8` (the signed value of largest magnitude), nibbles `q + 8`.
+fn q4_0(vals: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in vals.chunks(32) {
+        let max = b
+            .iter()
+            .fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(half::f16::from_f32(d).to_bits().to_le_bytes());
+        for j in 0..16 {
+            let lo = ((b[j] * id + 8.5) as i32).clamp(0, 15) as u8;
+            let hi = ((b[j + 16] * id + 8.5) as i32).clamp(0, 15) as u8;
+            out.push(lo | (hi << 4));
+        }
+    }
+    out
+}
+
+/// A `wkv` of `n_out` rows of `k` values in `fmt`: Q8_0 and Q4_0 quantised
+/// from the filler, f16 from the filler, the K-quants built from the
+/// oracle's finite blocks (each row different: blocks in a rotating order).
+fn wkv_bytes(fmt: EngramType, n_out: usize, k: usize) -> Vec<u8> {
+    let vals = values("cuda.formats.wkvq", n_out * k, 0.0625, 0.0);
+    match fmt {
+        EngramType::Q8_0 => q8_0(&vals),
+        EngramType::Q4_0 => q4_0(&vals),
+        EngramType::F16 => vals
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
+            .collect(),
+        f => {
+            let blocks = oracle_blocks(match f {
+                EngramType::Q2_K => "q2_K",
+                EngramType::Q3_K => "q3_K",
+                EngramType::Q4_K => "q4_K",
+                EngramType::Q5_K => "q5_K",
+                EngramType::Q6_K => "q6_K",
+                f => panic!("{f:?}"),
+            });
+            let per_row = k / 256;
+            (0..n_out * per_row)
+                .flat_map(|i| blocks[(i * 7 + i / per_row) % blocks.len()].clone())
+                .collect()
+        }
+    }
+}
+
+/// `wkv` in f16 and every GGUF block format, read in place: the fused GEMV
+/// for up to 8 tokens and bf16 tiles + cuBLAS beyond, against the CPU
+/// backend's quantised path (which equals its f32 path on the same
+/// dequantised values, `tests/quant_wkv.rs`). Both sides sum exact-value
+/// products in f32, each within `(K+1) u S` of the exact sum (`S = sum |r w|`
+/// over the dequantised values) and round once to bf16, so the fused GEMV is
+/// within `2 (K+2) u S` plus one bf16 ulp of the CPU; the tiles round the
+/// weights to bf16 first (relative error at most 2^-9), which adds `2^-9 S`.
+#[test]
+fn every_wkv_format_projects_within_the_bound_of_the_cpu() {
+    let Some(dev) = device() else { return };
+    let (heads, ngram) = (2usize, 3usize);
+    let cols = (ngram - 1) * heads;
+    let (d, hc) = (64usize, 4usize);
+    let (k_in, k_out) = (cols * HD, d * (hc + 1));
+    let primes = derive_primes_uniform(1, ngram, heads, 100).unwrap();
+    let offsets = derive_offsets(&primes, cols);
+    let rows: u64 = primes.iter().sum();
+    let mult: Vec<u64> = (0..ngram as u64)
+        .map(|i| bits("cuda.wkvq.mult", i) | 1)
+        .collect();
+    let token_map: Vec<i32> = (0..48).collect();
+    let cfg = |backend: EngramBackend, gemv: Option<usize>| ContextConfig {
+        geometry: Geometry {
+            d,
+            hc,
+            hd: HD,
+            eps: 1e-6,
+        },
+        tables: HashTablesIn {
+            layer_ids: &[1],
+            max_ngram: ngram,
+            n_heads: heads,
+            token_map: &token_map,
+            pad_id: 2,
+            multipliers: &mult,
+            primes: &primes,
+            offsets: &offsets,
+        },
+        limits: Limits {
+            max_tokens: 16,
+            max_seqs: 1,
+            max_positions: 64,
+        },
+        n_threads: 1,
+        backend: backend as u32,
+        device: 0,
+        tuning: engram::Tuning {
+            gemv_max_tokens: gemv,
+            cuda_device: Some(dev.gpu.clone()),
+            ..Default::default()
+        },
+    };
+    let table = table_bytes("cuda.wkvq.table", "bf16", rows as usize, HD, false);
+    let qk: Vec<f32> = values("cuda.wkvq.qk", hc * d, 0.125, 1.0);
+    let d_table = dev.upload(&table);
+    let d_qk = dev.upload(&qk);
+    let tokens: Vec<i32> = (0..12)
+        .map(|i| (bits("cuda.wkvq.tokens", i) % 48) as i32)
+        .collect();
+    let pos: Vec<i32> = (0..12).collect();
+    let mut report = Vec::new();
+    for fmt in [
+        EngramType::F16,
+        EngramType::Q8_0,
+        EngramType::Q4_0,
+        EngramType::Q2_K,
+        EngramType::Q3_K,
+        EngramType::Q4_K,
+        EngramType::Q5_K,
+        EngramType::Q6_K,
+    ] {
+        let w = wkv_bytes(fmt, k_out, k_in);
+        let rb = fmt.row_bytes(k_in);
+        assert_eq!(w.len(), rb * k_out, "{fmt:?}");
+        let mut deq = vec![0f32; k_out * k_in];
+        for (o, row) in deq.chunks_mut(k_in).enumerate() {
+            let _ = dequant_row_f32(fmt, &w[o * rb..(o + 1) * rb], row);
+        }
+        let cpu = Context::new(&cfg(EngramBackend::Cpu, None)).unwrap();
+        cpu.set_layer(LayerIn::host(
+            1,
+            &table,
+            EngramType::Bf16,
+            rows,
+            Weights::quant(fmt, &w, k_in).unwrap(),
+            Weights::F32(&qk),
+            Weights::F32(&qk),
+        ))
+        .unwrap();
+        let d_w = dev.upload(&w);
+        let mut worst = [0f64; 2];
+        for gemv in [Some(8), Some(0)] {
+            let ctx = Context::new(&cfg(EngramBackend::Cuda, gemv)).expect("a CUDA context");
+            ctx.set_layer_device(&DeviceLayerIn {
+                layer_id: 1,
+                table: d_table.ptr,
+                table_rows: rows,
+                table_type: EngramType::Bf16 as u32,
+                wkv: d_w.ptr,
+                wkv_type: fmt as u32,
+                q: d_qk.ptr,
+                k: d_qk.ptr,
+                qk_type: EngramType::F32 as u32,
+            })
+            .unwrap();
+            for n in [1usize, 5, 8, 12] {
+                let mut ids = vec![0i64; n * cpu.ids_per_token()];
+                cpu.hash(&tokens[..n], &vec![0; n], &pos[..n], &mut ids)
+                    .unwrap();
+                let (rows_cpu, kv_cpu) = cpu.stages(1, &ids, n).unwrap();
+                let (rows_gpu, kv_gpu) = ctx.stages(1, &ids, n).unwrap();
+                assert_eq!(rows_cpu, rows_gpu, "{fmt:?}: rows");
+                let tiles = gemv == Some(0) || n > 8;
+                let path = if tiles {
+                    "tiles + cuBLAS"
+                } else {
+                    "fused GEMV"
+                };
+                for t in 0..kv_cpu.len() / k_out {
+                    let r: Vec<f64> = rows_cpu[t * k_in..(t + 1) * k_in]
+                        .iter()
+                        .map(|&b| bf16_to_f32(b) as f64)
+                        .collect();
+                    for o in 0..k_out {
+                        let (a, b) = (
+                            bf16_to_f32(kv_gpu[t * k_out + o]) as f64,
+                            bf16_to_f32(kv_cpu[t * k_out + o]) as f64,
+                        );
+                        let s: f64 = r
+                            .iter()
+                            .zip(&deq[o * k_in..(o + 1) * k_in])
+                            .map(|(x, &w)| (x * w as f64).abs())
+                            .sum();
+                        let bound = s
+                            * (2.0 * (k_in as f64 + 2.0) * U
+                                + if tiles { 2f64.powi(-9) } else { 0.0 })
+                            + ulp_bf16(a.abs().max(b.abs()));
+                        assert!(
+                            (a - b).abs() <= bound,
+                            "{fmt:?} {path}, {n} tokens: token {t} kv[{o}] {a} vs CPU {b}, bound {bound}"
+                        );
+                        if bound > 0.0 {
+                            let i = tiles as usize;
+                            worst[i] = worst[i].max((a - b).abs() / bound);
+                        }
+                    }
+                }
+            }
+        }
+        report.push(format!(
+            "{fmt:?}: fused GEMV {:.3}, tiles {:.3} of the bound",
+            worst[0], worst[1]
+        ));
+    }
+    if let Some(e) = &dev.emu {
+        let l = e.launches();
+        for f in engram::cuda::gpu::GEMV_Q_FORMATS {
+            let name = engram::cuda::gpu::Kernel::GemvQ(f).name();
+            assert!(l.contains_key(name), "{name} ran");
+        }
+        assert!(l.contains_key("engram_dequant_bf16"), "the tiles ran");
+    }
+    println!(
+        "wkv formats, largest error against the CPU: {}",
+        report.join("; ")
+    );
+}
+
+/// An f16 `wkv` (ds4's GGUFs carry it so) is read in place by the CPU
+/// backend too: its `kv` equals, bit for bit, the f32 path on the same
+/// (f16-exact) values.
+#[test]
+fn an_f16_wkv_equals_the_f32_path_on_the_cpu() {
+    let tiny = Tiny::load();
+    let l = &tiny.layers[0];
+    let k_in = tiny.cols() * tiny.hd;
+    let halves: Vec<half::f16> = l
+        .wkv
+        .f32()
+        .iter()
+        .map(|&v| half::f16::from_f32(v))
+        .collect();
+    let w: Vec<u8> = halves
+        .iter()
+        .flat_map(|h| h.to_bits().to_le_bytes())
+        .collect();
+    let wf: Vec<f32> = halves.iter().map(|h| h.to_f32()).collect();
+    let run = |wkv: Weights<'_>| {
+        let ctx = Context::new(&tiny.config(Tiny::limits())).unwrap();
+        ctx.set_layer(LayerIn::host(
+            l.layer_id,
+            &l.table,
+            l.format,
+            l.rows,
+            wkv,
+            l.q.weights(),
+            l.k.weights(),
+        ))
+        .expect("set_layer");
+        let (ids, n) = {
+            let tokens: Vec<i32> = (0..6).collect();
+            let pos: Vec<i32> = (0..6).collect();
+            let mut ids = vec![0i64; 6 * ctx.ids_per_token()];
+            ctx.hash(&tokens, &[0; 6], &pos, &mut ids).unwrap();
+            (ids, 6)
+        };
+        ctx.stages(l.layer_id, &ids, n).unwrap().1
+    };
+    let a = run(Weights::quant(EngramType::F16, &w, k_in).unwrap());
+    let b = run(Weights::F32(&wf));
+    assert_eq!(a, b, "f16 wkv vs f32 wkv of the same values");
+    let _ = f32_to_bf16(0.0);
 }

@@ -1,114 +1,58 @@
-//! The CUDA backend on a GPU: every golden regime (rows bit-identical to the
-//! CPU backend, kv and highway within the bounds of `tests/golden.rs`), device
-//! row ids, a CUDA graph replay, two contexts on two streams at once, errors
-//! found on the device, and the argument checks that need a driver.
+//! The CUDA backend against the golden data: every golden regime (rows
+//! bit-identical to the CPU backend, kv and highway within the bounds of
+//! `tests/golden.rs`), f32 and bf16 highways, host and device row ids, the
+//! GEMV kernel at every size it takes, errors found on the device, the
+//! argument checks, allocations mapped in pieces, 64-bit offsets into a
+//! table of the real row count; on a GPU also a CUDA graph replay and two
+//! contexts on two streams at once.
 //!
-//! Without a CUDA driver (or device) every test prints why and passes;
-//! `ENGRAM_REQUIRE_GPU=1` (set by `scripts/gpu-check.sh`) makes that a failure.
-//! Run with `--test-threads=1` where other work shares the GPU: one test
-//! captures a CUDA graph (in thread-local capture mode).
+//! Runs on the GPU when there is one, else on the emulation (the real
+//! `CudaBackend` over the kernels compiled as host C++; see
+//! `tests/common/device.rs`). `ENGRAM_REQUIRE_GPU=1` (set by
+//! `scripts/gpu-check.sh`) requires the GPU. Run with `--test-threads=1`
+//! where other work shares the GPU: one test captures a CUDA graph (in
+//! thread-local capture mode).
 
 mod common;
 
 use common::bounds::*;
+use common::device::{device, emulated, Dev};
 use common::*;
-use cudarc::driver::sys;
-use engram::cuda::driver::{DevBuf, Device, Scope};
+use engram::cuda::gpu::DevBuf;
+use engram::cuda::sys;
 use engram::formats::{bf16_to_f32, f32_to_bf16};
 use engram::RowIds;
 use engram::{Context, EngramBackend, EngramStatus, EngramType};
 use std::ffi::c_void;
 
-// ---- the GPU harness ----
-
-/// The device, or `None` (having said why) when there is none.
-fn gpu() -> Option<Device> {
-    match engram::cuda::probe() {
-        Ok(desc) => {
-            println!("{desc}");
-            Some(Device::open(0).expect("open device 0"))
-        }
-        Err(why) => {
-            if std::env::var("ENGRAM_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("ENGRAM_REQUIRE_GPU=1 but: {why}");
-            }
-            // Straight to stderr (not captured by the test harness), once per run.
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                use std::io::Write;
-                let _ = writeln!(std::io::stderr(), "SKIP: the CUDA GPU tests: {why}");
-            });
-            None
-        }
-    }
-}
-
 fn dcheck(r: sys::CUresult, what: &str) {
-    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
+    assert_eq!(
+        r,
+        sys::CUDA_SUCCESS,
+        "{what}: {}",
+        engram::cuda::driver::error_text(r)
+    );
 }
 
-fn upload<T: Copy>(dev: &Device, data: &[T]) -> DevBuf {
-    let bytes = std::mem::size_of_val(data);
-    let b = DevBuf::new(dev.ctx, bytes, "test data").expect("cuMemAlloc");
-    if bytes > 0 {
-        // SAFETY: `b` holds `bytes`; the context is current (the caller's scope).
-        unsafe {
-            dcheck(
-                sys::cuMemcpyHtoD_v2(b.ptr, data.as_ptr() as *const c_void, bytes),
-                "upload",
-            )
-        };
-    }
-    b
+fn drv() -> &'static sys::DriverApi {
+    &sys::driver().expect("the driver").api
 }
 
-fn download<T: Copy + Default>(b: &DevBuf, n: usize) -> Vec<T> {
-    let mut v = vec![T::default(); n];
-    // SAFETY: `b` holds at least n T (the caller's sizes).
-    unsafe {
-        dcheck(sys::cuCtxSynchronize(), "sync");
-        dcheck(
-            sys::cuMemcpyDtoH_v2(
-                v.as_mut_ptr() as *mut c_void,
-                b.ptr,
-                n * std::mem::size_of::<T>(),
-            ),
-            "download",
-        );
-    }
-    v
-}
-
-fn overwrite<T: Copy>(b: &DevBuf, data: &[T]) {
-    // SAFETY: as `upload`.
-    unsafe {
-        dcheck(sys::cuCtxSynchronize(), "sync");
-        dcheck(
-            sys::cuMemcpyHtoD_v2(
-                b.ptr,
-                data.as_ptr() as *const c_void,
-                std::mem::size_of_val(data),
-            ),
-            "overwrite",
-        );
-    }
-}
-
-fn new_stream() -> sys::CUstream {
+fn new_stream(dev: &Dev) -> sys::CUstream {
+    let _g = dev.gpu.enter().unwrap();
     let mut s = std::ptr::null_mut();
-    // SAFETY: the context is current.
+    // SAFETY: the device's context is current.
     unsafe {
         dcheck(
-            sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+            drv().cuStreamCreate.expect("cuStreamCreate")(&mut s, sys::CU_STREAM_NON_BLOCKING),
             "cuStreamCreate",
         )
     };
     s
 }
 
-fn sync(s: sys::CUstream) {
-    // SAFETY: a live stream.
-    unsafe { dcheck(sys::cuStreamSynchronize(s), "cuStreamSynchronize") };
+fn sync(dev: &Dev, s: sys::CUstream) {
+    dev.gpu.stream_synchronize(s as *mut c_void).unwrap();
 }
 
 /// The tiny model's weights on the device.
@@ -130,33 +74,35 @@ fn dense_type(d: &Dense) -> u32 {
     }
 }
 
-fn dev_model(dev: &Device, tiny: &Tiny) -> DevModel {
+fn dev_model(dev: &Dev, tiny: &Tiny) -> DevModel {
     DevModel {
         layers: tiny
             .layers
             .iter()
             .map(|l| {
                 (
-                    upload(dev, &l.table),
-                    upload(dev, &dense_bytes(&l.wkv)),
-                    upload(dev, &dense_bytes(&l.q)),
-                    upload(dev, &dense_bytes(&l.k)),
+                    dev.upload(&l.table),
+                    dev.upload(&dense_bytes(&l.wkv)),
+                    dev.upload(&dense_bytes(&l.q)),
+                    dev.upload(&dense_bytes(&l.k)),
                 )
             })
             .collect(),
     }
 }
 
-/// A CUDA context of the tiny model with both layers set.
-fn cuda_context<'a>(tiny: &'a Tiny, m: &DevModel) -> Context<'a> {
-    cuda_context_with(tiny, m, None)
-}
-
-/// The same, with the GEMV kernel used up to `gemv_max` tokens (`None`: the default).
-fn cuda_context_with<'a>(tiny: &'a Tiny, m: &DevModel, gemv_max: Option<usize>) -> Context<'a> {
+/// A CUDA context of the tiny model on `dev` with both layers set, the GEMV
+/// kernels used up to `gemv_max` tokens (`None`: the default).
+fn cuda_context<'a>(
+    dev: &Dev,
+    tiny: &'a Tiny,
+    m: &DevModel,
+    gemv_max: Option<usize>,
+) -> Context<'a> {
     let mut cfg = tiny.config(Tiny::limits());
     cfg.backend = EngramBackend::Cuda as u32;
     cfg.tuning.gemv_max_tokens = gemv_max;
+    cfg.tuning.cuda_device = Some(dev.gpu.clone());
     let ctx = Context::new(&cfg).expect("create a CUDA context");
     for (l, (t, w, q, k)) in tiny.layers.iter().zip(&m.layers) {
         ctx.set_layer_device(&DeviceLayerIn {
@@ -214,23 +160,64 @@ const REGIMES: [&str; 6] = [
     "dead",
 ];
 
+/// Check `kv` (`[n, k_out]` bf16 of every token) of the live tokens against
+/// `want` (the golden's or the CPU backend's), each value within `kv_bound`.
+/// Returns (values that differ, values compared).
+#[allow(clippy::too_many_arguments)]
+fn check_kv(
+    kv: &[u16],
+    want: &[u16],
+    rows: &[u16],
+    wkv: &[f32],
+    live: &[usize],
+    k_in: usize,
+    k_out: usize,
+    at: &dyn Fn(usize) -> String,
+) -> (usize, usize) {
+    let (mut diff, mut vals) = (0, 0);
+    for &t in live {
+        let r: Vec<f64> = rows[t * k_in..(t + 1) * k_in]
+            .iter()
+            .map(|&b| bf16_to_f32(b) as f64)
+            .collect();
+        for o in 0..k_out {
+            let got = bf16_to_f32(kv[t * k_out + o]) as f64;
+            let w = bf16_to_f32(want[t * k_out + o]) as f64;
+            vals += 1;
+            if got != w {
+                diff += 1;
+                let s_abs: f64 = r
+                    .iter()
+                    .zip(&wkv[o * k_in..(o + 1) * k_in])
+                    .map(|(a, &b)| (a * b as f64).abs())
+                    .sum();
+                let b = kv_bound(s_abs, w.abs().max(got.abs()), k_in);
+                assert!(
+                    (got - w).abs() <= b,
+                    "{}: kv[{o}] {got} vs {w}, bound {b}",
+                    at(t)
+                );
+            }
+        }
+    }
+    (diff, vals)
+}
+
 #[test]
-fn every_golden_regime_on_the_gpu() {
-    let Some(dev) = gpu() else { return };
-    let _scope = dev.scope().unwrap();
+fn every_golden_regime_on_the_device() {
+    let Some(dev) = device() else { return };
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
     let (hc, d, hd) = (tiny.hc, tiny.d, tiny.hd);
     let k_in = tiny.cols() * hd;
     let k_out = d * (hc + 1);
     let mut worst = 0f64;
-    let mut kv_diff = 0usize;
-    let mut kv_vals = 0usize;
+    let (mut kv_diff, mut kv_vals) = (0usize, 0usize);
     // GEMV for small calls (the default), then cuBLAS for every call.
     for gemv_max in [engram::cuda::DEFAULT_GEMV_MAX_TOKENS, 0] {
         for regime in REGIMES {
             let cpu = tiny.context();
-            let gpu = cuda_context_with(&tiny, &m, Some(gemv_max));
+            let gpu = cuda_context(&dev, &tiny, &m, Some(gemv_max));
             for (ci, c) in calls(&tiny, regime).iter().enumerate() {
                 let n = c.tokens.len();
                 let per = cpu.ids_per_token();
@@ -239,7 +226,7 @@ fn every_golden_regime_on_the_gpu() {
                 let mut ids2 = vec![0i64; n * per];
                 gpu.hash(&c.tokens, &c.seq_ids, &c.pos, &mut ids2).unwrap();
                 assert_eq!(ids, ids2, "{regime} call {ci}: hash on the CUDA context");
-                let d_ids = upload(&dev, &ids);
+                let d_ids = dev.upload(&ids);
                 let hw_in = values(&c.highway, n * hc * d, 1.0, 0.0);
                 let hb_in: Vec<u16> = hw_in.iter().map(|&v| f32_to_bf16(v)).collect();
                 let live: Vec<usize> = (0..n).filter(|&t| !c.dead[t]).collect();
@@ -274,30 +261,10 @@ fn every_golden_regime_on_the_gpu() {
                     }
                     // kv within the bound of the golden.
                     let wkv = layer.wkv.f32();
+                    let (df, vs) = check_kv(&kv, &gold_kv, &rows, &wkv, &live, k_in, k_out, &at);
+                    kv_diff += df;
+                    kv_vals += vs;
                     let kv_f: Vec<f32> = kv.iter().map(|&b| bf16_to_f32(b)).collect();
-                    for &t in &live {
-                        let r: Vec<f64> = rows[t * k_in..(t + 1) * k_in]
-                            .iter()
-                            .map(|&b| bf16_to_f32(b) as f64)
-                            .collect();
-                        for o in 0..k_out {
-                            let got = kv_f[t * k_out + o] as f64;
-                            let want = bf16_to_f32(gold_kv[t * k_out + o]) as f64;
-                            kv_vals += 1;
-                            if got != want {
-                                kv_diff += 1;
-                                let w = &wkv[o * k_in..(o + 1) * k_in];
-                                let s_abs: f64 =
-                                    r.iter().zip(w).map(|(a, &b)| (a * b as f64).abs()).sum();
-                                let b = kv_bound(s_abs, want.abs().max(got.abs()), k_in);
-                                assert!(
-                                    (got - want).abs() <= b,
-                                    "{}: kv[{o}] {got} vs golden {want}, bound {b}",
-                                    at(t)
-                                );
-                            }
-                        }
-                    }
                     // The highway, f32 and bf16, in place on the device.
                     let qk: Vec<f32> = layer
                         .q
@@ -306,16 +273,16 @@ fn every_golden_regime_on_the_gpu() {
                         .zip(layer.k.f32())
                         .map(|(a, b)| a * b)
                         .collect();
-                    let h32d = upload(&dev, &hw_in);
-                    let hbd = upload(&dev, &hb_in);
+                    let h32d = dev.upload(&hw_in);
+                    let hbd = dev.upload(&hb_in);
                     let null = std::ptr::null_mut();
                     gpu.apply_device(lid, RowIds::Host(&ids), n, h32d.ptr, 0, null)
                         .unwrap();
                     gpu.apply_device(lid, RowIds::Device(d_ids.ptr), n, hbd.ptr, 30, null)
                         .unwrap();
                     gpu.check_device(null).unwrap();
-                    let h32: Vec<f32> = download(&h32d, n * hc * d);
-                    let hb: Vec<u16> = download(&hbd, n * hc * d);
+                    let h32: Vec<f32> = h32d.read(n * hc * d).unwrap();
+                    let hb: Vec<u16> = hbd.read(n * hc * d).unwrap();
                     for t in 0..n {
                         let sl = t * hc * d..(t + 1) * hc * d;
                         if c.dead[t] {
@@ -337,23 +304,22 @@ fn every_golden_regime_on_the_gpu() {
                             .all(|(a, &b)| f32_to_bf16(*a) == b);
                         let hb_f: Vec<f32> = hb_in.iter().map(|&b| bf16_to_f32(b)).collect();
                         for (hw, is_bf16) in [(&hw_in, false), (&hb_f, true)] {
-                            let sl_t = t * hc * d..(t + 1) * hc * d;
                             let got: Vec<f64> = if is_bf16 {
-                                hb[sl_t.clone()]
+                                hb[sl.clone()]
                                     .iter()
                                     .map(|&b| bf16_to_f32(b) as f64)
                                     .collect()
                             } else {
-                                h32[sl_t.clone()].iter().map(|&v| v as f64).collect()
+                                h32[sl.clone()].iter().map(|&v| v as f64).collect()
                             };
                             let golden: Option<Vec<f64>> = same_kv.then(|| {
                                 if is_bf16 {
-                                    gold_bf16[sl_t.clone()]
+                                    gold_bf16[sl.clone()]
                                         .iter()
                                         .map(|&b| bf16_to_f32(b) as f64)
                                         .collect()
                                 } else {
-                                    gold_f32[sl_t.clone()].iter().map(|&v| v as f64).collect()
+                                    gold_f32[sl.clone()].iter().map(|&v| v as f64).collect()
                                 }
                             });
                             let w = check_highway(
@@ -376,8 +342,9 @@ fn every_golden_regime_on_the_gpu() {
         }
     }
     println!(
-        "GPU: rows bit-identical to the CPU backend; kv: {kv_diff} of {kv_vals} values differ from the golden \
-         (each within its bound); f32 highway: largest error {worst:.3} of its bound"
+        "{}: rows bit-identical to the CPU backend; kv: {kv_diff} of {kv_vals} values differ from the golden \
+         (each within its bound); f32 highway: largest error {worst:.3} of its bound",
+        if dev.is_real() { "GPU" } else { "emulation" }
     );
 }
 
@@ -391,43 +358,108 @@ fn prefill(tiny: &Tiny) -> (Vec<i64>, usize) {
     (ids, n)
 }
 
+/// The bf16 GEMV kernel at each size it is compiled for (1..=8 tokens)
+/// against the CPU backend's kv, within the golden bound, and the cuBLAS path
+/// for the same tokens.
 #[test]
-fn a_captured_graph_replays_the_same_bits() {
-    let Some(dev) = gpu() else { return };
-    let _scope = dev.scope().unwrap();
+fn the_gemv_kernel_at_every_size() {
+    let Some(dev) = device() else { return };
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
-    let ctx = cuda_context(&tiny, &m);
+    let (ids, n_all) = prefill(&tiny);
+    let cpu = tiny.context();
+    let gemv = cuda_context(&dev, &tiny, &m, Some(8));
+    let blas = cuda_context(&dev, &tiny, &m, Some(0));
+    let per = cpu.ids_per_token();
+    let (k_in, k_out) = (tiny.cols() * tiny.hd, tiny.d * (tiny.hc + 1));
+    let layer = &tiny.layers[0];
+    assert_eq!(
+        dense_type(&layer.wkv),
+        EngramType::Bf16 as u32,
+        "layer 0 has a bf16 wkv"
+    );
+    let before = dev.emu.as_ref().map(|e| e.launches());
+    for n in 1..=8.min(n_all) {
+        let ids = &ids[..n * per];
+        let live: Vec<usize> = (0..n)
+            .filter(|&t| ids[t * per] != engram::ROW_ID_DEAD)
+            .collect();
+        let (cpu_rows, cpu_kv) = cpu.stages(layer.layer_id, ids, n).unwrap();
+        for (ctx, name) in [(&gemv, "GEMV"), (&blas, "cuBLAS")] {
+            let (rows, kv) = ctx
+                .stages_device(layer.layer_id, RowIds::Host(ids), n)
+                .unwrap();
+            // The CPU's values are for live tokens only: spread them out.
+            let mut want = vec![0u16; n * k_out];
+            for (j, &t) in live.iter().enumerate() {
+                want[t * k_out..(t + 1) * k_out]
+                    .copy_from_slice(&cpu_kv[j * k_out..(j + 1) * k_out]);
+                assert_eq!(
+                    rows[t * k_in..(t + 1) * k_in],
+                    cpu_rows[j * k_in..(j + 1) * k_in]
+                );
+            }
+            let at = |t: usize| format!("{name}, {n} tokens, token {t}");
+            check_kv(&kv, &want, &rows, &layer.wkv.f32(), &live, k_in, k_out, &at);
+        }
+    }
+    if let (Some(b), Some(e)) = (before, dev.emu.as_ref()) {
+        let after = e.launches();
+        for n in 1..=8.min(n_all) {
+            let name = format!("engram_gemv_bf16_{n}");
+            let ran = after.get(name.as_str()).copied().unwrap_or(0)
+                - b.get(name.as_str()).copied().unwrap_or(0);
+            assert!(ran > 0, "{name} never ran");
+        }
+    }
+}
+
+#[test]
+fn a_captured_graph_replays_the_same_bits() {
+    let Some(dev) = device() else { return };
+    if !dev.is_real() {
+        println!(
+            "graph capture needs a GPU (the emulation has no streams): run scripts/gpu-check.sh"
+        );
+        return;
+    }
+    let d = drv();
+    let tiny = Tiny::load();
+    let m = dev_model(&dev, &tiny);
+    let ctx = cuda_context(&dev, &tiny, &m, None);
     let (ids, n_all) = prefill(&tiny);
     let per = ctx.ids_per_token();
-    let (hc, d) = (tiny.hc, tiny.d);
+    let (hc, dd) = (tiny.hc, tiny.d);
     // One token (GEMV) and the whole prefill (cuBLAS).
     for n in [1usize, n_all] {
         let ids = &ids[..n * per];
-        let d_ids = upload(&dev, ids);
-        let hw_in = values("graph.highway", n * hc * d, 1.0, 0.0);
-        let stream = new_stream();
+        let d_ids = dev.upload(ids);
+        let hw_in = values("graph.highway", n * hc * dd, 1.0, 0.0);
+        let stream = new_stream(&dev);
         let s = stream as *mut c_void;
         // Direct: both layers, in place.
-        let direct = upload(&dev, &hw_in);
+        let direct = dev.upload(&hw_in);
         for l in &tiny.layers {
             ctx.apply_device(l.layer_id, RowIds::Device(d_ids.ptr), n, direct.ptr, 0, s)
                 .unwrap();
         }
-        sync(stream);
-        let want: Vec<u32> = download::<f32>(&direct, n * hc * d)
+        sync(&dev, stream);
+        let want: Vec<u32> = direct
+            .read::<f32>(n * hc * dd)
+            .unwrap()
             .iter()
             .map(|x| x.to_bits())
             .collect();
         // Captured.
-        let hw = upload(&dev, &hw_in);
+        let hw = dev.upload(&hw_in);
+        let _g = dev.gpu.enter().unwrap();
         let mut graph = std::ptr::null_mut();
         // SAFETY: a live stream; thread-local capture mode.
         unsafe {
             dcheck(
-                sys::cuStreamBeginCapture_v2(
+                d.cuStreamBeginCapture_v2.unwrap()(
                     stream,
-                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                    sys::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
                 ),
                 "begin capture",
             );
@@ -444,16 +476,21 @@ fn a_captured_graph_replays_the_same_bits() {
         let mut exec = std::ptr::null_mut();
         // SAFETY: ends the capture begun above; instantiates and launches it.
         unsafe {
-            dcheck(sys::cuStreamEndCapture(stream, &mut graph), "end capture");
             dcheck(
-                sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+                d.cuStreamEndCapture.unwrap()(stream, &mut graph),
+                "end capture",
+            );
+            dcheck(
+                d.cuGraphInstantiateWithFlags.unwrap()(&mut exec, graph, 0),
                 "instantiate",
             );
             for replay in 0..3 {
-                overwrite(&hw, &hw_in);
-                dcheck(sys::cuGraphLaunch(exec, stream), "graph launch");
-                sync(stream);
-                let got: Vec<u32> = download::<f32>(&hw, n * hc * d)
+                hw.write(&hw_in).unwrap();
+                dcheck(d.cuGraphLaunch.unwrap()(exec, stream), "graph launch");
+                sync(&dev, stream);
+                let got: Vec<u32> = hw
+                    .read::<f32>(n * hc * dd)
+                    .unwrap()
                     .iter()
                     .map(|x| x.to_bits())
                     .collect();
@@ -462,10 +499,9 @@ fn a_captured_graph_replays_the_same_bits() {
                     "n = {n}: replay {replay} differs from the direct apply"
                 );
             }
-            // Re-staged ids: change the device ids, replay, compare with direct.
-            dcheck(sys::cuGraphExecDestroy(exec), "destroy exec");
-            dcheck(sys::cuGraphDestroy(graph), "destroy graph");
-            dcheck(sys::cuStreamDestroy_v2(stream), "destroy stream");
+            dcheck(d.cuGraphExecDestroy.unwrap()(exec), "destroy exec");
+            dcheck(d.cuGraphDestroy.unwrap()(graph), "destroy graph");
+            dcheck(d.cuStreamDestroy_v2.unwrap()(stream), "destroy stream");
         }
         ctx.check_device(std::ptr::null_mut()).unwrap();
         println!("n = {n}: 3 graph replays bit-identical to the direct apply");
@@ -474,8 +510,7 @@ fn a_captured_graph_replays_the_same_bits() {
 
 #[test]
 fn two_contexts_on_two_streams_at_once_equal_one_after_the_other() {
-    let Some(dev) = gpu() else { return };
-    let _scope = dev.scope().unwrap();
+    let Some(dev) = device() else { return };
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
     let (ids, n) = prefill(&tiny);
@@ -485,10 +520,10 @@ fn two_contexts_on_two_streams_at_once_equal_one_after_the_other() {
         values("streams.b", n * hc * d, 1.0, 0.0),
     ];
     // One after the other, on one context and the legacy stream.
-    let one = cuda_context(&tiny, &m);
+    let one = cuda_context(&dev, &tiny, &m, None);
     let mut want = Vec::new();
     for hw_in in &inputs {
-        let hw = upload(&dev, hw_in);
+        let hw = dev.upload(hw_in);
         for _ in 0..3 {
             for l in &tiny.layers {
                 one.apply_device(
@@ -502,25 +537,24 @@ fn two_contexts_on_two_streams_at_once_equal_one_after_the_other() {
                 .unwrap();
             }
         }
-        want.push(download::<f32>(&hw, n * hc * d));
+        want.push(hw.read::<f32>(n * hc * d).unwrap());
     }
-    // At once: two contexts, two streams, two host threads.
-    let ctxs = [cuda_context(&tiny, &m), cuda_context(&tiny, &m)];
-    let bufs: Vec<DevBuf> = inputs.iter().map(|h| upload(&dev, h)).collect();
-    let streams = [new_stream() as usize, new_stream() as usize];
+    // At once: two contexts, two streams (the emulation: the legacy
+    // stream), two host threads.
+    let ctxs = [
+        cuda_context(&dev, &tiny, &m, None),
+        cuda_context(&dev, &tiny, &m, None),
+    ];
+    let bufs: Vec<DevBuf> = inputs.iter().map(|h| dev.upload(h)).collect();
+    let streams = if dev.is_real() {
+        [new_stream(&dev) as usize, new_stream(&dev) as usize]
+    } else {
+        [0, 0]
+    };
     std::thread::scope(|sc| {
         for i in 0..2 {
-            let (ctx, buf, stream, ids, tiny, devctx) = (
-                &ctxs[i],
-                &bufs[i],
-                streams[i],
-                &ids,
-                &tiny,
-                dev.ctx as usize,
-            );
+            let (ctx, buf, stream, ids, tiny) = (&ctxs[i], &bufs[i], streams[i], &ids, &tiny);
             sc.spawn(move || {
-                // SAFETY: the device's primary context, retained by `dev` for the test.
-                let _s = unsafe { Scope::enter(devctx as sys::CUcontext) }.unwrap();
                 for _ in 0..3 {
                     for l in &tiny.layers {
                         ctx.apply_device(
@@ -538,9 +572,9 @@ fn two_contexts_on_two_streams_at_once_equal_one_after_the_other() {
         }
     });
     for (i, s) in streams.iter().enumerate() {
-        sync(*s as sys::CUstream);
+        sync(&dev, *s as sys::CUstream);
         ctxs[i].check_device(*s as *mut c_void).unwrap();
-        let got = download::<f32>(&bufs[i], n * hc * d);
+        let got = bufs[i].read::<f32>(n * hc * d).unwrap();
         assert!(
             got.iter()
                 .zip(&want[i])
@@ -553,11 +587,10 @@ fn two_contexts_on_two_streams_at_once_equal_one_after_the_other() {
 
 #[test]
 fn errors_found_on_the_device_leave_the_token_and_are_reported_once() {
-    let Some(dev) = gpu() else { return };
-    let _scope = dev.scope().unwrap();
+    let Some(dev) = device() else { return };
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
-    let ctx = cuda_context(&tiny, &m);
+    let ctx = cuda_context(&dev, &tiny, &m, None);
     let (ids, n) = prefill(&tiny);
     let per = ctx.ids_per_token();
     let (hc, d, cols) = (tiny.hc, tiny.d, tiny.cols());
@@ -565,43 +598,20 @@ fn errors_found_on_the_device_leave_the_token_and_are_reported_once() {
     let hw_in = values("errors.highway", n * hc * d, 1.0, 0.0);
     let null = std::ptr::null_mut();
     let clean = {
-        let hw = upload(&dev, &hw_in);
+        let hw = dev.upload(&hw_in);
         ctx.apply_device(lid, RowIds::Host(&ids), n, hw.ptr, 0, null)
             .unwrap();
-        download::<f32>(&hw, n * hc * d)
+        hw.read::<f32>(n * hc * d).unwrap()
     };
-    let live = (0..n).find(|&t| ids[t * per] != -1).expect("a live token");
-    for (case, want) in [
-        ("out of range", EngramStatus::ErrInvalidRowId),
-        ("partly dead", EngramStatus::ErrInvalidRowId),
-    ] {
-        let mut bad = ids.clone();
-        bad[live * per + 1] = if case == "out of range" { 1 << 40 } else { -1 };
-        // The host checks host ids before anything is queued.
-        let hw = upload(&dev, &hw_in);
-        let e = ctx
-            .apply_device(lid, RowIds::Host(&bad), n, hw.ptr, 0, null)
-            .unwrap_err();
-        assert_eq!(e.status, want, "{case}, host ids: {}", e.message);
-        // Device ids are checked on the device.
-        let d_bad = upload(&dev, &bad);
-        ctx.apply_device(lid, RowIds::Device(d_bad.ptr), n, hw.ptr, 0, null)
-            .expect("queued");
-        let e = ctx.check_device(null).unwrap_err();
-        assert_eq!(e.status, want, "{case}: {}", e.message);
-        assert!(
-            e.message.contains(&format!("token {live}")),
-            "{}",
-            e.message
-        );
-        ctx.check_device(null).expect("reported once");
-        let got = download::<f32>(&hw, n * hc * d);
+    let live: Vec<usize> = (0..n).filter(|&t| ids[t * per] != -1).collect();
+    assert!(live.len() >= 3, "three live tokens");
+    let unchanged = |got: &[f32], bad: &[usize], case: &str| {
         for t in 0..n {
             let sl = t * hc * d..(t + 1) * hc * d;
-            if t == live {
+            if bad.contains(&t) {
                 assert!(
                     got[sl.clone()] == hw_in[sl.clone()],
-                    "{case}: the bad token changed"
+                    "{case}: bad token {t} changed"
                 );
             } else {
                 assert!(
@@ -610,40 +620,106 @@ fn errors_found_on_the_device_leave_the_token_and_are_reported_once() {
                 );
             }
         }
+    };
+    for (case, want) in [
+        ("out of range", EngramStatus::ErrInvalidRowId),
+        ("partly dead", EngramStatus::ErrInvalidRowId),
+    ] {
+        // Two bad tokens: the later one in a column before the earlier
+        // one's. The first by token is reported, as the CPU reports it,
+        // whatever order the blocks ran in.
+        let (t1, t2) = (live[1], live[2]);
+        let mut bad = ids.clone();
+        let v = if case == "out of range" { 1 << 40 } else { -1 };
+        bad[t1 * per + 1] = v;
+        bad[t2 * per] = v;
+        // The host checks host ids before anything is queued.
+        let hw = dev.upload(&hw_in);
+        let e_host = ctx
+            .apply_device(lid, RowIds::Host(&bad), n, hw.ptr, 0, null)
+            .unwrap_err();
+        assert_eq!(e_host.status, want, "{case}, host ids: {}", e_host.message);
+        // Device ids are checked on the device, with the same message.
+        let d_bad = dev.upload(&bad);
+        ctx.apply_device(lid, RowIds::Device(d_bad.ptr), n, hw.ptr, 0, null)
+            .expect("queued");
+        let e = ctx.check_device(null).unwrap_err();
+        assert_eq!(e.status, want, "{case}: {}", e.message);
+        assert!(
+            e.message.starts_with(&e_host.message),
+            "{case}: device '{}', host '{}'",
+            e.message,
+            e_host.message
+        );
+        ctx.check_device(null).expect("reported once");
+        unchanged(&hw.read::<f32>(n * hc * d).unwrap(), &[t1, t2], case);
+        // The read-back reports it too (the latch, without a gate).
+        let e = ctx
+            .stages_device(lid, RowIds::Device(d_bad.ptr), n)
+            .unwrap_err();
+        assert!(e.message.starts_with(&e_host.message), "{}", e.message);
     }
     // A NaN code in an fp8 row (layer 0's table is fp8): found on the device,
-    // reported by the next call.
+    // reported by the next call (which then does nothing).
     let li = tiny
         .layers
         .iter()
         .position(|l| l.format == EngramType::Fp8E4m3E8m0)
         .expect("an fp8 layer");
     let l = &tiny.layers[li];
-    let row = ids[live * per + li * cols] as usize;
+    let t = live[0];
+    let row = ids[t * per + li * cols] as usize;
     let mut table = l.table.clone();
     let rb = tiny.hd + tiny.hd / 32;
     table[row * rb + 3] = 0x7F;
-    overwrite(&m.layers[li].0, &table);
-    let hw = upload(&dev, &hw_in);
+    m.layers[li].0.write(&table).unwrap();
+    let hw = dev.upload(&hw_in);
     ctx.apply_device(l.layer_id, RowIds::Host(&ids), n, hw.ptr, 0, null)
         .expect("queued");
-    sync(std::ptr::null_mut());
+    sync(&dev, std::ptr::null_mut());
     let e = ctx
         .apply_device(l.layer_id, RowIds::Host(&ids), n, hw.ptr, 0, null)
         .unwrap_err();
     assert_eq!(e.status, EngramStatus::ErrInvalidData, "{}", e.message);
     assert!(e.message.contains("NaN"), "{}", e.message);
+    assert!(e.message.contains(&format!("token {t}")), "{}", e.message);
     ctx.check_device(null).expect("reported once");
-    overwrite(&m.layers[li].0, &l.table);
+    // Every token that reads that row is left alone (a repeated n-gram reads it again).
+    let readers: Vec<usize> = (0..n)
+        .filter(|&u| ids[u * per + li * cols..u * per + (li + 1) * cols].contains(&(row as i64)))
+        .collect();
+    unchanged(&hw.read::<f32>(n * hc * d).unwrap(), &readers, "NaN code");
+    // A NaN scale, then a scale that overflows (non-finite values).
+    for (what, at, code, status_word) in [
+        ("NaN scale", row * rb + tiny.hd + 1, 255u8, "e8m0 scale 1"),
+        ("non-finite", row * rb + tiny.hd, 254u8, "not finite"),
+    ] {
+        let mut table = l.table.clone();
+        table[at] = code;
+        if what == "non-finite" {
+            table[row * rb] = 0x7E; // 448 * 2^127 overflows
+        }
+        m.layers[li].0.write(&table).unwrap();
+        let e = ctx
+            .stages_device(l.layer_id, RowIds::Host(&ids), n)
+            .unwrap_err();
+        assert_eq!(
+            e.status,
+            EngramStatus::ErrInvalidData,
+            "{what}: {}",
+            e.message
+        );
+        assert!(e.message.contains(status_word), "{what}: {}", e.message);
+    }
+    m.layers[li].0.write(&l.table).unwrap();
 }
 
 #[test]
 fn device_arguments_are_checked() {
-    let Some(dev) = gpu() else { return };
-    let _scope = dev.scope().unwrap();
+    let Some(dev) = device() else { return };
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
-    let ctx = cuda_context(&tiny, &m);
+    let ctx = cuda_context(&dev, &tiny, &m, None);
     let (ids, n) = prefill(&tiny);
     let (hc, d) = (tiny.hc, tiny.d);
     let lid = tiny.layers[0].layer_id;
@@ -662,7 +738,7 @@ fn device_arguments_are_checked() {
         .unwrap_err();
     assert_eq!(e.status, EngramStatus::ErrInvalidArgument, "{}", e.message);
     // A device highway one token too short.
-    let short = upload(&dev, &vec![0f32; (n - 1) * hc * d]);
+    let short = dev.upload(&vec![0f32; (n - 1) * hc * d]);
     let e = ctx
         .apply_device(lid, RowIds::Host(&ids), n, short.ptr, 0, null)
         .unwrap_err();
@@ -689,43 +765,225 @@ fn device_arguments_are_checked() {
         })
         .unwrap_err();
     assert_eq!(e.status, EngramStatus::ErrInvalidArgument, "{}", e.message);
-    // A quantised wkv is not in this build's CUDA backend.
+    // A wkv shorter than a quantised type's size says so.
     let e = ctx
         .set_layer_device(&DeviceLayerIn {
             layer_id: l.layer_id,
             table: t.ptr,
             table_rows: l.rows,
             table_type: l.format as u32,
-            wkv: w.ptr,
+            wkv: t.ptr,
             wkv_type: EngramType::Q8_0 as u32,
             q: q.ptr,
             k: k.ptr,
             qk_type: dense_type(&l.q),
         })
         .unwrap_err();
-    assert_eq!(e.status, EngramStatus::ErrUnsupported, "{}", e.message);
+    assert_eq!(e.status, EngramStatus::ErrInvalidArgument, "{}", e.message);
     // The read-back takes host ids on a CUDA context too (as on the CPU), and
     // gives what device ids give.
     let by_host = ctx.stages_device(lid, RowIds::Host(&ids), n).unwrap();
-    let d_ids = upload(&dev, &ids);
+    let d_ids = dev.upload(&ids);
     let by_device = ctx
         .stages_device(lid, RowIds::Device(d_ids.ptr), n)
         .unwrap();
     assert_eq!(by_host, by_device);
-    // A bad ordinal.
-    let mut cfg = tiny.config(Tiny::limits());
-    cfg.backend = EngramBackend::Cuda as u32;
-    cfg.device = 999;
-    let e = match Context::new(&cfg) {
-        Ok(_) => panic!("device 999 exists?"),
-        Err(e) => e,
-    };
-    assert_eq!(e.status, EngramStatus::ErrDevice, "{}", e.message);
+    // Device row ids one token short.
+    let e = ctx
+        .apply_device(lid, RowIds::Device(d_ids.ptr), n + 1, short.ptr, 0, null)
+        .unwrap_err();
+    assert_eq!(e.status, EngramStatus::ErrInvalidArgument, "{}", e.message);
+    if dev.is_real() {
+        // A bad ordinal.
+        let mut cfg = tiny.config(Tiny::limits());
+        cfg.backend = EngramBackend::Cuda as u32;
+        cfg.device = 999;
+        let e = match Context::new(&cfg) {
+            Ok(_) => panic!("device 999 exists?"),
+            Err(e) => e,
+        };
+        assert_eq!(e.status, EngramStatus::ErrDevice, "{}", e.message);
+    }
     // Still usable after all that.
-    let hw = upload(&dev, &values("args.highway", n * hc * d, 1.0, 0.0));
+    let hw = dev.upload(&values("args.highway", n * hc * d, 1.0, 0.0));
     ctx.apply_device(lid, RowIds::Host(&ids), n, hw.ptr, 0, null)
         .unwrap();
     ctx.check_device(null).unwrap();
+}
+
+/// Memory mapped in pieces (PyTorch's expandable segments): a highway and a
+/// wkv spanning several allocations that follow each other are accepted; a
+/// range that runs past the last piece, or into a gap, is refused.
+#[test]
+fn allocations_mapped_in_pieces_are_walked() {
+    let Some(dev) = emulated() else { return };
+    let emu = dev.emu.clone().unwrap();
+    let tiny = Tiny::load();
+    let m = dev_model(&dev, &tiny);
+    let ctx = cuda_context(&dev, &tiny, &m, None);
+    let (ids, n) = prefill(&tiny);
+    let (hc, d) = (tiny.hc, tiny.d);
+    let bytes = n * hc * d * 4;
+    let lid = tiny.layers[0].layer_id;
+    let null = std::ptr::null_mut();
+    let hw_in = values("pieces.highway", n * hc * d, 1.0, 0.0);
+    // The same apply in one allocation and in three pieces.
+    let whole = dev.upload(&hw_in);
+    ctx.apply_device(lid, RowIds::Host(&ids), n, whole.ptr, 0, null)
+        .unwrap();
+    let third = (bytes / 3) & !255;
+    let p = emu
+        .alloc_pieces(&[third, third, bytes - 2 * third])
+        .unwrap();
+    // SAFETY: `p` holds `bytes` of emulated device (host) memory.
+    unsafe {
+        std::ptr::copy_nonoverlapping(hw_in.as_ptr() as *const u8, p as *mut u8, bytes);
+    }
+    ctx.apply_device(lid, RowIds::Host(&ids), n, p, 0, null)
+        .expect("a highway in three pieces");
+    // SAFETY: as above.
+    let got = unsafe { std::slice::from_raw_parts(p as *const f32, n * hc * d) };
+    assert_eq!(got, &whole.read::<f32>(n * hc * d).unwrap()[..]);
+    // One token more than the pieces hold.
+    let e = ctx
+        .apply_device(lid, RowIds::Host(&ids), n, p + 4, 0, null)
+        .unwrap_err();
+    assert_eq!(e.status, EngramStatus::ErrInvalidArgument, "{}", e.message);
+    assert!(e.message.contains("do not fit"), "{}", e.message);
+    // A hole: the middle piece unmapped.
+    emu.unmap_piece(p + third as u64);
+    let e = ctx
+        .apply_device(lid, RowIds::Host(&ids), n, p, 0, null)
+        .unwrap_err();
+    assert_eq!(e.status, EngramStatus::ErrInvalidArgument, "{}", e.message);
+    // SAFETY: from alloc_pieces, freed once.
+    unsafe { dev.gpu.free(p) };
+    println!("a highway in three pieces: accepted, same bits; one past the end: refused");
+}
+
+/// A table of the real model's row count (384 million fp8 rows, 101 GB):
+/// reserved, never touched but for a few rows near its end, gathered by
+/// device row ids whose byte offsets pass 2^32 and 2^36, bit-identical to
+/// the CPU backend reading the same rows.
+#[test]
+fn sixty_four_bit_offsets_into_a_table_of_the_real_row_count() {
+    let Some(dev) = device() else { return };
+    const ROWS: u64 = 384_000_000;
+    let hd = 256usize;
+    let rb = hd + hd / 32;
+    let bytes = ROWS as usize * rb;
+    let table = match engram::cuda::gpu::DevBuf::new(&dev.gpu, bytes, "a table of 384M rows") {
+        Ok(b) => b,
+        Err(e) => {
+            println!("SKIP: cannot reserve {bytes} bytes: {}", e.message);
+            return;
+        }
+    };
+    let (ngram, heads) = (2usize, 1usize);
+    let primes = engram::hash::derive_primes_uniform(1, ngram, heads, 100).unwrap();
+    let offsets = engram::hash::derive_offsets(&primes, 1);
+    let token_map: Vec<i32> = (0..16).collect();
+    let mult = [1u64, 3];
+    let cfg = |backend: EngramBackend| engram::ContextConfig {
+        geometry: engram::Geometry {
+            d: 32,
+            hc: 1,
+            hd,
+            eps: 1e-6,
+        },
+        tables: engram::HashTablesIn {
+            layer_ids: &[1],
+            max_ngram: ngram,
+            n_heads: heads,
+            token_map: &token_map,
+            pad_id: 0,
+            multipliers: &mult,
+            primes: &primes,
+            offsets: &offsets,
+        },
+        limits: engram::Limits {
+            max_tokens: 8,
+            max_seqs: 1,
+            max_positions: 8,
+        },
+        n_threads: 1,
+        backend: backend as u32,
+        device: 0,
+        tuning: engram::Tuning {
+            cuda_device: Some(dev.gpu.clone()),
+            ..Default::default()
+        },
+    };
+    // Rows whose byte offsets pass 2^32, 2^36 and the end of the table.
+    let picks: Vec<i64> = vec![
+        ((1u64 << 32) / rb as u64 + 1) as i64,
+        ((1u64 << 36) / rb as u64 + 7) as i64,
+        ROWS as i64 - 1,
+        ROWS as i64 - 2,
+        3,
+    ];
+    let mut host_rows = Vec::new();
+    for (i, &r) in picks.iter().enumerate() {
+        let row: Vec<u8> = (0..rb)
+            .map(|j| {
+                if j < hd {
+                    let c = (bits("sparse.table", (i * rb + j) as u64) & 0xFF) as u8;
+                    if c & 0x7F == 0x7F {
+                        c ^ 1
+                    } else {
+                        c
+                    }
+                } else {
+                    120 + (j % 8) as u8
+                }
+            })
+            .collect();
+        // SAFETY: row `r` lies inside the table's `bytes`.
+        unsafe {
+            dev.gpu
+                .upload(table.ptr + r as u64 * rb as u64, row.as_ptr(), rb)
+                .unwrap();
+        }
+        host_rows.push(row);
+    }
+    let wkv = vec![f32_to_bf16(0.01); 2 * 32 * hd];
+    let d_wkv = dev.upload(&wkv);
+    let qk = vec![1f32; 32];
+    let d_qk = dev.upload(&qk);
+    let ctx = Context::new(&cfg(EngramBackend::Cuda)).expect("a CUDA context");
+    ctx.set_layer_device(&DeviceLayerIn {
+        layer_id: 1,
+        table: table.ptr,
+        table_rows: ROWS,
+        table_type: EngramType::Fp8E4m3E8m0 as u32,
+        wkv: d_wkv.ptr,
+        wkv_type: EngramType::Bf16 as u32,
+        q: d_qk.ptr,
+        k: d_qk.ptr,
+        qk_type: EngramType::F32 as u32,
+    })
+    .unwrap();
+    let n = picks.len();
+    let d_ids = dev.upload(&picks);
+    let (rows, _) = ctx.stages_device(1, RowIds::Device(d_ids.ptr), n).unwrap();
+    // The CPU reference: the same rows, dequantised on the host.
+    for (i, r) in host_rows.iter().enumerate() {
+        let mut want = vec![0u16; hd];
+        engram::formats::dequant_row_bf16(EngramType::Fp8E4m3E8m0, r, &mut want).unwrap();
+        assert_eq!(rows[i * hd..(i + 1) * hd], want[..], "row {}", picks[i]);
+    }
+    // Out of range by one.
+    let bad = dev.upload(&[ROWS as i64, 0, 0, 0, 0]);
+    let e = ctx
+        .stages_device(1, RowIds::Device(bad.ptr), n)
+        .unwrap_err();
+    assert_eq!(e.status, EngramStatus::ErrInvalidRowId, "{}", e.message);
+    assert!(
+        e.message.contains(&format!("row id {ROWS}")),
+        "{}",
+        e.message
+    );
+    println!("rows at byte offsets past 2^32 and 2^36 of a 101 GB table: bit-identical");
 }
 
 #[test]

@@ -1,10 +1,14 @@
 //! Every CUDA kernel compiles with NVRTC for sm_80 and sm_90 without an error
-//! or a warning. Needs libnvrtc only (no GPU, no driver, no CUDA toolkit):
+//! or a warning, and as PTX for the architecture a device newer than this
+//! NVRTC gets. Needs libnvrtc only (no GPU, no driver, no CUDA toolkit):
 //! `scripts/nvrtc-check.sh` installs it from the nvidia-cuda-nvrtc-cu12 wheel
 //! and runs this test with `ENGRAM_REQUIRE_NVRTC=1`, which turns the skip
-//! (libnvrtc missing) into a failure.
+//! (libnvrtc missing) into a failure; `scripts/gpu-check.sh` runs it with the
+//! GPU machine's NVRTC (CUDA 13 there).
 
-use engram::cuda::kernels::{compile_source, nvrtc_version, MODULE_MAIN, SOURCES};
+use engram::cuda::kernels::{
+    choose_arch, compile_source, nvrtc_version, supported_archs, MODULE_MAIN, SOURCES,
+};
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 
@@ -68,6 +72,35 @@ fn every_kernel_file_compiles_cleanly_for_sm80_and_sm90() {
             .unwrap_or_else(|e| panic!("the module for {virt}: {}", e.message));
         assert_clean("the module", &virt, &c.log);
     }
+}
+
+#[test]
+fn a_device_newer_than_this_nvrtc_gets_ptx_that_compiles() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let archs = supported_archs().expect("nvrtcGetSupportedArchs");
+    println!("{}: sm_{archs:?}", engram::cuda::sys::describe());
+    assert!(archs.contains(&80) && archs.contains(&90), "{archs:?}");
+    let newest = *archs.last().unwrap();
+    let future = (newest / 10 + 1, 0);
+    let arch = choose_arch(future, &archs).unwrap();
+    assert_eq!(arch, format!("compute_{newest}"));
+    let c = compile_source(MODULE_MAIN, "engram_kernels.cu", &arch)
+        .unwrap_or_else(|e| panic!("PTX for {arch}: {}", e.message));
+    assert_clean("the module", &arch, &c.log);
+    assert!(
+        engram::cuda::gpu::KERNEL_NAMES
+            .iter()
+            .all(|k| String::from_utf8_lossy(&c.image).contains(&format!(".entry {k}("))),
+        "PTX with every entry"
+    );
+    println!(
+        "sm_{}.{} would get {arch} PTX ({} bytes)",
+        future.0,
+        future.1,
+        c.image.len()
+    );
 }
 
 #[test]

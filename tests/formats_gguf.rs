@@ -374,7 +374,12 @@ fn weight_formats_describe_dense_and_quantised_weights() {
         WeightFormat::Dense(WeightDtype::F32).bytes(usize::MAX, 2),
         None
     );
-    for ty in [EngramType::F16 as u32, EngramType::Fp8E4m3E8m0 as u32, 77] {
+    // f16 is read in place like the block formats (ds4's GGUFs carry wkv so).
+    assert_eq!(
+        WeightFormat::new(EngramType::F16 as u32, k, "wkv").unwrap(),
+        WeightFormat::Quant(EngramType::F16)
+    );
+    for ty in [EngramType::Fp8E4m3E8m0 as u32, 77] {
         let e = WeightFormat::new(ty, k, "wkv").unwrap_err();
         assert_eq!(e.status, EngramStatus::ErrUnsupported);
         assert!(e.message.contains("wkv"), "{}", e.message);

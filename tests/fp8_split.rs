@@ -412,39 +412,18 @@ fn the_kernels_split_dequantisation_matches_formats_rs() {
 // ---- on a GPU: the split gather kernel against the CPU bits ----
 
 /// The split table on the CUDA backend (`engram_gather_split`) gives the CPU
-/// backend's rows bit for bit, and a NaN code in a used row is refused by
-/// both with the same status and message. Without a CUDA driver the test
-/// says so and passes; `ENGRAM_REQUIRE_GPU=1` (scripts/gpu-check.sh) makes
-/// that a failure.
+/// backend's rows bit for bit, and a NaN scale in a used row is refused by
+/// both with the same status and message. On the GPU, or on the emulation
+/// (the kernel itself on the CPU) where there is none; `ENGRAM_REQUIRE_GPU=1`
+/// (scripts/gpu-check.sh) requires the GPU.
 #[test]
 fn split_tables_on_the_gpu_give_the_cpu_bits() {
-    use cudarc::driver::sys;
-    use engram::cuda::driver::{DevBuf, Device};
     use engram::RowIds;
-    let dev = match engram::cuda::probe() {
-        Ok(desc) => {
-            println!("{desc}");
-            Device::open(0).expect("open device 0")
-        }
-        Err(why) => {
-            assert!(
-                !std::env::var("ENGRAM_REQUIRE_GPU").is_ok_and(|v| v == "1"),
-                "ENGRAM_REQUIRE_GPU=1 but: {why}"
-            );
-            eprintln!("SKIP: the split fp8 table on the GPU: {why}");
-            return;
-        }
+    // The GPU, or the emulation where there is none (tests/common/device.rs).
+    let Some(dev) = common::device::device() else {
+        return;
     };
-    let _scope = dev.scope().unwrap();
-    let upload = |data: &[u8]| -> DevBuf {
-        let b = DevBuf::new(dev.ctx, data.len().max(1), "test data").expect("cuMemAlloc");
-        // SAFETY: `b` holds `data.len()` bytes; the device's context is current.
-        let r = unsafe {
-            sys::cuMemcpyHtoD_v2(b.ptr, data.as_ptr() as *const std::ffi::c_void, data.len())
-        };
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "upload");
-        b
-    };
+    let upload = |data: &[u8]| dev.upload(data);
     let tiny = Tiny::load();
     let l = &tiny.layers[0];
     let (codes, mut scales) = split(&l.table, tiny.hd);
@@ -479,6 +458,7 @@ fn split_tables_on_the_gpu_give_the_cpu_bits() {
         let (d_codes, d_scales) = (upload(&codes), upload(&scales));
         let mut cfg = tiny.config(Tiny::limits());
         cfg.backend = engram::EngramBackend::Cuda as u32;
+        cfg.tuning.cuda_device = Some(dev.gpu.clone());
         let gpu_ctx = engram::Context::new(&cfg).expect("a CUDA context");
         // SAFETY: device pointers of the sizes the geometry implies, alive here.
         let mut w = unsafe {

@@ -7,7 +7,13 @@
  *     highways, a dead token untouched, engram_check;
  *   - the same step captured in a CUDA graph (device row ids) and replayed
  *     gives the same bits as the direct call;
- *   - bad input: a host pointer as the highway, host ids while capturing.
+ *   - tables (and wkv) in host memory: engram_prefetch + engram_apply, and a
+ *     captured graph replayed after engram_stage of each step; a row that was
+ *     not staged is reported;
+ *   - engram_create_from_gguf with the CUDA backend (tables stay on the host);
+ *   - bad input: a host pointer as the highway, host ids while capturing,
+ *     engram_stage's NULLs and capture.
+ * Run from the repository root (it reads tests/golden/data/tiny.gguf).
  * Not run by c_tests/run.sh (it needs a GPU and the CUDA toolkit):
  * scripts/gpu-check.sh builds it with
  *   cc -std=c11 -I include -I c_tests -I $CUDA_HOME/include c_tests/cuda/test_cuda_apply.c \
@@ -82,6 +88,10 @@ static void *to_device(const void *host, size_t bytes) {
     void *p = NULL;
     cuda_ok(cudaMalloc(&p, bytes), "cudaMalloc");
     cuda_ok(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    /* A copy from pageable memory may return before the DMA has landed;
+     * engram reads these buffers on a non-blocking stream, which does not wait
+     * for the legacy stream: finish the copy here. */
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after an upload");
     return p;
 }
 
@@ -344,6 +354,118 @@ int main(void) {
         cudaGraphDestroy(graph);
         cudaFree(d_hw);
         cudaFree(d_direct);
+    }
+
+    /* Tables, wkv, q and k in host memory (pageable): the CUDA backend
+     * gathers rows on the host and copies them to the device. */
+    {
+        engram_context *h = NULL;
+        must((int)engram_create(&gc, &h), "create CUDA (host tables)");
+        for (uint32_t l = 0; l < T_LAYERS; l++) set_layer(h, &layers[l], 0);
+        check(1, "set_layer with host tables and host wkv on a CUDA context");
+        float *d_hw = (float *)to_device(in, sizeof in);
+        must((int)engram_prefetch(h, g_layers[0], ids, T_TOKENS), "prefetch layer 1 (host table)");
+        for (uint32_t l = 0; l < T_LAYERS; l++) {
+            int st = (int)engram_apply(h, g_layers[l], ids, T_TOKENS, d_hw, ENGRAM_TYPE_F32, (void *)stream);
+            check(st == ENGRAM_STATUS_OK, "apply layer %u, host table: %s", g_layers[l], st ? engram_last_error() : "ok");
+        }
+        check(engram_check(h, (void *)stream) == ENGRAM_STATUS_OK, "engram_check (host tables)");
+        cuda_ok(cudaMemcpy(got, d_hw, sizeof got, cudaMemcpyDeviceToHost), "D2H");
+        int all = memcmp(&got[6 * T_HW], &in[6 * T_HW], T_HW * 4) == 0;
+        for (uint32_t t = 0; t < T_TOKENS; t++)
+            if (t != 6) all &= close_enough(got, want, in, t);
+        check(all, "host tables: f32 highway matches the CPU backend, the dead token untouched");
+        static float direct[T_TOKENS * T_HW];
+        memcpy(direct, got, sizeof got);
+
+        /* The graph: captured with device ids; each replay after engram_stage. */
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        cuda_ok(cudaMemcpy(d_hw, in, sizeof in, cudaMemcpyHostToDevice), "reset");
+        cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+        int st = (int)engram_stage(h, g_layers[0], ids, T_TOKENS, (void *)stream);
+        check(st == ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "engram_stage while capturing: ERR_INVALID_ARGUMENT (%s)",
+              engram_last_error());
+        for (uint32_t l = 0; l < T_LAYERS; l++) {
+            st = (int)engram_apply_device_ids(h, g_layers[l], d_ids, T_TOKENS, d_hw, ENGRAM_TYPE_F32, (void *)stream);
+            check(st == ENGRAM_STATUS_OK, "captured apply_device_ids, host table, layer %u: %s", g_layers[l],
+                  st ? engram_last_error() : "ok");
+        }
+        cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+        cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+        for (int rep = 0; rep < 3; rep++) {
+            cuda_ok(cudaMemcpyAsync(d_hw, in, sizeof in, cudaMemcpyHostToDevice, stream), "reset highway");
+            for (uint32_t l = 0; l < T_LAYERS; l++)
+                must((int)engram_stage(h, g_layers[l], ids, T_TOKENS, (void *)stream), "engram_stage");
+            cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+            cuda_ok(cudaStreamSynchronize(stream), "sync");
+            cuda_ok(cudaMemcpy(got, d_hw, sizeof got, cudaMemcpyDeviceToHost), "D2H");
+            check(memcmp(got, direct, sizeof got) == 0, "host tables, graph replay %d after engram_stage: the same bits",
+                  rep);
+        }
+        /* Stage one step, replay with other ids: reported, tokens untouched. */
+        int64_t other[T_TOKENS * T_PER];
+        for (uint32_t t = 0; t < T_TOKENS; t++)
+            memcpy(&other[t * T_PER], &ids[((t + 1) % T_TOKENS) * T_PER], T_PER * sizeof(int64_t));
+        for (uint32_t l = 0; l < T_LAYERS; l++)
+            must((int)engram_stage(h, g_layers[l], other, T_TOKENS, (void *)stream), "engram_stage (other ids)");
+        cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+        st = (int)engram_check(h, (void *)stream);
+        check(st == ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "rows not staged for the replayed ids: reported (%s)",
+              engram_last_error());
+        check(engram_check(h, (void *)stream) == ENGRAM_STATUS_OK, "reported once");
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        /* engram_stage's bad input. */
+        check(engram_stage(NULL, 1, ids, T_TOKENS, NULL) == ENGRAM_STATUS_ERR_NULL_ARGUMENT, "engram_stage: NULL ctx");
+        check(engram_stage(h, 1, NULL, T_TOKENS, NULL) == ENGRAM_STATUS_ERR_NULL_ARGUMENT, "engram_stage: NULL row_ids");
+        check(engram_stage(h, 2, ids, T_TOKENS, NULL) == ENGRAM_STATUS_ERR_UNKNOWN_LAYER, "engram_stage: unknown layer");
+        check(engram_stage(h, 1, ids, 65, NULL) == ENGRAM_STATUS_ERR_CAPACITY, "engram_stage: more than max_tokens");
+        check(engram_stage(gpu, 1, ids, T_TOKENS, (void *)stream) == ENGRAM_STATUS_OK,
+              "engram_stage on a device table: nothing to do");
+        cudaFree(d_hw);
+        engram_free(h);
+    }
+
+    /* A GGUF file on the CUDA backend: tables read from the file on the host. */
+    {
+        engram_gguf_options o;
+        engram_gguf_options_init(&o);
+        o.max_tokens = 64;
+        o.max_seqs = 4;
+        o.max_positions = 256;
+        engram_context *gc_cpu = NULL, *gc_gpu = NULL;
+        must((int)engram_create_from_gguf("tests/golden/data/tiny.gguf", &o, &gc_cpu), "tiny.gguf on the CPU");
+        o.backend = ENGRAM_BACKEND_CUDA;
+        int st = (int)engram_create_from_gguf("tests/golden/data/tiny.gguf", &o, &gc_gpu);
+        check(st == ENGRAM_STATUS_OK, "engram_create_from_gguf with ENGRAM_BACKEND_CUDA: %s",
+              st ? engram_last_error() : "ok");
+        if (gc_cpu && gc_gpu) {
+            size_t per = engram_row_ids_per_token(gc_cpu);
+            int32_t gtok[8], gseq[8], gpos[8];
+            for (int t = 0; t < 8; t++) {
+                gtok[t] = (t * 5 + 1) % 40;
+                gseq[t] = 0;
+                gpos[t] = t;
+            }
+            int64_t *gids = (int64_t *)malloc(8 * per * sizeof(int64_t));
+            must((int)engram_hash(gc_cpu, gtok, gseq, gpos, 8, gids, 8 * per), "hash (gguf)");
+            static float g_in[8 * T_HW], g_want[8 * T_HW], g_got[8 * T_HW];
+            for (int i = 0; i < 8 * (int)T_HW; i++) g_in[i] = (float)unit();
+            memcpy(g_want, g_in, sizeof g_in);
+            float *d_g = (float *)to_device(g_in, sizeof g_in);
+            must((int)engram_apply(gc_cpu, 1, gids, 8, g_want, ENGRAM_TYPE_F32, NULL), "gguf apply (CPU)");
+            must((int)engram_apply(gc_gpu, 1, gids, 8, d_g, ENGRAM_TYPE_F32, (void *)stream), "gguf apply (CUDA)");
+            must((int)engram_check(gc_gpu, (void *)stream), "engram_check (gguf)");
+            cuda_ok(cudaMemcpy(g_got, d_g, sizeof g_got, cudaMemcpyDeviceToHost), "D2H");
+            int all = 1;
+            for (uint32_t t = 0; t < 8; t++) all &= close_enough(g_got, g_want, g_in, t);
+            check(all, "tiny.gguf on CUDA: layer 1 matches the CPU backend");
+            cudaFree(d_g);
+            free(gids);
+        }
+        engram_free(gc_gpu);
+        engram_free(gc_cpu);
     }
 
     /* Bad input. */

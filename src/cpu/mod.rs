@@ -138,28 +138,7 @@ fn host_source(src: TableSource<'_>, bytes: u64, layer_id: u32, what: &str) -> R
     Ok(match src {
         // SAFETY: as `host_weights`: host memory, sized by the context.
         TableSource::Memory(r) => Source::memory(unsafe { r.host() }),
-        TableSource::File { file, offset } => {
-            let len = file
-                .metadata()
-                .map_err(|e| {
-                    Error::new(
-                        crate::EngramStatus::ErrIo,
-                        format!("the {what}'s file: {e}"),
-                    )
-                })?
-                .len();
-            if offset.checked_add(bytes).is_none_or(|end| end > len) {
-                bail!(
-                    ErrIo,
-                    "layer {layer_id}: the {what}'s {bytes} bytes at offset {offset} pass the end of its file ({len} bytes)"
-                );
-            }
-            Source::File {
-                file,
-                offset,
-                len: bytes,
-            }
-        }
+        TableSource::File { file, offset } => Source::file(file, offset, bytes, layer_id, what)?,
     })
 }
 

@@ -89,6 +89,28 @@ impl Source {
             len: table.len(),
         }
     }
+
+    /// Layer `layer_id`'s table of `len` bytes at `offset` in `file`, after
+    /// checking that the file holds them (`ErrIo` otherwise).
+    pub fn file(
+        file: std::sync::Arc<File>,
+        offset: u64,
+        len: u64,
+        layer_id: u32,
+        what: &str,
+    ) -> Result<Source> {
+        let size = file
+            .metadata()
+            .map_err(|e| Error::new(EngramStatus::ErrIo, format!("the {what}'s file: {e}")))?
+            .len();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            crate::error::bail!(
+                ErrIo,
+                "layer {layer_id}: the {what}'s {len} bytes at offset {offset} pass the end of its file ({size} bytes)"
+            );
+        }
+        Ok(Source::File { file, offset, len })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -390,6 +412,86 @@ impl Stager {
         ids: &[i64],
         out: &mut [u16],
     ) -> Gathered {
+        self.serve(li, gen, ids, |fmt, rows| match rows {
+            Served::Staged(parts, _) => Ok(dequant_parts(parts, fmt, width, out)),
+            Served::Source(src, rb) => match &**src {
+                Source::Memory { .. } => Ok(super::gather::gather_rows(
+                    memory_table(src),
+                    fmt,
+                    width,
+                    ids,
+                    out,
+                )),
+                // A file, a split table (its rows assembled from two
+                // sources), the model check's table: read as a job reads.
+                _ => {
+                    let mut buf =
+                        crate::batch::try_vec(ids.len() * rb, 0u8, "rows read from the file")?;
+                    read_rows(src, rb, ids, &mut buf)?;
+                    Ok(dequant_parts(&[buf], fmt, width, out))
+                }
+            },
+        })
+    }
+
+    /// The raw rows `ids` of layer `li` (generation `gen`), not dequantised:
+    /// `put(j, row)` for each, in order, from a staged prefetch of exactly
+    /// these ids if there is one (waiting for it; `Ok(true)`), else read from
+    /// the layer's source (`Ok(false)`). For a backend that dequantises
+    /// elsewhere (the CUDA backend's kernels).
+    pub fn gather_raw(
+        &self,
+        li: usize,
+        gen: u64,
+        ids: &[i64],
+        put: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<bool> {
+        self.serve(li, gen, ids, |_, rows| {
+            match rows {
+                Served::Staged(parts, rb) => {
+                    let mut j = 0;
+                    for p in parts {
+                        for row in p.chunks_exact(rb) {
+                            put(j, row);
+                            j += 1;
+                        }
+                    }
+                    return Ok(true);
+                }
+                Served::Source(src, rb) => match &**src {
+                    Source::Memory { .. } => {
+                        let table = memory_table(src);
+                        for (j, &id) in ids.iter().enumerate() {
+                            let a = id as usize * rb;
+                            put(j, &table[a..a + rb]);
+                        }
+                    }
+                    // A file, a split table (its rows assembled from two
+                    // sources), the model check's table: read as a job reads.
+                    _ => {
+                        let mut buf =
+                            crate::batch::try_vec(ids.len() * rb, 0u8, "rows read from the file")?;
+                        read_rows(src, rb, ids, &mut buf)?;
+                        for (j, row) in buf.chunks_exact(rb).enumerate() {
+                            put(j, row);
+                        }
+                    }
+                },
+            }
+            Ok(false)
+        })
+    }
+
+    /// Find the rows `ids` of layer `li` (generation `gen`): a staged
+    /// prefetch of exactly these ids (waited for, counted as staged), else
+    /// the layer's source (counted as direct); `f` reads them.
+    fn serve<R>(
+        &self,
+        li: usize,
+        gen: u64,
+        ids: &[i64],
+        f: impl FnOnce(EngramType, Served<'_>) -> Result<R>,
+    ) -> Result<R> {
         let mut st = self.shared.lock();
         loop {
             let found = {
@@ -417,7 +519,7 @@ impl Stager {
             {
                 st = self.shared.wait(st);
             }
-            let fmt = st.layers[li].format;
+            let (fmt, rb) = (st.layers[li].format, st.layers[li].rb);
             let slot = &mut st.layers[li].slots[si];
             if slot.seq != seq || slot.st != St::Ready {
                 continue; // reused by a newer prefetch meanwhile: look again
@@ -432,7 +534,7 @@ impl Stager {
             let parts = std::mem::take(&mut slot.parts);
             st.stats.staged += 1;
             drop(st);
-            let r = dequant_parts(&parts, fmt, width, out);
+            let r = f(fmt, Served::Staged(&parts, rb));
             let mut st = self.shared.lock();
             let slot = &mut st.layers[li].slots[si];
             if slot.seq == seq {
@@ -440,7 +542,7 @@ impl Stager {
             }
             drop(st);
             self.shared.cv.notify_all();
-            return Ok(r);
+            return r;
         }
         let (src, fmt, rb) = {
             let l = &st.layers[li];
@@ -454,18 +556,7 @@ impl Stager {
                 "gathering layer {li}, whose table was never set"
             );
         };
-        let r = match &*src {
-            Source::Memory { .. } => {
-                let table = memory_table(&src);
-                Ok(super::gather::gather_rows(table, fmt, width, ids, out))
-            }
-            _ => crate::batch::try_vec(ids.len() * rb, 0u8, "rows read from the file").and_then(
-                |mut buf| {
-                    read_rows(&src, rb, ids, &mut buf)?;
-                    Ok(dequant_parts(&[buf], fmt, width, out))
-                },
-            ),
-        };
+        let r = f(fmt, Served::Source(&src, rb));
         // Let go of the source under the lock, as a job does (`run_job`): a
         // `set_source` waiting for the last reader checks the count under the
         // lock, so the release and the wake-up cannot fall between its check
@@ -477,6 +568,14 @@ impl Stager {
         self.shared.cv.notify_all();
         r
     }
+}
+
+/// Where [`Stager::serve`] found a gather's rows.
+enum Served<'a> {
+    /// A prefetch's rows, in parts, in order, and the row bytes.
+    Staged(&'a [Vec<u8>], usize),
+    /// The layer's source and its row bytes.
+    Source(&'a Arc<Source>, usize),
 }
 
 /// The table of a memory source.

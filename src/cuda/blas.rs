@@ -1,43 +1,55 @@
-//! The projection through cuBLAS (loaded at run time): `kv = rows @ wkv^T`,
-//! bf16 in, f32 accumulate, bf16 out; or, for an f32 `wkv`, f32 in and out with
-//! pedantic f32 math (no TF32). One handle per context, with a workspace
-//! allocated at create time, bound to the caller's stream for each call.
+//! The projection through cuBLAS (loaded at run time by [`super::sys`]):
+//! `kv = rows @ wkv^T`, bf16 in, f32 accumulate, bf16 out; or, for an f32
+//! `wkv`, f32 in and out with pedantic f32 math (no TF32). One handle per
+//! context, with a workspace allocated at create time, bound to the caller's
+//! stream for each call.
+//!
+//! The math mode disallows reduced-precision reductions
+//! (`CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION`): when cuBLAS splits
+//! the k dimension, its partial sums stay f32 instead of being rounded to
+//! bf16, so every output is one f32 sum of exact products rounded once to
+//! bf16, within the bound the golden tests state (`tests/common/bounds.rs`).
 
-use super::driver::{self, DevBuf};
+use super::driver::check;
+use super::gpu::{Blas, Gemm, Stream};
+use super::sys::{self, CUcontext, CublasApi};
 use crate::error::{EngramStatus, Error, Result};
-use cudarc::cublas::sys as cb;
-use cudarc::driver::sys;
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 
 /// cuBLAS's workspace: NVIDIA recommends 32 MiB on Hopper.
 pub const WORKSPACE_BYTES: usize = 32 << 20;
 
-pub struct Blas {
-    handle: cb::cublasHandle_t,
-    workspace: DevBuf,
-    ctx: sys::CUcontext,
+/// cuBLAS's functions, or `ErrDevice` saying why there are none.
+pub fn api() -> Result<&'static CublasApi> {
+    sys::cublas().map(|l| &l.api).map_err(|e| {
+        Error::new(
+            EngramStatus::ErrDevice,
+            format!(
+                "cuBLAS cannot be loaded: {e}; the CUDA backend projects through cuBLAS (the CUDA \
+                 toolkit's libcublas, or the nvidia-cublas wheel's, on the loader path or in \
+                 ENGRAM_CUDA_LIB_DIR)"
+            ),
+        )
+    })
 }
 
-// SAFETY: a cuBLAS handle used only behind the backend's state lock (one
-// call at a time), from any thread with the context current.
-unsafe impl Send for Blas {}
-// SAFETY: as above.
-unsafe impl Sync for Blas {}
-
-fn status_text(s: cb::cublasStatus_t) -> String {
-    // SAFETY: libcublas is loaded (the status came from it); static string.
-    unsafe {
-        let p = cb::cublasGetStatusString(s);
-        if p.is_null() {
-            format!("{s:?}")
-        } else {
-            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-        }
+fn status_text(s: sys::cublasStatus_t) -> String {
+    match api() {
+        // SAFETY: a static string (or NULL) from cuBLAS.
+        Ok(b) => unsafe {
+            let p = (b.cublasGetStatusString)(s);
+            if p.is_null() {
+                format!("cuBLAS status {s}")
+            } else {
+                std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        },
+        Err(_) => format!("cuBLAS status {s}"),
     }
 }
 
-fn bcheck(s: cb::cublasStatus_t, what: &str) -> Result<()> {
-    if s == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+fn bcheck(s: sys::cublasStatus_t, what: &str) -> Result<()> {
+    if s == sys::CUBLAS_STATUS_SUCCESS {
         Ok(())
     } else {
         Err(Error::new(
@@ -47,27 +59,41 @@ fn bcheck(s: cb::cublasStatus_t, what: &str) -> Result<()> {
     }
 }
 
-/// Check that cuBLAS can be loaded (cudarc panics otherwise).
-pub fn check_cublas_library() -> Result<String> {
-    driver::find_library("cublas").map_err(|e| {
-        Error::new(
-            EngramStatus::ErrDevice,
-            format!("cuBLAS (libcublas) cannot be loaded: {e}; the CUDA backend projects through cuBLAS"),
-        )
-    })
+/// A cuBLAS handle with its own workspace, in one context.
+pub struct RealBlas {
+    handle: sys::cublasHandle_t,
+    workspace: u64,
+    ctx: CUcontext,
 }
 
-impl Blas {
-    /// A handle for the current context `ctx`, with its own workspace.
-    pub fn new(ctx: sys::CUcontext) -> Result<Blas> {
-        check_cublas_library()?;
-        let workspace = DevBuf::new(ctx, WORKSPACE_BYTES, "the cuBLAS workspace")?;
-        let mut handle = std::ptr::null_mut();
-        // SAFETY: libcublas loads (checked); `ctx` is current.
+// SAFETY: a cuBLAS handle used by one context at a time (behind the
+// backend's state lock), from any thread with the context current.
+unsafe impl Send for RealBlas {}
+
+impl RealBlas {
+    /// A handle for context `ctx`, which the caller made current.
+    pub fn new(ctx: CUcontext) -> Result<RealBlas> {
+        let b = api()?;
+        let d = super::driver::api()?;
+        let mut workspace = 0;
+        // SAFETY: the caller made `ctx` current; locals as out-pointers.
         unsafe {
-            bcheck(cb::cublasCreate_v2(&mut handle), "cublasCreate")?;
+            check(
+                (d.cuMemAlloc_v2)(&mut workspace, WORKSPACE_BYTES),
+                "allocating the cuBLAS workspace",
+            )?;
         }
-        let b = Blas {
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: as above.
+        let r = unsafe { (b.cublasCreate_v2)(&mut handle) };
+        if let Err(e) = bcheck(r, "cublasCreate") {
+            // SAFETY: allocated above, freed once.
+            unsafe {
+                let _ = (d.cuMemFree_v2)(workspace);
+            }
+            return Err(e);
+        }
+        let blas = RealBlas {
             handle,
             workspace,
             ctx,
@@ -75,106 +101,91 @@ impl Blas {
         // SAFETY: a live handle.
         unsafe {
             bcheck(
-                cb::cublasSetMathMode(b.handle, cb::cublasMath_t::CUBLAS_DEFAULT_MATH),
+                (b.cublasSetMathMode)(
+                    blas.handle,
+                    sys::CUBLAS_DEFAULT_MATH
+                        | sys::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION,
+                ),
                 "cublasSetMathMode",
             )?;
         }
-        Ok(b)
-    }
-
-    /// Bind the handle to `stream` and to our workspace (cublasSetStream resets
-    /// the workspace, so both are set each time).
-    fn bind(&self, stream: sys::CUstream) -> Result<()> {
-        // SAFETY: a live handle; the stream is the caller's, the workspace ours.
-        unsafe {
-            bcheck(
-                cb::cublasSetStream_v2(self.handle, stream as cb::cudaStream_t),
-                "cublasSetStream",
-            )?;
-            bcheck(
-                cb::cublasSetWorkspace_v2(
-                    self.handle,
-                    self.workspace.ptr as *mut c_void,
-                    self.workspace.bytes,
-                ),
-                "cublasSetWorkspace",
-            )?;
-        }
-        Ok(())
-    }
-
-    /// `kv[n, n_out] = rows[n, k] @ w[n_out, k]^T` (all row-major) on `stream`:
-    /// bf16 in and out with f32 accumulation (`f32 == false`), or f32 in and
-    /// out with pedantic f32 math (`f32 == true`).
-    ///
-    /// # Safety
-    /// The pointers must hold the sizes above on the context's device.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm(
-        &self,
-        stream: sys::CUstream,
-        f32: bool,
-        w: u64,
-        rows: u64,
-        kv: u64,
-        n_out: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<()> {
-        let _ = self.ctx;
-        self.bind(stream)?;
-        let (alpha, beta) = (1f32, 0f32);
-        let (ty, compute) = if f32 {
-            (
-                cb::cudaDataType::CUDA_R_32F,
-                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC,
-            )
-        } else {
-            (
-                cb::cudaDataType::CUDA_R_16BF,
-                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            )
-        };
-        // Column-major view: kv^T (n_out x n) = W (k x n_out)^T * rows^T (k x n).
-        // SAFETY: the caller's contract (the sizes above on the context's
-        // device); alpha and beta live for the call.
-        bcheck(
-            unsafe {
-                cb::cublasGemmEx(
-                    self.handle,
-                    cb::cublasOperation_t::CUBLAS_OP_T,
-                    cb::cublasOperation_t::CUBLAS_OP_N,
-                    n_out as i32,
-                    n as i32,
-                    k as i32,
-                    &alpha as *const f32 as *const c_void,
-                    w as *const c_void,
-                    ty,
-                    k as i32,
-                    rows as *const c_void,
-                    ty,
-                    k as i32,
-                    &beta as *const f32 as *const c_void,
-                    kv as *mut c_void,
-                    ty,
-                    n_out as i32,
-                    compute,
-                    cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            },
-            "cublasGemmEx (the projection)",
-        )
+        Ok(blas)
     }
 }
 
-impl Drop for Blas {
+impl Blas for RealBlas {
+    unsafe fn gemm(&mut self, stream: Stream, g: &Gemm) -> Result<()> {
+        let b = api()?;
+        let (alpha, beta) = (1f32, 0f32);
+        let (ty, compute) = if g.f32 {
+            (sys::CUDA_R_32F, sys::CUBLAS_COMPUTE_32F_PEDANTIC)
+        } else {
+            (sys::CUDA_R_16BF, sys::CUBLAS_COMPUTE_32F)
+        };
+        let i = |x: usize| x as c_int;
+        // SAFETY: a live handle, our workspace and the caller's stream; the
+        // caller's contract for the pointers. cublasSetStream resets the
+        // workspace, so both are set each time. Column-major view:
+        // kv^T (m x n, ld ldc) = W (k x m, ld ldw)^T * rows^T (k x n, ld ldr).
+        unsafe {
+            bcheck(
+                (b.cublasSetStream_v2)(self.handle, stream as sys::CUstream),
+                "cublasSetStream",
+            )?;
+            bcheck(
+                (b.cublasSetWorkspace_v2)(
+                    self.handle,
+                    self.workspace as *mut c_void,
+                    WORKSPACE_BYTES,
+                ),
+                "cublasSetWorkspace",
+            )?;
+            bcheck(
+                (b.cublasGemmEx)(
+                    self.handle,
+                    sys::CUBLAS_OP_T,
+                    sys::CUBLAS_OP_N,
+                    i(g.m),
+                    i(g.n),
+                    i(g.k),
+                    &alpha as *const f32 as *const c_void,
+                    g.w as *const c_void,
+                    ty,
+                    i(g.ldw),
+                    g.rows as *const c_void,
+                    ty,
+                    i(g.ldr),
+                    &beta as *const f32 as *const c_void,
+                    g.kv as *mut c_void,
+                    ty,
+                    i(g.ldc),
+                    compute,
+                    sys::CUBLAS_GEMM_DEFAULT,
+                ),
+                "cublasGemmEx (the projection)",
+            )
+        }
+    }
+
+    fn device_bytes(&self) -> usize {
+        WORKSPACE_BYTES
+    }
+}
+
+impl Drop for RealBlas {
     fn drop(&mut self) {
-        // SAFETY: the context this value was created in, which outlives it.
-        if let Ok(_s) = unsafe { driver::Scope::enter(self.ctx) } {
-            // SAFETY: created once, destroyed once.
-            unsafe {
-                let _ = cb::cublasDestroy_v2(self.handle);
-            }
+        let (Ok(b), Ok(d)) = (api(), super::driver::api()) else {
+            return;
+        };
+        let mut prev = std::ptr::null_mut();
+        // SAFETY: made current for the teardown and restored after; the
+        // handle and workspace were created once and are destroyed once.
+        unsafe {
+            let _ = (d.cuCtxGetCurrent)(&mut prev);
+            let _ = (d.cuCtxSetCurrent)(self.ctx);
+            let _ = (b.cublasDestroy_v2)(self.handle);
+            let _ = (d.cuMemFree_v2)(self.workspace);
+            let _ = (d.cuCtxSetCurrent)(prev);
         }
     }
 }

@@ -1,90 +1,39 @@
-//! The CUDA driver, loaded at run time: presence checks that never panic, the
-//! device and its primary context, context scopes, and owned device and
-//! pinned buffers.
-//!
-//! cudarc (dynamic loading) panics when it cannot load a library or a symbol,
-//! so every library is looked for with `dlopen` first, under the names cudarc
-//! will try ([`cudarc::get_lib_name_candidates`]); the panic boundary in `ffi`
-//! stays as the backstop.
+//! The real device: the CUDA driver (loaded by [`super::sys`]), the device's
+//! primary context, the kernels compiled for it, and cuBLAS.
 
+use super::blas::RealBlas;
+use super::gpu::{Arg, Blas, DevPtr, Gpu, Guard, Kernel, MemKind, PtrInfo, Stream, KERNEL_NAMES};
+use super::kernels;
+use super::sys::{self, CUcontext, CUdevice, CUresult, DriverApi, CUDA_SUCCESS};
 use crate::error::{bail, EngramStatus, Error, Result};
-use cudarc::driver::sys;
 use std::ffi::{c_void, CStr, CString};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// The oldest driver (as `cuDriverGetVersion` reports it) the backend accepts:
-/// CUDA 12.0. Kernels are compiled to the device's own SASS, which any 12.x
-/// driver loads whatever NVRTC 12.x built it.
+/// CUDA 12.0.
 pub const MIN_DRIVER_VERSION: i32 = 12000;
 
-fn dl_error() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string owned by libc.
-    unsafe {
-        let e = libc::dlerror();
-        if e.is_null() {
-            "unknown dlopen error".into()
-        } else {
-            CStr::from_ptr(e).to_string_lossy().into_owned()
-        }
-    }
-}
-
-/// Whether `name` can be loaded with `dlopen`; the error text otherwise. The
-/// handle is closed again (the library stays loaded if something else holds it).
-pub fn dl_present(name: &str) -> std::result::Result<(), String> {
-    let c = CString::new(name).map_err(|_| format!("{name}: bad name"))?;
-    // SAFETY: plain dlopen/dlclose on a NUL-terminated name.
-    unsafe {
-        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-        if h.is_null() {
-            return Err(dl_error());
-        }
-        libc::dlclose(h);
-    }
-    Ok(())
-}
-
-/// The first of cudarc's candidate names for library `lib` ("cuda", "nvrtc",
-/// "cublas") that loads, or every name tried and the last error.
-pub fn find_library(lib: &str) -> std::result::Result<String, String> {
-    let mut last = String::new();
-    let names = cudarc::get_lib_name_candidates(lib);
-    for n in &names {
-        match dl_present(n) {
-            Ok(()) => return Ok(n.clone()),
-            Err(e) => last = e,
-        }
-    }
-    Err(format!(
-        "none of {} could be loaded (last error: {last})",
-        names.join(", ")
-    ))
-}
-
-/// Check that the driver library is there before any cudarc call touches it.
-pub fn check_driver_library() -> Result<()> {
-    if let Err(e) = dl_present("libcuda.so.1") {
-        bail!(
-            ErrDevice,
-            "no CUDA driver: libcuda.so.1 cannot be loaded ({e}); the CUDA backend needs the NVIDIA driver"
-        );
-    }
-    if let Err(e) = find_library("cuda") {
-        bail!(ErrDevice, "no CUDA driver: {e}");
-    }
-    Ok(())
+/// The driver's functions, or `ErrDevice` saying why there are none.
+pub fn api() -> Result<&'static DriverApi> {
+    sys::driver()
+        .map(|d| &d.api)
+        .map_err(|e| Error::new(EngramStatus::ErrDevice, e))
 }
 
 /// The text of a driver error code.
-pub fn error_text(r: sys::CUresult) -> String {
+pub fn error_text(r: CUresult) -> String {
+    let Ok(d) = api() else {
+        return format!("CUDA error {r}");
+    };
     let mut name: *const std::ffi::c_char = std::ptr::null();
     let mut text: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: the driver library is loaded (every caller got `r` from it); the
-    // strings it returns are static.
+    // SAFETY: the strings the driver returns are static.
     unsafe {
-        let _ = sys::cuGetErrorName(r, &mut name);
-        let _ = sys::cuGetErrorString(r, &mut text);
+        let _ = (d.cuGetErrorName)(r, &mut name);
+        let _ = (d.cuGetErrorString)(r, &mut text);
         let n = if name.is_null() {
-            format!("{r:?}")
+            format!("CUDA error {r}")
         } else {
             CStr::from_ptr(name).to_string_lossy().into_owned()
         };
@@ -97,8 +46,8 @@ pub fn error_text(r: sys::CUresult) -> String {
 }
 
 /// `Ok` for `CUDA_SUCCESS`, else `ErrDevice` naming `what`.
-pub fn check(r: sys::CUresult, what: &str) -> Result<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
+pub fn check(r: CUresult, what: &str) -> Result<()> {
+    if r == CUDA_SUCCESS {
         Ok(())
     } else {
         Err(Error::new(
@@ -112,397 +61,540 @@ pub fn check(r: sys::CUresult, what: &str) -> Result<()> {
 /// a description when a device can be used, `Err` with the reason otherwise.
 /// Never panics.
 pub fn probe() -> std::result::Result<String, String> {
-    std::panic::catch_unwind(|| -> std::result::Result<String, String> {
-        check_driver_library().map_err(|e| e.message)?;
-        // SAFETY: the driver library loads (checked above).
-        unsafe {
-            check(sys::cuInit(0), "cuInit").map_err(|e| e.message)?;
-            let mut v = 0;
-            check(sys::cuDriverGetVersion(&mut v), "cuDriverGetVersion").map_err(|e| e.message)?;
-            let mut n = 0;
-            check(sys::cuDeviceGetCount(&mut n), "cuDeviceGetCount").map_err(|e| e.message)?;
-            if n < 1 {
-                return Err("the CUDA driver reports no device".into());
-            }
-            Ok(format!(
-                "CUDA driver {}.{}, {n} device(s)",
-                v / 1000,
-                (v % 1000) / 10
-            ))
+    let d = api().map_err(|e| e.message)?;
+    // SAFETY: the driver is loaded; out-pointers are locals.
+    unsafe {
+        check((d.cuInit)(0), "cuInit").map_err(|e| e.message)?;
+        let mut n = 0;
+        check((d.cuDeviceGetCount)(&mut n), "cuDeviceGetCount").map_err(|e| e.message)?;
+        if n < 1 {
+            return Err("the CUDA driver reports no device".into());
         }
-    })
-    .unwrap_or_else(|_| Err("the CUDA driver panicked while loading".into()))
+        Ok(format!("{n} device(s); {}", sys::describe()))
+    }
 }
 
-/// A device and its retained primary context (the one cudart and PyTorch use).
-pub struct Device {
+/// A device's primary context made current on this thread until the guard
+/// drops (the thread's previous context is restored then).
+fn enter_ctx(ctx: CUcontext) -> Result<Guard> {
+    let d = api()?;
+    let mut prev: CUcontext = std::ptr::null_mut();
+    // SAFETY: plain driver calls with a local out-pointer; `ctx` is a live
+    // primary context its owner retains.
+    unsafe {
+        check((d.cuCtxGetCurrent)(&mut prev), "cuCtxGetCurrent")?;
+        if prev == ctx {
+            return Ok(Guard::none());
+        }
+        check((d.cuCtxSetCurrent)(ctx), "cuCtxSetCurrent")?;
+    }
+    let prev = prev as usize;
+    Ok(Guard {
+        restore: Some(Box::new(move || {
+            // SAFETY: restores what cuCtxGetCurrent returned (possibly NULL).
+            unsafe {
+                let _ = (d.cuCtxSetCurrent)(prev as CUcontext);
+            }
+        })),
+    })
+}
+
+/// A device with its retained primary context (the one cudart and PyTorch
+/// use) and the kernels loaded into it.
+pub struct RealGpu {
     pub ordinal: i32,
-    pub cu_device: sys::CUdevice,
-    pub ctx: sys::CUcontext,
+    pub dev: CUdevice,
+    pub ctx: CUcontext,
     /// Compute capability (major, minor).
     pub cc: (i32, i32),
     pub name: String,
-    pub driver_version: i32,
+    /// What the kernels are compiled to (`"sm_90"` for a cubin, `"compute_90"` for PTX).
+    pub arch: String,
+    /// The loaded modules of [`kernels::MODULES`] (0: not yet), behind the
+    /// lock that loading holds.
+    modules: Mutex<[usize; 2]>,
+    /// Every kernel's `CUfunction` (0 until its module is loaded).
+    functions: Vec<AtomicUsize>,
 }
 
-// SAFETY: a CUcontext may be used from any thread (made current there first,
-// which every user of `ctx` does through `Scope`).
-unsafe impl Send for Device {}
-// SAFETY: as above; the handle itself is never mutated after `open`.
-unsafe impl Sync for Device {}
+// SAFETY: driver handles usable from any thread with the context current,
+// which every method makes it; never mutated after `open`.
+unsafe impl Send for RealGpu {}
+// SAFETY: as above.
+unsafe impl Sync for RealGpu {}
 
-impl Device {
-    /// Load the driver, check its version, and retain device `ordinal`'s
-    /// primary context. Every failure is `ErrDevice` with the reason.
-    pub fn open(ordinal: i32) -> Result<Device> {
-        check_driver_library()?;
-        // SAFETY: the driver library loads; every out-pointer is a local.
+impl RealGpu {
+    /// Load the driver, check its version, retain device `ordinal`'s primary
+    /// context, compile (or reuse) and load the kernels. Every failure is
+    /// `ErrDevice` with the reason.
+    pub fn open(ordinal: i32) -> Result<Arc<dyn Gpu>> {
+        let d = api()?;
+        let v = sys::driver().map(|l| l.version).unwrap_or_default();
+        // SAFETY: the driver is loaded; every out-pointer is a local.
         unsafe {
-            check(sys::cuInit(0), "cuInit")?;
-            let mut v = 0;
-            check(sys::cuDriverGetVersion(&mut v), "cuDriverGetVersion")?;
-            if v < MIN_DRIVER_VERSION {
+            check((d.cuInit)(0), "cuInit")?;
+            if v.0 * 1000 + v.1 * 10 < MIN_DRIVER_VERSION {
                 bail!(
                     ErrDevice,
                     "the CUDA driver supports CUDA {}.{}; the CUDA backend needs 12.0 or later",
-                    v / 1000,
-                    (v % 1000) / 10
+                    v.0,
+                    v.1
                 );
             }
             let mut n = 0;
-            check(sys::cuDeviceGetCount(&mut n), "cuDeviceGetCount")?;
+            check((d.cuDeviceGetCount)(&mut n), "cuDeviceGetCount")?;
             if ordinal < 0 || ordinal >= n {
                 bail!(
                     ErrDevice,
-                    "device ordinal {ordinal} does not exist ({n} CUDA device(s): 0..{})",
-                    n
+                    "device ordinal {ordinal} does not exist ({n} CUDA device(s): 0..{n})"
                 );
             }
             let mut dev = 0;
-            check(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet")?;
+            check((d.cuDeviceGet)(&mut dev, ordinal), "cuDeviceGet")?;
             let attr = |a| {
                 let mut x = 0;
                 check(
-                    sys::cuDeviceGetAttribute(&mut x, a, dev),
+                    (d.cuDeviceGetAttribute)(&mut x, a, dev),
                     "cuDeviceGetAttribute",
                 )
                 .map(|_| x)
             };
-            use sys::CUdevice_attribute::*;
             let cc = (
-                attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-                attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+                attr(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(sys::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
             );
             let mut name = [0 as std::ffi::c_char; 256];
             check(
-                sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev),
+                (d.cuDeviceGetName)(name.as_mut_ptr(), name.len() as i32, dev),
                 "cuDeviceGetName",
             )?;
             let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
             let mut ctx = std::ptr::null_mut();
             check(
-                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+                (d.cuDevicePrimaryCtxRetain)(&mut ctx, dev),
                 "cuDevicePrimaryCtxRetain",
             )?;
-            Ok(Device {
+            let g = RealGpu {
                 ordinal,
-                cu_device: dev,
+                dev,
                 ctx,
                 cc,
                 name,
-                driver_version: v,
-            })
+                arch: String::new(),
+                modules: Mutex::new([0; 2]),
+                functions: KERNEL_NAMES.iter().map(|_| AtomicUsize::new(0)).collect(),
+            };
+            // From here on, Drop releases the context.
+            let mut g = g;
+            g.arch = kernels::arch_for(cc)?;
+            g.load_module(0)?;
+            Ok(Arc::new(g))
         }
     }
 
-    /// Make the primary context current on this thread until the scope ends.
-    pub fn scope(&self) -> Result<Scope> {
-        // SAFETY: the primary context this device retained and holds.
-        unsafe { Scope::enter(self.ctx) }
+    /// Compile (or reuse) and load module `m` of [`kernels::MODULES`] and look
+    /// up its kernels; a no-op once it is loaded.
+    fn load_module(&self, m: usize) -> Result<()> {
+        let mut loaded = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if loaded[m] != 0 {
+            return Ok(());
+        }
+        let d = api()?;
+        let img = kernels::module_image(m, &self.arch)?;
+        let _g = enter_ctx(self.ctx)?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: the image is a complete cubin or PTX; the context is current.
+        unsafe {
+            check(
+                (d.cuModuleLoadData)(&mut module, img.as_ptr() as *const c_void),
+                &format!(
+                    "loading the engram kernels ({}, {})",
+                    kernels::MODULES[m].0,
+                    self.arch
+                ),
+            )?;
+        }
+        for k in Kernel::all().into_iter().filter(|k| k.module() == m) {
+            let c = CString::new(k.name()).expect("no NUL");
+            let mut f = std::ptr::null_mut();
+            // SAFETY: the module is loaded; the name is a live CString.
+            let r = unsafe { (d.cuModuleGetFunction)(&mut f, module, c.as_ptr()) };
+            if let Err(e) = check(r, &format!("kernel {}", k.name())) {
+                // SAFETY: loaded above, unloaded once.
+                unsafe {
+                    let _ = (d.cuModuleUnload)(module);
+                }
+                return Err(e);
+            }
+            self.functions[k.index()].store(f as usize, Ordering::Release);
+        }
+        loaded[m] = module as usize;
+        Ok(())
+    }
+
+    /// What the kernels are compiled to, in words.
+    fn target(&self) -> String {
+        if self.arch.starts_with("sm_") {
+            format!("{} cubin", self.arch)
+        } else {
+            format!(
+                "{} PTX, compiled by the driver for sm_{}{}",
+                self.arch, self.cc.0, self.cc.1
+            )
+        }
+    }
+
+    fn ctx_guard(&self) -> Result<Guard> {
+        enter_ctx(self.ctx)
     }
 }
 
-impl Drop for Device {
+impl Drop for RealGpu {
     fn drop(&mut self) {
+        let Ok(d) = api() else { return };
+        if let Ok(_g) = self.ctx_guard() {
+            let loaded = *self.modules.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: each loaded once, unloaded once, after the device is idle.
+            unsafe {
+                let _ = (d.cuCtxSynchronize)();
+                for m in loaded.into_iter().filter(|&m| m != 0) {
+                    let _ = (d.cuModuleUnload)(m as sys::CUmodule);
+                }
+            }
+        }
         // SAFETY: retained in `open`; released once.
         unsafe {
-            let _ = sys::cuDevicePrimaryCtxRelease_v2(self.cu_device);
+            let _ = (d.cuDevicePrimaryCtxRelease_v2)(self.dev);
         }
     }
 }
 
-/// Makes a context current and restores the thread's previous one on drop, so
-/// the engine's own notion of the current context is left as it was.
-pub struct Scope {
-    prev: sys::CUcontext,
-    changed: bool,
-}
-
-impl Scope {
-    ///
-    /// # Safety
-    /// `ctx` must be a live CUDA context (or NULL).
-    pub unsafe fn enter(ctx: sys::CUcontext) -> Result<Scope> {
-        let mut prev = std::ptr::null_mut();
-        // SAFETY: plain driver calls with a local out-pointer.
-        unsafe {
-            check(sys::cuCtxGetCurrent(&mut prev), "cuCtxGetCurrent")?;
-            if prev == ctx {
-                return Ok(Scope {
-                    prev,
-                    changed: false,
-                });
-            }
-            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
-        }
-        Ok(Scope {
-            prev,
-            changed: true,
-        })
+impl Gpu for RealGpu {
+    fn describe(&self) -> String {
+        format!(
+            "{} (sm_{}{}; kernels: {}; {})",
+            self.name,
+            self.cc.0,
+            self.cc.1,
+            self.target(),
+            sys::describe()
+        )
     }
-}
 
-impl Drop for Scope {
-    fn drop(&mut self) {
-        if self.changed {
-            // SAFETY: restores what cuCtxGetCurrent returned (possibly NULL).
-            unsafe {
-                let _ = sys::cuCtxSetCurrent(self.prev);
-            }
-        }
+    fn ordinal(&self) -> i32 {
+        self.ordinal
     }
-}
 
-/// Device memory we allocated (`cuMemAlloc`), freed on drop.
-pub struct DevBuf {
-    pub ptr: sys::CUdeviceptr,
-    pub bytes: usize,
-    ctx: sys::CUcontext,
-}
+    fn enter(&self) -> Result<Guard> {
+        self.ctx_guard()
+    }
 
-// SAFETY: a device address and its context handle, usable from any thread
-// once the context is made current (`Scope`); never mutated after creation.
-unsafe impl Send for DevBuf {}
-// SAFETY: as above.
-unsafe impl Sync for DevBuf {}
-
-impl DevBuf {
-    /// `bytes` of device memory (at least 1 byte is allocated); the context
-    /// must be current.
-    pub fn new(ctx: sys::CUcontext, bytes: usize, what: &str) -> Result<DevBuf> {
-        let mut ptr = 0;
-        // SAFETY: the caller made `ctx` current.
-        let r = unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) };
+    fn alloc(&self, bytes: usize, what: &str) -> Result<DevPtr> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        let mut p = 0;
+        // SAFETY: the context is current; `p` is a local.
+        let r = unsafe { (d.cuMemAlloc_v2)(&mut p, bytes.max(1)) };
         check(
             r,
             &format!("allocating {bytes} bytes of device memory for {what}"),
         )?;
-        Ok(DevBuf { ptr, bytes, ctx })
+        Ok(p)
     }
-}
 
-impl Drop for DevBuf {
-    fn drop(&mut self) {
-        // SAFETY: the context this value was created in, which outlives it.
-        if let Ok(_s) = unsafe { Scope::enter(self.ctx) } {
-            // SAFETY: allocated by cuMemAlloc in this context, freed once.
+    unsafe fn free(&self, p: DevPtr) {
+        if let (Ok(d), Ok(_g)) = (api(), self.ctx_guard()) {
+            // SAFETY: the caller's contract.
             unsafe {
-                let _ = sys::cuMemFree_v2(self.ptr);
+                let _ = (d.cuMemFree_v2)(p);
             }
         }
     }
-}
 
-/// Page-locked host memory (`cuMemHostAlloc`), mapped into the device's
-/// address space when asked; freed on drop.
-pub struct PinnedBuf {
-    pub ptr: *mut c_void,
-    pub bytes: usize,
-    /// The device address of a mapped buffer (0 if not mapped).
-    pub dev_ptr: sys::CUdeviceptr,
-    ctx: sys::CUcontext,
-}
-
-// SAFETY: pinned host memory owned by this value, and its context handle;
-// the owner decides who writes it (behind the backend's lock, or the device).
-unsafe impl Send for PinnedBuf {}
-// SAFETY: as above.
-unsafe impl Sync for PinnedBuf {}
-
-impl PinnedBuf {
-    pub fn new(ctx: sys::CUcontext, bytes: usize, mapped: bool, what: &str) -> Result<PinnedBuf> {
-        let mut ptr = std::ptr::null_mut();
+    fn host_alloc(&self, bytes: usize, mapped: bool, what: &str) -> Result<(*mut u8, DevPtr)> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        let mut p: *mut c_void = std::ptr::null_mut();
         let flags = if mapped {
             sys::CU_MEMHOSTALLOC_DEVICEMAP
         } else {
             0
         };
-        // SAFETY: the caller made `ctx` current.
+        // SAFETY: the context is current; out-pointers are locals; the new
+        // allocation is ours to zero.
         unsafe {
             check(
-                sys::cuMemHostAlloc(&mut ptr, bytes.max(1), flags),
+                (d.cuMemHostAlloc)(&mut p, bytes.max(1), flags),
                 &format!("allocating {bytes} bytes of pinned host memory for {what}"),
             )?;
-            std::ptr::write_bytes(ptr as *mut u8, 0, bytes.max(1));
-            let mut b = PinnedBuf {
-                ptr,
-                bytes,
-                dev_ptr: 0,
-                ctx,
-            };
+            std::ptr::write_bytes(p as *mut u8, 0, bytes.max(1));
+            let mut dp = 0;
             if mapped {
-                check(
-                    sys::cuMemHostGetDevicePointer_v2(&mut b.dev_ptr, ptr, 0),
-                    "cuMemHostGetDevicePointer",
-                )?;
+                let r = (d.cuMemHostGetDevicePointer_v2)(&mut dp, p, 0);
+                if r != CUDA_SUCCESS {
+                    let _ = (d.cuMemFreeHost)(p);
+                    check(r, "cuMemHostGetDevicePointer")?;
+                }
             }
-            Ok(b)
+            Ok((p as *mut u8, dp))
         }
     }
-}
 
-impl Drop for PinnedBuf {
-    fn drop(&mut self) {
-        // SAFETY: the context this value was created in, which outlives it.
-        if let Ok(_s) = unsafe { Scope::enter(self.ctx) } {
-            // SAFETY: allocated by cuMemHostAlloc, freed once.
+    unsafe fn host_free(&self, p: *mut u8) {
+        if let (Ok(d), Ok(_g)) = (api(), self.ctx_guard()) {
+            // SAFETY: the caller's contract.
             unsafe {
-                let _ = sys::cuMemFreeHost(self.ptr);
+                let _ = (d.cuMemFreeHost)(p as *mut c_void);
             }
         }
     }
-}
 
-/// An event without timing, for ordering the host against staged copies.
-pub struct Event {
-    pub ev: sys::CUevent,
-    ctx: sys::CUcontext,
-}
+    unsafe fn memset(&self, p: DevPtr, v: u8, bytes: usize) -> Result<()> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        // SAFETY: the caller's contract; the memset runs on the legacy stream,
+        // which a non-blocking stream does not wait for: finish it here.
+        unsafe {
+            check((d.cuMemsetD8_v2)(p, v, bytes), "cuMemsetD8")?;
+            check((d.cuCtxSynchronize)(), "waiting for the device")
+        }
+    }
 
-// SAFETY: an event handle, usable from any thread with its context current.
-unsafe impl Send for Event {}
-// SAFETY: as above; the driver synchronises operations on one event.
-unsafe impl Sync for Event {}
-
-impl Event {
-    pub fn new(ctx: sys::CUcontext) -> Result<Event> {
-        let mut ev = std::ptr::null_mut();
-        // SAFETY: the caller made `ctx` current.
+    unsafe fn upload(&self, dst: DevPtr, src: *const u8, bytes: usize) -> Result<()> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        // SAFETY: the caller's contract. A copy from pageable memory returns
+        // once the source is consumed, possibly before the DMA to the device
+        // has landed; the synchronisation makes it complete for every stream.
         unsafe {
             check(
-                sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32),
+                (d.cuMemcpyHtoD_v2)(dst, src as *const c_void, bytes),
+                "copying to the device",
+            )?;
+            check((d.cuCtxSynchronize)(), "waiting for the device")
+        }
+    }
+
+    unsafe fn download(&self, dst: *mut u8, src: DevPtr, bytes: usize) -> Result<()> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            check((d.cuCtxSynchronize)(), "waiting for the device")?;
+            check(
+                (d.cuMemcpyDtoH_v2)(dst as *mut c_void, src, bytes),
+                "copying from the device",
+            )
+        }
+    }
+
+    unsafe fn upload_async(
+        &self,
+        dst: DevPtr,
+        src: *const u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            check(
+                (d.cuMemcpyHtoDAsync_v2)(dst, src as *const c_void, bytes, stream as sys::CUstream),
+                "queueing a copy to the device",
+            )
+        }
+    }
+
+    fn event_new(&self) -> Result<usize> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: the context is current; `ev` is a local.
+        unsafe {
+            check(
+                (d.cuEventCreate)(&mut ev, sys::CU_EVENT_DISABLE_TIMING),
                 "cuEventCreate",
             )?;
         }
-        Ok(Event { ev, ctx })
+        Ok(ev as usize)
     }
-}
 
-impl Drop for Event {
-    fn drop(&mut self) {
-        // SAFETY: the context this value was created in, which outlives it.
-        if let Ok(_s) = unsafe { Scope::enter(self.ctx) } {
-            // SAFETY: created by cuEventCreate, destroyed once.
+    unsafe fn event_free(&self, ev: usize) {
+        if let (Ok(d), Ok(_g)) = (api(), self.ctx_guard()) {
+            // SAFETY: the caller's contract.
             unsafe {
-                let _ = sys::cuEventDestroy_v2(self.ev);
+                let _ = (d.cuEventDestroy_v2)(ev as sys::CUevent);
             }
         }
     }
-}
 
-/// Where a pointer handed to us lives, as the driver sees it.
-pub struct PtrInfo {
-    /// `CU_MEMORYTYPE_*` (1 host, 2 device, 3 array, 4 unified).
-    pub memory_type: u32,
-    /// The device of device memory (-1 when the driver does not say).
-    pub ordinal: i32,
-    /// The allocation holding it, `(base, bytes)`, when the driver knows it.
-    pub range: Option<(u64, usize)>,
-}
-
-/// Ask the driver about `ptr` (a plain host call, legal during stream capture).
-/// `None` when the driver does not know the pointer (ordinary host memory, or garbage).
-pub fn pointer_info(ptr: u64) -> Option<PtrInfo> {
-    use sys::CUpointer_attribute::*;
-    // SAFETY: out-pointers are locals of the sizes the attributes write.
-    unsafe {
-        let mut mt: u32 = 0;
-        let r = sys::cuPointerGetAttribute(
-            &mut mt as *mut u32 as *mut c_void,
-            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            ptr,
-        );
-        if r != sys::CUresult::CUDA_SUCCESS || mt == 0 {
-            return None;
+    unsafe fn event_record(&self, ev: usize, stream: Stream) -> Result<()> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            check(
+                (d.cuEventRecord)(ev as sys::CUevent, stream as sys::CUstream),
+                "cuEventRecord",
+            )
         }
-        let mut ord: i32 = -1;
-        if sys::cuPointerGetAttribute(
-            &mut ord as *mut i32 as *mut c_void,
-            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            ptr,
-        ) != sys::CUresult::CUDA_SUCCESS
-        {
-            ord = -1;
-        }
-        let (mut base, mut size) = (0u64, 0usize);
-        let range = (sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
-            == sys::CUresult::CUDA_SUCCESS)
-            .then_some((base, size));
-        Some(PtrInfo {
-            memory_type: mt,
-            ordinal: ord,
-            range,
-        })
     }
-}
 
-/// Check that `bytes` bytes at `ptr` are memory the device `ordinal` can
-/// address: device memory of that device, unified (managed) memory, or pinned
-/// host memory from `cuMemHostAlloc` / `cudaHostAlloc` (mapped); and, where
-/// the driver knows the allocation, that they lie inside it. Pageable host
-/// memory is refused. `what` names the argument in the message.
-pub fn check_device_range(ptr: u64, bytes: usize, ordinal: i32, what: &str) -> Result<()> {
-    if ptr == 0 {
-        bail!(ErrNullArgument, "{what} is NULL");
+    unsafe fn event_wait(&self, ev: usize) -> Result<()> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            check(
+                (d.cuEventSynchronize)(ev as sys::CUevent),
+                "waiting for an earlier copy (cuEventSynchronize)",
+            )
+        }
     }
-    let Some(info) = pointer_info(ptr) else {
-        bail!(
-            ErrInvalidArgument,
-            "{what} ({ptr:#x}) is not memory the CUDA driver knows; the CUDA backend takes device pointers"
-        );
-    };
-    if info.memory_type == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
-        // Only pinned memory from cuMemHostAlloc / cudaHostAlloc (mapped into
-        // the device's address space); not pageable memory, even where the
-        // driver could reach it.
-        let mut flags = 0u32;
-        // SAFETY: a query with a local out-pointer.
-        let r = unsafe { sys::cuMemHostGetFlags(&mut flags, ptr as *mut c_void) };
-        if r != sys::CUresult::CUDA_SUCCESS {
+
+    fn synchronize(&self) -> Result<()> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        // SAFETY: plain synchronisation of the current context.
+        unsafe { check((d.cuCtxSynchronize)(), "waiting for the device") }
+    }
+
+    fn stream_synchronize(&self, stream: Stream) -> Result<()> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        // SAFETY: a live stream or NULL (the contract of every `stream` the
+        // library is given).
+        unsafe {
+            check(
+                (d.cuStreamSynchronize)(stream as sys::CUstream),
+                "an earlier call's work on this stream failed (cuStreamSynchronize)",
+            )
+        }
+    }
+
+    fn stream_capturing(&self, stream: Stream) -> Result<bool> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        let mut st = sys::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream or NULL (the contract of every `stream` the
+        // library is given); locals as out-pointers.
+        unsafe {
+            check(
+                (d.cuStreamIsCapturing)(stream as sys::CUstream, &mut st),
+                "the stream (cuStreamIsCapturing)",
+            )?;
+        }
+        if st != sys::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Ok(true);
+        }
+        let mut sctx = std::ptr::null_mut();
+        // SAFETY: as above.
+        unsafe {
+            check(
+                (d.cuStreamGetCtx)(stream as sys::CUstream, &mut sctx),
+                "the stream (cuStreamGetCtx)",
+            )?;
+        }
+        if sctx != self.ctx {
             bail!(
                 ErrInvalidArgument,
-                "{what} ({ptr:#x}) is host memory that was not allocated pinned (cudaHostAlloc); \
-                 the CUDA backend takes device pointers"
+                "the stream belongs to another CUDA context than device {}'s primary context",
+                self.ordinal
             );
         }
+        Ok(false)
     }
-    if info.memory_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
-        && info.ordinal >= 0
-        && info.ordinal != ordinal
-    {
-        bail!(
-            ErrInvalidArgument,
-            "{what} ({ptr:#x}) is memory of device {}, the context uses device {ordinal}",
-            info.ordinal
-        );
-    }
-    if let Some((base, size)) = info.range {
-        if ptr < base || (ptr - base) as u128 + bytes as u128 > size as u128 {
-            bail!(
-                ErrInvalidArgument,
-                "{what}: {bytes} bytes at {ptr:#x} do not fit in its allocation ({size} bytes at {base:#x})"
+
+    fn pointer(&self, p: u64) -> Option<PtrInfo> {
+        let d = api().ok()?;
+        let _g = self.ctx_guard().ok()?;
+        // SAFETY: out-pointers are locals of the sizes the attributes write;
+        // these queries are host calls, legal during stream capture.
+        unsafe {
+            let mut mt: u32 = 0;
+            let r = (d.cuPointerGetAttribute)(
+                &mut mt as *mut u32 as *mut c_void,
+                sys::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                p,
             );
+            if r != CUDA_SUCCESS || mt == 0 {
+                return None;
+            }
+            let kind = match mt {
+                sys::CU_MEMORYTYPE_HOST => MemKind::Host,
+                sys::CU_MEMORYTYPE_UNIFIED => MemKind::Unified,
+                _ => MemKind::Device,
+            };
+            let mut ord: i32 = -1;
+            if (d.cuPointerGetAttribute)(
+                &mut ord as *mut i32 as *mut c_void,
+                sys::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                p,
+            ) != CUDA_SUCCESS
+            {
+                ord = -1;
+            }
+            let (mut base, mut size) = (0u64, 0usize);
+            let range = ((d.cuMemGetAddressRange_v2)(&mut base, &mut size, p) == CUDA_SUCCESS)
+                .then_some((base, size));
+            let mapped = kind != MemKind::Host || {
+                let mut flags = 0u32;
+                (d.cuMemHostGetFlags)(&mut flags, p as *mut c_void) == CUDA_SUCCESS
+            };
+            Some(PtrInfo {
+                kind,
+                ordinal: ord,
+                range,
+                mapped,
+            })
         }
     }
-    Ok(())
+
+    unsafe fn launch(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> Result<()> {
+        let d = api()?;
+        let mut f = self.functions[k.index()].load(Ordering::Acquire);
+        if f == 0 {
+            self.load_module(k.module())?;
+            f = self.functions[k.index()].load(Ordering::Acquire);
+        }
+        let _g = self.ctx_guard()?;
+        let mut ptrs: Vec<*mut c_void> = args.iter().map(|a| a.ptr).collect();
+        // SAFETY: the caller's contract (arguments matching the kernel, valid
+        // pointers); the argument array lives for the call.
+        unsafe {
+            check(
+                (d.cuLaunchKernel)(
+                    f as sys::CUfunction,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    0,
+                    stream as sys::CUstream,
+                    ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+                &format!("launching {}", k.name()),
+            )
+        }
+    }
+
+    fn new_blas(&self) -> Result<Box<dyn Blas>> {
+        let _g = self.ctx_guard()?;
+        Ok(Box::new(RealBlas::new(self.ctx)?))
+    }
+
+    fn preload(&self, k: Kernel) -> Result<()> {
+        self.load_module(k.module())
+    }
 }

@@ -1,20 +1,130 @@
 //! The work one `apply` queues on the caller's stream: the staged copy of
-//! host row ids, the gather, the projection (GEMV kernel or cuBLAS) and the
-//! gate. Nothing here synchronises or allocates.
+//! host row ids (and of a host table's rows), the gather, the projection
+//! (a GEMV kernel, cuBLAS, or dequantised tiles and cuBLAS) and the gate.
+//! Nothing here allocates; the host waits only for a staging slot's previous
+//! copy.
 
-use super::driver::{self, check};
-use super::kernels::{self, args, launch};
-use super::{CudaBackend, STAGING_SLOTS};
+use super::gpu::{args, Gemm, Kernel};
+use super::kernels;
+use super::{CudaBackend, DevLayer, State, TableLoc, WkvKind, STAGING_SLOTS};
 use crate::backend::{Ids, Stream};
-use crate::batch::HighwayType;
+use crate::batch::{HighwayType, LiveIds};
 use crate::error::{bail, Result};
-use cudarc::driver::sys;
+use std::sync::Arc;
 
 impl CudaBackend {
+    fn layer(&self, st: &State, li: usize) -> Result<Arc<DevLayer>> {
+        match &st.layers[li] {
+            Some(l) => Ok(l.clone()),
+            None => bail!(
+                ErrNoWeights,
+                "layer {}: weights were never set",
+                self.layer_ids[li]
+            ),
+        }
+    }
+
+    /// `engram_stage`: copy the rows (and ids) of `n` tokens with host row
+    /// ids `all` (`live`: their checked live tokens) of layer `li` to the
+    /// layer's device staging buffer on `stream`, for a later call with
+    /// device row ids (a graph replay) to read. A no-op for a device table.
+    pub(super) fn stage_rows(
+        &self,
+        li: usize,
+        all: &[i64],
+        live: &LiveIds,
+        n: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        let mut st = self.state();
+        let layer = self.layer(&st, li)?;
+        if matches!(layer.table, TableLoc::Device { .. }) {
+            return Ok(());
+        }
+        if self.gpu.stream_capturing(stream)? {
+            bail!(
+                ErrInvalidArgument,
+                "the stream is capturing a CUDA graph: engram_stage gathers rows on the host now, so \
+                 it cannot be captured; call it before launching the graph, on the graph's stream"
+            );
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.stage_host(&mut st, &layer, li, all, live, n, stream)
+    }
+
+    /// Fill the next pinned slot with the `[n, C]` host ids of layer `li`
+    /// (and, for a host table, the live tokens' rows at their positions),
+    /// and queue its copy to the device on `stream`: the ids to the layer's
+    /// staged ids (host table) or the context's id buffer (device table).
+    #[allow(clippy::too_many_arguments)]
+    fn stage_host(
+        &self,
+        st: &mut State,
+        layer: &DevLayer,
+        li: usize,
+        all: &[i64],
+        live: &LiveIds,
+        n: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        let s = self.shape;
+        let cells = n * s.cols;
+        let ids_cap = self.max_tokens * s.cols * 8;
+        let slot_i = st.next_slot;
+        st.next_slot = (slot_i + 1) % STAGING_SLOTS;
+        let slot = &mut st.slots[slot_i];
+        if slot.used {
+            // SAFETY: a live event, recorded after the slot's last copy.
+            unsafe { self.gpu.event_wait(slot.ev.ev)? };
+            slot.used = false;
+        }
+        let base = slot.buf.ptr;
+        // SAFETY: the slot holds max_tokens * C ids and, after them, as many
+        // rows of `slot_row_bytes` >= the layer's row bytes (grown by
+        // set_layer); n <= max_tokens; no copy reads it (waited above).
+        let ids_dst = unsafe { std::slice::from_raw_parts_mut(base as *mut i64, cells) };
+        for t in 0..n {
+            ids_dst[t * s.cols..(t + 1) * s.cols].copy_from_slice(s.token_ids(all, t, li));
+        }
+        let (ids_dev, rows_dev) = match &layer.table {
+            TableLoc::Device { .. } => (st.ids.ptr, None),
+            TableLoc::Host { gen, rows, ids } => {
+                let rb = layer.row_bytes;
+                // SAFETY: as above: the rows part of the slot.
+                let rows_dst =
+                    unsafe { std::slice::from_raw_parts_mut(base.add(ids_cap), cells * rb) };
+                let cols = s.cols;
+                self.stager.gather_raw(li, *gen, &live.ids, &mut |j, row| {
+                    let at = (live.tokens[j / cols] * cols + j % cols) * rb;
+                    rows_dst[at..at + rb].copy_from_slice(row);
+                })?;
+                (ids.ptr, Some((rows.ptr, rb)))
+            }
+        };
+        let slot = &mut st.slots[slot_i];
+        // SAFETY: the slot is pinned memory of the device; the destinations
+        // hold max_tokens * C ids / rows; the event is recorded after both
+        // copies, so the slot is not rewritten before they have run.
+        unsafe {
+            self.gpu
+                .upload_async(ids_dev, base as *const u8, cells * 8, stream)?;
+            if let Some((rows_ptr, rb)) = rows_dev {
+                self.gpu
+                    .upload_async(rows_ptr, base.add(ids_cap), cells * rb, stream)?;
+            }
+            self.gpu.event_record(slot.ev.ev, stream)?;
+        }
+        slot.used = true;
+        Ok(())
+    }
+
     /// Queue layer `li` for `n` tokens on `stream`; with `highway == None` the
     /// gate is skipped (for `read_back`).
     pub(super) fn enqueue(
         &self,
+        st: &mut State,
         li: usize,
         ids: Ids<'_>,
         n: usize,
@@ -23,50 +133,19 @@ impl CudaBackend {
     ) -> Result<()> {
         let s = self.shape;
         let layer_id = self.layer_ids[li];
-        let mut st = self.state();
-        let Some(layer) = st.layers[li] else {
-            // The context checks a layer is set before it applies.
-            bail!(
-                ErrInternal,
-                "layer {layer_id} reached the CUDA backend unset"
-            );
-        };
-        let _scope = self.dev.scope()?;
-        self.take_device_error(&st)?;
-        let cs = stream as sys::CUstream;
-        let mut capturing = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: the caller's stream handle (NULL is the legacy default stream).
-        unsafe {
-            check(
-                sys::cuStreamIsCapturing(cs, &mut capturing),
-                "the stream (cuStreamIsCapturing)",
-            )?;
-        }
-        let capturing = capturing != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        if !capturing {
-            let mut sctx = std::ptr::null_mut();
-            // SAFETY: as above.
-            unsafe {
-                check(
-                    sys::cuStreamGetCtx(cs, &mut sctx),
-                    "the stream (cuStreamGetCtx)",
-                )?;
-            }
-            if sctx != self.dev.ctx {
-                bail!(
-                    ErrInvalidArgument,
-                    "the stream belongs to another CUDA context than device {}'s primary context",
-                    self.dev.ordinal
-                );
-            }
-        }
-        let ord = self.dev.ordinal;
+        let layer = self.layer(st, li)?;
+        self.take_device_error(st)?;
+        let capturing = self.gpu.stream_capturing(stream)?;
         if let Some((hw, ty)) = highway {
             if n > 0 {
                 let bytes = n * s.hw_per_token() * ty.size();
-                driver::check_device_range(hw, bytes, ord, "highway")?;
+                super::gpu::check_device_range(&*self.gpu, hw, bytes, "highway")?;
             }
         }
+        let staged = match &layer.table {
+            TableLoc::Device { .. } => None,
+            TableLoc::Host { rows, ids, .. } => Some((rows.ptr, ids.ptr)),
+        };
         let (ids_ptr, id_stride, id_offset) = match ids {
             Ids::Host { .. } => {
                 if capturing {
@@ -76,11 +155,12 @@ impl CudaBackend {
                          pass device row ids (engram_apply_device_ids) in a captured step"
                     );
                 }
-                (st.ids.ptr, s.cols as u32, 0u32)
+                let dst = staged.map_or(st.ids.ptr, |(_, ids)| ids);
+                (dst, s.cols as u32, 0u32)
             }
             Ids::Device(p) => {
                 if n > 0 {
-                    driver::check_device_range(p, n * s.per * 8, ord, "row_ids")?;
+                    super::gpu::check_device_range(&*self.gpu, p, n * s.per * 8, "row_ids")?;
                 }
                 (p, s.per as u32, (li * s.cols) as u32)
             }
@@ -88,34 +168,12 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        // Stage host ids: this layer's columns, [n, C], through a pinned slot.
-        if let Ids::Host { all, .. } = ids {
-            let slot = st.next_slot;
-            st.next_slot = (slot + 1) % STAGING_SLOTS;
-            let dst_dev = st.ids.ptr;
-            let (buf, ev, used) = &mut st.staging[slot];
-            // SAFETY: the event was recorded after the slot's last copy, so
-            // once it has completed nothing reads the pinned slot; the slot
-            // holds max_tokens * C ids and n <= max_tokens.
-            unsafe {
-                if *used {
-                    check(sys::cuEventSynchronize(ev.ev), "waiting for a staged copy")?;
-                }
-                let dst = std::slice::from_raw_parts_mut(buf.ptr as *mut i64, n * s.cols);
-                for t in 0..n {
-                    dst[t * s.cols..(t + 1) * s.cols].copy_from_slice(s.token_ids(all, t, li));
-                }
-                check(
-                    sys::cuMemcpyHtoDAsync_v2(dst_dev, buf.ptr, n * s.cols * 8, cs),
-                    "copying row ids to the device",
-                )?;
-                check(sys::cuEventRecord(ev.ev, cs), "cuEventRecord")?;
-            }
-            *used = true;
+        if let Ids::Host { all, live } = ids {
+            self.stage_host(st, &layer, li, all, live, n, stream)?;
         }
         st.serial = st.serial.wrapping_add(1);
         let (k_in, k_out) = (s.k_in, s.k_out);
-        let f32_path = layer.wkv_f32;
+        let f32_path = layer.wkv_kind == WkvKind::F32;
         let (rows_buf, kv_buf) = if f32_path {
             (
                 st.rows32.as_ref().expect("allocated by set_layer").ptr,
@@ -126,89 +184,180 @@ impl CudaBackend {
         };
         // Gather + dequantise.
         {
-            let table = layer.table;
+            let (table, scales) = match layer.table {
+                TableLoc::Device { table, scales } => (table, scales),
+                TableLoc::Host { .. } => (0u64, 0u64),
+            };
+            let (staged_rows, staged_ids) = staged.unwrap_or((0, 0));
             let table_rows = layer.rows;
             let fmt = layer.format as u32;
             let hd = s.geo.hd as u32;
-            let row_bytes = layer.format.row_bytes(s.geo.hd) as u32;
+            let row_bytes = layer.row_bytes as u32;
             let cols = s.cols as u32;
             let out_f32 = f32_path as u32;
             let flags = st.flags.ptr;
             let latch = st.latch.ptr;
-            let lid = layer_id;
             let serial = st.serial;
-            let scales = layer.scales;
-            let mut a = args![
-                table, table_rows, fmt, hd, row_bytes, ids_ptr, id_stride, id_offset, cols,
-                rows_buf, out_f32, flags, latch, lid, serial, scales
+            let a = args![
+                table,
+                table_rows,
+                fmt,
+                hd,
+                row_bytes,
+                ids_ptr,
+                id_stride,
+                id_offset,
+                cols,
+                staged_rows,
+                staged_ids,
+                rows_buf,
+                out_f32,
+                flags,
+                latch,
+                layer_id,
+                serial,
+                scales
             ];
-            // A split fp8 table has its own kernel, which takes `scales` too.
-            let (f, n_args) = if scales != 0 {
-                (self.module.gather_split, a.len())
+            // A split fp8 table in device memory has its own kernel, which
+            // takes `scales` too (the last argument).
+            let (kernel, a) = if scales != 0 {
+                (Kernel::GatherSplit, &a[..])
             } else {
-                (self.module.gather, a.len() - 1)
+                (Kernel::Gather, &a[..a.len() - 1])
             };
-            // SAFETY: arguments match engram_gather's parameters (the first 15)
-            // or engram_gather_split's (all 16); buffers hold max_tokens >= n
+            // SAFETY: arguments match engram_gather's parameters (the first 17)
+            // or engram_gather_split's (all 18); buffers hold max_tokens >= n
             // tokens; the table (and its scales) were checked at set_layer.
             unsafe {
-                launch(
-                    f,
-                    ((n * s.cols) as u32, 1, 1),
+                self.gpu.launch(
+                    kernel,
+                    (n * s.cols) as u32,
                     kernels::GATHER_THREADS,
-                    0,
-                    cs,
-                    &mut a[..n_args],
-                    "the gather kernel",
+                    stream,
+                    a,
                 )?;
             }
         }
         // Projection.
-        let use_gemv = !f32_path && n <= st.gemv_max && k_in % 8 == 0 && layer.wkv % 16 == 0;
-        if use_gemv {
-            let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
-            let (n_out, k) = (k_out as u32, k_in as u32);
-            let mut a = args![w, rows, kv, n_out, k];
-            let per_block = kernels::GEMV_ROWS_PER_WARP * (kernels::GEMV_THREADS / 32);
-            let blocks = (k_out as u32).div_ceil(per_block);
-            // SAFETY: arguments match engram_gemv_bf16_<n>; alignment checked above.
-            unsafe {
-                launch(
-                    self.module.gemv[n - 1],
-                    (blocks, 1, 1),
-                    kernels::GEMV_THREADS,
-                    0,
-                    cs,
-                    &mut a,
-                    "the GEMV kernel",
-                )?;
+        let gemv_blocks =
+            (k_out as u32).div_ceil(kernels::GEMV_ROWS_PER_WARP * (kernels::GEMV_THREADS / 32));
+        match layer.wkv_kind {
+            WkvKind::Bf16 if n <= st.gemv_max && k_in % 8 == 0 && layer.wkv % 16 == 0 => {
+                let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
+                let (n_out, k) = (k_out as u32, k_in as u32);
+                let a = args![w, rows, kv, n_out, k];
+                // SAFETY: arguments match engram_gemv_bf16_<n>; alignment checked above.
+                unsafe {
+                    self.gpu.launch(
+                        Kernel::Gemv(n),
+                        gemv_blocks,
+                        kernels::GEMV_THREADS,
+                        stream,
+                        &a,
+                    )?;
+                }
             }
-        } else {
-            // SAFETY: sizes as documented; wkv checked at set_layer.
-            unsafe {
-                st.blas
-                    .gemm(cs, f32_path, layer.wkv, rows_buf, kv_buf, k_out, n, k_in)?;
+            WkvKind::Quant(fmt) if n <= st.gemv_max && k_in % 32 == 0 => {
+                let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
+                let rb = fmt.row_bytes(k_in) as u32;
+                let (n_out, k, nt) = (k_out as u32, k_in as u32, n as u32);
+                let a = args![w, rb, rows, kv, n_out, k, nt];
+                // SAFETY: arguments match engram_gemv_q_<format>; `rows` is
+                // our 256-byte aligned workspace, k % 32 == 0, n <= GEMV_MAX.
+                unsafe {
+                    self.gpu.launch(
+                        Kernel::GemvQ(fmt),
+                        gemv_blocks,
+                        kernels::GEMV_THREADS,
+                        stream,
+                        &a,
+                    )?;
+                }
+            }
+            WkvKind::Quant(fmt) => {
+                let (tile, tile_rows) = {
+                    let t = st.tile.as_ref().expect("allocated by set_layer");
+                    (t.0.ptr, t.1)
+                };
+                let f = fmt as u32;
+                let rb = fmt.row_bytes(k_in) as u32;
+                let k = k_in as u32;
+                let w = layer.wkv;
+                let mut o0 = 0usize;
+                while o0 < k_out {
+                    let m = tile_rows.min(k_out - o0);
+                    let (row0, n_rows) = (o0 as u32, m as u32);
+                    let a = args![w, f, rb, k, row0, n_rows, tile];
+                    let blocks = ((m * k_in) as u64).div_ceil(kernels::DEQUANT_THREADS as u64);
+                    // SAFETY: arguments match engram_dequant_bf16; the tile
+                    // holds tile_rows >= m rows of k_in bf16; wkv has k_out rows.
+                    unsafe {
+                        self.gpu.launch(
+                            Kernel::Dequant,
+                            blocks as u32,
+                            kernels::DEQUANT_THREADS,
+                            stream,
+                            &a,
+                        )?;
+                        st.blas.gemm(
+                            stream,
+                            &Gemm {
+                                f32: false,
+                                w: tile,
+                                ldw: k_in,
+                                rows: rows_buf,
+                                ldr: k_in,
+                                kv: kv_buf + (o0 * 2) as u64,
+                                ldc: k_out,
+                                m,
+                                n,
+                                k: k_in,
+                            },
+                        )?;
+                    }
+                    o0 += m;
+                }
+            }
+            _ => {
+                // SAFETY: sizes as documented; wkv checked at set_layer.
+                unsafe {
+                    st.blas.gemm(
+                        stream,
+                        &Gemm {
+                            f32: f32_path,
+                            w: layer.wkv,
+                            ldw: k_in,
+                            rows: rows_buf,
+                            ldr: k_in,
+                            kv: kv_buf,
+                            ldc: k_out,
+                            m: k_out,
+                            n,
+                            k: k_in,
+                        },
+                    )?;
+                }
             }
         }
         // Gate.
         if let Some((hw, ty)) = highway {
-            let f = self.module.gate[Self::gate_index(ty)][f32_path as usize];
             let (kv, qk, flags) = (kv_buf, self.qk[li].ptr, st.flags.ptr);
             let (cols, hc, d) = (s.cols as u32, s.geo.hc as u32, s.geo.d as u32);
             let eps = s.geo.eps;
             let inv_sqrt_d = 1.0f32 / (s.geo.d as f32).sqrt();
             let (latch, mirror) = (st.latch.ptr, self.mirror.dev_ptr);
-            let mut a = args![hw, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror];
+            let a = args![hw, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror];
             // SAFETY: arguments match engram_gate_*; the highway range was checked.
             unsafe {
-                launch(
-                    f,
-                    ((n * s.geo.hc) as u32, 1, 1),
+                self.gpu.launch(
+                    Kernel::Gate {
+                        hw_bf16: ty == HighwayType::Bf16,
+                        kv_f32: f32_path,
+                    },
+                    (n * s.geo.hc) as u32,
                     kernels::GATE_THREADS,
-                    0,
-                    cs,
-                    &mut a,
-                    "the gate kernel",
+                    stream,
+                    &a,
                 )?;
             }
         }

@@ -1,17 +1,19 @@
-//! The kernels in `kernels/`, compiled with NVRTC (loaded at run time) to the
-//! device's own SASS (a cubin), once per process and architecture, and loaded
-//! once per context.
+//! The kernels in `kernels/`, compiled with NVRTC (loaded at run time by
+//! [`super::sys`]) once per process and architecture: to the device's own
+//! SASS (a cubin) when this NVRTC supports the device's architecture
+//! (`nvrtcGetSupportedArchs`), else to PTX for the newest virtual
+//! architecture it supports below the device's (`compute_XY`), which the
+//! driver compiles for the device when the module is loaded (a GPU newer
+//! than the NVRTC, e.g. sm_120 with NVRTC 12.4).
 
-use super::driver::{self, check};
+use super::sys::{self, NvrtcApi};
 use crate::error::{bail, EngramStatus, Error, Result};
-use cudarc::driver::sys;
-use cudarc::nvrtc::sys as nv;
 use std::collections::HashMap;
 use std::ffi::{c_char, CStr, CString};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Every kernel source, as NVRTC sees it: `(include name, text)`.
-pub const SOURCES: [(&str, &str); 4] = [
+pub const SOURCES: [(&str, &str); 5] = [
     (
         "engram_common.cuh",
         include_str!("../../kernels/engram_common.cuh"),
@@ -19,11 +21,25 @@ pub const SOURCES: [(&str, &str); 4] = [
     ("gather.cu", include_str!("../../kernels/gather.cu")),
     ("gate.cu", include_str!("../../kernels/gate.cu")),
     ("gemv.cu", include_str!("../../kernels/gemv.cu")),
+    ("gemv_q.cu", include_str!("../../kernels/gemv_q.cu")),
 ];
 
-/// The translation unit of the module the backend loads.
+/// Every kernel in one translation unit (the NVRTC check compiles it; the
+/// SIMT build checks its include order against tests/simt/kernels_host.cpp).
 pub const MODULE_MAIN: &str =
-    "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n";
+    "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n#include \"gemv_q.cu\"\n";
+
+/// The modules the backend loads, `(name, translation unit)`: the one every
+/// context needs, and the quantised-`wkv` kernels, compiled and loaded the
+/// first time a layer with such a `wkv` is set (they take as long to compile
+/// as the rest together). Together they are the whole of the main unit above.
+pub const MODULES: [(&str, &str); 2] = [
+    (
+        "engram_kernels.cu",
+        "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n",
+    ),
+    ("engram_quant.cu", "#include \"gemv_q.cu\"\n"),
+];
 
 /// The options every compile uses besides the architecture and [`defines`].
 /// No `--use_fast_math` and no `--ftz`: f32 subnormals and IEEE division and
@@ -53,6 +69,7 @@ pub fn defines() -> Vec<String> {
     v.push(format!("-DENG_GEMV_THREADS={GEMV_THREADS}"));
     v.push(format!("-DENG_GEMV_ROWS={GEMV_ROWS_PER_WARP}"));
     v.push(format!("-DENG_GEMV_MAX={GEMV_MAX}"));
+    v.push(format!("-DENG_DEQUANT_THREADS={DEQUANT_THREADS}"));
     v
 }
 
@@ -62,14 +79,15 @@ pub struct Compiled {
     pub log: String,
 }
 
-/// Check that NVRTC can be loaded (cudarc panics otherwise).
-pub fn check_nvrtc_library() -> Result<String> {
-    driver::find_library("nvrtc").map_err(|e| {
+/// NVRTC's functions, or `ErrDevice` saying why there are none.
+pub fn api() -> Result<&'static NvrtcApi> {
+    sys::nvrtc().map(|l| &l.api).map_err(|e| {
         Error::new(
             EngramStatus::ErrDevice,
             format!(
-                "NVRTC (libnvrtc) cannot be loaded: {e}; the CUDA backend compiles its kernels at run time \
-                 (install the CUDA toolkit's libnvrtc, or the nvidia-cuda-nvrtc-cu12 wheel's lib/ on the loader path)"
+                "NVRTC cannot be loaded: {e}; the CUDA backend compiles its kernels at run time \
+                 (the CUDA toolkit's libnvrtc, or the nvidia-cuda-nvrtc wheel's, on the loader path \
+                 or in ENGRAM_CUDA_LIB_DIR)"
             ),
         )
     })
@@ -77,35 +95,78 @@ pub fn check_nvrtc_library() -> Result<String> {
 
 /// NVRTC's version `(major, minor)`.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
-    check_nvrtc_library()?;
-    let (mut a, mut b) = (0, 0);
-    // SAFETY: libnvrtc loads (checked); locals as out-pointers.
-    let r = unsafe { nv::nvrtcVersion(&mut a, &mut b) };
-    nv_check(r, "nvrtcVersion")?;
-    Ok((a, b))
+    api()?;
+    let v = sys::nvrtc().map(|l| l.version).unwrap_or_default();
+    Ok((v.0, v.1))
 }
 
-fn nv_check(r: nv::nvrtcResult, what: &str) -> Result<()> {
-    if r == nv::nvrtcResult::NVRTC_SUCCESS {
+/// The real architectures this NVRTC compiles for (`90` for sm_90, ...).
+pub fn supported_archs() -> Result<Vec<i32>> {
+    let nv = api()?;
+    let mut n = 0;
+    // SAFETY: locals as out-pointers; the array holds `n` entries.
+    unsafe {
+        nv_check(
+            (nv.nvrtcGetNumSupportedArchs)(&mut n),
+            "nvrtcGetNumSupportedArchs",
+        )?;
+        let mut v = vec![0i32; n.max(0) as usize];
+        nv_check(
+            (nv.nvrtcGetSupportedArchs)(v.as_mut_ptr()),
+            "nvrtcGetSupportedArchs",
+        )?;
+        v.sort_unstable();
+        Ok(v)
+    }
+}
+
+/// What to compile for a device of compute capability `cc` with an NVRTC
+/// that supports `supported`: `sm_XY` (a cubin) when it is listed, else
+/// `compute_XY` (PTX) for the newest listed architecture below the device's;
+/// an error when every listed one is newer than the device.
+pub fn choose_arch(cc: (i32, i32), supported: &[i32]) -> Result<String> {
+    let want = cc.0 * 10 + cc.1;
+    if supported.contains(&want) {
+        return Ok(format!("sm_{want}"));
+    }
+    match supported.iter().copied().filter(|&a| a <= want).max() {
+        Some(a) => Ok(format!("compute_{a}")),
+        None => bail!(
+            ErrDevice,
+            "this NVRTC compiles for sm_{} and newer; the device is sm_{want} (use an older CUDA \
+             toolkit's libnvrtc)",
+            supported.first().copied().unwrap_or(0)
+        ),
+    }
+}
+
+fn nv_check(r: sys::nvrtcResult, what: &str) -> Result<()> {
+    if r == sys::NVRTC_SUCCESS {
         return Ok(());
     }
-    // SAFETY: libnvrtc is loaded; the string is static.
-    let s = unsafe {
-        let p = nv::nvrtcGetErrorString(r);
-        if p.is_null() {
-            format!("{r:?}")
-        } else {
-            CStr::from_ptr(p).to_string_lossy().into_owned()
-        }
+    let text = match api() {
+        // SAFETY: a static string (or NULL) from NVRTC.
+        Ok(nv) => unsafe {
+            let p = (nv.nvrtcGetErrorString)(r);
+            if p.is_null() {
+                format!("NVRTC error {r}")
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        },
+        Err(_) => format!("NVRTC error {r}"),
     };
-    Err(Error::new(EngramStatus::ErrDevice, format!("{what}: {s}")))
+    Err(Error::new(
+        EngramStatus::ErrDevice,
+        format!("{what}: {text}"),
+    ))
 }
 
 /// Compile `main` (with every file of [`SOURCES`] available to `#include`) for
 /// `arch` (`"sm_90"`: a cubin; `"compute_90"`: PTX). A compile error is
 /// `ErrDevice` with NVRTC's log; warnings come back in [`Compiled::log`].
 pub fn compile_source(main: &str, name: &str, arch: &str) -> Result<Compiled> {
-    check_nvrtc_library()?;
+    let nv = api()?;
     let src = CString::new(main).expect("no NUL in kernel source");
     let cname = CString::new(name).expect("no NUL in name");
     let hdr_src: Vec<CString> = SOURCES
@@ -125,9 +186,9 @@ pub fn compile_source(main: &str, name: &str, arch: &str) -> Result<Compiled> {
     // SAFETY: every pointer is a live CString for the duration of the calls;
     // the program is destroyed on every path.
     unsafe {
-        let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
+        let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
         nv_check(
-            nv::nvrtcCreateProgram(
+            (nv.nvrtcCreateProgram)(
                 &mut prog,
                 src.as_ptr(),
                 cname.as_ptr(),
@@ -138,201 +199,110 @@ pub fn compile_source(main: &str, name: &str, arch: &str) -> Result<Compiled> {
             "nvrtcCreateProgram",
         )?;
         let res = (|| {
-            let rc = nv::nvrtcCompileProgram(prog, op.len() as i32, op.as_ptr());
+            let rc = (nv.nvrtcCompileProgram)(prog, op.len() as i32, op.as_ptr());
             let mut n = 0usize;
             nv_check(
-                nv::nvrtcGetProgramLogSize(prog, &mut n),
+                (nv.nvrtcGetProgramLogSize)(prog, &mut n),
                 "nvrtcGetProgramLogSize",
             )?;
             let mut log = vec![0 as c_char; n.max(1)];
             nv_check(
-                nv::nvrtcGetProgramLog(prog, log.as_mut_ptr()),
+                (nv.nvrtcGetProgramLog)(prog, log.as_mut_ptr()),
                 "nvrtcGetProgramLog",
             )?;
             let log = CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned();
-            if rc != nv::nvrtcResult::NVRTC_SUCCESS {
+            if rc != sys::NVRTC_SUCCESS {
                 bail!(
                     ErrDevice,
-                    "NVRTC could not compile the engram kernels for {arch}: {rc:?}\n{log}"
+                    "NVRTC could not compile the engram kernels for {arch} (error {rc})\n{log}"
                 );
             }
             let image = if arch.starts_with("sm_") {
                 let mut n = 0usize;
-                nv_check(nv::nvrtcGetCUBINSize(prog, &mut n), "nvrtcGetCUBINSize")?;
+                nv_check((nv.nvrtcGetCUBINSize)(prog, &mut n), "nvrtcGetCUBINSize")?;
                 let mut v = vec![0u8; n];
                 nv_check(
-                    nv::nvrtcGetCUBIN(prog, v.as_mut_ptr() as *mut c_char),
+                    (nv.nvrtcGetCUBIN)(prog, v.as_mut_ptr() as *mut c_char),
                     "nvrtcGetCUBIN",
                 )?;
                 v
             } else {
                 let mut n = 0usize;
-                nv_check(nv::nvrtcGetPTXSize(prog, &mut n), "nvrtcGetPTXSize")?;
+                nv_check((nv.nvrtcGetPTXSize)(prog, &mut n), "nvrtcGetPTXSize")?;
                 let mut v = vec![0u8; n];
                 nv_check(
-                    nv::nvrtcGetPTX(prog, v.as_mut_ptr() as *mut c_char),
+                    (nv.nvrtcGetPTX)(prog, v.as_mut_ptr() as *mut c_char),
                     "nvrtcGetPTX",
                 )?;
                 v
             };
             Ok(Compiled { image, log })
         })();
-        let _ = nv::nvrtcDestroyProgram(&mut prog);
+        let _ = (nv.nvrtcDestroyProgram)(&mut prog);
         res
     }
 }
 
-/// The backend's module for `arch`, compiled once per process.
-pub fn module_image(arch: &str) -> Result<Arc<Vec<u8>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Vec<u8>>>>> = OnceLock::new();
+/// Module `m` of [`MODULES`] for `arch`, compiled once per process.
+pub fn module_image(m: usize, arch: &str) -> Result<Arc<Vec<u8>>> {
+    type Images = HashMap<(usize, String), Arc<Vec<u8>>>;
+    static CACHE: OnceLock<Mutex<Images>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(img) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(arch) {
+    let key = (m, arch.to_string());
+    if let Some(img) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(img.clone());
     }
-    let c = compile_source(MODULE_MAIN, "engram_kernels.cu", arch)?;
+    let (name, main) = MODULES[m];
+    let c = compile_source(main, name, arch)?;
     let img = Arc::new(c.image);
     cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(arch.to_string(), img.clone());
+        .insert(key, img.clone());
     Ok(img)
 }
 
-/// The loaded module and its functions.
-pub struct Module {
-    module: sys::CUmodule,
-    ctx: sys::CUcontext,
-    pub gather: sys::CUfunction,
-    /// `engram_gather_split`: the gather of a split fp8 table (codes and scales
-    /// in two arrays).
-    pub gather_split: sys::CUfunction,
-    /// `[highway f32/bf16][kv bf16/f32]`: gate_f32_bf16, gate_f32_f32, gate_bf16_bf16, gate_bf16_f32.
-    pub gate: [[sys::CUfunction; 2]; 2],
-    /// `gemv[n - 1]` for n = 1..=GEMV_MAX tokens.
-    pub gemv: [sys::CUfunction; GEMV_MAX],
+/// The architecture to compile for on a device of compute capability `cc`
+/// ([`choose_arch`] with this NVRTC's list).
+pub fn arch_for(cc: (i32, i32)) -> Result<String> {
+    choose_arch(cc, &supported_archs()?)
 }
 
-/// Most tokens the GEMV kernels take (`engram_gemv_bf16_1` ... `_8`).
+/// Most tokens the GEMV kernels take (`engram_gemv_bf16_1` ... `_8`,
+/// `engram_gemv_q_1` ... `_8`).
 pub const GEMV_MAX: usize = 8;
-/// Threads of a gather / gate / GEMV block, and output rows per GEMV warp
-/// (passed to the kernels by [`defines`]).
+/// Threads of a gather / gate / GEMV / dequantise block, and output rows per
+/// GEMV warp (passed to the kernels by [`defines`]).
 pub const GATHER_THREADS: u32 = 256;
 pub const GATE_THREADS: u32 = 256;
 pub const GEMV_THREADS: u32 = 256;
 pub const GEMV_ROWS_PER_WARP: u32 = 2;
+pub const DEQUANT_THREADS: u32 = 256;
 
-// SAFETY: a loaded module and function handles, usable from any thread with
-// the context current; never mutated after `load`.
-unsafe impl Send for Module {}
-// SAFETY: as above.
-unsafe impl Sync for Module {}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Module {
-    /// Compile (or reuse) the image for device `cc` and load it into `ctx`
-    /// (which must be current).
-    pub fn load(ctx: sys::CUcontext, cc: (i32, i32)) -> Result<Module> {
-        let arch = format!("sm_{}{}", cc.0, cc.1);
-        let img = module_image(&arch)?;
-        let mut module = std::ptr::null_mut();
-        // SAFETY: the image is a complete cubin; the context is current.
-        unsafe {
-            check(
-                sys::cuModuleLoadData(&mut module, img.as_ptr() as *const _),
-                &format!("loading the engram kernels ({arch})"),
-            )?;
-        }
-        let mut m = Module {
-            module,
-            ctx,
-            gather: std::ptr::null_mut(),
-            gather_split: std::ptr::null_mut(),
-            gate: [[std::ptr::null_mut(); 2]; 2],
-            gemv: [std::ptr::null_mut(); GEMV_MAX],
-        };
-        m.gather = m.function("engram_gather")?;
-        m.gather_split = m.function("engram_gather_split")?;
-        m.gate = [
-            [
-                m.function("engram_gate_f32_bf16")?,
-                m.function("engram_gate_f32_f32")?,
-            ],
-            [
-                m.function("engram_gate_bf16_bf16")?,
-                m.function("engram_gate_bf16_f32")?,
-            ],
-        ];
-        for i in 0..GEMV_MAX {
-            m.gemv[i] = m.function(&format!("engram_gemv_bf16_{}", i + 1))?;
-        }
-        Ok(m)
+    #[test]
+    fn the_modules_make_up_the_main_unit() {
+        let joined: String = MODULES.iter().map(|m| m.1).collect();
+        assert_eq!(joined, MODULE_MAIN);
     }
 
-    fn function(&self, name: &str) -> Result<sys::CUfunction> {
-        let c = CString::new(name).unwrap();
-        let mut f = std::ptr::null_mut();
-        // SAFETY: the module is loaded; the name is a live CString.
-        unsafe {
-            check(
-                sys::cuModuleGetFunction(&mut f, self.module, c.as_ptr()),
-                &format!("kernel {name}"),
-            )?;
-        }
-        Ok(f)
+    #[test]
+    fn the_target_is_the_device_or_the_newest_older_virtual_arch() {
+        let nvrtc12_4 = [50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90];
+        let nvrtc13 = [75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121];
+        assert_eq!(choose_arch((9, 0), &nvrtc12_4).unwrap(), "sm_90");
+        assert_eq!(choose_arch((9, 0), &nvrtc13).unwrap(), "sm_90");
+        // A device newer than the NVRTC: PTX the driver compiles.
+        assert_eq!(choose_arch((12, 0), &nvrtc12_4).unwrap(), "compute_90");
+        assert_eq!(choose_arch((10, 0), &nvrtc12_4).unwrap(), "compute_90");
+        // A minor version the NVRTC lacks: the newest older one.
+        assert_eq!(choose_arch((8, 9), &[80, 86, 90]).unwrap(), "compute_86");
+        // An NVRTC that dropped the device.
+        let e = choose_arch((7, 0), &nvrtc13).unwrap_err();
+        assert_eq!(e.status, EngramStatus::ErrDevice);
+        assert!(e.message.contains("sm_75"), "{}", e.message);
     }
 }
-
-impl Drop for Module {
-    fn drop(&mut self) {
-        // SAFETY: the context this value was created in, which outlives it.
-        if let Ok(_s) = unsafe { driver::Scope::enter(self.ctx) } {
-            // SAFETY: loaded once, unloaded once.
-            unsafe {
-                let _ = sys::cuModuleUnload(self.module);
-            }
-        }
-    }
-}
-
-/// Launch `f` on `stream` with `args` (pointers to each argument's value).
-///
-/// # Safety
-/// `args` must match the kernel's parameters in number, order and size, and
-/// every pointer argument must be valid for what the kernel does with it.
-pub unsafe fn launch(
-    f: sys::CUfunction,
-    grid: (u32, u32, u32),
-    block: u32,
-    shared: u32,
-    stream: sys::CUstream,
-    args: &mut [*mut std::ffi::c_void],
-    what: &str,
-) -> Result<()> {
-    // SAFETY: the caller's contract (arguments matching the kernel, valid
-    // pointers); the argument array lives for the call.
-    check(
-        unsafe {
-            sys::cuLaunchKernel(
-                f,
-                grid.0,
-                grid.1,
-                grid.2,
-                block,
-                1,
-                1,
-                shared,
-                stream,
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        },
-        &format!("launching {what}"),
-    )
-}
-
-/// The argument array for [`launch`]: `args![a, b, c]` takes each by reference.
-macro_rules! args {
-    ($($a:expr),* $(,)?) => {
-        [$(&$a as *const _ as *mut std::ffi::c_void),*]
-    };
-}
-pub(crate) use args;

@@ -5,7 +5,18 @@
 //! moves it to a host-mapped mirror (when the mirror is free) and clears the
 //! latch. The host reads the mirror at the next call or at `engram_check` and
 //! reports the error once, with the message the CPU backend gives for the
-//! same input (see [`crate::batch`]).
+//! same input (see [`crate::batch`]). A read-back (no gate) reads and clears
+//! the latch itself.
+//!
+//! "First" is the CPU backend's order, whatever order the blocks ran in:
+//! row-id errors (partly dead, out of range, not staged) before row-data
+//! errors, then by token, then by column. The latch keeps an order key that
+//! every erroring block lowers atomically; the details are written under a
+//! lock by a block whose key is still the latch's (see `kernels/gather.cu`).
+//!
+//! While the mirror holds an error the host has not reported, the errors of
+//! later calls are dropped: what is reported is the first error since the
+//! last report.
 //!
 //! The codes are passed to the kernels as defines ([`LatchCode::defines`]),
 //! so the two sides cannot drift apart.
@@ -16,8 +27,12 @@ use crate::formats::RowDataError;
 use crate::EngramStatus;
 
 /// Words of the latch and of its mirror: `[code, token, column, where,
-/// row low, row high, layer id, serial]`.
-pub const LATCH_WORDS: usize = 8;
+/// row low, row high, layer id, serial, order key low, order key high, lock,
+/// unused]` (the mirror gets the first eight).
+pub const LATCH_WORDS: usize = 12;
+/// Where the order key (u64, 8-byte aligned) and the lock are.
+pub const LATCH_KEY: usize = 8;
+pub const LATCH_LOCK: usize = 10;
 
 /// The error codes the kernels write.
 #[repr(u32)]
@@ -33,15 +48,19 @@ pub enum LatchCode {
     NanCode = 4,
     /// A value that is not finite once dequantised.
     NonFinite = 5,
+    /// A host table's row was not staged for that position (a replayed
+    /// graph without `engram_stage` of its step).
+    NotStaged = 6,
 }
 
 impl LatchCode {
-    const ALL: [(LatchCode, &'static str); 5] = [
+    const ALL: [(LatchCode, &'static str); 6] = [
         (LatchCode::RowRange, "ENG_ERR_ROW_RANGE"),
         (LatchCode::PartlyDead, "ENG_ERR_PARTLY_DEAD"),
         (LatchCode::NanScale, "ENG_ERR_NAN_SCALE"),
         (LatchCode::NanCode, "ENG_ERR_NAN_CODE"),
         (LatchCode::NonFinite, "ENG_ERR_NON_FINITE"),
+        (LatchCode::NotStaged, "ENG_ERR_NOT_STAGED"),
     ];
 
     /// `-D` options for NVRTC (and the host build of the kernels).
@@ -51,6 +70,8 @@ impl LatchCode {
             .map(|&(c, name)| format!("-D{name}={}u", c as u32))
             .collect();
         v.push(format!("-DENG_LATCH_WORDS={LATCH_WORDS}u"));
+        v.push(format!("-DENG_LATCH_KEY={LATCH_KEY}u"));
+        v.push(format!("-DENG_LATCH_LOCK={LATCH_LOCK}u"));
         v
     }
 }
@@ -74,6 +95,14 @@ pub fn error_of(rec: &[u32; LATCH_WORDS], rows: impl Fn(u32) -> u64, tail: &str)
         x if x == LatchCode::NonFinite as u32 => {
             invalid_row(layer, row, t, c, &RowDataError::NonFinite(at).describe())
         }
+        x if x == LatchCode::NotStaged as u32 => Error::new(
+            EngramStatus::ErrInvalidArgument,
+            format!(
+                "token {t}, layer {layer}, column {c}: row {row} of the host table was not staged for \
+                 this position; stage each step's rows with engram_stage before a call (or a graph \
+                 replay) that reads device row ids"
+            ),
+        ),
         x => Error::new(
             EngramStatus::ErrInternal,
             format!("unknown device error code {x}"),
@@ -93,12 +122,22 @@ pub fn error_of(rec: &[u32; LATCH_WORDS], rows: impl Fn(u32) -> u64, tail: &str)
 /// `mirror` must point to `LATCH_WORDS` u32 of live pinned memory.
 pub unsafe fn take(mirror: *mut u32, rows: impl Fn(u32) -> u64) -> Result<()> {
     // SAFETY: the caller's contract; volatile reads see the device's writes
-    // once they land.
-    let rec: [u32; LATCH_WORDS] =
-        std::array::from_fn(|i| unsafe { std::ptr::read_volatile(mirror.add(i)) });
-    if rec[0] == 0 {
+    // once they land. The device writes the code last (after a system-wide
+    // fence), so the details read after it are complete.
+    let code = unsafe { std::ptr::read_volatile(mirror) };
+    if code == 0 {
         return Ok(());
     }
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+    // SAFETY: as above.
+    let rec: [u32; LATCH_WORDS] = std::array::from_fn(|i| {
+        if i == 0 {
+            code
+        } else {
+            // SAFETY: as above: word i < LATCH_WORDS of the mirror.
+            unsafe { std::ptr::read_volatile(mirror.add(i)) }
+        }
+    });
     // SAFETY: as above; clearing frees the mirror for the next error.
     unsafe { std::ptr::write_volatile(mirror, 0) };
     Err(error_of(

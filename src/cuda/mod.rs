@@ -1,106 +1,153 @@
 //! The CUDA backend: `apply` on the engine's own device memory and stream.
 //!
-//! - [`driver`]: the driver loaded at run time (presence checks first, so a
-//!   machine without it gets a status, not a panic), the device's primary
-//!   context, owned buffers.
-//! - [`kernels`]: `kernels/*.cu` compiled with NVRTC for the device's compute
-//!   capability at context creation, loaded once per context; the constants
-//!   they share with Rust are passed as defines.
-//! - [`blas`]: the projection through cuBLAS (the GEMV kernel for a few tokens).
-//! - [`enqueue`]: the work one `apply` queues on the caller's stream.
+//! - [`sys`]: the driver, NVRTC and cuBLAS of CUDA 12 or 13, loaded at run
+//!   time (a machine without them gets a status, never a panic).
+//! - [`gpu`]: the one interface to a device ([`gpu::Gpu`]), with a real
+//!   implementation ([`driver`], [`blas`]) and an emulated one ([`emu`]:
+//!   the kernels' own source on the CPU, for tests without a GPU).
+//! - [`kernels`]: `kernels/*.cu` compiled with NVRTC for the device (its SASS,
+//!   or PTX for a device newer than the NVRTC); the constants they share with
+//!   Rust are passed as defines.
+//! - `enqueue`: the work one `apply` queues on the caller's stream.
 //! - [`latch`]: errors the kernels find, reported at the next call.
 //!
 //! Everything `apply` needs is allocated in [`CudaBackend::new`] (for the
-//! context's `max_tokens`); `apply` only queues work on the caller's stream:
-//! an H2D copy of the staged row ids (host ids only), the gather, the
-//! projection and the gate. It neither synchronises nor allocates, so a call
-//! with device row ids can be captured in a CUDA graph.
+//! context's `max_tokens`) or in `set_layer`; `apply` only queues work on the
+//! caller's stream: the staged copy of host row ids (and, for a host table,
+//! of the rows), the gather, the projection and the gate. It neither
+//! synchronises nor allocates, so a call with device row ids can be captured
+//! in a CUDA graph.
+//!
+//! Tables: a layer's table may be device memory (read in place by the gather
+//! kernel) or host memory or a file (`TableSource::File`): then the rows a
+//! call needs are gathered on the host (by `engram_prefetch`'s worker
+//! threads ahead of time, see [`crate::cpu::stager`], or at the call),
+//! copied into a pinned staging slot, and queued as one host-to-device copy
+//! into the layer's device staging buffer, which the gather kernel reads.
+//! Pinned slots are reused only after an event says their copy has run.
 //!
 //! Errors found on the device (a row id out of range or a partly dead token
-//! among device ids, NaN codes in an fp8 row) cannot stop a call that is
-//! already queued: the token concerned is left untouched, the first such error
-//! is recorded, and it is reported by the next call on the context or by
+//! among device ids, invalid row data) cannot stop a call that is already
+//! queued: the token concerned is left untouched, the first such error is
+//! recorded, and it is reported by the next call on the context or by
 //! `check`.
 
 pub mod blas;
 pub mod driver;
+pub mod emu;
 mod enqueue;
+pub mod gpu;
 pub mod kernels;
 pub mod latch;
+pub mod sys;
 
 use crate::backend::{
-    ApplyIn, Backend, BackendInfo, CheckedLayer, EngramBackend, Ids, ReadBack, StageStats, Stream,
-    TableSource,
+    ApplyIn, Backend, BackendInfo, CheckedLayer, EngramBackend, Ids, ReadBack, Stream, TableSource,
 };
-use crate::batch::{HighwayType, LiveIds, Shape};
+use crate::batch::{LiveIds, Shape};
+use crate::cpu::stager::{Source, Stager};
 use crate::error::{bail, EngramStatus, Error, Result};
 use crate::formats::{bf16_to_f32, EngramType};
-use cudarc::driver::sys;
-use driver::{check, DevBuf, Device, Event, PinnedBuf};
-use kernels::Module;
-use std::ffi::c_void;
-use std::sync::Mutex;
+use gpu::{DevBuf, Event, Gpu, MemKind, PinnedBuf};
+use std::sync::{Arc, Mutex};
 
 pub use driver::probe;
 
-/// Host row-id staging slots (pinned). A slot is reused only after the copy
-/// that last read it has run, so the host waits only when the stream is this
-/// many host-id calls behind.
+/// Host staging slots (pinned): row ids, and a host table's rows. A slot is
+/// reused only after the copy that last read it has run, so the host waits
+/// only when the stream is this many host-id calls behind.
 pub const STAGING_SLOTS: usize = 4;
 
-/// Tokens up to which the bf16 projection uses the GEMV kernel instead of cuBLAS
-/// (when `wkv` is 16-byte aligned and `C*Hd` a multiple of 8).
+/// Tokens up to which the projection uses a GEMV kernel instead of cuBLAS
+/// (bf16 `wkv`: when it is 16-byte aligned and `C*Hd` a multiple of 8;
+/// quantised `wkv`: when `C*Hd` is a multiple of 32).
 pub const DEFAULT_GEMV_MAX_TOKENS: usize = 8;
 
-#[derive(Clone, Copy)]
+/// Bytes of the bf16 tile a quantised `wkv` is dequantised into for cuBLAS.
+pub const TILE_BYTES: usize = 32 << 20;
+
+/// How a layer's `wkv` is projected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WkvKind {
+    Bf16,
+    /// f32 rows and kv, pedantic f32 cuBLAS.
+    F32,
+    /// Read in place: the fused GEMV for few tokens, bf16 tiles + cuBLAS else.
+    Quant(EngramType),
+}
+
+/// Where a layer's table rows are read.
+enum TableLoc {
+    /// Device memory at `table`; for a split fp8 table, its scales at
+    /// `scales` (0 for every other format).
+    Device { table: u64, scales: u64 },
+    /// Host memory or a file, through the stager (`gen`: its generation of
+    /// the layer's table); staged rows `[max_tokens, C]` of `row_bytes` and
+    /// their ids go to these device buffers.
+    Host { gen: u64, rows: DevBuf, ids: DevBuf },
+}
+
 struct DevLayer {
     layer_id: u32,
-    table: u64,
-    /// The scale array of a split fp8 table (0 for every other format).
-    scales: u64,
     rows: u64,
     format: EngramType,
+    row_bytes: usize,
+    table: TableLoc,
     wkv: u64,
-    wkv_f32: bool,
+    wkv_kind: WkvKind,
+    /// The device copy of a `wkv` given in host memory.
+    wkv_copy: Option<DevBuf>,
+}
+
+/// A pinned staging slot and the event recorded after its last copy.
+struct Slot {
+    buf: PinnedBuf,
+    ev: Event,
+    used: bool,
 }
 
 /// Everything `apply` writes, behind the backend's lock.
 struct State {
-    blas: blas::Blas,
+    blas: Box<dyn gpu::Blas>,
     rows: DevBuf,
     kv: DevBuf,
     /// f32 rows and kv, for layers with an f32 `wkv` (allocated by the first
     /// such `set_layer`).
     rows32: Option<DevBuf>,
     kv32: Option<DevBuf>,
+    /// The bf16 tile of a quantised `wkv` and its rows (allocated by the
+    /// first such `set_layer`).
+    tile: Option<(DevBuf, usize)>,
+    /// Host row ids of a device-table layer, staged.
     ids: DevBuf,
     flags: DevBuf,
     latch: DevBuf,
-    staging: Vec<(PinnedBuf, Event, bool)>,
+    slots: Vec<Slot>,
+    /// Row bytes per (token, column) the slots hold besides the ids.
+    slot_row_bytes: usize,
     next_slot: usize,
-    layers: Vec<Option<DevLayer>>,
+    layers: Vec<Option<Arc<DevLayer>>>,
     serial: u32,
     gemv_max: usize,
 }
 
 /// The CUDA backend of one context.
 pub struct CudaBackend {
-    // Field order is drop order: buffers and the module before the device's
-    // primary context is released.
+    // Field order is drop order: everything that holds device memory before
+    // the device (`gpu`) goes.
     state: Mutex<State>,
     /// `q * k` per layer, `[hc, D]` f32.
     qk: Vec<DevBuf>,
     /// The error latch's host-mapped mirror (see [`latch`]).
     mirror: PinnedBuf,
-    module: Module,
-    dev: Device,
+    stager: Stager,
+    gpu: Arc<dyn Gpu>,
     shape: Shape,
     max_tokens: usize,
     layer_ids: Vec<u32>,
 }
 
-// SAFETY: all mutable state is behind `state`'s mutex; the driver handles are
-// used with the context made current on the calling thread (`Device::scope`).
+// SAFETY: all mutable state is behind `state`'s mutex; the device is `Sync`.
 unsafe impl Send for CudaBackend {}
 // SAFETY: as above.
 unsafe impl Sync for CudaBackend {}
@@ -112,9 +159,19 @@ fn overflow(what: &str) -> Error {
     )
 }
 
+/// Where a region handed to the backend lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// Memory a kernel can read: device, managed, or mapped pinned memory.
+    Device,
+    /// Host memory: pageable (the driver does not know it), or page-locked.
+    Host,
+}
+
 impl CudaBackend {
-    /// Open device `ordinal`, compile and load the kernels, and allocate every
-    /// workspace for `max_tokens` tokens. `gemv_max` overrides
+    /// Open device `ordinal` (or use `device`: tests and benchmarks share one
+    /// device object, or run on the emulation), and allocate every workspace
+    /// for `max_tokens` tokens. `gemv_max` overrides
     /// [`DEFAULT_GEMV_MAX_TOKENS`] (0: always cuBLAS).
     pub fn new(
         ordinal: i32,
@@ -122,12 +179,12 @@ impl CudaBackend {
         layer_ids: &[u32],
         max_tokens: usize,
         gemv_max: Option<usize>,
+        device: Option<Arc<dyn Gpu>>,
     ) -> Result<CudaBackend> {
-        let dev = Device::open(ordinal)?;
-        kernels::check_nvrtc_library()?;
-        blas::check_cublas_library()?;
-        let _scope = dev.scope()?;
-        let ctx = dev.ctx;
+        let gpu = match device {
+            Some(g) => g,
+            None => driver::RealGpu::open(ordinal)?,
+        };
         let (cols, n_layers, k_in, k_out) = (shape.cols, shape.n_layers, shape.k_in, shape.k_out);
         if k_in > i32::MAX as usize / 8 || k_out > i32::MAX as usize {
             return Err(overflow("C*Hd or D*(hc+1)"));
@@ -137,109 +194,212 @@ impl CudaBackend {
             return Err(overflow("max_tokens * C"));
         }
         let mul = |a: usize, b: usize, what: &str| a.checked_mul(b).ok_or_else(|| overflow(what));
-        let module = Module::load(ctx, dev.cc)?;
+        let buf = |bytes: usize, what: &str| DevBuf::new(&gpu, bytes, what);
         let state = State {
-            blas: blas::Blas::new(ctx)?,
-            rows: DevBuf::new(ctx, mul(mul(max_tokens, k_in, "rows")?, 2, "rows")?, "rows")?,
-            kv: DevBuf::new(ctx, mul(mul(max_tokens, k_out, "kv")?, 2, "kv")?, "kv")?,
+            blas: gpu.new_blas()?,
+            rows: buf(mul(mul(max_tokens, k_in, "rows")?, 2, "rows")?, "rows")?,
+            kv: buf(mul(mul(max_tokens, k_out, "kv")?, 2, "kv")?, "kv")?,
             rows32: None,
             kv32: None,
-            ids: DevBuf::new(ctx, mul(max_tokens, cols * 8, "row ids")?, "row ids")?,
-            flags: DevBuf::new(ctx, mul(max_tokens, cols * 4, "row flags")?, "row flags")?,
-            latch: DevBuf::new(ctx, latch::LATCH_WORDS * 4, "the error latch")?,
-            staging: (0..STAGING_SLOTS)
-                .map(|_| {
-                    Ok((
-                        PinnedBuf::new(ctx, max_tokens * cols * 8, false, "row id staging")?,
-                        Event::new(ctx)?,
-                        false,
-                    ))
-                })
-                .collect::<Result<_>>()?,
+            tile: None,
+            ids: buf(mul(max_tokens, cols * 8, "row ids")?, "row ids")?,
+            flags: buf(mul(max_tokens, cols * 4, "row flags")?, "row flags")?,
+            latch: buf(latch::LATCH_WORDS * 4, "the error latch")?,
+            slots: Vec::new(),
+            slot_row_bytes: 0,
             next_slot: 0,
-            layers: vec![None; n_layers],
+            layers: (0..n_layers).map(|_| None).collect(),
             serial: 0,
             gemv_max: gemv_max
                 .unwrap_or(DEFAULT_GEMV_MAX_TOKENS)
                 .min(kernels::GEMV_MAX),
         };
-        // SAFETY: our own allocation, current context.
-        unsafe {
-            check(
-                sys::cuMemsetD8_v2(state.latch.ptr, 0, latch::LATCH_WORDS * 4),
-                "clearing the error latch",
-            )?;
-            // The memset runs on the legacy stream, which a non-blocking engine
-            // stream does not wait for: finish it here.
-            check(sys::cuCtxSynchronize(), "waiting for the device")?;
-        }
+        // SAFETY: our own allocation of LATCH_WORDS words.
+        unsafe { gpu.memset(state.latch.ptr, 0, latch::LATCH_WORDS * 4)? };
         let qk = (0..n_layers)
-            .map(|_| DevBuf::new(ctx, shape.hw_per_token() * 4, "q * k"))
+            .map(|_| buf(shape.hw_per_token() * 4, "q * k"))
             .collect::<Result<_>>()?;
-        let mirror = PinnedBuf::new(ctx, latch::LATCH_WORDS * 4, true, "the error latch mirror")?;
-        Ok(CudaBackend {
+        let mirror = PinnedBuf::new(&gpu, latch::LATCH_WORDS * 4, true, "the error latch mirror")?;
+        let mut b = CudaBackend {
             state: Mutex::new(state),
             qk,
             mirror,
-            module,
-            dev,
+            stager: Stager::new(n_layers, 2),
+            gpu,
             shape,
             max_tokens,
             layer_ids: layer_ids.to_vec(),
-        })
+        };
+        b.grow_slots(0)?;
+        Ok(b)
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Tokens up to which the bf16 projection uses the GEMV kernel (0: always cuBLAS).
+    /// The device this backend runs on.
+    pub fn gpu(&self) -> &Arc<dyn Gpu> {
+        &self.gpu
+    }
+
+    /// Tokens up to which the projection uses a GEMV kernel (0: always cuBLAS).
     pub fn set_gemv_max_tokens(&self, n: usize) {
         self.state().gemv_max = n.min(kernels::GEMV_MAX);
+    }
+
+    /// (Re)allocate the pinned slots to hold, per (token, column), an id and
+    /// `row_bytes` of row (the device must be idle: `set_layer` waited).
+    fn grow_slots(&mut self, row_bytes: usize) -> Result<()> {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        Self::grow_slots_in(&self.gpu, st, self.max_tokens, self.shape.cols, row_bytes)
+    }
+
+    fn grow_slots_in(
+        gpu: &Arc<dyn Gpu>,
+        st: &mut State,
+        max_tokens: usize,
+        cols: usize,
+        row_bytes: usize,
+    ) -> Result<()> {
+        if !st.slots.is_empty() && st.slot_row_bytes >= row_bytes {
+            return Ok(());
+        }
+        let per = 8 + row_bytes;
+        let bytes = max_tokens
+            .checked_mul(cols)
+            .and_then(|x| x.checked_mul(per))
+            .ok_or_else(|| overflow("the staging slots"))?;
+        let slots = (0..STAGING_SLOTS)
+            .map(|_| {
+                Ok(Slot {
+                    buf: PinnedBuf::new(gpu, bytes, false, "the host staging slots")?,
+                    ev: Event::new(gpu)?,
+                    used: false,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        st.slots = slots;
+        st.slot_row_bytes = row_bytes;
+        st.next_slot = 0;
+        Ok(())
     }
 
     /// Device bytes this backend allocated.
     pub fn device_bytes(&self) -> usize {
         let s = self.state();
+        let opt = |b: &Option<DevBuf>| b.as_ref().map_or(0, |b| b.bytes);
+        let layers: usize = s
+            .layers
+            .iter()
+            .flatten()
+            .map(|l| {
+                l.wkv_copy.as_ref().map_or(0, |b| b.bytes)
+                    + match &l.table {
+                        TableLoc::Host { rows, ids, .. } => rows.bytes + ids.bytes,
+                        TableLoc::Device { .. } => 0,
+                    }
+            })
+            .sum();
         s.rows.bytes
             + s.kv.bytes
-            + s.rows32.as_ref().map_or(0, |b| b.bytes)
-            + s.kv32.as_ref().map_or(0, |b| b.bytes)
+            + opt(&s.rows32)
+            + opt(&s.kv32)
+            + s.tile.as_ref().map_or(0, |t| t.0.bytes)
             + s.ids.bytes
             + s.flags.bytes
             + s.latch.bytes
-            + blas::WORKSPACE_BYTES
+            + s.blas.device_bytes()
             + self.qk.iter().map(|b| b.bytes).sum::<usize>()
+            + layers
+    }
+
+    /// Pinned host bytes this backend allocated (staging slots, mirror).
+    pub fn pinned_bytes(&self) -> usize {
+        let s = self.state();
+        s.slots.iter().map(|x| x.buf.bytes).sum::<usize>() + self.mirror.bytes
+    }
+
+    /// The table rows of a layer, by id, for error messages.
+    fn rows_of(st: &State, layer: u32) -> u64 {
+        st.layers
+            .iter()
+            .flatten()
+            .find(|l| l.layer_id == layer)
+            .map_or(0, |l| l.rows)
     }
 
     /// Report (and clear) an error the device recorded for an earlier call.
     fn take_device_error(&self, st: &State) -> Result<()> {
-        let rows = |layer: u32| {
-            st.layers
-                .iter()
-                .flatten()
-                .find(|l| l.layer_id == layer)
-                .map_or(0, |l| l.rows)
-        };
         // SAFETY: the mirror is LATCH_WORDS u32 of pinned memory we own.
-        unsafe { latch::take(self.mirror.ptr as *mut u32, rows) }
+        unsafe { latch::take(self.mirror.ptr as *mut u32, |l| Self::rows_of(st, l)) }
     }
 
-    /// `n_qk` f32 values of `q * k` formed on the host from device `q` and `k`
-    /// of `ty` (read synchronously), exactly as the CPU backend forms it.
-    fn qk_on_host(&self, q: u64, k: u64, ty: EngramType) -> Result<Vec<f32>> {
-        let n_qk = self.shape.hw_per_token();
-        let read = |p: u64| -> Result<Vec<f32>> {
-            let size = if ty == EngramType::F32 { 4 } else { 2 };
-            let mut raw = crate::batch::try_vec(n_qk * size, 0u8, "q/k")?;
-            // SAFETY: `p` holds that many bytes on our device (checked by the caller).
-            unsafe {
-                check(
-                    sys::cuMemcpyDtoH_v2(raw.as_mut_ptr() as *mut c_void, p, raw.len()),
-                    "reading weights.q/k",
-                )?;
+    /// Where `addr` lives, as the driver sees it.
+    /// A table's source: `None` for device memory (its range checked, as
+    /// `weights.<what>`), else what the stager reads (host memory or a file).
+    fn table_source(
+        &self,
+        src: &TableSource<'_>,
+        bytes: u64,
+        layer_id: u32,
+        what: &str,
+    ) -> Result<Option<Source>> {
+        Ok(match src {
+            TableSource::Memory(r) => match self.place(r.addr()) {
+                Place::Device => {
+                    let name =
+                        format!("weights.{}", what.replace("table's scales", "table_scales"));
+                    gpu::check_device_range(&*self.gpu, r.addr() as u64, bytes as usize, &name)?;
+                    None
+                }
+                // SAFETY: host memory the context lends for `'w`, sized by
+                // the context's checks (`Region::from_raw`'s contract).
+                Place::Host => Some(Source::memory(unsafe { r.host() })),
+            },
+            TableSource::File { file, offset } => {
+                Some(Source::file(file.clone(), *offset, bytes, layer_id, what)?)
             }
-            Ok(if ty == EngramType::F32 {
+        })
+    }
+
+    fn place(&self, addr: usize) -> Place {
+        match self.gpu.pointer(addr as u64) {
+            None => Place::Host,
+            Some(i) if i.kind == MemKind::Host => Place::Host,
+            Some(_) => Place::Device,
+        }
+    }
+
+    /// The bytes of a region: read from the device, or the host memory itself.
+    fn region_bytes(
+        &self,
+        r: &crate::memory::Region<'_>,
+        bytes: usize,
+        what: &str,
+    ) -> Result<Vec<u8>> {
+        let mut v = crate::batch::try_vec(bytes, 0u8, what)?;
+        match self.place(r.addr()) {
+            Place::Device => {
+                gpu::check_device_range(&*self.gpu, r.addr() as u64, bytes, what)?;
+                // SAFETY: checked above: `bytes` of device memory.
+                unsafe { self.gpu.download(v.as_mut_ptr(), r.addr() as u64, bytes)? };
+            }
+            Place::Host => {
+                // SAFETY: host memory the context lends (`Region::from_raw`'s
+                // contract), sized by the context's checks.
+                v.copy_from_slice(unsafe { &r.host()[..bytes] });
+            }
+        }
+        Ok(v)
+    }
+
+    /// `q * k` (`hc * D` f32) formed on the host exactly as the CPU backend
+    /// forms it, from `q` and `k` of type `ty` wherever they are.
+    fn qk_of(&self, l: &CheckedLayer<'_>) -> Result<Vec<f32>> {
+        let read = |r: &crate::memory::Region<'_>, what: &str| -> Result<Vec<f32>> {
+            let raw = self.region_bytes(r, l.bytes.qk, what)?;
+            Ok(if l.qk_type == EngramType::F32 {
                 raw.chunks_exact(4)
                     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                     .collect()
@@ -249,7 +409,7 @@ impl CudaBackend {
                     .collect()
             })
         };
-        let (q, k) = (read(q)?, read(k)?);
+        let (q, k) = (read(&l.q, "weights.q")?, read(&l.k, "weights.k")?);
         Ok(q.iter().zip(&k).map(|(a, b)| a * b).collect())
     }
 }
@@ -258,17 +418,10 @@ impl<'w> Backend<'w> for CudaBackend {
     fn info(&self) -> BackendInfo {
         BackendInfo {
             kind: EngramBackend::Cuda,
-            kernel: format!(
-                "{} (sm_{}{}, driver {}.{})",
-                self.dev.name,
-                self.dev.cc.0,
-                self.dev.cc.1,
-                self.dev.driver_version / 1000,
-                (self.dev.driver_version % 1000) / 10
-            ),
-            host_bytes: 0,
+            kernel: self.gpu.describe(),
+            host_bytes: self.pinned_bytes(),
             device_bytes: self.device_bytes(),
-            stage: StageStats::default(),
+            stage: self.stager.stats(),
         }
     }
 
@@ -276,112 +429,203 @@ impl<'w> Backend<'w> for CudaBackend {
         true
     }
 
-    /// Register (or replace) layer `li`'s device weights. Reads `q` and `k`
-    /// from the device (synchronously) to form `q * k`; waits for the device
-    /// to be idle before replacing anything a queued call may still read.
+    /// Register (or replace) layer `li`'s weights: the table in device
+    /// memory, host memory or a file; `wkv` in device memory or (copied once
+    /// to the device) host memory; `q` and `k` anywhere (read now to form
+    /// `q * k`). Waits for the device to be idle before replacing anything a
+    /// queued call may still read.
     fn set_layer(&self, li: usize, l: CheckedLayer<'w>) -> Result<()> {
-        let wkv_f32 = match l.wkv_type {
-            EngramType::Bf16 => false,
-            EngramType::F32 => true,
-            t => bail!(
+        let s = self.shape;
+        let wkv_kind = match l.wkv_type {
+            EngramType::Bf16 => WkvKind::Bf16,
+            EngramType::F32 => WkvKind::F32,
+            t => WkvKind::Quant(t),
+        };
+        let rb = l.format.row_bytes(s.geo.hd);
+        // The table (and, for a split fp8 table, its scales): device memory,
+        // or a host source the stager reads.
+        let host_source = match (
+            self.table_source(&l.source, l.bytes.table, l.layer_id, "table")?,
+            l.scales
+                .as_ref()
+                .map(|sc| self.table_source(sc, l.bytes.scales, l.layer_id, "table's scales"))
+                .transpose()?,
+        ) {
+            (None, None | Some(None)) => None,
+            (Some(codes), None) => Some(codes),
+            // A split table in host memory or files: each staged row is its
+            // codes then its scales, the packed row (which the split format
+            // dequantises as).
+            (Some(codes), Some(Some(scales))) => Some(Source::Split {
+                codes: Box::new(codes),
+                scales: Box::new(scales),
+                crb: l.format.planes(s.geo.hd).0,
+            }),
+            _ => bail!(
                 ErrUnsupported,
-                "weights.wkv dtype {} ({}) is not supported by the CUDA backend in this build (bf16 or f32)",
-                t.name(),
-                t as u32
+                "layer {}: a split fp8 table's codes and scales must both be in device memory or both on the host",
+                l.layer_id
             ),
         };
-        let TableSource::Memory(table) = l.source else {
-            bail!(
-                ErrUnsupported,
-                "the CUDA backend in this build takes a table in device memory, not a file"
-            );
-        };
-        let _scope = self.dev.scope()?;
-        let ord = self.dev.ordinal;
-        let table_bytes = l.bytes.table as usize;
-        driver::check_device_range(table.addr() as u64, table_bytes, ord, "weights.table")?;
-        let scales = match &l.scales {
-            None => 0,
-            Some(TableSource::Memory(r)) => {
-                let n = l.bytes.scales as usize;
-                driver::check_device_range(r.addr() as u64, n, ord, "weights.table_scales")?;
-                r.addr() as u64
+        // wkv: in place on the device, or copied there.
+        let (wkv, wkv_copy) = match self.place(l.wkv.addr()) {
+            Place::Device => {
+                gpu::check_device_range(
+                    &*self.gpu,
+                    l.wkv.addr() as u64,
+                    l.bytes.wkv,
+                    "weights.wkv",
+                )?;
+                (l.wkv.addr() as u64, None)
             }
-            Some(TableSource::File { .. }) => bail!(
-                ErrUnsupported,
-                "the CUDA backend in this build takes a table in device memory, not a file"
-            ),
+            Place::Host => {
+                let b = DevBuf::new(&self.gpu, l.bytes.wkv, "the device copy of weights.wkv")?;
+                // SAFETY: host memory the context lends, sized by its checks;
+                // `b` holds as many bytes.
+                unsafe {
+                    self.gpu.upload(b.ptr, l.wkv.host().as_ptr(), l.bytes.wkv)?;
+                }
+                (b.ptr, Some(b))
+            }
         };
-        driver::check_device_range(l.wkv.addr() as u64, l.bytes.wkv, ord, "weights.wkv")?;
-        driver::check_device_range(l.q.addr() as u64, l.bytes.qk, ord, "weights.q")?;
-        driver::check_device_range(l.k.addr() as u64, l.bytes.qk, ord, "weights.k")?;
+        let qk = self.qk_of(&l)?;
+        if let WkvKind::Quant(f) = wkv_kind {
+            // Compile the quantised-wkv kernels now, not in the first apply.
+            self.gpu.preload(gpu::Kernel::GemvQ(f))?;
+        }
         let mut st = self.state();
-        let qk = self.qk_on_host(l.q.addr() as u64, l.k.addr() as u64, l.qk_type)?;
-        if wkv_f32 && st.rows32.is_none() {
-            let m = self.max_tokens;
-            let (k_in, k_out) = (self.shape.k_in, self.shape.k_out);
+        let (m, k_in, k_out) = (self.max_tokens, s.k_in, s.k_out);
+        if wkv_kind == WkvKind::F32 && st.rows32.is_none() {
             st.rows32 = Some(DevBuf::new(
-                self.dev.ctx,
+                &self.gpu,
                 m.checked_mul(k_in * 4)
                     .ok_or_else(|| overflow("f32 rows"))?,
                 "f32 rows",
             )?);
             st.kv32 = Some(DevBuf::new(
-                self.dev.ctx,
+                &self.gpu,
                 m.checked_mul(k_out * 4).ok_or_else(|| overflow("f32 kv"))?,
                 "f32 kv",
             )?);
         }
-        // SAFETY: the context is current; `qk[li]` holds `qk.len()` floats.
-        unsafe {
-            check(sys::cuCtxSynchronize(), "waiting for the device")?;
-            check(
-                sys::cuMemcpyHtoD_v2(self.qk[li].ptr, qk.as_ptr() as *const c_void, qk.len() * 4),
-                "uploading q * k",
-            )?;
+        if matches!(wkv_kind, WkvKind::Quant(_)) && st.tile.is_none() {
+            // A multiple of 8 rows, so that each tile's kv columns start
+            // 16-byte aligned for cuBLAS.
+            let rows = (TILE_BYTES / (2 * k_in) / 8 * 8).clamp(8.min(k_out), k_out);
+            st.tile = Some((
+                DevBuf::new(&self.gpu, rows * k_in * 2, "the dequantised wkv tile")?,
+                rows,
+            ));
         }
-        st.layers[li] = Some(DevLayer {
+        self.gpu.synchronize()?;
+        let table = match host_source {
+            None => {
+                // The stager forgets a host table this layer had (and waits
+                // for any gather still reading it).
+                self.stager
+                    .set_source(li, Source::memory(&[]), l.format, rb);
+                let addr = |src: &TableSource<'_>| match src {
+                    TableSource::Memory(r) => r.addr() as u64,
+                    TableSource::File { .. } => unreachable!("a file is a host table"),
+                };
+                TableLoc::Device {
+                    table: addr(&l.source),
+                    scales: l.scales.as_ref().map_or(0, addr),
+                }
+            }
+            Some(src) => {
+                let cells = m.checked_mul(s.cols).ok_or_else(|| overflow("staging"))?;
+                let rows = DevBuf::new(
+                    &self.gpu,
+                    cells.checked_mul(rb).ok_or_else(|| overflow("staging"))?,
+                    "the staged table rows",
+                )?;
+                let ids = DevBuf::new(&self.gpu, cells * 8, "the staged row ids")?;
+                // No position is staged yet: an id no row has.
+                // SAFETY: our own allocation of `cells` ids.
+                unsafe { self.gpu.memset(ids.ptr, 0x80, cells * 8)? };
+                let st = &mut *st;
+                Self::grow_slots_in(&self.gpu, st, m, s.cols, rb)?;
+                let gen = self.stager.set_source(li, src, l.format, rb);
+                TableLoc::Host { gen, rows, ids }
+            }
+        };
+        // SAFETY: `qk[li]` holds `qk.len()` floats.
+        unsafe {
+            self.gpu
+                .upload(self.qk[li].ptr, qk.as_ptr() as *const u8, qk.len() * 4)?;
+        }
+        st.layers[li] = Some(Arc::new(DevLayer {
             layer_id: l.layer_id,
-            table: table.addr() as u64,
-            scales,
             rows: l.rows,
             format: l.format,
-            wkv: l.wkv.addr() as u64,
-            wkv_f32,
-        });
+            row_bytes: rb,
+            table,
+            wkv,
+            wkv_kind,
+            wkv_copy,
+        }));
         Ok(())
     }
 
-    fn stage(&self, _li: usize, _live: &LiveIds) -> Result<()> {
-        // Device tables need no staging: the gather kernel reads them.
-        Ok(())
+    fn stage(&self, li: usize, live: &LiveIds) -> Result<()> {
+        let st = self.state();
+        match st.layers[li].as_deref() {
+            Some(DevLayer {
+                table: TableLoc::Host { .. },
+                ..
+            }) => {
+                drop(st);
+                self.stager.stage(li, &live.ids)
+            }
+            // Device tables need no staging: the gather kernel reads them.
+            _ => Ok(()),
+        }
+    }
+
+    fn stage_device(
+        &self,
+        li: usize,
+        all: &[i64],
+        live: &LiveIds,
+        n: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        self.stage_rows(li, all, live, n, stream)
     }
 
     fn apply(&self, li: usize, call: ApplyIn<'_>) -> Result<()> {
         let hw = (call.highway.addr() as u64, call.highway_type);
-        self.enqueue(li, call.ids, call.n, Some(hw), call.stream)
+        let mut st = self.state();
+        self.enqueue(&mut st, li, call.ids, call.n, Some(hw), call.stream)
     }
 
     /// The pipeline's intermediate results for all `n` tokens: runs on the
     /// legacy default stream and waits.
     fn read_back(&self, li: usize, ids: Ids<'_>, n: usize) -> Result<ReadBack> {
-        self.enqueue(li, ids, n, None, std::ptr::null_mut())?;
+        let mut st = self.state();
+        self.enqueue(&mut st, li, ids, n, None, std::ptr::null_mut())?;
         let (k_in, k_out) = (self.shape.k_in, self.shape.k_out);
-        let st = self.state();
-        let _scope = self.dev.scope()?;
-        let f32_path = st.layers[li].is_some_and(|l| l.wkv_f32);
+        let f32_path = st.layers[li]
+            .as_ref()
+            .is_some_and(|l| l.wkv_kind == WkvKind::F32);
         let get = |p: u64, bytes: usize| -> Result<Vec<u8>> {
             let mut v = crate::batch::try_vec(bytes, 0u8, "the values read back")?;
             // SAFETY: our buffers hold at least `bytes` (max_tokens >= n).
-            unsafe {
-                check(sys::cuCtxSynchronize(), "waiting for the device")?;
-                check(
-                    sys::cuMemcpyDtoH_v2(v.as_mut_ptr() as *mut c_void, p, bytes),
-                    "reading back",
-                )?;
-            }
+            unsafe { self.gpu.download(v.as_mut_ptr(), p, bytes)? };
             Ok(v)
         };
+        // This call's gather recorded any error in the latch (no gate ran to
+        // move it to the mirror): report it now, and clear it.
+        let raw = get(st.latch.ptr, latch::LATCH_WORDS * 4)?;
+        let rec: [u32; latch::LATCH_WORDS] = std::array::from_fn(|i| {
+            u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]])
+        });
+        if rec[0] != 0 {
+            // SAFETY: our own allocation.
+            unsafe { self.gpu.memset(st.latch.ptr, 0, latch::LATCH_WORDS * 4)? };
+            return Err(latch::error_of(&rec, |l| Self::rows_of(&st, l), ""));
+        }
         let u16s = |v: Vec<u8>| -> Vec<u16> {
             v.chunks_exact(2)
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
@@ -399,7 +643,7 @@ impl<'w> Backend<'w> for CudaBackend {
                 })
                 .collect()
         };
-        let out = if f32_path {
+        Ok(if f32_path {
             let r = get(st.rows32.as_ref().expect("f32 layer").ptr, n * k_in * 4)?;
             let k = get(st.kv32.as_ref().expect("f32 layer").ptr, n * k_out * 4)?;
             ReadBack {
@@ -411,57 +655,15 @@ impl<'w> Backend<'w> for CudaBackend {
                 rows: u16s(get(st.rows.ptr, n * k_in * 2)?),
                 kv: u16s(get(st.kv.ptr, n * k_out * 2)?),
             }
-        };
-        // This call's gather recorded any error in the latch (no gate ran to
-        // move it to the mirror): report it now, and clear it.
-        let raw = get(st.latch.ptr, latch::LATCH_WORDS * 4)?;
-        let rec: [u32; latch::LATCH_WORDS] = std::array::from_fn(|i| {
-            u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]])
-        });
-        if rec[0] != 0 {
-            // SAFETY: our own allocation, current context.
-            unsafe {
-                check(
-                    sys::cuMemsetD8_v2(st.latch.ptr, 0, latch::LATCH_WORDS * 4),
-                    "clearing the error latch",
-                )?;
-                check(sys::cuCtxSynchronize(), "waiting for the device")?;
-            }
-            let rows = |layer: u32| {
-                st.layers
-                    .iter()
-                    .flatten()
-                    .find(|l| l.layer_id == layer)
-                    .map_or(0, |l| l.rows)
-            };
-            return Err(latch::error_of(&rec, rows, ""));
-        }
-        Ok(out)
+        })
     }
 
     /// Wait for `stream`, then report any asynchronous CUDA error and any error
     /// the device recorded for this context's calls.
     fn check(&self, stream: Stream) -> Result<()> {
         let st = self.state();
-        let _scope = self.dev.scope()?;
-        // SAFETY: the caller's stream (or NULL: the legacy default stream).
-        unsafe {
-            check(
-                sys::cuStreamSynchronize(stream as sys::CUstream),
-                "an earlier call's work on this stream failed (cuStreamSynchronize)",
-            )?;
-        }
+        self.gpu.stream_synchronize(stream)?;
         self.take_device_error(&st)
-    }
-}
-
-impl CudaBackend {
-    /// The highway's element type as the gate kernels are named.
-    fn gate_index(t: HighwayType) -> usize {
-        match t {
-            HighwayType::F32 => 0,
-            HighwayType::Bf16 => 1,
-        }
     }
 }
 
@@ -469,11 +671,6 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         // Work queued by this context may still read its buffers: wait for the
         // device before they are freed (the fields drop after this).
-        if let Ok(_s) = self.dev.scope() {
-            // SAFETY: plain synchronisation of the current context.
-            unsafe {
-                let _ = sys::cuCtxSynchronize();
-            }
-        }
+        let _ = self.gpu.synchronize();
     }
 }

@@ -34,9 +34,10 @@ pub struct EngramConfig {
     /// runs on the device, on the caller's device pointers and CUDA stream (see
     /// `engram_set_layer`, `engram_apply`, `engram_apply_device_ids`,
     /// `engram_check`). `engram_create` with CUDA loads the driver (a machine
-    /// without one gets `ENGRAM_STATUS_ERR_DEVICE`), compiles the kernels with
-    /// NVRTC for the device (libnvrtc and libcublas must be loadable) and
-    /// allocates every device workspace for `max_tokens`.
+    /// without one gets `ENGRAM_STATUS_ERR_DEVICE`), loads NVRTC and cuBLAS of
+    /// CUDA 13 or 12 (whichever is there, never newer than the driver; see the
+    /// README for where they are looked for), compiles the kernels for the
+    /// device and allocates every device workspace for `max_tokens`.
     pub backend: u32,
     /// CUDA device ordinal (ignored by the CPU backend). The context uses that
     /// device's primary context, the one the CUDA runtime and PyTorch use.
@@ -125,8 +126,12 @@ impl EngramConfig {
 /// One engram layer's weights for `engram_set_layer`. All pointers are
 /// borrowed: they must stay valid and unchanged until the layer is set again
 /// or the context is freed. Nothing is copied except `q * k` (`hc * D` floats).
-/// With the CUDA backend every pointer is device memory of the context's
-/// device (`wkv` bf16 or f32; any table format). Every field is plain data.
+/// With the CUDA backend `table` is device memory of the context's device, or
+/// host memory (the rows a call needs are then gathered on the host and
+/// copied to the device: see `engram_prefetch` and `engram_stage`); `wkv` is
+/// device memory, or host memory that is copied to the device once, here (any
+/// `wkv_type`); `q` and `k` are device or host memory, read here. Every field
+/// is plain data.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramLayerWeights {
@@ -393,20 +398,28 @@ fn highway<'a>(p: *mut c_void, ty: u32) -> Result<Highway<'a>> {
 /// ignored by the CPU backend. On error the highway is unchanged.
 ///
 /// CUDA backend: `row_ids` is host memory, checked here as on the CPU, then
-/// staged through pinned memory and copied on `stream`; `highway` is device
-/// memory; `stream` is a `CUstream` / `cudaStream_t` of the context's device
-/// (NULL: the legacy default stream). The call queues its work on `stream` and
-/// returns without waiting for it (it waits only when `stream` is 4 or more
-/// host-id calls behind, for the oldest staged copy) and allocates nothing.
-/// Calls on one context share its workspaces: order them (one stream, or
-/// streams the engine orders). Host row ids cannot be captured in a CUDA graph
-/// (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT` while `stream` is capturing): use
-/// `engram_apply_device_ids`. An error the kernels find (a NaN code in an fp8
-/// row) leaves that token untouched; it is reported, once, by a later
-/// `engram_apply` or `engram_apply_device_ids` on this context when the device
-/// has run that work (that later call then does nothing), and by
-/// `engram_check`. A CUDA error (an illegal address, ...) is reported as
-/// `ENGRAM_STATUS_ERR_DEVICE` by the next call that reaches the driver.
+/// staged through pinned memory and copied on `stream` (with a host table,
+/// the rows too: gathered here, or taken from an `engram_prefetch` of the same
+/// ids); `highway` is device memory; `stream` is a `CUstream` /
+/// `cudaStream_t` of the context's device. NULL is the legacy default
+/// stream: an engine built with per-thread default streams
+/// (`--default-stream per-thread`) must pass `cudaStreamPerThread` instead, and
+/// a call on the legacy stream while another stream captures a graph in
+/// global mode invalidates that capture. The call queues its work on `stream`
+/// and returns without waiting for it (it waits only when `stream` is 4 or
+/// more host-id calls behind, for the oldest staged copy) and allocates
+/// nothing. Calls on one context share its workspaces: order them (one stream,
+/// or streams the engine orders). Host row ids cannot be captured in a CUDA
+/// graph (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT` while `stream` is capturing):
+/// use `engram_apply_device_ids`. An error the kernels find (invalid row data,
+/// a bad device row id) leaves that token untouched; the first one of a call,
+/// in the order the CPU backend checks (row ids before row data, then by
+/// token, then by column), is reported, once, by a later `engram_apply` or
+/// `engram_apply_device_ids` on this context when the device has run that
+/// work (that later call then does nothing), and by `engram_check`; errors of
+/// later calls before it is reported are dropped. A CUDA error (an illegal
+/// address, ...) is reported as `ENGRAM_STATUS_ERR_DEVICE` by the next call
+/// that reaches the driver.
 ///
 /// `ctx` as in `engram_free`; `row_ids` and `highway` must hold the sizes above.
 #[no_mangle]
@@ -436,8 +449,10 @@ pub extern "C" fn engram_apply(
 /// engine re-fills the same buffer. The ids are checked on the device: a token
 /// with a row id outside the table or only partly `ENGRAM_ROW_ID_DEAD` is left
 /// untouched and the first such error is reported as `engram_apply` reports
-/// errors the kernels find (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`). The CPU
-/// backend returns `ENGRAM_STATUS_ERR_UNSUPPORTED`.
+/// errors the kernels find (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`). With a table
+/// in host memory the rows are read from the layer's device staging buffer,
+/// which `engram_stage` fills for the same ids before the call (or replay).
+/// The CPU backend returns `ENGRAM_STATUS_ERR_UNSUPPORTED`.
 ///
 /// `ctx` as in `engram_free`; `row_ids` and `highway` must be device memory of
 /// the sizes above, `stream` a stream of the context's device or NULL.
@@ -506,8 +521,9 @@ pub extern "C" fn engram_read_back(
 /// Wait for `stream` (CUDA backend; NULL: the legacy default stream) and report
 /// what went wrong in the work this context queued: an asynchronous CUDA error
 /// (`ENGRAM_STATUS_ERR_DEVICE`) or an error the kernels found in the row ids or
-/// rows (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`, `ENGRAM_STATUS_ERR_INVALID_DATA`;
-/// reported once). `ENGRAM_STATUS_OK` when all is well, and always on the CPU
+/// rows (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`, `ENGRAM_STATUS_ERR_INVALID_DATA`,
+/// or `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` for a host table's row that
+/// `engram_stage` did not stage; reported once). `ENGRAM_STATUS_OK` when all is well, and always on the CPU
 /// backend. It synchronises, so it is not for a captured step.
 ///
 /// `ctx` as in `engram_free`; `stream` a stream of the context's device or NULL.
@@ -525,8 +541,9 @@ pub extern "C" fn engram_check(ctx: *mut EngramContext, stream: *mut c_void) -> 
 /// prefetched reads the table itself. The ids are checked here as
 /// `engram_apply` checks them (nothing changes on error); a read that fails
 /// later (an I/O error on a file-backed table) is returned by that apply as
-/// `ENGRAM_STATUS_ERR_IO`. Host tables only (CPU backend; a no-op for device
-/// tables on CUDA).
+/// `ENGRAM_STATUS_ERR_IO`. Host tables only, on either backend (a no-op for a
+/// table in device memory on CUDA); the CUDA backend then copies the gathered
+/// rows to the device in the apply.
 ///
 /// `ctx` as in `engram_free`; `row_ids` must hold
 /// `n_tokens * engram_row_ids_per_token(ctx)` elements.
@@ -542,5 +559,40 @@ pub extern "C" fn engram_prefetch(
         let n = n_tokens as usize;
         let ids = slice(row_ids, n * c.ids_per_token(), "row_ids")?;
         c.prefetch(layer_id, ids, n)
+    })
+}
+
+/// Stage the table rows of engram layer `layer_id` for a step's `row_ids`
+/// (host memory, `[n_tokens, n_layers, C]`, as `engram_hash` wrote them) where
+/// a later `engram_apply_device_ids` on `stream` reads them: the step of a
+/// CUDA graph whose layer's table is in host memory or a file. The CUDA
+/// backend gathers the rows on the host now (waiting for an
+/// `engram_prefetch` of the same ids if there was one), and queues their copy
+/// into the layer's device staging buffer (a fixed device address, captured
+/// into the graph) on `stream`; call it before each replay, on the graph's
+/// stream (or one the engine orders before it). The graph's kernels check
+/// each position's staged id against the device row ids they are given: a
+/// row that was not staged is reported as `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`
+/// (found on the device). Not while `stream` is capturing. For a table in
+/// device memory, nothing needs staging (`ENGRAM_STATUS_OK`); on the CPU
+/// backend it starts the gather as `engram_prefetch` does. The ids are
+/// checked here as `engram_apply` checks them.
+///
+/// `ctx` as in `engram_free`; `row_ids` must hold
+/// `n_tokens * engram_row_ids_per_token(ctx)` elements; `stream` a stream of
+/// the context's device or NULL.
+#[no_mangle]
+pub extern "C" fn engram_stage(
+    ctx: *mut EngramContext,
+    layer_id: u32,
+    row_ids: *const i64,
+    n_tokens: u32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        let n = n_tokens as usize;
+        let ids = slice(row_ids, n * c.ids_per_token(), "row_ids")?;
+        c.stage(layer_id, ids, n, stream)
     })
 }

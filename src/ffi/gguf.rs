@@ -16,7 +16,9 @@ use std::ffi::c_char;
 pub struct EngramGgufOptions {
     /// `sizeof(engram_gguf_options)` of the caller's header (set by `engram_gguf_options_init`).
     pub struct_size: usize,
-    /// `ENGRAM_BACKEND_CPU` (the GGUF loader serves host tables to the CPU backend).
+    /// `ENGRAM_BACKEND_CPU`, or `ENGRAM_BACKEND_CUDA`: the tables stay in the
+    /// file (rows read on the host and copied to the device per call, see
+    /// `engram_prefetch`), `wkv` is copied to the device at create.
     pub backend: u32,
     /// CUDA device ordinal (ignored by the CPU backend).
     pub device: i32,
@@ -128,12 +130,8 @@ pub extern "C" fn engram_create_from_gguf(
             "options",
         )?;
         non_null(out, "out")?;
-        if o.backend != EngramBackend::Cpu as u32 {
-            bail!(
-                ErrUnsupported,
-                "engram_create_from_gguf serves host tables to the CPU backend; backend {} is not supported here",
-                o.backend
-            );
+        if o.backend != EngramBackend::Cpu as u32 && o.backend != EngramBackend::Cuda as u32 {
+            bail!(ErrUnsupported, "unknown backend {}", o.backend);
         }
         let (companion, tokenizer) = companions(o.config_json, o.tokenizer_json)?;
         let tables_dir = if o.tables_dir.is_null() {

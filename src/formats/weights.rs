@@ -46,9 +46,10 @@ pub enum WeightFormat {
 
 impl WeightFormat {
     /// The format of a weight of type `ty` whose rows hold `row_len` values
-    /// (for `wkv`, `[D*(hc+1), C*Hd]`, that is `C*Hd`): f32, bf16, or one of
-    /// `q8_0`, `q4_0`, `q2_K` ... `q6_K` with `row_len` a whole number of
-    /// blocks. Anything else is `ErrUnsupported`, naming `what`.
+    /// (for `wkv`, `[D*(hc+1), C*Hd]`, that is `C*Hd`): f32, bf16, or read in
+    /// place: f16 (ds4's GGUFs carry `wkv` so) or one of `q8_0`, `q4_0`,
+    /// `q2_K` ... `q6_K` with `row_len` a whole number of blocks. Anything
+    /// else is `ErrUnsupported`, naming `what`.
     pub fn new(ty: u32, row_len: usize, what: &str) -> Result<WeightFormat> {
         let Some(t) = EngramType::from_u32(ty) else {
             bail!(ErrUnsupported, "unknown {what} dtype {ty}");
@@ -56,7 +57,8 @@ impl WeightFormat {
         match t {
             EngramType::F32 => Ok(WeightFormat::Dense(WeightDtype::F32)),
             EngramType::Bf16 => Ok(WeightFormat::Dense(WeightDtype::Bf16)),
-            EngramType::Q8_0
+            EngramType::F16
+            | EngramType::Q8_0
             | EngramType::Q4_0
             | EngramType::Q2_K
             | EngramType::Q3_K
@@ -68,9 +70,9 @@ impl WeightFormat {
                 })?;
                 Ok(WeightFormat::Quant(f))
             }
-            EngramType::F16 | EngramType::Fp8E4m3E8m0 | EngramType::Fp8E4m3E8m0Split => bail!(
+            EngramType::Fp8E4m3E8m0 | EngramType::Fp8E4m3E8m0Split => bail!(
                 ErrUnsupported,
-                "{what} dtype {} ({ty}) is not supported (f32, bf16, q8_0, q4_0 or q2_K..q6_K)",
+                "{what} dtype {} ({ty}) is not supported (f32, bf16, f16, q8_0, q4_0 or q2_K..q6_K)",
                 t.name()
             ),
         }
@@ -105,15 +107,18 @@ pub enum Weights<'a> {
 }
 
 impl<'a> Weights<'a> {
-    /// A quantised weight over `data`, checked: `format` is a GGUF block format,
-    /// `row_len` a positive whole number of its blocks and `data` whole rows.
+    /// A weight read in place over `data`, checked: `format` is f16 or a GGUF
+    /// block format, `row_len` a positive whole number of its blocks and
+    /// `data` whole rows.
     pub fn quant(format: EngramType, data: &'a [u8], row_len: usize) -> Result<Weights<'a>> {
-        let Some((bl, _)) = format.block() else {
-            bail!(
+        let bl = match (format, format.block()) {
+            (EngramType::F16, _) => 1,
+            (_, Some((bl, _))) => bl,
+            _ => bail!(
                 ErrUnsupported,
-                "quantised weights are GGUF block formats, not {}",
+                "weights read in place are f16 or GGUF block formats, not {}",
                 format.name()
-            );
+            ),
         };
         if row_len == 0 || !row_len.is_multiple_of(bl) {
             bail!(
@@ -221,7 +226,8 @@ fn quant_to_f32(
     // Dequantise whole units `u0..u0 + k` into `o` (k * ul values).
     let units = |u0: usize, k: usize, o: &mut [f32]| {
         let bytes = &data[u0 * ub..(u0 + k) * ub];
-        if format.is_gguf_block() {
+        if format.is_gguf_block() || format == EngramType::F16 {
+            // Written in full whatever the values (non-finite ones included).
             let _ = dequant_row_f32(format, bytes, o);
         } else {
             for (b, o) in bytes.chunks_exact(ub).zip(o.chunks_exact_mut(ul)) {

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod bounds;
+pub mod device;
 
 use engram::formats::f32_to_bf16;
 use engram::{
@@ -61,8 +62,16 @@ pub fn values(name: &str, n: usize, scale: f32, offset: f32) -> Vec<f32> {
 
 // ---- the golden files ----
 
+/// The source tree: `ENGRAM_SOURCE_ROOT` when set (a test binary carried to
+/// another machine, `scripts/gpu-check.sh`), else where it was compiled.
+pub fn source_root() -> PathBuf {
+    std::env::var_os("ENGRAM_SOURCE_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 pub fn golden_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/data")
+    source_root().join("tests/golden/data")
 }
 
 pub fn load_json(name: &str) -> Value {

@@ -1,0 +1,171 @@
+// The projection with a quantised (or f16) wkv, read in place: rows of
+// row_bytes bytes, each `k` values in one format (ENG_F16, or the GGUF blocks
+// ENG_Q8_0, ENG_Q4_0, ENG_Q2_K ... ENG_Q6_K), whose values are exactly ggml's
+// dequantised f32 values (engram_common.cuh, as src/formats dequantises them).
+//
+// - engram_gemv_q_<format> (up to ENG_GEMV_MAX tokens, `nt` at run time;
+//   bandwidth-bound): each warp computes ENG_GEMV_ROWS output rows for all nt
+//   tokens, dequantising each weight in registers as the FMAs need it:
+//   kv[t][o] = bf16(sum_k rows[t][k] * w[o][k]), f32 products and sums, as the
+//   CPU backend's quantised path computes (its f32 path on the same values),
+//   in another order. Needs k % 32 == 0 and `rows` 16-byte aligned (the host
+//   checks). One kernel per format, its dequantisation specialised; the token
+//   loop is unrolled to ENG_GEMV_MAX with a uniform guard, so one kernel
+//   serves every token count (the code stays small enough for NVRTC to
+//   compile in seconds).
+// - engram_dequant_bf16: rows row0 .. row0 + n_rows of wkv to bf16 (nearest
+//   even) into a tile, which cuBLAS then multiplies (larger batches); the
+//   rounding of the weights to bf16 is in the bound the tests state.
+#include "engram_common.cuh"
+
+// Value i of a wkv row, as f32.
+__device__ __forceinline__ float eng_wkv_value(eng_u32 fmt, const eng_u8 *row, eng_u32 i) {
+    switch (fmt) {
+    case ENG_F16: return eng_f16_at(row + 2u * i);
+    case ENG_Q8_0: return eng_q8_0(row + (i / ENG_Q8_0_BLOCK) * ENG_Q8_0_BLOCK_BYTES, i % ENG_Q8_0_BLOCK);
+    case ENG_Q4_0: return eng_q4_0(row + (i / ENG_Q4_0_BLOCK) * ENG_Q4_0_BLOCK_BYTES, i % ENG_Q4_0_BLOCK);
+    case ENG_Q2_K: return eng_q2_k(row + (i / ENG_Q2_K_BLOCK) * ENG_Q2_K_BLOCK_BYTES, i % ENG_Q2_K_BLOCK);
+    case ENG_Q3_K: return eng_q3_k(row + (i / ENG_Q3_K_BLOCK) * ENG_Q3_K_BLOCK_BYTES, i % ENG_Q3_K_BLOCK);
+    case ENG_Q4_K: return eng_q4_k(row + (i / ENG_Q4_K_BLOCK) * ENG_Q4_K_BLOCK_BYTES, i % ENG_Q4_K_BLOCK);
+    case ENG_Q5_K: return eng_q5_k(row + (i / ENG_Q5_K_BLOCK) * ENG_Q5_K_BLOCK_BYTES, i % ENG_Q5_K_BLOCK);
+    case ENG_Q6_K: return eng_q6_k(row + (i / ENG_Q6_K_BLOCK) * ENG_Q6_K_BLOCK_BYTES, i % ENG_Q6_K_BLOCK);
+    default: return 0.f;
+    }
+}
+
+// Values 8c .. 8c + 7 of the 32-value unit u of a wkv row in format FMT,
+// exactly eng_wkv_value's: eight values share one block and one sub-block
+// scale, which are read and converted once.
+template <eng_u32 FMT>
+__device__ __forceinline__ void eng_wkv_8(const eng_u8 *row, eng_u32 u, eng_u32 c, float *v) {
+    const eng_u32 e0 = 32u * u + 8u * c;
+    if (FMT == ENG_F16) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = eng_f16_at(row + 2u * (e0 + (eng_u32)j));
+    } else if (FMT == ENG_Q8_0 || FMT == ENG_Q4_0) {
+        // One block per unit.
+        const eng_u8 *b = row + u * (FMT == ENG_Q8_0 ? ENG_Q8_0_BLOCK_BYTES : ENG_Q4_0_BLOCK_BYTES);
+        const float d = eng_f16_at(b);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const eng_u32 e = 8u * c + (eng_u32)j;
+            float q;
+            if (FMT == ENG_Q8_0) {
+                q = (float)(eng_i8)b[2u + e];
+            } else {
+                q = (float)((eng_i32)(e < 16u ? (b[2u + e] & 0xFu) : (b[2u + e - 16u] >> 4)) - 8);
+            }
+            v[j] = ENG_MUL(q, d);
+        }
+    } else {
+        // K-quants: 256-value blocks; 8 values lie in one sub-block of 16 or 32.
+        const eng_u32 bb = FMT == ENG_Q2_K   ? ENG_Q2_K_BLOCK_BYTES
+                           : FMT == ENG_Q3_K ? ENG_Q3_K_BLOCK_BYTES
+                           : FMT == ENG_Q4_K ? ENG_Q4_K_BLOCK_BYTES
+                           : FMT == ENG_Q5_K ? ENG_Q5_K_BLOCK_BYTES
+                                             : ENG_Q6_K_BLOCK_BYTES;
+        const eng_u8 *b = row + (e0 / 256u) * bb;
+        const eng_u32 el = e0 % 256u;
+        float s1 = 0.f, s2 = 0.f;
+        if (FMT == ENG_Q2_K) eng_q2_k_scale(b, el, &s1, &s2);
+        if (FMT == ENG_Q3_K) s1 = eng_q3_k_scale(b, el);
+        if (FMT == ENG_Q4_K || FMT == ENG_Q5_K) eng_k4_scale(b, el, &s1, &s2);
+        if (FMT == ENG_Q6_K) s1 = eng_q6_k_scale(b, el);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const eng_u32 e = el + (eng_u32)j;
+            if (FMT == ENG_Q2_K) v[j] = eng_q2_k_at(b, e, s1, s2);
+            if (FMT == ENG_Q3_K) v[j] = eng_q3_k_at(b, e, s1);
+            if (FMT == ENG_Q4_K) v[j] = eng_q4_k_at(b, e, s1, s2);
+            if (FMT == ENG_Q5_K) v[j] = eng_q5_k_at(b, e, s1, s2);
+            if (FMT == ENG_Q6_K) v[j] = eng_q6_k_at(b, e, s1);
+        }
+    }
+}
+
+// A bf16 pair of a 32-bit word, as f32.
+__device__ __forceinline__ float eng_lo_bf16(eng_u32 w) { return eng_f32_from_bits(w << 16); }
+__device__ __forceinline__ float eng_hi_bf16(eng_u32 w) { return eng_f32_from_bits(w & 0xFFFF0000u); }
+
+template <eng_u32 FMT>
+__device__ __forceinline__ void eng_gemv_q(const eng_u8 *__restrict__ w, eng_u32 row_bytes,
+                                           const uint4 *__restrict__ rows, eng_u16 *__restrict__ kv,
+                                           eng_u32 n_out, eng_u32 k, eng_u32 nt) {
+    const eng_u64 warp = (eng_u64)blockIdx.x * (blockDim.x / 32u) + threadIdx.x / 32u;
+    const eng_u32 lane = threadIdx.x % 32u;
+    if (warp * ENG_GEMV_ROWS >= n_out) return;
+    const eng_u32 o0 = (eng_u32)(warp * ENG_GEMV_ROWS);
+    const eng_u32 units = k / 32u;
+    const eng_u32 k8 = k / 8u;
+    float acc[ENG_GEMV_ROWS][ENG_GEMV_MAX];
+#pragma unroll
+    for (int r = 0; r < ENG_GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < ENG_GEMV_MAX; t++) acc[r][t] = 0.f;
+    for (eng_u32 u = lane; u < units; u += 32u) {
+#pragma unroll
+        for (int r = 0; r < ENG_GEMV_ROWS; r++) {
+            const eng_u32 o = o0 + r < n_out ? o0 + r : n_out - 1u;
+            const eng_u8 *wr = w + (eng_u64)o * row_bytes;
+#pragma unroll 1
+            for (eng_u32 c = 0; c < 4u; c++) {
+                float wv[8];
+                eng_wkv_8<FMT>(wr, u, c, wv);
+#pragma unroll
+                for (int t = 0; t < ENG_GEMV_MAX; t++) {
+                    if ((eng_u32)t < nt) {
+                        const uint4 xv = rows[(eng_u64)t * k8 + 4u * u + c];
+                        float a = acc[r][t];
+                        a += wv[0] * eng_lo_bf16(xv.x);
+                        a += wv[1] * eng_hi_bf16(xv.x);
+                        a += wv[2] * eng_lo_bf16(xv.y);
+                        a += wv[3] * eng_hi_bf16(xv.y);
+                        a += wv[4] * eng_lo_bf16(xv.z);
+                        a += wv[5] * eng_hi_bf16(xv.z);
+                        a += wv[6] * eng_lo_bf16(xv.w);
+                        a += wv[7] * eng_hi_bf16(xv.w);
+                        acc[r][t] = a;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ENG_GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < ENG_GEMV_MAX; t++) {
+            if ((eng_u32)t < nt) { // uniform across the warp
+                float v = acc[r][t];
+                for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+                if (lane == 0u && o0 + r < n_out) kv[(eng_u64)t * n_out + o0 + r] = eng_f32_to_bf16(v);
+            }
+        }
+}
+
+// Grid: ceil(n_out / (ENG_GEMV_ROWS * ENG_GEMV_THREADS / 32)) blocks of ENG_GEMV_THREADS;
+// nt in 1 .. ENG_GEMV_MAX tokens.
+#define ENG_GEMV_Q_ENTRY(NAME, FMT)                                                                              \
+    extern "C" __global__ void __launch_bounds__(ENG_GEMV_THREADS)                                                \
+        engram_gemv_q_##NAME(const eng_u8 *w, eng_u32 row_bytes, const uint4 *rows, eng_u16 *kv, eng_u32 n_out,  \
+                             eng_u32 k, eng_u32 nt) {                                                            \
+        eng_gemv_q<FMT>(w, row_bytes, rows, kv, n_out, k, nt);                                                   \
+    }
+ENG_GEMV_Q_ENTRY(f16, ENG_F16)
+ENG_GEMV_Q_ENTRY(q8_0, ENG_Q8_0)
+ENG_GEMV_Q_ENTRY(q4_0, ENG_Q4_0)
+ENG_GEMV_Q_ENTRY(q2_k, ENG_Q2_K)
+ENG_GEMV_Q_ENTRY(q3_k, ENG_Q3_K)
+ENG_GEMV_Q_ENTRY(q4_k, ENG_Q4_K)
+ENG_GEMV_Q_ENTRY(q5_k, ENG_Q5_K)
+ENG_GEMV_Q_ENTRY(q6_k, ENG_Q6_K)
+
+// Grid: ceil(n_rows * k / ENG_DEQUANT_THREADS) blocks of ENG_DEQUANT_THREADS;
+// out[r][i] = bf16(value i of wkv row row0 + r), r < n_rows.
+extern "C" __global__ void __launch_bounds__(ENG_DEQUANT_THREADS)
+    engram_dequant_bf16(const eng_u8 *__restrict__ w, eng_u32 fmt, eng_u32 row_bytes, eng_u32 k, eng_u32 row0,
+                        eng_u32 n_rows, eng_u16 *__restrict__ out) {
+    const eng_u64 i = (eng_u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (eng_u64)n_rows * k) return;
+    const eng_u32 r = (eng_u32)(i / k), e = (eng_u32)(i % k);
+    out[i] = eng_f32_to_bf16(eng_wkv_value(fmt, w + (eng_u64)(row0 + r) * row_bytes, e));
+}

@@ -1,0 +1,203 @@
+//! The device the CUDA tests run on: the GPU when there is one, else the
+//! emulation (`engram::cuda::emu`: the kernels of `kernels/` compiled as host
+//! C++ with the SIMT shim of `tests/simt`, under the real `CudaBackend`).
+//!
+//! - `ENGRAM_REQUIRE_GPU=1` (set by `scripts/gpu-check.sh`): the GPU or a
+//!   failure.
+//! - `ENGRAM_TEST_DEVICE=emulated`: the emulation even where there is a GPU.
+//! - Without a GPU and without g++ the tests print why and pass.
+//!
+//! The SIMT library (and its self-test, run by `tests/simt_selftest.rs`) is
+//! built once per source state (a hash of the kernels, the shim and the `-D`
+//! options) into `target/tmp/simt-<hash>/`, under a file lock, so every test
+//! binary of a run shares one build (~20 s).
+
+use engram::cuda::emu::Emulator;
+use engram::cuda::gpu::{DevBuf, Gpu};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+/// A device for the tests.
+#[derive(Clone)]
+pub struct Dev {
+    pub gpu: Arc<dyn Gpu>,
+    /// The emulation, when that is what `gpu` is.
+    pub emu: Option<Arc<Emulator>>,
+}
+
+impl Dev {
+    pub fn is_real(&self) -> bool {
+        self.emu.is_none()
+    }
+
+    pub fn upload<T: Copy>(&self, data: &[T]) -> DevBuf {
+        DevBuf::from_slice(&self.gpu, data, "test data").expect("upload")
+    }
+
+    pub fn alloc(&self, bytes: usize) -> DevBuf {
+        DevBuf::new(&self.gpu, bytes, "test data").expect("alloc")
+    }
+}
+
+fn say_once(what: &str) {
+    static SAID: OnceLock<()> = OnceLock::new();
+    SAID.get_or_init(|| {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{what}");
+    });
+}
+
+fn require_gpu() -> bool {
+    std::env::var("ENGRAM_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// The GPU, if there is one (and the tests may use it).
+pub fn real() -> Option<Dev> {
+    static REAL: OnceLock<Option<Dev>> = OnceLock::new();
+    REAL.get_or_init(|| {
+        if std::env::var("ENGRAM_TEST_DEVICE").is_ok_and(|v| v == "emulated") && !require_gpu() {
+            return None;
+        }
+        match engram::cuda::probe() {
+            Ok(desc) => {
+                let gpu = engram::cuda::driver::RealGpu::open(0).expect("open device 0");
+                println!("GPU: {desc}; {}", gpu.describe());
+                Some(Dev { gpu, emu: None })
+            }
+            Err(why) => {
+                assert!(!require_gpu(), "ENGRAM_REQUIRE_GPU=1 but: {why}");
+                None
+            }
+        }
+    })
+    .clone()
+}
+
+/// The GPU if there is one, else the emulation; `None` (having said why)
+/// when neither can be had.
+pub fn device() -> Option<Dev> {
+    if let Some(d) = real() {
+        return Some(d);
+    }
+    emulated()
+}
+
+/// The emulation (never the GPU); not in the GPU check (`ENGRAM_REQUIRE_GPU=1`),
+/// whose time is the GPU's.
+pub fn emulated() -> Option<Dev> {
+    static EMU: OnceLock<Option<Dev>> = OnceLock::new();
+    if require_gpu() {
+        say_once("SKIP: emulation-only tests in the GPU check (ENGRAM_REQUIRE_GPU=1)");
+        return None;
+    }
+    EMU.get_or_init(|| match simt_library() {
+        Err(e) => panic!("the SIMT emulation could not be built: {e}"),
+        Ok(Some(p)) => {
+            let emu = Emulator::load(&p).unwrap_or_else(|e| panic!("{}", e.message));
+            let gpu: Arc<dyn Gpu> = emu.clone();
+            Some(Dev {
+                gpu,
+                emu: Some(emu),
+            })
+        }
+        Ok(None) => {
+            say_once("SKIP: the emulated CUDA tests: no g++ (CXX) to build the SIMT emulation");
+            None
+        }
+    })
+    .clone()
+}
+
+fn fnv(h: &mut u64, bytes: &[u8]) {
+    for &b in bytes {
+        *h ^= b as u64;
+        *h = h.wrapping_mul(0x100000001b3);
+    }
+}
+
+/// `libengram_simt.so` for this tree's kernels, built if needed
+/// (`ENGRAM_SIMT_LIB` names a prebuilt one); `Ok(None)` without a compiler.
+pub fn simt_library() -> Result<Option<PathBuf>, String> {
+    static LIB: OnceLock<Result<Option<PathBuf>, String>> = OnceLock::new();
+    LIB.get_or_init(build_simt).clone()
+}
+
+fn build_simt() -> Result<Option<PathBuf>, String> {
+    if let Some(p) = std::env::var_os("ENGRAM_SIMT_LIB") {
+        return Ok(Some(PathBuf::from(p)));
+    }
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    if Command::new(&cxx).arg("--version").output().is_err() {
+        return Ok(None);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let fmad = if cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("fma") {
+        "1"
+    } else {
+        "0"
+    };
+    let defines = engram::cuda::kernels::defines();
+    let mut h = 0xcbf29ce484222325u64;
+    for dir in ["kernels", "tests/simt"] {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
+            .map_err(|e| format!("{dir}: {e}"))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        for f in files {
+            fnv(&mut h, f.file_name().unwrap().to_string_lossy().as_bytes());
+            fnv(
+                &mut h,
+                &std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?,
+            );
+        }
+    }
+    fnv(&mut h, defines.join(" ").as_bytes());
+    fnv(&mut h, engram::cuda::kernels::OPTIONS.join(" ").as_bytes());
+    fnv(&mut h, fmad.as_bytes());
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let dir = base.join(format!("simt-{h:016x}"));
+    let lib = dir.join("libengram_simt.so");
+    if lib.exists() {
+        return Ok(Some(lib));
+    }
+    std::fs::create_dir_all(&base).map_err(|e| e.to_string())?;
+    // One build at a time across the test binaries of a run.
+    let lock = std::fs::File::create(base.join("simt.lock")).map_err(|e| e.to_string())?;
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: flock on a descriptor we own; released when it closes.
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+    }
+    if lib.exists() {
+        return Ok(Some(lib));
+    }
+    let tmp = base.join(format!("simt-{h:016x}.tmp"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let t0 = std::time::Instant::now();
+    let out = Command::new("bash")
+        .arg(root.join("tests/simt/build.sh"))
+        .arg(&tmp)
+        .args(&defines)
+        .env("FMAD", fmad)
+        .output()
+        .map_err(|e| format!("running tests/simt/build.sh: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "tests/simt/build.sh failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    std::fs::write(tmp.join("defines.txt"), defines.join(" ")).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, &dir).map_err(|e| e.to_string())?;
+    eprintln!(
+        "built the SIMT emulation in {:.1} s: {}",
+        t0.elapsed().as_secs_f64(),
+        lib.display()
+    );
+    Ok(Some(lib))
+}

@@ -1,0 +1,45 @@
+// The engram kernels, unmodified, as host C++: the translation unit the CUDA
+// backend hands NVRTC (src/cuda/kernels.rs MODULE_MAIN: gather.cu, gate.cu,
+// gemv.cu, gemv_q.cu, in that order; build.sh checks the list against it and against
+// kernels/*.cu), preceded by the SIMT shim, followed by the kernel registry.
+//
+// Built by build.sh in two passes: the first (SIMT_REGISTRY_INC undefined)
+// only lists the functions that __global__ put into the section simt_kernels;
+// the second includes the registry generated from that list.
+#include "simt.h"
+
+// The kernels are compiled with -Wall -Wextra -Werror like the rest. Warnings
+// they raise on the host that cannot be fixed without editing them are
+// switched off here, around the includes only:
+//   -Wunknown-pragmas: `#pragma unroll` is NVRTC's; g++ does not know it (it
+//   unrolls on its own at -O2; the pragma changes no result). g++ 12 ignores
+//   `#pragma GCC diagnostic` for this warning in C++ (GCC PR 53431, fixed in
+//   13), so build.sh also passes -Wno-unknown-pragmas for this file.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunknown-pragmas"
+#include "gather.cu"
+#include "gate.cu"
+#include "gemv.cu"
+#include "gemv_q.cu"
+#pragma GCC diagnostic pop
+
+#define SIMT_REGISTER(k)                                                                                         \
+    {#k, SIMT_ENTRY(k), reinterpret_cast<const void *>(&k), simt::Thunk<decltype(&k), &k>::nparams,               \
+     simt::Thunk<decltype(&k), &k>::sizes},
+
+extern "C" const simt_registry_entry simt_registry[] = {
+#ifdef SIMT_REGISTRY_INC
+#include SIMT_REGISTRY_INC
+#endif
+    {nullptr, nullptr, nullptr, 0, nullptr}};
+
+#if defined(__FMA__) && defined(SIMT_FMAD) && SIMT_FMAD
+extern "C" const int simt_kernels_use_fma = 1;
+#else
+extern "C" const int simt_kernels_use_fma = 0;
+#endif
+
+#ifndef SIMT_BUILD_INFO
+#define SIMT_BUILD_INFO "unknown"
+#endif
+extern "C" const char simt_kernels_build_info[] = SIMT_BUILD_INFO;
