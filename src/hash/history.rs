@@ -29,14 +29,20 @@ impl SeqHistory {
 
     /// Make `pos` writable, allocating fallibly: an allocation failure is an
     /// error status, not an abort. Adds only pages of unset entries, which
-    /// `get` cannot tell from no page.
-    fn reserve(&mut self, pos: usize) -> Result<()> {
+    /// `get` cannot tell from no page. Returns what it changed, for
+    /// [`SeqHistory::unreserve`].
+    fn reserve(&mut self, pos: usize) -> Result<Reserved> {
         let pi = pos / PAGE;
         let oom = || {
             Error::new(
                 crate::EngramStatus::ErrCapacity,
                 format!("out of memory for the history at position {pos}"),
             )
+        };
+        let r = Reserved {
+            page: pi,
+            old_len: self.pages.len(),
+            old_cap: self.pages.capacity(),
         };
         if self.pages.len() <= pi {
             self.pages
@@ -46,22 +52,47 @@ impl SeqHistory {
         }
         if self.pages[pi].is_none() {
             let mut v: Vec<i32> = Vec::new();
-            v.try_reserve_exact(PAGE).map_err(|_| oom())?;
+            if v.try_reserve_exact(PAGE).is_err() {
+                self.unreserve(&r);
+                return Err(oom());
+            }
             v.resize(PAGE, UNSET);
             self.pages[pi] = Some(v.into_boxed_slice());
         }
-        Ok(())
+        Ok(r)
     }
 
-    /// Reserve `pos`, write `v` there and return what it held.
+    /// Undo a [`SeqHistory::reserve`] whose page holds nothing but unset
+    /// entries again: free the page, and give back the page table's growth.
+    fn unreserve(&mut self, r: &Reserved) {
+        if let Some(p) = self.pages.get_mut(r.page) {
+            *p = None;
+        }
+        if self.pages.len() > r.old_len {
+            self.pages.truncate(r.old_len);
+        }
+        if self.pages.capacity() > r.old_cap {
+            // Moved into an allocation of the old size (fallibly: should even
+            // that fail, the larger table stays, holding nothing extra).
+            let mut v = Vec::new();
+            if v.try_reserve_exact(r.old_cap).is_ok() {
+                v.extend(self.pages.drain(..));
+                self.pages = v;
+            }
+        }
+    }
+
+    /// Reserve `pos`, write `v` there and return what it held, and what the
+    /// reservation changed when it had to allocate.
     #[inline]
-    fn claim(&mut self, pos: usize, v: i32) -> Result<i32> {
+    fn claim(&mut self, pos: usize, v: i32) -> Result<(i32, Option<Reserved>)> {
         let pi = pos / PAGE;
+        let mut r = None;
         if !matches!(self.pages.get(pi), Some(Some(_))) {
-            self.reserve(pos)?;
+            r = Some(self.reserve(pos)?);
         }
         let page = self.pages[pi].as_mut().expect("reserved above");
-        Ok(std::mem::replace(&mut page[pos % PAGE], v))
+        Ok((std::mem::replace(&mut page[pos % PAGE], v), r))
     }
 
     /// Write a reserved position.
@@ -90,6 +121,15 @@ impl SeqHistory {
     }
 }
 
+/// What one [`SeqHistory::reserve`] allocated: the page, and the page
+/// table's length and capacity before it.
+#[derive(Clone, Copy, Debug)]
+struct Reserved {
+    page: usize,
+    old_len: usize,
+    old_cap: usize,
+}
+
 /// Per-sequence history of compressed ids by absolute position.
 #[derive(Clone, Debug)]
 pub struct History {
@@ -105,6 +145,9 @@ struct Scratch {
     batch: Vec<(usize, usize, i32)>,
     /// What each batch position held before the call, to restore on error.
     saved: Vec<i32>,
+    /// (sequence, reservation) of every page this call allocated, to free on
+    /// error: a failed call leaves the history's memory as it found it.
+    reserved: Vec<(usize, Reserved)>,
     /// Look-back windows `[n, N]`.
     windows: Vec<i64>,
 }
@@ -211,16 +254,31 @@ impl History {
         //    error. Any error puts back what was claimed.
         sc.batch.clear();
         sc.saved.clear();
+        sc.reserved.clear();
+        let cap = |e: std::collections::TryReserveError| {
+            Error::new(
+                crate::EngramStatus::ErrCapacity,
+                format!("out of memory for the hash's working buffers ({n} tokens): {e}"),
+            )
+        };
+        sc.batch.try_reserve(n).map_err(cap)?;
+        sc.saved.try_reserve(n).map_err(cap)?;
+        sc.reserved.try_reserve(n).map_err(cap)?;
+        sc.windows.try_reserve(n * nn).map_err(cap)?;
         for i in 0..n {
             let claimed = (|| {
                 let s = self.check_seq(seq_ids[i]).map_err(|e| at_token(i, e))?;
                 let p = self.limits.pos(i, pos[i])?;
                 let c = t.compress(i, tokens[i])?;
-                let old = self.seqs[s].claim(p, MARK_BASE + i as i32)?;
-                Ok((s, p, c, old))
+                let (old, r) = self.seqs[s].claim(p, MARK_BASE + i as i32)?;
+                Ok((s, p, c, old, r))
             })();
             match claimed {
-                Ok((s, p, c, old)) => {
+                Ok((s, p, c, old, r)) => {
+                    // (Each push fits the capacity reserved above.)
+                    if let Some(r) = r {
+                        sc.reserved.push((s, r));
+                    }
                     sc.batch.push((s, p, c));
                     sc.saved.push(old);
                     if (MARK_BASE..MARK_BASE + n as i32).contains(&old) {
@@ -283,6 +341,8 @@ impl History {
 
     /// Put back what the positions claimed so far held, newest first (so a
     /// position claimed twice ends with its original value).
+    /// Then free the pages the call allocated, newest first (so each page
+    /// table ends with the length and capacity it had before the call).
     fn restore(&mut self, sc: &Scratch) {
         for (&(s, p, _), &old) in sc.batch.iter().zip(&sc.saved).rev() {
             let h = &mut self.seqs[s];
@@ -290,9 +350,107 @@ impl History {
                 page[p % PAGE] = old;
             }
         }
+        for (s, r) in sc.reserved.iter().rev() {
+            self.seqs[*s].unreserve(r);
+        }
     }
 }
 
 fn at_token(i: usize, e: Error) -> Error {
     Error::new(e.status, format!("token {i}: {}", e.message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::{derive_offsets, derive_primes_uniform, HashTablesIn};
+
+    fn tables() -> HashTables {
+        let primes = derive_primes_uniform(1, 3, 8, 20_000).unwrap();
+        let offsets = derive_offsets(&primes, 16);
+        let map: Vec<i32> = (0..100).collect();
+        HashTables::new(&HashTablesIn {
+            layer_ids: &[3],
+            max_ngram: 3,
+            n_heads: 8,
+            token_map: &map,
+            pad_id: 0,
+            multipliers: &[3, 5, 7],
+            primes: &primes,
+            offsets: &offsets,
+        })
+        .unwrap()
+    }
+
+    /// A failing call leaves the history's memory as it found it: the pages
+    /// (and page-table growth) it reserved before reaching the bad token are
+    /// released, over many failed calls and over one call across thousands of
+    /// sequences, whichever check fails.
+    #[test]
+    fn failed_calls_release_what_they_reserved() {
+        let t = tables();
+        let seqs = 4096;
+        let mut h = History::new(Limits {
+            max_tokens: seqs + 1,
+            max_seqs: seqs,
+            max_positions: 1 << 24,
+        });
+        let row = t.n_layers() * t.cols();
+        // Some history to keep: sequence 0 has positions 0..10.
+        let mut out = vec![0i64; 10 * row];
+        let toks: Vec<i32> = (0..10).collect();
+        h.hash(&t, &toks, &[0; 10], &toks, &mut out).unwrap();
+        let before = h.bytes();
+        let mut out = vec![0i64; (seqs + 1) * row];
+        // One call over every sequence, far out (a dead token needs no
+        // look-back, so each claims a fresh page and page-table entries),
+        // failing at its last token.
+        let far = 64 * PAGE as i32;
+        for bad in 0..4 {
+            let mut tokens = vec![crate::hash::TOKEN_DEAD; seqs + 1];
+            let mut seq_ids: Vec<i32> = (0..seqs as i32).collect();
+            seq_ids.push(0);
+            let mut pos: Vec<i32> = (0..seqs as i32).map(|s| far + s).collect();
+            pos.push(far + 7);
+            match bad {
+                0 => tokens[seqs] = 1000,       // outside token_map
+                1 => seq_ids[seqs] = -2,        // no such sequence
+                2 => pos[seqs] = 1 << 25,       // past max_positions
+                _ => pos[seqs] = pos[seqs - 1], // a position twice
+            }
+            // The dead tokens and the bad one: sequence 0 sees two tokens.
+            if bad == 3 {
+                seq_ids[seqs] = seq_ids[seqs - 1];
+            }
+            assert!(h.hash(&t, &tokens, &seq_ids, &pos, &mut out).is_err());
+            assert_eq!(
+                h.bytes(),
+                before,
+                "case {bad}: memory kept by a failed call"
+            );
+        }
+        // Many failed calls on one sequence, each reaching further out, the
+        // last token needing history that was never written.
+        let mut out = vec![0i64; 2 * row];
+        for i in 0..64 {
+            let p = (i + 2) * 8 * PAGE as i32;
+            let r = h.hash(
+                &t,
+                &[crate::hash::TOKEN_DEAD, 5],
+                &[1, 1],
+                &[p, p + 9],
+                &mut out,
+            );
+            assert_eq!(
+                r.unwrap_err().status,
+                crate::EngramStatus::ErrMissingHistory
+            );
+            assert_eq!(h.bytes(), before, "call {i}: memory kept by a failed call");
+        }
+        // What was there is untouched, and a good call still works.
+        assert_eq!(h.len(0), 10);
+        let mut out = vec![0i64; row];
+        h.hash(&t, &[4], &[0], &[10], &mut out).unwrap();
+        assert_eq!(h.len(0), 11);
+    }
 }
