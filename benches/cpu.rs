@@ -468,6 +468,7 @@ fn bench_apply(threads: usize) {
         let mut kv = vec![0f32; n * o];
         let t = median(3, 0.5, || {
             p.run(&x, n, K_IN, Weights::Bf16(&wkv[..o * K_IN]), o, &mut kv)
+                .unwrap()
         });
         2.0 * (n * o * K_IN) as f64 / t
     };

@@ -88,7 +88,7 @@ impl CpuBackend<'_> {
         })?;
         let mut kv = try_vec(nl * s.k_out, 0f32, "kv")?;
         self.projection
-            .run(&rows, nl, s.k_in, layer.wkv, s.k_out, &mut kv);
+            .run(&rows, nl, s.k_in, layer.wkv, s.k_out, &mut kv)?;
         Ok((rows, kv, layer.qk.clone()))
     }
 }
