@@ -564,13 +564,21 @@ unsafe fn pack_panel<S: Src>(
 }
 
 /// One lane of a 16 x 6 tile: `steps` steps of the panel's lane `l` against a
-/// token tile's lane `l`, into `acc` (`[NR][MR]`).
+/// token tile's lane `l`, added to the sums at `acc` (`[NR][MR]`; zero
+/// instead when `first`): each lane sum goes on from where the previous block
+/// of steps left it, so the blocking does not change the order.
 #[inline(always)]
-unsafe fn lane_tile(w: *const f32, x: *const f32, steps: usize, acc: *mut f32) {
+unsafe fn lane_tile(w: *const f32, x: *const f32, steps: usize, acc: *mut f32, first: bool) {
     // SAFETY: the caller's contract: `steps * MR` values at `w`, `steps * NR`
-    // at `x`, `NR * MR` writable at `acc`.
+    // at `x`, `NR * MR` readable and writable at `acc`.
     unsafe {
         let mut a = [[_mm256_setzero_ps(); 2]; NR];
+        if !first {
+            for (j, aj) in a.iter_mut().enumerate() {
+                aj[0] = _mm256_loadu_ps(acc.add(j * MR));
+                aj[1] = _mm256_loadu_ps(acc.add(j * MR + 8));
+            }
+        }
         for s in 0..steps {
             let w0 = _mm256_loadu_ps(w.add(s * MR));
             let w1 = _mm256_loadu_ps(w.add(s * MR + 8));
@@ -587,9 +595,19 @@ unsafe fn lane_tile(w: *const f32, x: *const f32, steps: usize, acc: *mut f32) {
     }
 }
 
+/// Steps per block of the GEMM: a block of one lane's panel (`KC * MR` f32,
+/// 16 KB) stays in L1 while every token tile's block streams past.
+const KC: usize = 256;
+
+/// Scratch of one GEMM task: the packed panel and the lane sums of every
+/// token tile.
+pub fn gemm_scratch_len(n: usize, kp: usize) -> (usize, usize) {
+    (V * (kp / V) * MR, n.div_ceil(NR) * V * NR * MR)
+}
+
 /// Rows `lo..hi` against all `n` tokens (`xt`: [`pack_tokens`] tiles) by the
-/// packed GEMM; `out` is `[hi - lo, n]` (f32 sums; the caller rounds them); `panel` is scratch of
-/// `V * steps * MR` values.
+/// packed GEMM; `out` is `[hi - lo, n]` (f32 sums; the caller rounds them);
+/// `panel` and `sums` are scratch of the lengths [`gemm_scratch_len`] gives.
 ///
 /// # Safety
 /// As [`dot_range`].
@@ -606,34 +624,38 @@ unsafe fn gemm_range<S: Src>(
     hi: usize,
     out: &mut [f32],
     panel: &mut [f32],
+    sums: &mut [f32],
 ) {
     // SAFETY: the contract above; pointers are rows in `lo..hi`, the token
-    // tiles, the panel and the small accumulator buffer.
+    // tiles, the panel and the sums, each within the lengths asserted here.
     unsafe {
         let steps = units * S::UNIT * 2;
         let kp = steps * V;
         let tiles = n.div_ceil(NR);
         assert!(xt.len() == tiles * kp * NR && out.len() == (hi - lo) * n);
-        assert!(panel.len() == V * steps * MR);
-        let mut acc = [0f32; V * NR * MR];
+        assert!((panel.len(), sums.len()) == gemm_scratch_len(n, kp));
         let mut o = lo;
         while o < hi {
             let m = (hi - o).min(MR);
             let rows: [*const u8; MR] = std::array::from_fn(|i| base.add((o + i.min(m - 1)) * rb));
             pack_panel(src, &rows, m, units, panel);
-            for tile in 0..tiles {
-                let x = xt.as_ptr().add(tile * kp * NR);
-                for l in 0..V {
-                    lane_tile(
-                        panel.as_ptr().add(l * steps * MR),
-                        x.add(l * steps * NR),
-                        steps,
-                        acc.as_mut_ptr().add(l * NR * MR),
-                    );
+            for l in 0..V {
+                let w = panel.as_ptr().add(l * steps * MR);
+                let mut s0 = 0;
+                while s0 < steps {
+                    let len = (steps - s0).min(KC);
+                    for tile in 0..tiles {
+                        let x = xt.as_ptr().add(tile * kp * NR + l * steps * NR + s0 * NR);
+                        let acc = sums.as_mut_ptr().add((tile * V + l) * NR * MR);
+                        lane_tile(w.add(s0 * MR), x, len, acc, s0 == 0);
+                    }
+                    s0 += len;
                 }
-                // The tree over the lanes, 8 outputs at a time.
+            }
+            // The tree over the lanes, 8 outputs at a time.
+            for tile in 0..tiles {
                 let lane = |l: usize, j: usize, h: usize| {
-                    _mm256_loadu_ps(acc.as_ptr().add((l * NR + j) * MR + 8 * h))
+                    _mm256_loadu_ps(sums.as_ptr().add(((tile * V + l) * NR + j) * MR + 8 * h))
                 };
                 let tn = (n - tile * NR).min(NR);
                 for j in 0..tn {
@@ -699,9 +721,10 @@ macro_rules! entry {
             hi: usize,
             out: &mut [f32],
             panel: &mut [f32],
+            sums: &mut [f32],
         ) {
             // SAFETY: forwarded contract.
-            unsafe { gemm_range(src, base, rb, units, xt, n, lo, hi, out, panel) }
+            unsafe { gemm_range(src, base, rb, units, xt, n, lo, hi, out, panel, sums) }
         }
     };
 }

@@ -114,7 +114,7 @@ const FUSED_MAX_TOKENS: usize = 4;
 
 /// From this many tokens on, the AVX2 kernel runs the packed GEMM (below it,
 /// dot products from `wkv` in place); both give the same bits.
-pub const GEMM_MIN_TOKENS: usize = 8;
+pub const GEMM_MIN_TOKENS: usize = 48;
 
 /// Output rows of `wkv` per task handed to a worker.
 const CHUNK: usize = 64;
@@ -249,7 +249,7 @@ impl Projection {
         w: Weights<'_>,
         kvt: &mut [f32],
     ) -> Result<()> {
-        use avx2::{Bf16, CH, F32, MR, NR, Q2K, Q4K, Q4_0, Q8_0, V};
+        use avx2::{Bf16, CH, F32, NR, Q2K, Q4K, Q4_0, Q8_0};
         let kp = k.div_ceil(CH) * CH;
         let mut xs = try_vec(n * kp, 0f32, "the token rows")?;
         avx2::split_tokens(rows, n, k, &mut xs);
@@ -261,7 +261,7 @@ impl Projection {
         } else {
             Vec::new()
         };
-        let panel_len = V * (kp / V) * MR;
+        let (panel_len, sums_len) = avx2::gemm_scratch_len(n, kp);
         // One task: rows `lo..hi` of `base` (rows of `rb` bytes, `units`
         // units of the source), by dot products or by the GEMM.
         macro_rules! go {
@@ -269,11 +269,16 @@ impl Projection {
                 let (base, rb, units, lo, hi, out) = ($base, $rb, $units, $lo, $hi, $out);
                 if gemm {
                     let mut panel = try_vec(panel_len, 0f32, "the packed weight panel")?;
+                    let mut sums = try_vec(sums_len, 0f32, "the GEMM's lane sums")?;
                     // SAFETY: the CPU has avx2, fma and f16c (`Kernel::Avx2` is
                     // only selected then); rows `lo..hi` of `rb` bytes hold
                     // `units` whole units of the source (checked by the caller
                     // and `Weights`), the token buffers are sized for `kp`.
-                    unsafe { avx2::$gemm($src, base, rb, units, &xt, n, lo, hi, out, &mut panel) }
+                    unsafe {
+                        avx2::$gemm(
+                            $src, base, rb, units, &xt, n, lo, hi, out, &mut panel, &mut sums,
+                        )
+                    }
                 } else {
                     // SAFETY: as above.
                     unsafe { avx2::$dot($src, base, rb, units, &xs, n, lo, hi, out) }
