@@ -9,7 +9,9 @@
 //! `ENGRAM_CPU_KERNEL=portable|avx2|avx512` (force a projection kernel, e.g.
 //! the AVX2 fallback on an AVX-512 machine), `ENGRAM_BENCH_ONLY=hash|apply|formats`,
 //! `ENGRAM_BENCH_REPS=N` (repetitions of each timing; the median is printed
-//! with the spread min-max).
+//! with the spread min-max), `ENGRAM_BENCH_PYTHON` (a Python with numpy and
+//! torch other than bench/.venv's), `ENGRAM_ROOT` (the source tree, for a
+//! binary run away from it: scripts/cpu-kernels-check.sh).
 //!
 //! Without bench/.venv the Python peers are skipped and said to be.
 
@@ -23,8 +25,12 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// The source tree (golden data, bench/peers.py): `ENGRAM_ROOT`, else the
+/// one this was built from (a prebuilt binary run elsewhere sets it).
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("ENGRAM_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 /// Median seconds of `f`, at least `reps` runs and at least `min_s` seconds.
@@ -115,7 +121,9 @@ fn reps_env() -> usize {
 
 /// The projection kernel forced by `ENGRAM_CPU_KERNEL`, if any.
 fn kernel_env() -> Option<Kernel> {
-    let v = std::env::var("ENGRAM_CPU_KERNEL").ok()?;
+    let v = std::env::var("ENGRAM_CPU_KERNEL")
+        .ok()
+        .filter(|v| !v.is_empty())?;
     let k = Kernel::from_name(&v).unwrap_or_else(|| panic!("ENGRAM_CPU_KERNEL={v}: not a kernel"));
     assert!(k.supported(), "ENGRAM_CPU_KERNEL={v}: this CPU lacks it");
     Some(k)
@@ -138,7 +146,11 @@ impl Rng {
     }
 }
 
+/// The Python with numpy and torch: `ENGRAM_BENCH_PYTHON`, else bench/.venv's.
 fn python() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ENGRAM_BENCH_PYTHON") {
+        return Some(PathBuf::from(p));
+    }
     let p = root().join("bench/.venv/bin/python");
     p.exists().then_some(p)
 }
@@ -619,13 +631,44 @@ fn bench_apply(threads: usize, main: bool) {
     bench_wkv_formats(threads, bw, &mut rng);
 }
 
-/// The projection alone (bf16 wkv of one V4.1 layer), for kernel work:
-/// `ENGRAM_BENCH_ONLY=projection`.
+/// Random `wkv` bytes of `layers` V4.1 layers in `ty`, each block's f16
+/// scales finite and small.
+fn wkv_bytes(ty: EngramType, layers: usize, rng: &mut Rng) -> Vec<u8> {
+    let fmt = EngramType::row_format(ty as u32, K_IN).unwrap();
+    let mut data = vec![0u8; layers * fmt.row_bytes(K_IN) * K_OUT];
+    let bb = fmt.block().map_or(2, |(_, bytes)| bytes);
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = rng.next() as u8;
+        let at = i % bb;
+        match ty {
+            EngramType::Q8_0 if at < 2 => *b = [0x00, 0x1c][at],
+            EngramType::Q2_K if at >= 80 => *b = [0x00, 0x1c, 0x00, 0x18][at - 80],
+            EngramType::Q4_K if at < 4 => *b = [0x00, 0x1c, 0x00, 0x18][at],
+            EngramType::Bf16 if at == 1 => *b = 0x3c + (*b & 1),
+            _ => {}
+        }
+    }
+    data
+}
+
+fn weights_of(ty: EngramType, layer: &[u8]) -> Weights<'_> {
+    match ty {
+        EngramType::Bf16 => Weights::Bf16(bytemuck_u16(layer)),
+        _ => Weights::quant(
+            EngramType::row_format(ty as u32, K_IN).unwrap(),
+            layer,
+            K_IN,
+        )
+        .unwrap(),
+    }
+}
+
+/// The projection alone (one V4.1 layer's wkv, bf16 and GGUF formats), for
+/// kernel work: `ENGRAM_BENCH_ONLY=projection` (`ENGRAM_BENCH_NS=1,8,...`,
+/// `ENGRAM_BENCH_FORMATS=bf16,q8_0,...`). Rates per CPU-second too: the
+/// machine is shared, and CPU time leaves out the time others took.
 fn bench_projection(threads: usize) {
     let mut rng = Rng(3);
-    let wkv: Vec<u16> = (0..K_IN * K_OUT)
-        .map(|_| f32_to_bf16(rng.f32() / 32.0))
-        .collect();
     let mut p = Projection::new(threads).unwrap();
     if let Some(k) = kernel_env() {
         p.set_kernel(k);
@@ -633,23 +676,36 @@ fn bench_projection(threads: usize) {
     let ns: Vec<usize> = std::env::var("ENGRAM_BENCH_NS")
         .map(|v| v.split(',').map(|x| x.parse().unwrap()).collect())
         .unwrap_or(vec![1, 8, 64, 512]);
-    for n in ns {
-        let x: Vec<u16> = (0..n * K_IN).map(|_| f32_to_bf16(rng.f32())).collect();
-        let mut kv = vec![0f32; n * K_OUT];
-        let (mut calls, c0) = (0usize, cpu_seconds());
-        let t = stats(3, 1.0, || {
-            calls += 1;
-            p.run(&x, n, K_IN, Weights::Bf16(&wkv), K_OUT, &mut kv)
-                .unwrap()
-        });
-        let cpu = (cpu_seconds() - c0) / calls as f64;
-        let flop = 2.0 * (n * K_IN * K_OUT) as f64;
-        println!(
-            "projection {n} tokens: {} ms, {:.1} GFLOP/s; {:.1} GFLOP per CPU-second (the machine is shared: CPU time excludes time taken by others)",
-            t.ms(),
-            flop / t.med / 1e9,
-            flop / cpu / 1e9
-        );
+    let formats = std::env::var("ENGRAM_BENCH_FORMATS").unwrap_or("bf16".into());
+    for name in formats.split(',') {
+        let ty = match name {
+            "bf16" => EngramType::Bf16,
+            "q8_0" => EngramType::Q8_0,
+            "q4_K" => EngramType::Q4_K,
+            "q2_K" => EngramType::Q2_K,
+            _ => panic!("format {name}?"),
+        };
+        let data = wkv_bytes(ty, 1, &mut rng);
+        let w = weights_of(ty, &data);
+        for &n in &ns {
+            let x: Vec<u16> = (0..n * K_IN).map(|_| f32_to_bf16(rng.f32())).collect();
+            let mut kv = vec![0f32; n * K_OUT];
+            let (mut calls, c0) = (0usize, cpu_seconds());
+            let t = stats(3, 1.0, || {
+                calls += 1;
+                p.run(&x, n, K_IN, w, K_OUT, &mut kv).unwrap()
+            });
+            let cpu = (cpu_seconds() - c0) / calls as f64;
+            let flop = 2.0 * (n * K_IN * K_OUT) as f64;
+            println!(
+                "projection {name} {n} tokens: {} ms, {:.1} GFLOP/s, {:.2} GB/s of wkv; per CPU-second {:.1} GFLOP, {:.2} GB",
+                t.ms(),
+                flop / t.med / 1e9,
+                data.len() as f64 / t.med / 1e9,
+                flop / cpu / 1e9,
+                data.len() as f64 / cpu / 1e9
+            );
+        }
     }
 }
 

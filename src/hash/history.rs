@@ -76,7 +76,7 @@ impl SeqHistory {
             // that fail, the larger table stays, holding nothing extra).
             let mut v = Vec::new();
             if v.try_reserve_exact(r.old_cap).is_ok() {
-                v.extend(self.pages.drain(..));
+                v.append(&mut self.pages);
                 self.pages = v;
             }
         }

@@ -170,7 +170,7 @@ impl Iterator for PrimeCursor {
             while y < end {
                 if y >= 2 && !self.composite[(y - self.lo) as usize] && (y < 1 << 32 || is_prime(y))
                 {
-                    self.next = y.checked_add(1).unwrap_or(u64::MAX);
+                    self.next = y.saturating_add(1);
                     if y == u64::MAX - 58 {
                         // 2^64 - 59, the largest u64 prime.
                         self.exhausted = true;

@@ -196,7 +196,8 @@ impl Src for Q8_0 {
         unsafe {
             let q = _mm256_cvtepi8_epi16(_mm_loadu_si128(row.add(u * 34 + 2 + 16 * j) as *const _));
             let odd = _mm256_srai_epi32(q, 16);
-            let even = _mm256_srai_epi32(_mm256_slli_epi32(q, 16), 16);
+            // The low word of each pair times 1 plus the high word times 0.
+            let even = _mm256_madd_epi16(q, _mm256_set1_epi32(1));
             (
                 _mm256_mul_ps(_mm256_cvtepi32_ps(odd), *d),
                 _mm256_mul_ps(_mm256_cvtepi32_ps(even), *d),
@@ -222,14 +223,16 @@ impl Src for Q4_0 {
         // SAFETY: as `setup`.
         unsafe {
             let v = pairs16(row.add(u * 18 + 2));
-            let sh = _mm_cvtsi32_si128(4 * j as i32);
             let m = _mm256_set1_epi32(15);
             let eight = _mm256_set1_epi32(8);
             let odd = _mm256_sub_epi32(
-                _mm256_and_si256(_mm256_srl_epi32(_mm256_srli_epi32(v, 16), sh), m),
+                _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + 4 * j as i32)), m),
                 eight,
             );
-            let even = _mm256_sub_epi32(_mm256_and_si256(_mm256_srl_epi32(v, sh), m), eight);
+            let even = _mm256_sub_epi32(
+                _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(4 * j as i32)), m),
+                eight,
+            );
             (
                 _mm256_mul_ps(_mm256_cvtepi32_ps(odd), *d),
                 _mm256_mul_ps(_mm256_cvtepi32_ps(even), *d),
@@ -290,10 +293,10 @@ impl Src for Q2K {
                 _mm256_broadcast_ss(&st.ml[g]),
             );
             let v = pairs16(b.add(16 + 32 * (g / 8) + 16 * (g % 2)));
-            let sh = _mm_cvtsi32_si128((2 * ((g % 8) / 2)) as i32);
+            let sh = (2 * ((g % 8) / 2)) as i32;
             (
-                _mm256_permutevar8x32_ps(table, _mm256_srl_epi32(_mm256_srli_epi32(v, 16), sh)),
-                _mm256_permutevar8x32_ps(table, _mm256_srl_epi32(v, sh)),
+                _mm256_permutevar8x32_ps(table, _mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + sh))),
+                _mm256_permutevar8x32_ps(table, _mm256_srl_epi32(v, _mm_cvtsi32_si128(sh))),
             )
         }
     }
@@ -346,10 +349,10 @@ impl Src for Q4K {
         unsafe {
             let sb = j / 2;
             let v = pairs16(row.add(u * 144 + 16 + 32 * (sb / 2) + 16 * (j % 2)));
-            let sh = _mm_cvtsi32_si128((4 * (sb % 2)) as i32);
+            let sh = (4 * (sb % 2)) as i32;
             let m = _mm256_set1_epi32(15);
-            let odd = _mm256_and_si256(_mm256_srl_epi32(_mm256_srli_epi32(v, 16), sh), m);
-            let even = _mm256_and_si256(_mm256_srl_epi32(v, sh), m);
+            let odd = _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + sh)), m);
+            let even = _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(sh)), m);
             let (d1, m1) = (
                 _mm256_broadcast_ss(&st.d1[sb]),
                 _mm256_broadcast_ss(&st.m1[sb]),

@@ -116,7 +116,7 @@ const FUSED_MAX_TOKENS: usize = 4;
 /// dot products from `wkv` in place); both give the same bits.
 pub const GEMM_MIN_TOKENS: usize = 48;
 
-/// Output rows of `wkv` per task handed to a worker.
+/// Output rows of `wkv` per task handed to a worker, at least.
 const CHUNK: usize = 64;
 /// Tokens whose rows are kept hot in cache while a chunk of weights is reused.
 const TOKEN_BLOCK: usize = 64;
@@ -228,15 +228,20 @@ impl Projection {
         body: impl Fn(usize, usize, &mut [f32]) -> Result<()> + Sync,
     ) -> Result<()> {
         let n_out = kvt.len() / n;
+        // About 8 tasks a thread (fewer hand-offs than one per CHUNK rows, and
+        // still some balance when a core is busy with something else), in
+        // whole GEMM panels.
+        let threads = self.pool.as_ref().map_or(1, |p| p.current_num_threads());
+        let chunk = (n_out / (8 * threads)).max(CHUNK).next_multiple_of(16);
         let f = |(ci, out): (usize, &mut [f32])| {
-            let lo = ci * CHUNK;
-            body(lo, (lo + CHUNK).min(n_out), out)
+            let lo = ci * chunk;
+            body(lo, (lo + chunk).min(n_out), out)
         };
         match &self.pool {
-            Some(p) if n_out > CHUNK => {
-                p.install(|| kvt.par_chunks_mut(CHUNK * n).enumerate().try_for_each(f))
+            Some(p) if n_out > chunk => {
+                p.install(|| kvt.par_chunks_mut(chunk * n).enumerate().try_for_each(f))
             }
-            _ => kvt.chunks_mut(CHUNK * n).enumerate().try_for_each(f),
+            _ => kvt.chunks_mut(chunk * n).enumerate().try_for_each(f),
         }
     }
 
@@ -286,7 +291,7 @@ impl Projection {
                 Ok(())
             }};
         }
-        let fast = k % CH == 0;
+        let fast = k.is_multiple_of(CH);
         self.tasks(n, kvt, |lo, hi, out| match w {
             Weights::Bf16(v) if fast => {
                 go!(
