@@ -6,7 +6,7 @@ use crate::error::{bail, Result};
 /// At most this many primes are derived for one model (`n_layers * C`):
 /// 2^22 is 64 layers of the largest geometry [`crate::HashTables`] accepts
 /// (`N = 64`, `H = 1024`), derived in well under a second.
-pub const MAX_PRIMES: usize = 1 << 22;
+pub(crate) const MAX_PRIMES: usize = 1 << 22;
 
 /// The primes of SPEC section 3 with one table size per n-gram size
 /// (`sizes[k-1]` for look-back `k`): for each layer, each n-gram size, each

@@ -34,13 +34,13 @@
 use std::arch::x86_64::*;
 
 /// Lanes of a sum.
-pub const V: usize = 8;
+pub(crate) const V: usize = 8;
 /// Values per chunk (two steps of 8 lanes).
-pub const CH: usize = 16;
+pub(crate) const CH: usize = 16;
 /// Output rows per GEMM panel.
-pub const MR: usize = 16;
+pub(crate) const MR: usize = 16;
 /// Tokens per GEMM tile.
-pub const NR: usize = 6;
+pub(crate) const NR: usize = 6;
 
 /// Whether this CPU runs these kernels.
 pub fn available() -> bool {

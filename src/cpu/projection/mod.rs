@@ -114,7 +114,7 @@ const FUSED_MAX_TOKENS: usize = 4;
 
 /// From this many tokens on, the AVX2 kernel runs the packed GEMM (below it,
 /// dot products from `wkv` in place); both give the same bits.
-pub const GEMM_MIN_TOKENS: usize = 48;
+pub(crate) const GEMM_MIN_TOKENS: usize = 48;
 
 /// Output rows of `wkv` per task handed to a worker, at least.
 const CHUNK: usize = 64;
