@@ -280,6 +280,33 @@ impl History {
                     };
                 }
             }
+            // The common case of a prefill: the next position of the previous
+            // token's sequence, in the same page. Claimed without the general
+            // checks (the sequence was checked, the position is in range, its
+            // page exists); anything else (a token the map refuses, a position
+            // claimed twice, a page or range edge) takes the general path
+            // below, which reports it exactly as for any token.
+            if let Some(&(s, lp, _)) = sc.batch.last() {
+                let p = lp + 1;
+                if seq_ids[i] == seq_ids[i - 1]
+                    && pos[i] as i64 == pos[i - 1] as i64 + 1
+                    && !p.is_multiple_of(PAGE)
+                    && p < self.limits.max_positions
+                {
+                    if let Ok(c) = t.compress(i, tokens[i]) {
+                        let page = self.seqs[s].pages[p / PAGE]
+                            .as_mut()
+                            .expect("the previous position's page");
+                        let slot = &mut page[p % PAGE];
+                        if !(MARK_BASE..MARK_BASE + n as i32).contains(slot) {
+                            let old = std::mem::replace(slot, MARK_BASE + i as i32);
+                            sc.batch.push((s, p, c));
+                            sc.saved.push(old);
+                            continue;
+                        }
+                    }
+                }
+            }
             let claimed = (|| {
                 let s = self.check_seq(seq_ids[i]).map_err(|e| at_token(i, e))?;
                 let p = self.limits.pos(i, pos[i])?;
@@ -594,5 +621,95 @@ mod window_tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod run_tests {
+    use super::*;
+    use crate::hash::{derive_offsets, derive_primes_uniform, HashTablesIn};
+    use crate::EngramStatus;
+
+    /// A bad token inside a run of consecutive positions (claimed by the fast
+    /// path) fails the call with the message the general path gives, naming
+    /// that token, and leaves the history as it was: its bytes, and the ids a
+    /// later good call gets, equal those of a history that never saw the call.
+    #[test]
+    fn a_bad_token_inside_a_run_changes_nothing() {
+        let primes = derive_primes_uniform(1, 3, 4, 20_000).unwrap();
+        let offsets = derive_offsets(&primes, 8);
+        let map: Vec<i32> = (0..100).collect();
+        let t = HashTables::new(&HashTablesIn {
+            layer_ids: &[3],
+            max_ngram: 3,
+            n_heads: 4,
+            token_map: &map,
+            pad_id: 0,
+            multipliers: &[3, 5, 7],
+            primes: &primes,
+            offsets: &offsets,
+        })
+        .unwrap();
+        let limits = Limits {
+            max_tokens: 5000,
+            max_seqs: 2,
+            max_positions: 4098,
+        };
+        let row = t.cols();
+        let prefix: Vec<i32> = (0..4090).map(|i| i % 97).collect();
+        let ppos: Vec<i32> = (0..4090).collect();
+        let mut out = vec![0i64; 4090 * row];
+        let mut h = History::new(limits);
+        let mut fresh = History::new(limits);
+        for hist in [&mut h, &mut fresh] {
+            hist.hash(&t, &prefix, &vec![0; 4090], &ppos, &mut out)
+                .unwrap();
+        }
+        let run: Vec<i32> = (4090..4100).collect();
+        let toks = vec![5i32; 10];
+        let cases: Vec<(Vec<i32>, Vec<i32>, EngramStatus, &str)> = vec![
+            // A token the map refuses, mid-run (past the page edge at 4096).
+            (
+                {
+                    let mut t = toks[..8].to_vec();
+                    t[7] = 1000;
+                    t
+                },
+                run[..8].to_vec(),
+                EngramStatus::ErrInvalidToken,
+                "token 7:",
+            ),
+            // The run passes max_positions (4098) at its 9th token.
+            (
+                toks.clone(),
+                run.clone(),
+                EngramStatus::ErrInvalidSequence,
+                "token 8:",
+            ),
+            // A position claimed twice: 4090..4096 then 4093 again.
+            (
+                toks[..8].to_vec(),
+                vec![4090, 4091, 4092, 4093, 4094, 4095, 4093, 4094],
+                EngramStatus::ErrInvalidSequence,
+                "tokens 3 and 6:",
+            ),
+        ];
+        for (tokens, pos, status, msg) in cases {
+            let n = tokens.len();
+            let mut out = vec![0i64; n * row];
+            let e = h
+                .hash(&t, &tokens, &vec![0; n], &pos, &mut out)
+                .unwrap_err();
+            assert_eq!(e.status, status, "{}", e.message);
+            assert!(e.message.starts_with(msg), "{}", e.message);
+            assert_eq!(h.bytes(), fresh.bytes());
+            assert_eq!(h.len(0), 4090);
+        }
+        let (mut a, mut b) = (vec![0i64; 8 * row], vec![0i64; 8 * row]);
+        h.hash(&t, &toks[..8], &[0; 8], &run[..8], &mut a).unwrap();
+        fresh
+            .hash(&t, &toks[..8], &[0; 8], &run[..8], &mut b)
+            .unwrap();
+        assert_eq!(a, b);
     }
 }
