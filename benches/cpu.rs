@@ -160,12 +160,19 @@ fn run_peer(mode: &str, spec: &Value) -> Option<Value> {
     let path =
         std::env::temp_dir().join(format!("engram-bench-{mode}-{}.json", std::process::id()));
     std::fs::write(&path, spec.to_string()).unwrap();
-    let out = std::process::Command::new(py)
+    let out = std::process::Command::new(&py)
         .arg(root().join("bench/peers.py"))
         .arg(mode)
         .arg(&path)
-        .output()
-        .expect("run bench/peers.py");
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("peer {mode}: cannot run {}: {e}", py.display());
+            let _ = std::fs::remove_file(&path);
+            return None;
+        }
+    };
     let _ = std::fs::remove_file(&path);
     if !out.status.success() {
         eprintln!(

@@ -28,11 +28,11 @@ for line in sys.stdin:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1] and m["target"]["kind"] == [sys.argv[2]]:
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1] and sys.argv[2] in m["target"]["kind"]:
         print(m["executable"])
 ' "$1" "$2"
     }
-    cp "$(cargo test --release --lib --no-run --message-format=json 2>/dev/null | exe_of engram lib)" "$B/unit_tests"
+    cp "$(cargo test --release --lib --no-run --message-format=json 2>/dev/null | exe_of engram rlib)" "$B/unit_tests"
     cp "$(cargo bench --bench cpu --no-run --message-format=json 2>/dev/null | exe_of cpu bench)" "$B/cpu_bench"
     strip --strip-debug "$B/unit_tests" "$B/cpu_bench"
     git rev-parse HEAD >"$B/COMMIT" 2>/dev/null || true
@@ -43,7 +43,9 @@ run)
     mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
     export ENGRAM_ROOT="$(pwd)"
     PY="${ENGRAM_BENCH_PYTHON:-python3}"
-    if "$PY" -c 'import numpy, torch' 2>/dev/null; then export ENGRAM_BENCH_PYTHON="$PY"; else export ENGRAM_BENCH_PYTHON=/nonexistent; fi
+    # The peers need numpy and torch; without them (and without bench/.venv)
+    # the benchmark says so and skips them.
+    if "$PY" -c 'import numpy, torch' 2>/dev/null; then export ENGRAM_BENCH_PYTHON="$PY"; else unset ENGRAM_BENCH_PYTHON; fi
     rc=0
     { grep -m1 'model name' /proc/cpuinfo; nproc; grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E 'avx|fma|f16c' | tr '\n' ' '; echo; } >"$OUT/env.log" 2>&1
     cat "$OUT/env.log"
@@ -51,7 +53,7 @@ run)
     tail -n 3 "$OUT/unit_tests.log"
     echo "unit tests: $([ $rc -eq 0 ] && echo PASS || echo FAIL)" | tee "$OUT/summary.txt"
     all=$(nproc)
-    for threads in 2 "$all"; do
+    for threads in $(printf "2\n%s\n" "$all" | sort -un); do
         for kernel in detected avx2; do
             log="$OUT/bench-$threads-threads-$kernel.log"
             if [ "$kernel" = avx2 ]; then k=avx2; else k=; fi
