@@ -5,7 +5,10 @@
                             XOR, % prime per head) on the tokens in SPEC.json.
   peers.py apply SPEC.json  the engram forward in PyTorch on the CPU: gather
                             fp8 rows + e8m0 scales, dequantise to bf16, F.linear
-                            with bf16 wkv, the gate in f32 on an f32 highway.
+                            with bf16 wkv, the gate in f32 on an f32 highway;
+                            and the same with wkv pre-widened to f32 (F.linear
+                            in f32: what a user picks where torch's bf16 GEMM
+                            is slow, e.g. CPUs without AVX-512 BF16).
 
 Each prints one JSON line of timings (seconds, medians) and checksums.
 """
@@ -16,17 +19,23 @@ import time
 import numpy as np
 
 
-def median_time(fn, reps, min_time=0.2):
+def median_time(fn, reps, min_time=0.2, clock=time.perf_counter):
     times = []
     t_end = time.perf_counter() + min_time
     while len(times) < reps or time.perf_counter() < t_end:
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
         if len(times) >= 10 * reps:
             break
     times.sort()
     return times[len(times) // 2]
+
+
+def cpu_time(fn, reps, min_time=0.2):
+    """Median process CPU seconds of fn (on a shared machine, wall time also
+    counts the time other processes took the core)."""
+    return median_time(fn, reps, min_time, time.process_time)
 
 
 def ngram_hash(tokens, comp_map, pad_id, mult, primes, offsets, n_layers, N, H):
@@ -63,6 +72,7 @@ def run_hash(spec):
         out = ngram_hash(prefill, *args)
         checksum = int(out.sum())
         t_prefill = median_time(lambda: ngram_hash(prefill, *args), 20)
+        c_prefill = cpu_time(lambda: ngram_hash(prefill, *args), 20)
         # Decode: each step, every sequence's last N tokens (its look-back
         # window) as one [64, N] batch; the last column holds the step's ids.
         steps = np.array(spec["decode"], dtype=np.int64)  # [steps + N - 1, seqs]
@@ -77,7 +87,9 @@ def run_hash(spec):
                 ngram_hash(steps[s : s + N].T, *args)[:, -1]
 
         t_decode = median_time(decode_all, 3) / n_steps
-    print(json.dumps({"prefill_s": t_prefill, "prefill_sum": checksum, "decode_step_s": t_decode, "decode_sum": dsum}))
+        c_decode = cpu_time(decode_all, 3) / n_steps
+    print(json.dumps({"prefill_s": t_prefill, "prefill_sum": checksum, "decode_step_s": t_decode, "decode_sum": dsum,
+                      "prefill_cpu_s": c_prefill, "decode_step_cpu_s": c_decode}))
 
 
 def run_apply(spec):
@@ -99,15 +111,19 @@ def run_apply(spec):
         wkv = (torch.randn(O, K, generator=g) / 64).to(torch.bfloat16)
         q = 1 + torch.randn(hc, D, generator=g) / 8
         k = 1 + torch.randn(hc, D, generator=g) / 8
-        layers.append((table, scales, wkv, q * k))
+        layers.append((table, scales, wkv, q * k, wkv.float()))
 
-    def forward(layer, ids, x):
-        table, scales, wkv, qk = layer
+    def forward(layer, ids, x, f32):
+        table, scales, wkv, qk, wkv32 = layer
         n = ids.shape[0] // C
         r = table[ids].view(torch.float8_e4m3fn).to(torch.float32)  # [n*C, Hd]
         s = torch.exp2(scales[ids].to(torch.float32) - 127.0)  # [n*C, Hd/32]
         r = (r.view(-1, Hd // 32, 32) * s[:, :, None]).to(torch.bfloat16).view(n, K)
-        kv = torch.nn.functional.linear(r, wkv).float()  # bf16 GEMM, f32 acc, bf16 out
+        if f32:
+            # f32 GEMM on the pre-widened weights, result rounded to bf16 as the reference does.
+            kv = torch.nn.functional.linear(r.float(), wkv32).bfloat16().float()
+        else:
+            kv = torch.nn.functional.linear(r, wkv).float()  # bf16 GEMM, f32 acc, bf16 out
         key = kv[:, : hc * D].view(n, hc, D)
         value = kv[:, hc * D :].view(n, 1, D)
         rx = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -118,22 +134,24 @@ def run_apply(spec):
 
     res = {}
     with torch.inference_mode():
-        for n in spec["ns"]:
-            ids = torch.randint(0, rows_n, (n * C,), generator=g)
-            x = torch.randn(n, hc, D, generator=g)
-            forward(layers[0], ids, x)
-            i = [0]
+        for f32 in (False, True):
+            for n in spec["ns"]:
+                ids = torch.randint(0, rows_n, (n * C,), generator=g)
+                x = torch.randn(n, hc, D, generator=g)
+                forward(layers[0], ids, x, f32)
+                i = [0]
 
-            def step():
-                i[0] = (i[0] + 1) % n_layers
-                forward(layers[i[0]], ids, x)
+                def step():
+                    i[0] = (i[0] + 1) % n_layers
+                    forward(layers[i[0]], ids, x, f32)
 
-            res[str(n)] = median_time(step, 5 if n <= 64 else 3)
-        # The best bf16 GEMM rate torch reaches here (a large square-ish GEMM).
-        a = torch.randn(1024, K, generator=g).to(torch.bfloat16)
-        b = torch.randn(4096, K, generator=g).to(torch.bfloat16)
-        t = median_time(lambda: torch.nn.functional.linear(a, b), 3)
-        res["gemm_flops"] = 2 * 1024 * 4096 * K / t
+                res[("f32_" if f32 else "bf16_") + str(n)] = median_time(step, 5 if n <= 64 else 3)
+        # The best GEMM rates torch reaches here (a large square-ish GEMM).
+        for name, dt in (("bf16", torch.bfloat16), ("f32", torch.float32)):
+            a = torch.randn(1024, K, generator=g).to(dt)
+            b = torch.randn(4096, K, generator=g).to(dt)
+            t = median_time(lambda: torch.nn.functional.linear(a, b), 3)
+            res["gemm_%s_flops" % name] = 2 * 1024 * 4096 * K / t
     print(json.dumps(res))
 
 

@@ -3,7 +3,15 @@
 //! against the roofline, all measured in this one run.
 //!
 //!     bash bench/setup.sh            # once: numpy + torch in bench/.venv
-//!     cargo bench --bench cpu        # ENGRAM_BENCH_THREADS=N to pick threads
+//!     cargo bench --bench cpu
+//!
+//! Environment: `ENGRAM_BENCH_THREADS=N` (threads; default all),
+//! `ENGRAM_CPU_KERNEL=portable|avx2|avx512` (force a projection kernel, e.g.
+//! the AVX2 fallback on an AVX-512 machine), `ENGRAM_BENCH_ONLY=hash|apply|formats`,
+//! `ENGRAM_BENCH_REPS=N` (repetitions of each timing; the median is printed
+//! with the spread min-max), `ENGRAM_BENCH_PYTHON` (a Python with numpy and
+//! torch other than bench/.venv's), `ENGRAM_ROOT` (the source tree, for a
+//! binary run away from it: scripts/cpu-kernels-check.sh).
 //!
 //! Without bench/.venv the Python peers are skipped and said to be.
 
@@ -17,21 +25,108 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// The source tree (golden data, bench/peers.py): `ENGRAM_ROOT`, else the
+/// one this was built from (a prebuilt binary run elsewhere sets it).
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("ENGRAM_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 /// Median seconds of `f`, at least `reps` runs and at least `min_s` seconds.
-fn median(reps: usize, min_s: f64, mut f: impl FnMut()) -> f64 {
+fn median(reps: usize, min_s: f64, f: impl FnMut()) -> f64 {
+    stats(reps, min_s, f).med
+}
+
+/// Median, fastest and slowest of the runs.
+#[derive(Clone, Copy)]
+struct Stat {
+    med: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Stat {
+    /// `med ms (min-max)`.
+    fn ms(&self) -> String {
+        format!(
+            "{:.2} ({:.2}-{:.2})",
+            self.med * 1e3,
+            self.min * 1e3,
+            self.max * 1e3
+        )
+    }
+}
+
+fn stats(reps: usize, min_s: f64, f: impl FnMut()) -> Stat {
+    stats_by(reps, min_s, f, || {
+        Instant::now().duration_since(*EPOCH).as_secs_f64()
+    })
+}
+
+/// [`stats`] in process CPU seconds (all threads): on a shared machine, wall
+/// time also counts the time other processes took the cores.
+fn cpu_stats(reps: usize, min_s: f64, f: impl FnMut()) -> Stat {
+    stats_by(reps, min_s, f, cpu_seconds)
+}
+
+static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+fn stats_by(reps: usize, min_s: f64, mut f: impl FnMut(), clock: impl Fn() -> f64) -> Stat {
+    let reps = reps.max(reps_env());
     let mut t = Vec::new();
     let start = Instant::now();
     while t.len() < reps || (start.elapsed().as_secs_f64() < min_s && t.len() < 10 * reps) {
-        let s = Instant::now();
+        let s = clock();
         f();
-        t.push(s.elapsed().as_secs_f64());
+        t.push(clock() - s);
     }
     t.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    t[t.len() / 2]
+    Stat {
+        med: t[t.len() / 2],
+        min: t[0],
+        max: t[t.len() - 1],
+    }
+}
+
+/// The nominal clock in GHz (/proc/cpuinfo's first "cpu MHz"; 0 unknown).
+fn nominal_ghz() -> f64 {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("cpu MHz"))
+                .and_then(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |m| m / 1e3)
+}
+
+/// CPU seconds of this process so far (all threads).
+fn cpu_seconds() -> f64 {
+    // SAFETY: clock_gettime writes one `timespec` into the zeroed value it is given.
+    let ts = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts);
+        ts
+    };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+fn reps_env() -> usize {
+    std::env::var("ENGRAM_BENCH_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The projection kernel forced by `ENGRAM_CPU_KERNEL`, if any.
+fn kernel_env() -> Option<Kernel> {
+    let v = std::env::var("ENGRAM_CPU_KERNEL")
+        .ok()
+        .filter(|v| !v.is_empty())?;
+    let k = Kernel::from_name(&v).unwrap_or_else(|| panic!("ENGRAM_CPU_KERNEL={v}: not a kernel"));
+    assert!(k.supported(), "ENGRAM_CPU_KERNEL={v}: this CPU lacks it");
+    Some(k)
 }
 
 struct Rng(u64);
@@ -51,7 +146,11 @@ impl Rng {
     }
 }
 
+/// The Python with numpy and torch: `ENGRAM_BENCH_PYTHON`, else bench/.venv's.
 fn python() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ENGRAM_BENCH_PYTHON") {
+        return Some(PathBuf::from(p));
+    }
     let p = root().join("bench/.venv/bin/python");
     p.exists().then_some(p)
 }
@@ -61,12 +160,19 @@ fn run_peer(mode: &str, spec: &Value) -> Option<Value> {
     let path =
         std::env::temp_dir().join(format!("engram-bench-{mode}-{}.json", std::process::id()));
     std::fs::write(&path, spec.to_string()).unwrap();
-    let out = std::process::Command::new(py)
+    let out = std::process::Command::new(&py)
         .arg(root().join("bench/peers.py"))
         .arg(mode)
         .arg(&path)
-        .output()
-        .expect("run bench/peers.py");
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("peer {mode}: cannot run {}: {e}", py.display());
+            let _ = std::fs::remove_file(&path);
+            return None;
+        }
+    };
     let _ = std::fs::remove_file(&path);
     if !out.status.success() {
         eprintln!(
@@ -124,6 +230,11 @@ fn read_sum(c: &[f32]) -> f32 {
         // SAFETY: the CPU has avx512f.
         return unsafe { read_sum_avx512(c) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has avx2.
+        return unsafe { read_sum_avx2(c) };
+    }
     let mut acc = [0f32; 16];
     for b in c.chunks_exact(16) {
         for j in 0..16 {
@@ -131,6 +242,30 @@ fn read_sum(c: &[f32]) -> f32 {
         }
     }
     acc.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn read_sum_avx2(c: &[f32]) -> f32 {
+    // SAFETY: the CPU has avx2 (the caller checked); loads stay inside `c`.
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut i = 0;
+        while i + 64 <= c.len() {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_add_ps(*a, _mm256_loadu_ps(c.as_ptr().add(i + 8 * j)));
+            }
+            i += 64;
+        }
+        let mut s = c[i..].iter().sum::<f32>();
+        let mut lanes = [0f32; 8];
+        for a in acc {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), a);
+            s += lanes.iter().sum::<f32>();
+        }
+        s
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -175,9 +310,21 @@ fn main() {
                 .unwrap_or(1)
         });
     println!(
-        "engram CPU benchmark: {threads} threads, projection kernel {:?}",
+        "engram CPU benchmark: {threads} threads, projection kernel {:?} ({}; detected {:?})",
+        kernel_env().unwrap_or(Kernel::detect()),
+        if kernel_env().is_some() {
+            "forced by ENGRAM_CPU_KERNEL"
+        } else {
+            "chosen at run time"
+        },
         Kernel::detect()
     );
+    println!("CPU features: {}", engram::cpu::projection::cpu_features());
+    if let Ok(m) = std::fs::read_to_string("/proc/cpuinfo") {
+        if let Some(l) = m.lines().find(|l| l.starts_with("model name")) {
+            println!("CPU: {}", l.split(':').nth(1).unwrap_or("").trim());
+        }
+    }
     if python().is_none() {
         println!("(bench/.venv missing: run `bash bench/setup.sh` for the numpy and PyTorch peers; skipping them)");
     }
@@ -185,8 +332,11 @@ fn main() {
     if only.is_empty() || only == "hash" {
         bench_hash();
     }
-    if only.is_empty() || only == "apply" {
-        bench_apply(threads);
+    if only == "projection" {
+        bench_projection(threads);
+    }
+    if only.is_empty() || only == "apply" || only == "formats" {
+        bench_apply(threads, only != "formats");
     }
 }
 
@@ -243,9 +393,14 @@ fn bench_hash() {
     let mut out = vec![0i64; prefill_n * per];
     ctx.hash(&prefill, &zeros, &pos, &mut out).unwrap();
     let prefill_sum: i64 = out.iter().sum();
-    let t_prefill = median(20, 0.5, || {
+    let decode_only = std::env::var("ENGRAM_BENCH_HASH").as_deref() == Ok("decode");
+    let t_prefill = median(if decode_only { 1 } else { 20 }, 0.5, || {
         ctx.hash(&prefill, &zeros, &pos, &mut out).unwrap()
     });
+    let c_prefill = cpu_stats(if decode_only { 1 } else { 20 }, 0.5, || {
+        ctx.hash(&prefill, &zeros, &pos, &mut out).unwrap()
+    })
+    .med;
 
     // Decode: 64 sequences, each first given its 3-token look-back, then one
     // token per sequence per step.
@@ -265,10 +420,15 @@ fn bench_hash() {
     };
     let mut decode_sum = 0i64;
     run_decode(&mut decode_sum, &mut dout);
-    let t_decode = median(5, 0.5, || {
+    let t_decode = median(if decode_only { 200 } else { 5 }, 0.5, || {
         let mut s = 0;
         run_decode(&mut s, &mut dout);
     }) / (steps + 3) as f64;
+    let c_decode = cpu_stats(if decode_only { 200 } else { 5 }, 0.5, || {
+        let mut s = 0;
+        run_decode(&mut s, &mut dout);
+    })
+    .med / (steps + 3) as f64;
 
     println!("\n## hash (DeepSeek-V4.1 tables, 2 layers x 24 ids per token, one thread)");
     println!(
@@ -310,6 +470,22 @@ fn bench_hash() {
             "ratio (numpy time / engram time): prefill {:.1}x (target >= 10x), decode {:.1}x (target >= 100x)",
             np_prefill / t_prefill,
             np_decode / t_decode
+        );
+        let (cp, cd) = (
+            p["prefill_cpu_s"].as_f64().unwrap(),
+            p["decode_step_cpu_s"].as_f64().unwrap(),
+        );
+        println!(
+            "in CPU time (what the shared machine's load does not inflate): engram prefill {:.3} ms ({:.0} ns, about {:.0} cycles at the nominal {:.2} GHz, a token), decode step {:.2} us; numpy prefill {:.3} ms, decode step {:.1} us; ratio prefill {:.1}x, decode {:.1}x",
+            c_prefill * 1e3,
+            c_prefill / prefill_n as f64 * 1e9,
+            c_prefill / prefill_n as f64 * nominal_ghz() * 1e9,
+            nominal_ghz(),
+            c_decode * 1e6,
+            cp * 1e3,
+            cd * 1e6,
+            cp / c_prefill,
+            cd / c_decode
         );
     }
 }
@@ -401,7 +577,10 @@ impl Model {
             n_threads: threads,
             backend: engram::EngramBackend::Cpu as u32,
             device: 0,
-            tuning: Default::default(),
+            tuning: engram::Tuning {
+                cpu_kernel: kernel_env(),
+                ..Default::default()
+            },
         };
         let ctx = Context::new(&cfg).unwrap();
         for (li, w) in wkv.iter().enumerate() {
@@ -421,7 +600,7 @@ impl Model {
 
     /// Median seconds of one `apply` of `n` tokens, visiting the layers in turn
     /// (as a model does) so that wkv comes from memory, not the cache.
-    fn time_apply(&self, ctx: &Context<'_>, n: usize, rng: &mut Rng) -> f64 {
+    fn time_apply(&self, ctx: &Context<'_>, n: usize, rng: &mut Rng) -> Stat {
         let nl = self.layer_ids.len();
         let ids: Vec<i64> = (0..n * nl * COLS)
             .map(|i| {
@@ -431,7 +610,7 @@ impl Model {
             .collect();
         let mut hw: Vec<f32> = (0..n * HC * D).map(|_| rng.f32()).collect();
         let mut layer = 0usize;
-        median(if n <= 64 { 12 } else { 4 }, 1.0, || {
+        stats(if n <= 64 { 12 } else { 4 }, 1.0, || {
             layer = (layer + 1) % nl;
             ctx.apply(self.layer_ids[layer], &ids, n, Highway::F32(&mut hw))
                 .unwrap();
@@ -446,12 +625,101 @@ fn layers_for(bytes_per_layer: usize) -> usize {
     (2_400_000_000usize).div_ceil(bytes_per_layer).max(2)
 }
 
-fn bench_apply(threads: usize) {
+fn bench_apply(threads: usize, main: bool) {
     let mut rng = Rng(7);
     let bw = memory_bandwidth(threads);
+    println!(
+        "\nmemory read bandwidth ({threads} threads, best of 3 passes over 2 GiB): {:.1} GB/s",
+        bw / 1e9
+    );
+    if main {
+        bench_bf16(threads, bw, &mut rng);
+    }
+    bench_wkv_formats(threads, bw, &mut rng);
+}
+
+/// Random `wkv` bytes of `layers` V4.1 layers in `ty`, each block's f16
+/// scales finite and small.
+fn wkv_bytes(ty: EngramType, layers: usize, rng: &mut Rng) -> Vec<u8> {
+    let fmt = EngramType::row_format(ty as u32, K_IN).unwrap();
+    let mut data = vec![0u8; layers * fmt.row_bytes(K_IN) * K_OUT];
+    let bb = fmt.block().map_or(2, |(_, bytes)| bytes);
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = rng.next() as u8;
+        let at = i % bb;
+        match ty {
+            EngramType::Q8_0 if at < 2 => *b = [0x00, 0x1c][at],
+            EngramType::Q2_K if at >= 80 => *b = [0x00, 0x1c, 0x00, 0x18][at - 80],
+            EngramType::Q4_K if at < 4 => *b = [0x00, 0x1c, 0x00, 0x18][at],
+            EngramType::Bf16 if at == 1 => *b = 0x3c + (*b & 1),
+            _ => {}
+        }
+    }
+    data
+}
+
+fn weights_of(ty: EngramType, layer: &[u8]) -> Weights<'_> {
+    match ty {
+        EngramType::Bf16 => Weights::Bf16(bytemuck_u16(layer)),
+        _ => Weights::quant(
+            EngramType::row_format(ty as u32, K_IN).unwrap(),
+            layer,
+            K_IN,
+        )
+        .unwrap(),
+    }
+}
+
+/// The projection alone (one V4.1 layer's wkv, bf16 and GGUF formats), for
+/// kernel work: `ENGRAM_BENCH_ONLY=projection` (`ENGRAM_BENCH_NS=1,8,...`,
+/// `ENGRAM_BENCH_FORMATS=bf16,q8_0,...`). Rates per CPU-second too: the
+/// machine is shared, and CPU time leaves out the time others took.
+fn bench_projection(threads: usize) {
+    let mut rng = Rng(3);
+    let mut p = Projection::new(threads).unwrap();
+    if let Some(k) = kernel_env() {
+        p.set_kernel(k);
+    }
+    let ns: Vec<usize> = std::env::var("ENGRAM_BENCH_NS")
+        .map(|v| v.split(',').map(|x| x.parse().unwrap()).collect())
+        .unwrap_or(vec![1, 8, 64, 512]);
+    let formats = std::env::var("ENGRAM_BENCH_FORMATS").unwrap_or("bf16".into());
+    for name in formats.split(',') {
+        let ty = match name {
+            "bf16" => EngramType::Bf16,
+            "q8_0" => EngramType::Q8_0,
+            "q4_K" => EngramType::Q4_K,
+            "q2_K" => EngramType::Q2_K,
+            _ => panic!("format {name}?"),
+        };
+        let data = wkv_bytes(ty, 1, &mut rng);
+        let w = weights_of(ty, &data);
+        for &n in &ns {
+            let x: Vec<u16> = (0..n * K_IN).map(|_| f32_to_bf16(rng.f32())).collect();
+            let mut kv = vec![0f32; n * K_OUT];
+            let (mut calls, c0) = (0usize, cpu_seconds());
+            let t = stats(3, 1.0, || {
+                calls += 1;
+                p.run(&x, n, K_IN, w, K_OUT, &mut kv).unwrap()
+            });
+            let cpu = (cpu_seconds() - c0) / calls as f64;
+            let flop = 2.0 * (n * K_IN * K_OUT) as f64;
+            println!(
+                "projection {name} {n} tokens: {} ms, {:.1} GFLOP/s, {:.2} GB/s of wkv; per CPU-second {:.1} GFLOP, {:.2} GB",
+                t.ms(),
+                flop / t.med / 1e9,
+                data.len() as f64 / t.med / 1e9,
+                flop / cpu / 1e9,
+                data.len() as f64 / cpu / 1e9
+            );
+        }
+    }
+}
+
+fn bench_bf16(threads: usize, bw: f64, rng: &mut Rng) {
     let wkv_bytes = (K_IN * K_OUT * 2) as f64;
     let nl = layers_for(K_IN * K_OUT * 2);
-    let model = Model::new(nl, &mut rng);
+    let model = Model::new(nl, rng);
     println!(
         "\n## apply at the V4.1 geometry (D {D}, hc {HC}, C {COLS}, Hd {HD}; bf16 wkv [{K_OUT} x {K_IN}], fp8 rows; {nl} layers visited in turn)"
     );
@@ -460,55 +728,66 @@ fn bench_apply(threads: usize) {
         .collect();
     let ws: Vec<Weights<'_>> = wkv.chunks(K_IN * K_OUT).map(Weights::Bf16).collect();
     let ctx = model.context(threads, &ws);
-    // Our kernel's GEMM rate on a large problem.
+    // Our kernel's GEMM rate on a large problem (the projection alone).
     let gemm_ours = {
-        let p = Projection::new(threads).unwrap();
+        let mut p = Projection::new(threads).unwrap();
+        if let Some(k) = kernel_env() {
+            p.set_kernel(k);
+        }
         let (n, o) = (512usize, 2048usize);
         let x: Vec<u16> = (0..n * K_IN).map(|_| f32_to_bf16(rng.f32())).collect();
         let mut kv = vec![0f32; n * o];
         let t = median(3, 0.5, || {
             p.run(&x, n, K_IN, Weights::Bf16(&wkv[..o * K_IN]), o, &mut kv)
+                .unwrap()
         });
         2.0 * (n * o * K_IN) as f64 / t
     };
     let ns = [1usize, 8, 64, 512];
-    let ours: Vec<f64> = ns
-        .iter()
-        .map(|&n| model.time_apply(&ctx, n, &mut rng))
-        .collect();
+    let ours: Vec<Stat> = ns.iter().map(|&n| model.time_apply(&ctx, n, rng)).collect();
     let mem = ctx.memory_bytes();
     drop(ctx);
     drop(ws);
     drop(wkv);
+    // The bandwidth again, right after our timings: on a shared machine the
+    // first probe may have met other work; the roofline takes the better one.
+    let bw2 = memory_bandwidth(threads);
+    println!(
+        "memory read bandwidth probed again after the apply timings: {:.1} GB/s (the roofline uses the larger)",
+        bw2 / 1e9
+    );
+    let bw = bw.max(bw2);
     let spec = json!({"threads": threads, "D": D, "hc": HC, "Hd": HD, "C": COLS, "table_rows": model.rows, "ns": ns});
     let peer = run_peer("apply", &spec);
-    let gemm_torch = peer.as_ref().and_then(|p| p["gemm_flops"].as_f64());
-    let best_gemm = gemm_ours.max(gemm_torch.unwrap_or(0.0));
+    let pf = |key: &str| peer.as_ref().and_then(|p| p[key].as_f64());
+    let (gemm_bf16, gemm_f32) = (pf("gemm_bf16_flops"), pf("gemm_f32_flops"));
+    let best_gemm = gemm_ours
+        .max(gemm_bf16.unwrap_or(0.0))
+        .max(gemm_f32.unwrap_or(0.0));
     println!(
-        "memory read bandwidth {:.1} GB/s; bf16 GEMM rate: engram {:.1} GFLOP/s{}",
-        bw / 1e9,
+        "GEMM rate (512 x 2048 x {K_IN}): engram bf16 {:.1} GFLOP/s; torch bf16 {}, torch f32 {} GFLOP/s (1024 x 4096 x {K_IN})",
         gemm_ours / 1e9,
-        gemm_torch
-            .map(|g| format!(", torch {:.1} GFLOP/s", g / 1e9))
-            .unwrap_or_default()
+        gemm_bf16.map_or("-".into(), |g| format!("{:.1}", g / 1e9)),
+        gemm_f32.map_or("-".into(), |g| format!("{:.1}", g / 1e9)),
     );
-    println!("| tokens | engram ms | torch ms | torch/engram | roofline ms | engram/roofline |");
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("| tokens | engram ms (min-max) | torch bf16 ms | torch f32 ms | torch bf16/engram | torch f32/engram | roofline ms | engram/roofline |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (i, &n) in ns.iter().enumerate() {
         let flops = 2.0 * (n * K_IN * K_OUT) as f64;
         let roof = (wkv_bytes / bw).max(flops / best_gemm);
-        let torch = peer.as_ref().and_then(|p| p[n.to_string()].as_f64());
+        let tb = pf(&format!("bf16_{n}"));
+        let tf = pf(&format!("f32_{n}"));
+        let f = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.2}", t * 1e3));
+        let r = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.2}x", t / ours[i].med));
         println!(
-            "| {n} | {:.2} | {} | {} | {:.2} | {:.2} |",
-            ours[i] * 1e3,
-            torch
-                .map(|t| format!("{:.2}", t * 1e3))
-                .unwrap_or("-".into()),
-            torch
-                .map(|t| format!("{:.2}x", t / ours[i]))
-                .unwrap_or("-".into()),
+            "| {n} | {} | {} | {} | {} | {} | {:.2} | {:.2} |",
+            ours[i].ms(),
+            f(tb),
+            f(tf),
+            r(tb),
+            r(tf),
             roof * 1e3,
-            ours[i] / roof
+            ours[i].med / roof
         );
     }
     let tables = model.token_map.len() * 4
@@ -518,18 +797,19 @@ fn bench_apply(threads: usize) {
         "\ncontext memory: measured {mem} bytes; README formula: hash tables {tables} + q*k {qk} = {} (+ history: none hashed here)",
         tables + qk
     );
-    bench_wkv_formats(threads, bw, &mut rng);
 }
 
-/// Decode (one token) with `wkv` in bf16, Q8_0 and Q2_K: time and bytes read
-/// per token against the memory roofline.
+/// `wkv` in bf16 and GGUF Q8_0, Q4_K and Q2_K: decode (one token) time and
+/// bytes read against the memory roofline (the bandwidth probed again after
+/// each format's decode timing, the larger figure kept), and 64 and 512 tokens.
 fn bench_wkv_formats(threads: usize, bw: f64, rng: &mut Rng) {
-    println!("\n## decode apply by wkv format (1 token, V4.1 geometry)");
-    println!("| wkv | bytes per token | engram ms | GB/s | roofline ms | engram/roofline |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("\n## apply by wkv format (V4.1 geometry; decode against each format's bytes over the bandwidth)");
+    println!("| wkv | bytes per token | 1 token ms (min-max) | GB/s | roofline ms | engram/roofline | 64 tokens ms | 512 tokens ms |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for (name, ty) in [
         ("bf16", EngramType::Bf16),
         ("q8_0", EngramType::Q8_0),
+        ("q4_K", EngramType::Q4_K),
         ("q2_K", EngramType::Q2_K),
     ] {
         let fmt = EngramType::row_format(ty as u32, K_IN).unwrap();
@@ -546,6 +826,7 @@ fn bench_wkv_formats(threads: usize, bw: f64, rng: &mut Rng) {
             match ty {
                 EngramType::Q8_0 if at < 2 => *b = [0x00, 0x1c][at],
                 EngramType::Q2_K if at >= 80 => *b = [0x00, 0x1c, 0x00, 0x18][at - 80],
+                EngramType::Q4_K if at < 4 => *b = [0x00, 0x1c, 0x00, 0x18][at],
                 EngramType::Bf16 if at == 1 => *b = 0x3c + (*b & 1),
                 _ => {}
             }
@@ -559,15 +840,20 @@ fn bench_wkv_formats(threads: usize, bw: f64, rng: &mut Rng) {
             .collect();
         let ctx = model.context(threads, &ws);
         let t = model.time_apply(&ctx, 1, rng);
+        let bw = bw.max(memory_bandwidth(threads));
+        let t64 = model.time_apply(&ctx, 64, rng);
+        let t512 = model.time_apply(&ctx, 512, rng);
         let bytes = layer_bytes as f64 + (COLS * (HD + HD / 32)) as f64;
         let roof = bytes / bw;
         println!(
-            "| {name} | {:.1} MB | {:.2} | {:.1} | {:.2} | {:.2} |",
+            "| {name} | {:.1} MB | {} | {:.1} | {:.2} | {:.2} | {} | {} |",
             bytes / 1e6,
-            t * 1e3,
-            bytes / t / 1e9,
+            t.ms(),
+            bytes / t.med / 1e9,
             roof * 1e3,
-            t / roof
+            t.med / roof,
+            t64.ms(),
+            t512.ms()
         );
     }
 }

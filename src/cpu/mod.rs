@@ -93,7 +93,7 @@ impl CpuBackend<'_> {
             invalid_row(layer.layer_id, live.ids[j], t, c, &e.describe())
         })?;
         self.projection
-            .run(&rows, nl, s.k_in, layer.wkv, s.k_out, &mut kv);
+            .run(&rows, nl, s.k_in, layer.wkv, s.k_out, &mut kv)?;
         Ok((rows, kv))
     }
 }

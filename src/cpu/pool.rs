@@ -46,6 +46,11 @@ impl Pool {
         }
     }
 
+    /// The pool's threads.
+    pub fn current_num_threads(&self) -> usize {
+        self.threads.len()
+    }
+
     /// Run `f` in the pool (see `rayon::ThreadPool::install`).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool

@@ -29,14 +29,20 @@ impl SeqHistory {
 
     /// Make `pos` writable, allocating fallibly: an allocation failure is an
     /// error status, not an abort. Adds only pages of unset entries, which
-    /// `get` cannot tell from no page.
-    fn reserve(&mut self, pos: usize) -> Result<()> {
+    /// `get` cannot tell from no page. Returns what it changed, for
+    /// [`SeqHistory::unreserve`].
+    fn reserve(&mut self, pos: usize) -> Result<Reserved> {
         let pi = pos / PAGE;
         let oom = || {
             Error::new(
                 crate::EngramStatus::ErrCapacity,
                 format!("out of memory for the history at position {pos}"),
             )
+        };
+        let r = Reserved {
+            page: pi,
+            old_len: self.pages.len(),
+            old_cap: self.pages.capacity(),
         };
         if self.pages.len() <= pi {
             self.pages
@@ -46,22 +52,47 @@ impl SeqHistory {
         }
         if self.pages[pi].is_none() {
             let mut v: Vec<i32> = Vec::new();
-            v.try_reserve_exact(PAGE).map_err(|_| oom())?;
+            if v.try_reserve_exact(PAGE).is_err() {
+                self.unreserve(&r);
+                return Err(oom());
+            }
             v.resize(PAGE, UNSET);
             self.pages[pi] = Some(v.into_boxed_slice());
         }
-        Ok(())
+        Ok(r)
     }
 
-    /// Reserve `pos`, write `v` there and return what it held.
+    /// Undo a [`SeqHistory::reserve`] whose page holds nothing but unset
+    /// entries again: free the page, and give back the page table's growth.
+    fn unreserve(&mut self, r: &Reserved) {
+        if let Some(p) = self.pages.get_mut(r.page) {
+            *p = None;
+        }
+        if self.pages.len() > r.old_len {
+            self.pages.truncate(r.old_len);
+        }
+        if self.pages.capacity() > r.old_cap {
+            // Moved into an allocation of the old size (fallibly: should even
+            // that fail, the larger table stays, holding nothing extra).
+            let mut v = Vec::new();
+            if v.try_reserve_exact(r.old_cap).is_ok() {
+                v.append(&mut self.pages);
+                self.pages = v;
+            }
+        }
+    }
+
+    /// Reserve `pos`, write `v` there and return what it held, and what the
+    /// reservation changed when it had to allocate.
     #[inline]
-    fn claim(&mut self, pos: usize, v: i32) -> Result<i32> {
+    fn claim(&mut self, pos: usize, v: i32) -> Result<(i32, Option<Reserved>)> {
         let pi = pos / PAGE;
+        let mut r = None;
         if !matches!(self.pages.get(pi), Some(Some(_))) {
-            self.reserve(pos)?;
+            r = Some(self.reserve(pos)?);
         }
         let page = self.pages[pi].as_mut().expect("reserved above");
-        Ok(std::mem::replace(&mut page[pos % PAGE], v))
+        Ok((std::mem::replace(&mut page[pos % PAGE], v), r))
     }
 
     /// Write a reserved position.
@@ -108,6 +139,15 @@ impl SeqHistory {
     }
 }
 
+/// What one [`SeqHistory::reserve`] allocated: the page, and the page
+/// table's length and capacity before it.
+#[derive(Clone, Copy, Debug)]
+struct Reserved {
+    page: usize,
+    old_len: usize,
+    old_cap: usize,
+}
+
 /// Per-sequence history of compressed ids by absolute position.
 #[derive(Clone, Debug)]
 pub struct History {
@@ -123,6 +163,9 @@ struct Scratch {
     batch: Vec<(usize, usize, i32)>,
     /// What each batch position held before the call, to restore on error.
     saved: Vec<i32>,
+    /// (sequence, reservation) of every page this call allocated, to free on
+    /// error: a failed call leaves the history's memory as it found it.
+    reserved: Vec<(usize, Reserved)>,
     /// Look-back windows `[n, N]`.
     windows: Vec<i64>,
 }
@@ -246,16 +289,72 @@ impl History {
         //    error. Any error puts back what was claimed.
         sc.batch.clear();
         sc.saved.clear();
+        sc.reserved.clear();
+        let cap = |e: std::collections::TryReserveError| {
+            Error::new(
+                crate::EngramStatus::ErrCapacity,
+                format!("out of memory for the hash's working buffers ({n} tokens): {e}"),
+            )
+        };
+        sc.batch.try_reserve(n).map_err(cap)?;
+        sc.saved.try_reserve(n).map_err(cap)?;
+        sc.reserved.try_reserve(n).map_err(cap)?;
+        sc.windows.try_reserve(n * nn).map_err(cap)?;
         for i in 0..n {
+            // The token map is larger than L2 and read at random: ask for the
+            // entry a few tokens ahead now, so it is in cache when needed.
+            #[cfg(target_arch = "x86_64")]
+            if let Some(&ahead) = tokens.get(i + 16) {
+                if let Some(e) = usize::try_from(ahead).ok().and_then(|a| t.token_map.get(a)) {
+                    // SAFETY: a prefetch hint of an address inside `token_map`;
+                    // it reads nothing and cannot fault.
+                    unsafe {
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                            e as *const i32 as *const i8,
+                        )
+                    };
+                }
+            }
+            // The common case of a prefill: the next position of the previous
+            // token's sequence, in the same page. Claimed without the general
+            // checks (the sequence was checked, the position is in range, its
+            // page exists); anything else (a token the map refuses, a position
+            // claimed twice, a page or range edge) takes the general path
+            // below, which reports it exactly as for any token.
+            if let Some(&(s, lp, _)) = sc.batch.last() {
+                let p = lp + 1;
+                if seq_ids[i] == seq_ids[i - 1]
+                    && pos[i] as i64 == pos[i - 1] as i64 + 1
+                    && !p.is_multiple_of(PAGE)
+                    && p < self.limits.max_positions
+                {
+                    if let Ok(c) = t.compress(i, tokens[i]) {
+                        let page = self.seqs[s].pages[p / PAGE]
+                            .as_mut()
+                            .expect("the previous position's page");
+                        let slot = &mut page[p % PAGE];
+                        if !(MARK_BASE..MARK_BASE + n as i32).contains(slot) {
+                            let old = std::mem::replace(slot, MARK_BASE + i as i32);
+                            sc.batch.push((s, p, c));
+                            sc.saved.push(old);
+                            continue;
+                        }
+                    }
+                }
+            }
             let claimed = (|| {
                 let s = self.check_seq(seq_ids[i]).map_err(|e| at_token(i, e))?;
                 let p = self.limits.pos(i, pos[i])?;
                 let c = t.compress(i, tokens[i])?;
-                let old = self.seqs[s].claim(p, MARK_BASE + i as i32)?;
-                Ok((s, p, c, old))
+                let (old, r) = self.seqs[s].claim(p, MARK_BASE + i as i32)?;
+                Ok((s, p, c, old, r))
             })();
             match claimed {
-                Ok((s, p, c, old)) => {
+                Ok((s, p, c, old, r)) => {
+                    // (Each push fits the capacity reserved above.)
+                    if let Some(r) = r {
+                        sc.reserved.push((s, r));
+                    }
                     sc.batch.push((s, p, c));
                     sc.saved.push(old);
                     if (MARK_BASE..MARK_BASE + n as i32).contains(&old) {
@@ -280,9 +379,24 @@ impl History {
         sc.windows.clear();
         sc.windows.resize(n * nn, 0);
         for (i, &(s, p, c)) in sc.batch.iter().enumerate() {
-            let w = &mut sc.windows[i * nn..(i + 1) * nn];
+            let (done, rest) = sc.windows.split_at_mut(i * nn);
+            let w = &mut rest[..nn];
             if c == -1 {
                 w[0] = -1;
+                continue;
+            }
+            // The common case of a prefill: the previous token of the batch
+            // is this sequence's previous position. Its window, shifted by
+            // one, is this one's look-back (blocked where it was blocked, or
+            // entirely if that token is dead), so no history is read.
+            if i > 0 && sc.batch[i - 1].0 == s && sc.batch[i - 1].1 + 1 == p {
+                let prev = &done[(i - 1) * nn..];
+                w[0] = c as i64;
+                if prev[0] == -1 {
+                    w[1..].fill(t.pad_id);
+                } else {
+                    w[1..].copy_from_slice(&prev[..nn - 1]);
+                }
                 continue;
             }
             let h = &self.seqs[s];
@@ -318,6 +432,8 @@ impl History {
 
     /// Put back what the positions claimed so far held, newest first (so a
     /// position claimed twice ends with its original value).
+    /// Then free the pages the call allocated, newest first (so each page
+    /// table ends with the length and capacity it had before the call).
     fn restore(&mut self, sc: &Scratch) {
         for (&(s, p, _), &old) in sc.batch.iter().zip(&sc.saved).rev() {
             let h = &mut self.seqs[s];
@@ -325,9 +441,311 @@ impl History {
                 page[p % PAGE] = old;
             }
         }
+        for (s, r) in sc.reserved.iter().rev() {
+            self.seqs[*s].unreserve(r);
+        }
     }
 }
 
 fn at_token(i: usize, e: Error) -> Error {
     Error::new(e.status, format!("token {i}: {}", e.message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::{derive_offsets, derive_primes_uniform, HashTablesIn};
+
+    fn tables() -> HashTables {
+        let primes = derive_primes_uniform(1, 3, 8, 20_000).unwrap();
+        let offsets = derive_offsets(&primes, 16);
+        let map: Vec<i32> = (0..100).collect();
+        HashTables::new(&HashTablesIn {
+            layer_ids: &[3],
+            max_ngram: 3,
+            n_heads: 8,
+            token_map: &map,
+            pad_id: 0,
+            multipliers: &[3, 5, 7],
+            primes: &primes,
+            offsets: &offsets,
+        })
+        .unwrap()
+    }
+
+    /// A failing call leaves the history's memory as it found it: the pages
+    /// (and page-table growth) it reserved before reaching the bad token are
+    /// released, over many failed calls and over one call across thousands of
+    /// sequences, whichever check fails.
+    #[test]
+    fn failed_calls_release_what_they_reserved() {
+        let t = tables();
+        let seqs = 4096;
+        let mut h = History::new(Limits {
+            max_tokens: seqs + 1,
+            max_seqs: seqs,
+            max_positions: 1 << 24,
+        })
+        .unwrap();
+        let row = t.n_layers() * t.cols();
+        // Some history to keep: sequence 0 has positions 0..10.
+        let mut out = vec![0i64; 10 * row];
+        let toks: Vec<i32> = (0..10).collect();
+        h.hash(&t, &toks, &[0; 10], &toks, &mut out).unwrap();
+        let before = h.bytes();
+        let mut out = vec![0i64; (seqs + 1) * row];
+        // One call over every sequence, far out (a dead token needs no
+        // look-back, so each claims a fresh page and page-table entries),
+        // failing at its last token.
+        let far = 64 * PAGE as i32;
+        for bad in 0..4 {
+            let mut tokens = vec![crate::hash::TOKEN_DEAD; seqs + 1];
+            let mut seq_ids: Vec<i32> = (0..seqs as i32).collect();
+            seq_ids.push(0);
+            let mut pos: Vec<i32> = (0..seqs as i32).map(|s| far + s).collect();
+            pos.push(far + 7);
+            match bad {
+                0 => tokens[seqs] = 1000,       // outside token_map
+                1 => seq_ids[seqs] = -2,        // no such sequence
+                2 => pos[seqs] = 1 << 25,       // past max_positions
+                _ => pos[seqs] = pos[seqs - 1], // a position twice
+            }
+            // The dead tokens and the bad one: sequence 0 sees two tokens.
+            if bad == 3 {
+                seq_ids[seqs] = seq_ids[seqs - 1];
+            }
+            assert!(h.hash(&t, &tokens, &seq_ids, &pos, &mut out).is_err());
+            assert_eq!(
+                h.bytes(),
+                before,
+                "case {bad}: memory kept by a failed call"
+            );
+        }
+        // Many failed calls on one sequence, each reaching further out, the
+        // last token needing history that was never written.
+        let mut out = vec![0i64; 2 * row];
+        for i in 0..64 {
+            let p = (i + 2) * 8 * PAGE as i32;
+            let r = h.hash(
+                &t,
+                &[crate::hash::TOKEN_DEAD, 5],
+                &[1, 1],
+                &[p, p + 9],
+                &mut out,
+            );
+            assert_eq!(
+                r.unwrap_err().status,
+                crate::EngramStatus::ErrMissingHistory
+            );
+            assert_eq!(h.bytes(), before, "call {i}: memory kept by a failed call");
+        }
+        // What was there is untouched, and a good call still works.
+        assert_eq!(h.len(0), 10);
+        let mut out = vec![0i64; row];
+        h.hash(&t, &[4], &[0], &[10], &mut out).unwrap();
+        assert_eq!(h.len(0), 11);
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+    use crate::hash::{derive_offsets, derive_primes_uniform, HashTablesIn, TOKEN_DEAD};
+
+    /// A batch of consecutive positions (whose windows are the previous
+    /// token's, shifted) gives the ids of the same tokens hashed one call at a
+    /// time (windows read from the history), with dead tokens (explicit, and
+    /// mapped to -1) blocking the look-back, runs starting mid-sequence, and
+    /// two sequences interleaved.
+    #[test]
+    fn shifted_windows_equal_history_windows() {
+        let primes = derive_primes_uniform(2, 4, 8, 20_000).unwrap();
+        let offsets = derive_offsets(&primes, 24);
+        let map: Vec<i32> = (0..50)
+            .map(|i| if i % 7 == 3 { -1 } else { i * 3 })
+            .collect();
+        let t = HashTables::new(&HashTablesIn {
+            layer_ids: &[1, 2],
+            max_ngram: 4,
+            n_heads: 8,
+            token_map: &map,
+            pad_id: 5,
+            multipliers: &[3, 5, 7, 9, 11, 13, 15, 17],
+            primes: &primes,
+            offsets: &offsets,
+        })
+        .unwrap();
+        let limits = Limits {
+            max_tokens: 600,
+            max_seqs: 2,
+            max_positions: 1000,
+        };
+        let row = t.n_layers() * t.cols();
+        let mut z = 9u64;
+        let mut next = move || {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (z >> 33) as i32
+        };
+        for round in 0..20 {
+            // Sequence 0: positions 0..a in one call, then a..300 in a second;
+            // sequence 1: 0..300 interleaved in the second call.
+            let a = 1 + (next() % 200) as usize;
+            let tok = |next: &mut dyn FnMut() -> i32| {
+                let r = next() % 60;
+                if r >= 50 {
+                    TOKEN_DEAD
+                } else {
+                    r
+                }
+            };
+            let toks0: Vec<i32> = (0..300).map(|_| tok(&mut next)).collect();
+            let toks1: Vec<i32> = (0..300).map(|_| tok(&mut next)).collect();
+            let mut batched = History::new(limits).unwrap();
+            let mut out = vec![0i64; a * row];
+            let pos: Vec<i32> = (0..a as i32).collect();
+            batched
+                .hash(&t, &toks0[..a], &vec![0; a], &pos, &mut out)
+                .unwrap();
+            let mut got0 = out.clone();
+            // The rest of sequence 0 and all of sequence 1, in runs of 1..8
+            // tokens alternating between the two.
+            let (mut i0, mut i1) = (a, 0usize);
+            let (mut tokens, mut seqs, mut poss) = (vec![], vec![], vec![]);
+            while i0 < 300 || i1 < 300 {
+                let run = 1 + (next() % 8) as usize;
+                for _ in 0..run {
+                    if i0 < 300 {
+                        tokens.push(toks0[i0]);
+                        seqs.push(0);
+                        poss.push(i0 as i32);
+                        i0 += 1;
+                    }
+                }
+                for _ in 0..run {
+                    if i1 < 300 {
+                        tokens.push(toks1[i1]);
+                        seqs.push(1);
+                        poss.push(i1 as i32);
+                        i1 += 1;
+                    }
+                }
+            }
+            let mut out = vec![0i64; tokens.len() * row];
+            batched.hash(&t, &tokens, &seqs, &poss, &mut out).unwrap();
+            let mut got1 = vec![];
+            for (j, s) in seqs.iter().enumerate() {
+                let ids = &out[j * row..(j + 1) * row];
+                if *s == 0 {
+                    got0.extend_from_slice(ids);
+                } else {
+                    got1.extend_from_slice(ids);
+                }
+            }
+            // One token a call.
+            let mut single = History::new(limits).unwrap();
+            let mut one = vec![0i64; row];
+            for (s, toks, got) in [(0, &toks0, &got0), (1, &toks1, &got1)] {
+                for (p, &tk) in toks.iter().enumerate() {
+                    single.hash(&t, &[tk], &[s], &[p as i32], &mut one).unwrap();
+                    assert_eq!(
+                        one[..],
+                        got[p * row..(p + 1) * row],
+                        "round {round}: sequence {s} position {p}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod run_tests {
+    use super::*;
+    use crate::hash::{derive_offsets, derive_primes_uniform, HashTablesIn};
+    use crate::EngramStatus;
+
+    /// A bad token inside a run of consecutive positions (claimed by the fast
+    /// path) fails the call with the message the general path gives, naming
+    /// that token, and leaves the history as it was: its bytes, and the ids a
+    /// later good call gets, equal those of a history that never saw the call.
+    #[test]
+    fn a_bad_token_inside_a_run_changes_nothing() {
+        let primes = derive_primes_uniform(1, 3, 4, 20_000).unwrap();
+        let offsets = derive_offsets(&primes, 8);
+        let map: Vec<i32> = (0..100).collect();
+        let t = HashTables::new(&HashTablesIn {
+            layer_ids: &[3],
+            max_ngram: 3,
+            n_heads: 4,
+            token_map: &map,
+            pad_id: 0,
+            multipliers: &[3, 5, 7],
+            primes: &primes,
+            offsets: &offsets,
+        })
+        .unwrap();
+        let limits = Limits {
+            max_tokens: 5000,
+            max_seqs: 2,
+            max_positions: 4098,
+        };
+        let row = t.cols();
+        let prefix: Vec<i32> = (0..4090).map(|i| i % 97).collect();
+        let ppos: Vec<i32> = (0..4090).collect();
+        let mut out = vec![0i64; 4090 * row];
+        let mut h = History::new(limits).unwrap();
+        let mut fresh = History::new(limits).unwrap();
+        for hist in [&mut h, &mut fresh] {
+            hist.hash(&t, &prefix, &vec![0; 4090], &ppos, &mut out)
+                .unwrap();
+        }
+        let run: Vec<i32> = (4090..4100).collect();
+        let toks = vec![5i32; 10];
+        let cases: Vec<(Vec<i32>, Vec<i32>, EngramStatus, &str)> = vec![
+            // A token the map refuses, mid-run (past the page edge at 4096).
+            (
+                {
+                    let mut t = toks[..8].to_vec();
+                    t[7] = 1000;
+                    t
+                },
+                run[..8].to_vec(),
+                EngramStatus::ErrInvalidToken,
+                "token 7:",
+            ),
+            // The run passes max_positions (4098) at its 9th token.
+            (
+                toks.clone(),
+                run.clone(),
+                EngramStatus::ErrInvalidSequence,
+                "token 8:",
+            ),
+            // A position claimed twice: 4090..4096 then 4093 again.
+            (
+                toks[..8].to_vec(),
+                vec![4090, 4091, 4092, 4093, 4094, 4095, 4093, 4094],
+                EngramStatus::ErrInvalidSequence,
+                "tokens 3 and 6:",
+            ),
+        ];
+        for (tokens, pos, status, msg) in cases {
+            let n = tokens.len();
+            let mut out = vec![0i64; n * row];
+            let e = h
+                .hash(&t, &tokens, &vec![0; n], &pos, &mut out)
+                .unwrap_err();
+            assert_eq!(e.status, status, "{}", e.message);
+            assert!(e.message.starts_with(msg), "{}", e.message);
+            assert_eq!(h.bytes(), fresh.bytes());
+            assert_eq!(h.len(0), 4090);
+        }
+        let (mut a, mut b) = (vec![0i64; 8 * row], vec![0i64; 8 * row]);
+        h.hash(&t, &toks[..8], &[0; 8], &run[..8], &mut a).unwrap();
+        fresh
+            .hash(&t, &toks[..8], &[0; 8], &run[..8], &mut b)
+            .unwrap();
+        assert_eq!(a, b);
+    }
 }

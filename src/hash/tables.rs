@@ -1,9 +1,9 @@
 //! The validated hash tables of all engram layers and the hash of look-back
 //! windows (SPEC section 1, step 3).
 
-use super::reduce::rem_fast;
 #[cfg(target_arch = "x86_64")]
-use super::reduce::simd;
+use super::reduce::{narrow, simd};
+use super::reduce::{rem_fast, NARROW_PRIMES};
 use super::{ROW_ID_DEAD, TOKEN_DEAD};
 use crate::error::{bail, Result};
 
@@ -31,8 +31,22 @@ pub struct HashTables {
     /// `1/prime` per column, when every prime allows the floating-point
     /// reduction of [`rem_fast`] (all of them in `[2^14, 2^62)`).
     inv_primes: Option<Vec<f64>>,
-    /// Whether the AVX-512 form of that reduction runs (8 heads at a time).
-    simd: bool,
+    /// Which form of the reduction runs.
+    path: HashPath,
+}
+
+/// How the hash's modulo runs (all give the same row ids).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HashPath {
+    /// `rem_euclid` (a division): primes outside `[2^14, 2^62)`.
+    Division,
+    /// [`rem_fast`], one column at a time.
+    Scalar,
+    /// AVX-512: 8 heads at a time, the correction in 64-bit integers.
+    Avx512,
+    /// AVX2: 4 heads at a time, the correction in 32-bit integers (every
+    /// prime below 2^31, as the released model's are).
+    Avx2Narrow,
 }
 
 /// The raw tables as an engine hands them over (GGUF widths).
@@ -161,36 +175,60 @@ impl HashTables {
             primes: t.primes.iter().map(|&p| p as i64).collect(),
             offsets: t.offsets.iter().map(|&o| o as i64).collect(),
             rows_needed,
-            simd: false,
+            path: HashPath::Division,
             inv_primes: t
                 .primes
                 .iter()
                 .all(|&p| (1 << 14..1 << 62).contains(&p))
                 .then(|| t.primes.iter().map(|&p| 1.0 / p as f64).collect()),
         }
-        .with_simd(true))
+        .with_best_path())
     }
 
-    /// Use the AVX-512 reduction where the CPU and the tables allow it
-    /// (`want = false` keeps the scalar one, for tests comparing the two).
-    pub fn with_simd(mut self, want: bool) -> HashTables {
-        #[cfg(target_arch = "x86_64")]
-        {
-            self.simd = want
-                && self.inv_primes.is_some()
-                && self.n_heads.is_multiple_of(8)
-                && simd::available();
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = want;
-        }
-        self
+    /// The fastest path this CPU and these tables allow: the AVX2 32-bit
+    /// correction, else AVX-512, else scalar, else the division.
+    pub fn with_best_path(self) -> HashTables {
+        let p = [HashPath::Avx2Narrow, HashPath::Avx512, HashPath::Scalar]
+            .into_iter()
+            .find(|&p| self.allows(p))
+            .unwrap_or(HashPath::Division);
+        self.with_path(p).expect("an allowed path")
     }
 
-    /// Whether the AVX-512 reduction is in use.
-    pub fn simd(&self) -> bool {
-        self.simd
+    /// Whether this CPU and these tables allow `path`.
+    pub fn allows(&self, path: HashPath) -> bool {
+        let inv = self.inv_primes.is_some();
+        match path {
+            HashPath::Division => true,
+            HashPath::Scalar => inv,
+            #[cfg(target_arch = "x86_64")]
+            HashPath::Avx512 => inv && self.n_heads.is_multiple_of(8) && simd::available(),
+            #[cfg(target_arch = "x86_64")]
+            HashPath::Avx2Narrow => {
+                inv && self.n_heads.is_multiple_of(4)
+                    && self
+                        .primes
+                        .iter()
+                        .all(|&p| NARROW_PRIMES.contains(&(p as u64)))
+                    && narrow::available()
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Use `path` (tests and benchmarks compare them); `None` if this CPU or
+    /// these tables do not allow it.
+    pub fn with_path(mut self, path: HashPath) -> Option<HashTables> {
+        self.allows(path).then(|| {
+            self.path = path;
+            self
+        })
+    }
+
+    /// The path in use.
+    pub fn path(&self) -> HashPath {
+        self.path
     }
 
     /// Hash columns per token per layer, `C = (N-1)*H`.
@@ -221,23 +259,49 @@ impl HashTables {
     /// dead one starting with -1) into `out` (`[n, n_layers * C]`).
     pub fn hash_windows(&self, windows: &[i64], out: &mut [i64]) {
         #[cfg(target_arch = "x86_64")]
-        if let (true, Some(inv)) = (self.simd, &self.inv_primes) {
-            // SAFETY: `simd` is set only when the CPU has avx512f and avx512dq
-            // and `n_heads` is a multiple of 8; the sizes are the tables'.
-            unsafe {
-                simd::windows(
-                    windows,
-                    self.max_ngram,
-                    self.n_heads,
-                    &self.multipliers,
-                    &self.primes,
-                    inv,
-                    &self.offsets,
-                    ROW_ID_DEAD,
-                    out,
-                )
-            };
-            return;
+        if let Some(inv) = &self.inv_primes {
+            let args = (
+                self.max_ngram,
+                self.n_heads,
+                &self.multipliers,
+                &self.primes,
+            );
+            match self.path {
+                // SAFETY: `path` is Avx512 only when `allows` found avx512f and
+                // avx512dq and `n_heads` a multiple of 8; the sizes are the tables'.
+                HashPath::Avx512 => unsafe {
+                    simd::windows(
+                        windows,
+                        args.0,
+                        args.1,
+                        args.2,
+                        args.3,
+                        inv,
+                        &self.offsets,
+                        ROW_ID_DEAD,
+                        out,
+                    );
+                    return;
+                },
+                // SAFETY: `path` is Avx2Narrow only when `allows` found avx2
+                // and fma, `n_heads` a multiple of 4 and every prime in
+                // NARROW_PRIMES; the sizes are the tables'.
+                HashPath::Avx2Narrow => unsafe {
+                    narrow::windows(
+                        windows,
+                        args.0,
+                        args.1,
+                        args.2,
+                        args.3,
+                        inv,
+                        &self.offsets,
+                        ROW_ID_DEAD,
+                        out,
+                    );
+                    return;
+                },
+                _ => {}
+            }
         }
         let row = self.n_layers() * self.cols();
         for (w, o) in windows
@@ -265,25 +329,22 @@ impl HashTables {
             let mut rolling = w[0].wrapping_mul(m[0]);
             match &self.inv_primes {
                 #[cfg(target_arch = "x86_64")]
-                Some(inv) if self.simd => {
+                Some(inv) if matches!(self.path, HashPath::Avx512 | HashPath::Avx2Narrow) => {
                     let inv = &inv[l * cols..(l + 1) * cols];
                     for k in 1..n {
                         rolling ^= w[k].wrapping_mul(m[k]);
                         let c = (k - 1) * h..k * h;
-                        // SAFETY: `simd` is set only when the CPU has avx512f and
-                        // avx512dq and `h` is a multiple of 8.
-                        unsafe {
-                            simd::columns(
-                                rolling,
-                                &primes[c.clone()],
-                                &inv[c.clone()],
-                                &offsets[c.clone()],
-                                &mut o[c],
-                            )
-                        };
+                        let (p, i, of) = (&primes[c.clone()], &inv[c.clone()], &offsets[c.clone()]);
+                        if self.path == HashPath::Avx512 {
+                            // SAFETY: as in `hash_windows`.
+                            unsafe { simd::columns(rolling, p, i, of, &mut o[c]) };
+                        } else {
+                            // SAFETY: as in `hash_windows`.
+                            unsafe { narrow::columns(rolling, p, i, of, &mut o[c]) };
+                        }
                     }
                 }
-                Some(inv) => {
+                Some(inv) if self.path != HashPath::Division => {
                     let inv = &inv[l * cols..(l + 1) * cols];
                     for k in 1..n {
                         rolling ^= w[k].wrapping_mul(m[k]);
@@ -293,7 +354,7 @@ impl HashTables {
                         }
                     }
                 }
-                None => {
+                _ => {
                     for k in 1..n {
                         rolling ^= w[k].wrapping_mul(m[k]);
                         for hh in 0..h {
@@ -312,12 +373,13 @@ mod tests {
     use super::*;
     use crate::hash::{derive_offsets, derive_primes_uniform};
 
-    /// The AVX-512, scalar-float and `rem_euclid` reductions give the same row
-    /// ids on windows of V4.1-like tables, negative rolling values included.
+    /// Every reduction this CPU runs (AVX2 32-bit, AVX-512, scalar float)
+    /// gives the `rem_euclid` row ids, one window at a time and batched, on
+    /// windows of V4.1-like tables (negative rolling values included), at the
+    /// edge primes of each path (just above 2^14, just below 2^31, and primes
+    /// above 2^31 that only the 64-bit paths take), with 4 and 8 heads.
     #[test]
     fn hash_window_paths_agree() {
-        let primes = derive_primes_uniform(2, 4, 8, 16_000_000).unwrap();
-        let offsets = derive_offsets(&primes, 24);
         let mut z = 7u64;
         let mut next = move || {
             z = z.wrapping_add(0x9e3779b97f4a7c15);
@@ -325,33 +387,74 @@ mod tests {
             x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
             x ^ (x >> 29)
         };
-        let multipliers: Vec<u64> = (0..8).map(|_| next() | 1).collect();
-        let map = vec![0i32; 4];
-        let input = HashTablesIn {
-            layer_ids: &[1, 14],
-            max_ngram: 4,
-            n_heads: 8,
-            token_map: &map,
-            pad_id: 2,
-            multipliers: &multipliers,
-            primes: &primes,
-            offsets: &offsets,
-        };
-        let fast = HashTables::new(&input).unwrap();
-        let scalar = HashTables::new(&input).unwrap().with_simd(false);
-        let mut reference = HashTables::new(&input).unwrap().with_simd(false);
-        reference.inv_primes = None;
-        assert!(fast.inv_primes.is_some() && !scalar.simd && !reference.simd);
-        let (mut a, mut b, mut c) = (vec![0i64; 48], vec![0i64; 48], vec![0i64; 48]);
-        for i in 0..20_000 {
-            let w: Vec<i64> = (0..4)
-                .map(|_| (next() % 200_000) as i64 - (i % 2) * 100)
+        for (size, heads) in [
+            (16_000_000u64, 8usize),
+            (16_385, 4),
+            ((1 << 31) - 3000, 8),
+            (1 << 40, 8),
+        ] {
+            let cols = 3 * heads;
+            let primes = derive_primes_uniform(2, 4, heads, size).unwrap();
+            let offsets = derive_offsets(&primes, cols);
+            let multipliers: Vec<u64> = (0..8).map(|_| next() | 1).collect();
+            let map = vec![0i32; 4];
+            let input = HashTablesIn {
+                layer_ids: &[1, 14],
+                max_ngram: 4,
+                n_heads: heads,
+                token_map: &map,
+                pad_id: 2,
+                multipliers: &multipliers,
+                primes: &primes,
+                offsets: &offsets,
+            };
+            let reference = HashTables::new(&input)
+                .unwrap()
+                .with_path(HashPath::Division)
+                .unwrap();
+            let paths: Vec<HashTables> = [HashPath::Scalar, HashPath::Avx512, HashPath::Avx2Narrow]
+                .into_iter()
+                .filter_map(|p| HashTables::new(&input).unwrap().with_path(p))
                 .collect();
-            fast.hash_window(&w, &mut a);
-            scalar.hash_window(&w, &mut b);
-            reference.hash_window(&w, &mut c);
-            assert_eq!(a, c, "{w:?}");
-            assert_eq!(b, c, "{w:?}");
+            let narrow_ok = primes.iter().all(|&p| p < 1 << 31);
+            assert_eq!(
+                narrow_ok,
+                size < 1 << 31,
+                "the edge case is not at the edge"
+            );
+            assert_eq!(
+                HashTables::new(&input)
+                    .unwrap()
+                    .allows(HashPath::Avx2Narrow),
+                narrow_ok && narrow::available(),
+                "size {size}"
+            );
+            eprintln!(
+                "size {size}, {heads} heads: paths {:?}",
+                paths.iter().map(|p| p.path()).collect::<Vec<_>>()
+            );
+            let n = 2000;
+            let windows: Vec<i64> = (0..n * 4)
+                .map(|i| match i % 97 {
+                    0 => -1, // a dead window start now and then
+                    _ => (next() % 200_000) as i64 - ((i / 4) % 2) as i64 * 100,
+                })
+                .collect();
+            let row = 2 * cols;
+            let mut want = vec![0i64; n * row];
+            reference.hash_windows(&windows, &mut want);
+            let mut one = vec![0i64; row];
+            for t in &paths {
+                let mut got = vec![0i64; n * row];
+                t.hash_windows(&windows, &mut got);
+                assert_eq!(got, want, "{:?} batched, size {size}", t.path());
+                for (w, o) in windows.chunks(4).zip(want.chunks(row)) {
+                    if w[0] != -1 {
+                        t.hash_window(w, &mut one);
+                        assert_eq!(one, o, "{:?} one window {w:?}", t.path());
+                    }
+                }
+            }
         }
     }
 }

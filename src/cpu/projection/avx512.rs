@@ -2,7 +2,7 @@
 //! in registers, q8_0 and q2_K weights dequantised in registers for a few
 //! tokens. Chosen at run time (see `super::Kernel::detect`).
 
-use super::{pair_offset, to_bf16_value, KBC, TOKEN_BLOCK};
+use super::{pair_offset, KBC, TOKEN_BLOCK};
 use std::arch::x86_64::*;
 
 /// Weight rows per micro-kernel call, tokens per micro-kernel call.
@@ -82,7 +82,7 @@ pub unsafe fn dequant_q2_k(data: &[u8], out: &mut [f32]) {
 }
 
 /// All `m` rows of `w` (`[m, k]` f32) against all `n` f32 token rows into
-/// `out` (`[m, n]`), f32 FMA in tiles of 4 x 4, bf16-rounded.
+/// `out` (`[m, n]`), f32 FMA in tiles of 4 x 4 (f32 sums; the caller rounds them).
 ///
 /// # Safety
 /// The CPU must have avx512f; sizes as stated.
@@ -116,7 +116,7 @@ pub unsafe fn range_f32(rows: &[f32], n: usize, k: usize, w: &[f32], m: usize, o
                     };
                     for i in 0..r {
                         for j in 0..tt {
-                            out[(o + i) * n + t + j] = to_bf16_value(s[i][j]);
+                            out[(o + i) * n + t + j] = s[i][j];
                         }
                     }
                     t += tt;
@@ -177,7 +177,7 @@ pub unsafe fn range_quant(
                 let s = tile!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
                 for i in 0..r {
                     for j in 0..tt {
-                        out[(o + i) * n + t + j] = to_bf16_value(s[i][j]);
+                        out[(o + i) * n + t + j] = s[i][j];
                     }
                 }
                 t += tt;
@@ -363,7 +363,7 @@ const RB: usize = 6;
 const TB: usize = 32;
 
 /// Outputs `lo..hi` of bf16 weights `w` for all `n` tokens (in
-/// [`super::pair_split`] layout) into `out` (`[hi-lo, n]`), bf16-rounded.
+/// [`super::pair_split`] layout) into `out` (`[hi-lo, n]`) (f32 sums; the caller rounds them).
 ///
 /// Each output's sum has one fixed order, whatever `n`, the tile or the k
 /// blocking: lane `j` of its accumulator takes, chunk after chunk of 32
@@ -384,14 +384,14 @@ pub unsafe fn range_bf16(
     lo: usize,
     hi: usize,
     out: &mut [f32],
-) {
+) -> crate::error::Result<()> {
     // SAFETY: the caller upholds this function's `# Safety` contract
     // (the CPU features it is compiled for, and the sizes it reads and writes).
     unsafe {
         let chunks = k.div_ceil(32);
         assert!(w.len() >= hi * k && xs.len() == n * chunks * 32 && out.len() == (hi - lo) * n);
         // Accumulators of one row tile against one token block: [row][token][16].
-        let mut accs = vec![_mm512_setzero_ps(); RB * TB];
+        let mut accs = crate::batch::try_vec(RB * TB, _mm512_setzero_ps(), "accumulators")?;
         let mut tb = 0;
         while tb < n {
             let te = (tb + TB).min(n);
@@ -435,13 +435,14 @@ pub unsafe fn range_bf16(
                 for t in tb..te {
                     for i in 0..r {
                         let v = accs[(t - tb) * RB + i];
-                        out[(o + i - lo) * n + t] = to_bf16_value(_mm512_reduce_add_ps(v));
+                        out[(o + i - lo) * n + t] = _mm512_reduce_add_ps(v);
                     }
                 }
                 o += r;
             }
             tb = te;
         }
+        Ok(())
     }
 }
 

@@ -1,18 +1,27 @@
 //! The projection `kv = rows @ wkv^T` on the CPU: bf16 rows, f32 accumulate,
-//! bf16 result (held as f32). One portable kernel, and AVX-512 FMA tiles
-//! chosen at run time where the CPU has them. Work is split over output rows
-//! on the context's own thread pool.
+//! bf16 result (held as f32). A portable kernel, and SIMD kernels chosen at
+//! run time by the CPU's features ([`Kernel::detect`]): AVX2 + FMA (see
+//! `avx2.rs`: dot products for a few tokens, a packed GEMM for batches, both
+//! in one summation order) and AVX-512 (FMA tiles, see `avx512.rs`). Work is
+//! split over output rows on the context's own thread pool.
 //!
-//! Both kernels sum the `K` products of an output in f32, in different orders;
-//! the tests hold both to the same bound (see `tests/golden.rs`). Within one
-//! kernel and weight type, each output's order is fixed: a token's `kv` does
-//! not depend on the batch it came in (engines can check a batched run against
-//! a straight one bit for bit).
+//! The kernels sum the `K` products of an output in f32, in different orders;
+//! the tests hold each to the same bound (see `tests/golden.rs`). Within one
+//! kernel, each output's order is fixed whatever the weight format, the batch
+//! size, the thread count or the code path: a token's `kv` does not depend on
+//! the batch it came in (engines can check a batched run against a straight
+//! one bit for bit), and quantised weights give the bits of f32 weights
+//! holding their dequantised values.
 //!
 //! f32 FMA rather than `vdpbf16ps`: on the AVX-512 machines measured here the
 //! BF16 dot product issues on one port and FMA on two (96 against 183 GFLOP/s
 //! on one core), and widening bf16 to f32 is a shift or a mask.
+//!
+//! No packed copy of `wkv` is kept: the GEMM packs 16 rows at a time into a
+//! per-task panel (`V * K` floats, 393 KB at the V4.1 geometry) during the call.
 
+use crate::batch::try_vec;
+use crate::error::Result;
 use crate::formats::{bf16_to_f32, f32_to_bf16, EngramType, Weights};
 use rayon::prelude::*;
 
@@ -21,6 +30,9 @@ use rayon::prelude::*;
 pub enum Kernel {
     /// Plain Rust, f32 arithmetic (vectorised by the compiler).
     Portable,
+    /// AVX2 + FMA + F16C: dot products from `wkv` in place for a few tokens,
+    /// a packed GEMM for batches, one summation order (see `avx2.rs`).
+    Avx2,
     /// AVX-512 f32 FMA tiles: bf16 weights widened in registers, f32 and
     /// (dequantised per task) quantised weights as they are.
     Avx512,
@@ -29,23 +41,82 @@ pub enum Kernel {
 impl Kernel {
     /// The best kernel this CPU runs.
     pub fn detect() -> Kernel {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-            {
-                return Kernel::Avx512;
+        [Kernel::Avx512, Kernel::Avx2]
+            .into_iter()
+            .find(|k| k.supported())
+            .unwrap_or(Kernel::Portable)
+    }
+
+    /// Whether this CPU runs `self`.
+    pub fn supported(self) -> bool {
+        match self {
+            Kernel::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => avx2::available(),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
         }
-        Kernel::Portable
+    }
+
+    /// A kernel by its name (`portable`, `avx2`, `avx512`), as benchmarks and
+    /// tests name them.
+    pub fn from_name(name: &str) -> Option<Kernel> {
+        match name.to_ascii_lowercase().as_str() {
+            "portable" => Some(Kernel::Portable),
+            "avx2" => Some(Kernel::Avx2),
+            "avx512" => Some(Kernel::Avx512),
+            _ => None,
+        }
+    }
+}
+
+/// The CPU features the kernels look at, as `name+` / `name-` words (for
+/// benchmark headers and reports).
+pub fn cpu_features() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! feats {
+            ($($f:tt),*) => {
+                [$((stringify!($f), std::arch::is_x86_feature_detected!($f))),*]
+            };
+        }
+        let f = feats!(
+            "avx2",
+            "fma",
+            "f16c",
+            "avx512f",
+            "avx512bw",
+            "avx512dq",
+            "avx512vl",
+            "avx512bf16",
+            "avx512vnni",
+            "avx512ifma"
+        );
+        f.iter()
+            .map(|(n, on)| format!("{}{}", n.trim_matches('"'), if *on { "+" } else { "-" }))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        "not x86-64".to_string()
     }
 }
 
 /// Up to this many tokens, q8_0 and q2_K weights are dequantised in registers
-/// inside the FMA tiles rather than through a per-task f32 buffer.
+/// inside the AVX-512 FMA tiles rather than through a per-task f32 buffer.
 const FUSED_MAX_TOKENS: usize = 4;
 
-/// Output rows of `wkv` per task handed to a worker.
+/// From this many tokens on, the AVX2 kernel runs the packed GEMM (below it,
+/// dot products from `wkv` in place); both give the same bits.
+pub(crate) const GEMM_MIN_TOKENS: usize = 48;
+
+/// Output rows of `wkv` per task handed to a worker, at least.
 const CHUNK: usize = 64;
 /// Tokens whose rows are kept hot in cache while a chunk of weights is reused.
 const TOKEN_BLOCK: usize = 64;
@@ -55,6 +126,9 @@ pub struct Projection {
     /// Joined when dropped (`engram_free` returns with no thread left).
     pool: Option<crate::cpu::pool::Pool>,
     kernel: Kernel,
+    /// Leave the f32 sums unrounded (tests: the bf16 rounding would hide most
+    /// changes of summation order).
+    raw_sums: bool,
 }
 
 impl Projection {
@@ -70,6 +144,7 @@ impl Projection {
         Ok(Projection {
             pool,
             kernel: Kernel::detect(),
+            raw_sums: false,
         })
     }
 
@@ -80,16 +155,23 @@ impl Projection {
     /// Use `kernel` from now on (for tests and benchmarks comparing kernels).
     /// Asking for a kernel the CPU lacks keeps the portable one.
     pub fn set_kernel(&mut self, kernel: Kernel) {
-        self.kernel = if kernel == Kernel::Portable || Kernel::detect() == kernel {
+        self.kernel = if kernel.supported() {
             kernel
         } else {
             Kernel::Portable
         };
     }
 
+    /// For tests: return each output's f32 sum as it is, not rounded to bf16.
+    #[doc(hidden)]
+    pub fn set_raw_sums(&mut self, raw: bool) {
+        self.raw_sums = raw;
+    }
+
     /// `kv[t][o] = bf16(sum_i rows[t][i] * w[o][i])` for `rows` `[n, k]` (bf16
     /// bits) and `w` `[n_out, k]`; `kv` is `[n, n_out]` and receives the bf16
-    /// values as f32.
+    /// values as f32. Every buffer sized by the call is allocated fallibly:
+    /// running out of memory is `ERR_CAPACITY` (and `kv` is then unspecified).
     pub fn run(
         &self,
         rows: &[u16],
@@ -98,46 +180,214 @@ impl Projection {
         w: Weights<'_>,
         n_out: usize,
         kv: &mut [f32],
-    ) {
+    ) -> Result<()> {
         assert_eq!(rows.len(), n * k);
         assert_eq!(w.len(), n_out * k);
         assert_eq!(kv.len(), n * n_out);
         if n == 0 || n_out == 0 {
-            return;
+            return Ok(());
         }
-        let kernel = self.kernel;
-        // The AVX-512 bf16 kernel reads tokens as f32 split into odd and even
-        // elements of each 32-value chunk; the other kernels as plain f32 rows.
-        let bf16_pairs = kernel == Kernel::Avx512 && matches!(w, Weights::Bf16(_));
-        let xs: Vec<f32> = if bf16_pairs {
-            pair_split(rows, n, k)
-        } else {
-            rows.iter().map(|&b| bf16_to_f32(b)).collect()
-        };
-        #[cfg(target_arch = "x86_64")]
-        let fused_ok = std::arch::is_x86_feature_detected!("f16c");
         // Outputs are computed o-major (`[n_out, n]`) so that each task owns a
         // contiguous slice, then transposed into `kv`.
-        let mut kvt = vec![0f32; n_out * n];
-        let body = |(ci, out): (usize, &mut [f32])| {
-            let lo = ci * CHUNK;
-            let hi = (lo + CHUNK).min(n_out);
-            match (kernel, w) {
-                #[cfg(target_arch = "x86_64")]
-                (Kernel::Avx512, Weights::Bf16(wb)) => {
-                    // SAFETY: `Kernel::Avx512` is only selected when the CPU
-                    // has avx512f and avx512bw; sizes are asserted above.
-                    unsafe { avx512::range_bf16(&xs, n, k, wb, lo, hi, out) }
+        let mut kvt = try_vec(n_out * n, 0f32, "the projection's outputs")?;
+        match self.kernel {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => self.run_avx2(rows, n, k, w, &mut kvt)?,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => self.run_avx512(rows, n, k, w, &mut kvt)?,
+            _ => {
+                let mut xs = try_vec(n * k, 0f32, "the token rows")?;
+                for (x, &b) in xs.iter_mut().zip(rows) {
+                    *x = bf16_to_f32(b);
                 }
-                #[cfg(target_arch = "x86_64")]
-                (
-                    Kernel::Avx512,
-                    Weights::Quant {
-                        format: f @ (EngramType::Q8_0 | EngramType::Q2_K),
-                        data,
-                        row_len,
-                    },
-                ) if n <= FUSED_MAX_TOKENS && row_len == k && fused_ok => {
+                self.tasks(n, &mut kvt, |lo, hi, out| {
+                    portable_range(&xs, n, k, w, lo, hi, out)
+                })?
+            }
+        }
+        for o in 0..n_out {
+            for t in 0..n {
+                let x = kvt[o * n + t];
+                kv[t * n_out + o] = if self.raw_sums { x } else { to_bf16_value(x) };
+            }
+        }
+        Ok(())
+    }
+
+    /// Run `body(lo, hi, out)` for every chunk of output rows (`out` is
+    /// `[hi - lo, n]` of `kvt`), on the pool when there is more than one.
+    fn tasks(
+        &self,
+        n: usize,
+        kvt: &mut [f32],
+        body: impl Fn(usize, usize, &mut [f32]) -> Result<()> + Sync,
+    ) -> Result<()> {
+        let n_out = kvt.len() / n;
+        // About 8 tasks a thread (fewer hand-offs than one per CHUNK rows, and
+        // still some balance when a core is busy with something else), in
+        // whole GEMM panels.
+        let threads = self.pool.as_ref().map_or(1, |p| p.current_num_threads());
+        let chunk = (n_out / (8 * threads)).max(CHUNK).next_multiple_of(16);
+        let f = |(ci, out): (usize, &mut [f32])| {
+            let lo = ci * chunk;
+            body(lo, (lo + chunk).min(n_out), out)
+        };
+        match &self.pool {
+            Some(p) if n_out > chunk => {
+                p.install(|| kvt.par_chunks_mut(chunk * n).enumerate().try_for_each(f))
+            }
+            _ => kvt.chunks_mut(chunk * n).enumerate().try_for_each(f),
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn run_avx2(
+        &self,
+        rows: &[u16],
+        n: usize,
+        k: usize,
+        w: Weights<'_>,
+        kvt: &mut [f32],
+    ) -> Result<()> {
+        use avx2::{Bf16, CH, F32, NR, Q2K, Q4K, Q4_0, Q8_0};
+        let kp = k.div_ceil(CH) * CH;
+        let mut xs = try_vec(n * kp, 0f32, "the token rows")?;
+        avx2::split_tokens(rows, n, k, &mut xs);
+        let gemm = n >= GEMM_MIN_TOKENS;
+        let xt = if gemm {
+            let mut xt = try_vec(n.div_ceil(NR) * kp * NR, 0f32, "the packed token rows")?;
+            avx2::pack_tokens(&xs, n, kp, &mut xt);
+            xt
+        } else {
+            Vec::new()
+        };
+        let (panel_len, sums_len) = avx2::gemm_scratch_len(n, kp);
+        // One task: rows `lo..hi` of `base` (rows of `rb` bytes, `units`
+        // units of the source), by dot products or by the GEMM.
+        macro_rules! go {
+            ($dot:ident, $gemm:ident, $src:expr, $base:expr, $rb:expr, $units:expr, $lo:expr, $hi:expr, $out:expr) => {{
+                let (base, rb, units, lo, hi, out) = ($base, $rb, $units, $lo, $hi, $out);
+                if gemm {
+                    let mut panel = try_vec(panel_len, 0f32, "the packed weight panel")?;
+                    let mut sums = try_vec(sums_len, 0f32, "the GEMM's lane sums")?;
+                    // SAFETY: the CPU has avx2, fma and f16c (`Kernel::Avx2` is
+                    // only selected then); rows `lo..hi` of `rb` bytes hold
+                    // `units` whole units of the source (checked by the caller
+                    // and `Weights`), the token buffers are sized for `kp`.
+                    unsafe {
+                        avx2::$gemm(
+                            $src, base, rb, units, &xt, n, lo, hi, out, &mut panel, &mut sums,
+                        )
+                    }
+                } else {
+                    // SAFETY: as above.
+                    unsafe { avx2::$dot($src, base, rb, units, &xs, n, lo, hi, out) }
+                }
+                Ok(())
+            }};
+        }
+        let fast = k.is_multiple_of(CH);
+        self.tasks(n, kvt, |lo, hi, out| match w {
+            Weights::Bf16(v) if fast => {
+                go!(
+                    dot_bf16,
+                    gemm_bf16,
+                    Bf16 { kp },
+                    v.as_ptr() as *const u8,
+                    2 * k,
+                    k / CH,
+                    lo,
+                    hi,
+                    out
+                )
+            }
+            Weights::F32(v) if fast => {
+                go!(
+                    dot_f32,
+                    gemm_f32,
+                    F32 { kp },
+                    v.as_ptr() as *const u8,
+                    4 * k,
+                    k / CH,
+                    lo,
+                    hi,
+                    out
+                )
+            }
+            Weights::Quant {
+                format,
+                data,
+                row_len,
+            } if row_len == k
+                && matches!(
+                    format,
+                    EngramType::Q8_0 | EngramType::Q4_0 | EngramType::Q2_K | EngramType::Q4_K
+                ) =>
+            {
+                let (rb, p) = (format.row_bytes(k), data.as_ptr());
+                match format {
+                    EngramType::Q8_0 => go!(dot_q8_0, gemm_q8_0, Q8_0, p, rb, k / 32, lo, hi, out),
+                    EngramType::Q4_0 => go!(dot_q4_0, gemm_q4_0, Q4_0, p, rb, k / 32, lo, hi, out),
+                    EngramType::Q2_K => go!(dot_q2_k, gemm_q2_k, Q2K, p, rb, k / 256, lo, hi, out),
+                    _ => go!(dot_q4_k, gemm_q4_k, Q4K, p, rb, k / 256, lo, hi, out),
+                }
+            }
+            _ => {
+                // Any other format or K: the rows' exact f32 values (the
+                // reference dequantisation), zero-padded to whole chunks.
+                let mut wf = try_vec((hi - lo) * kp, 0f32, "the dequantised weight rows")?;
+                for (r, row) in wf.chunks_exact_mut(kp).enumerate() {
+                    w.to_f32((lo + r) * k, &mut row[..k]);
+                }
+                let base = wf.as_ptr() as *const u8;
+                go!(
+                    dot_f32,
+                    gemm_f32,
+                    F32 { kp },
+                    base,
+                    4 * kp,
+                    kp / CH,
+                    0,
+                    hi - lo,
+                    out
+                )
+            }
+        })
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn run_avx512(
+        &self,
+        rows: &[u16],
+        n: usize,
+        k: usize,
+        w: Weights<'_>,
+        kvt: &mut [f32],
+    ) -> Result<()> {
+        // The bf16 kernel reads tokens as f32 split into odd and even elements
+        // of each 32-value chunk; the others as plain f32 rows.
+        let xs = if matches!(w, Weights::Bf16(_)) {
+            pair_split(rows, n, k)?
+        } else {
+            let mut xs = try_vec(n * k, 0f32, "the token rows")?;
+            for (x, &b) in xs.iter_mut().zip(rows) {
+                *x = bf16_to_f32(b);
+            }
+            xs
+        };
+        let fused_ok = std::arch::is_x86_feature_detected!("f16c");
+        self.tasks(n, kvt, |lo, hi, out| {
+            match w {
+                Weights::Bf16(wb) => {
+                    // SAFETY: `Kernel::Avx512` is only selected when the CPU
+                    // has avx512f and avx512bw; sizes are asserted by `run`.
+                    unsafe { avx512::range_bf16(&xs, n, k, wb, lo, hi, out)? }
+                }
+                Weights::Quant {
+                    format: f @ (EngramType::Q8_0 | EngramType::Q2_K),
+                    data,
+                    row_len,
+                } if n <= FUSED_MAX_TOKENS && row_len == k && fused_ok => {
                     // Few tokens: dequantise in registers as the FMAs need the
                     // values, instead of through a buffer (same values, same order).
                     let rb = f.row_bytes(k);
@@ -156,29 +406,17 @@ impl Projection {
                         )
                     }
                 }
-                #[cfg(target_arch = "x86_64")]
-                (Kernel::Avx512, _) => {
+                _ => {
                     // f32 or quantised weights: dequantise this task's rows to
                     // f32 once, then f32 FMA tiles against every token.
-                    let mut wf = vec![0f32; (hi - lo) * k];
+                    let mut wf = try_vec((hi - lo) * k, 0f32, "the dequantised weight rows")?;
                     dequant_rows(w, lo, hi, k, &mut wf);
                     // SAFETY: as above.
                     unsafe { avx512::range_f32(&xs, n, k, &wf, hi - lo, out) }
                 }
-                _ => portable_range(&xs, n, k, w, lo, hi, out),
             }
-        };
-        match &self.pool {
-            Some(p) if n_out > CHUNK => {
-                p.install(|| kvt.par_chunks_mut(CHUNK * n).enumerate().for_each(body))
-            }
-            _ => kvt.chunks_mut(CHUNK * n).enumerate().for_each(body),
-        }
-        for o in 0..n_out {
-            for t in 0..n {
-                kv[t * n_out + o] = kvt[o * n + t];
-            }
-        }
+            Ok(())
+        })
     }
 }
 
@@ -217,9 +455,9 @@ const KBC: usize = 32;
 /// blocks of `KBC` chunks of 32 values, each block holding every token's
 /// chunks contiguously (`[block][token][chunk][32]`), and within a chunk the
 /// 16 odd-indexed values then the 16 even-indexed ones; zero past `k`.
-fn pair_split(rows: &[u16], n: usize, k: usize) -> Vec<f32> {
+fn pair_split(rows: &[u16], n: usize, k: usize) -> Result<Vec<f32>> {
     let chunks = k.div_ceil(32);
-    let mut xs = vec![0f32; n * chunks * 32];
+    let mut xs = try_vec(n * chunks * 32, 0f32, "the token rows")?;
     for (t, r) in rows.chunks_exact(k).enumerate() {
         for c in 0..chunks {
             let x = &mut xs[pair_offset(n, chunks, t, c)..][..32];
@@ -229,7 +467,7 @@ fn pair_split(rows: &[u16], n: usize, k: usize) -> Vec<f32> {
             }
         }
     }
-    xs
+    Ok(xs)
 }
 
 /// Where token `t`'s chunk `c` starts in [`pair_split`]'s layout.
@@ -246,22 +484,24 @@ fn to_bf16_value(x: f32) -> f32 {
     bf16_to_f32(f32_to_bf16(x))
 }
 
+/// Rows `lo..hi` against every token (`xs`: `[n, k]` f32), plain Rust.
 fn portable_range(
-    rows: &[f32],
+    xs: &[f32],
     n: usize,
     k: usize,
     w: Weights<'_>,
     lo: usize,
     hi: usize,
     out: &mut [f32],
-) {
-    let mut wrow = vec![0f32; k];
+) -> Result<()> {
+    let mut wrow = try_vec(k, 0f32, "a weight row")?;
     for o in lo..hi {
         w.to_f32(o * k, &mut wrow);
         for t in 0..n {
-            out[(o - lo) * n + t] = to_bf16_value(dot(&rows[t * k..(t + 1) * k], &wrow));
+            out[(o - lo) * n + t] = dot(&xs[t * k..(t + 1) * k], &wrow);
         }
     }
+    Ok(())
 }
 
 /// An f32 dot product with eight independent partial sums (so the compiler
@@ -285,65 +525,139 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
+pub mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Every weight format the kernels read fast, and one they read through
+    /// the reference dequantisation (q6_K), as `(name, weights)` over `k`
+    /// values a row (`k` a multiple of 256 for the quantised ones).
+    fn formats_for(k: usize, n_out: usize, w: &[u16], wf: &[f32]) -> Vec<(String, Vec<u8>)> {
+        let mut out: Vec<(String, Vec<u8>)> = vec![
+            (
+                "bf16".into(),
+                w.iter().flat_map(|b| b.to_le_bytes()).collect(),
+            ),
+            (
+                "f32".into(),
+                wf.iter().flat_map(|b| b.to_le_bytes()).collect(),
+            ),
+        ];
+        if k.is_multiple_of(256) {
+            for (i, ty) in QUANT.iter().enumerate() {
+                let f = EngramType::row_format(*ty as u32, k).unwrap();
+                out.push((
+                    f.name().to_string(),
+                    random_blocks(f, n_out * f.row_bytes(k), 11 + i as u64),
+                ));
+            }
+        }
+        out
+    }
+
+    const QUANT: [EngramType; 7] = [
+        EngramType::Q8_0,
+        EngramType::Q4_0,
+        EngramType::Q2_K,
+        EngramType::Q3_K,
+        EngramType::Q4_K,
+        EngramType::Q5_K,
+        EngramType::Q6_K,
+    ];
+
+    fn weights_of<'a>(name: &str, bytes: &'a [u8], k: usize) -> Weights<'a> {
+        // SAFETY (of the casts): the byte vectors come from `Vec<u8>`s built
+        // from whole little-endian u16 / f32 values; they are re-aligned below.
+        match name {
+            "bf16" => Weights::Bf16(aligned::<u16>(bytes)),
+            "f32" => Weights::F32(aligned::<f32>(bytes)),
+            _ => {
+                let ty = QUANT.iter().find(|t| t.name() == name).unwrap();
+                let f = EngramType::row_format(*ty as u32, k).unwrap();
+                Weights::quant(f, bytes, k).unwrap()
+            }
+        }
+    }
+
+    /// `bytes` as a slice of `T` (leaked into an aligned copy: test only).
+    fn aligned<T: Copy + Default + 'static>(bytes: &[u8]) -> &'static [T] {
+        let n = bytes.len() / std::mem::size_of::<T>();
+        let mut v = vec![T::default(); n];
+        // SAFETY: `v` holds `n * size_of::<T>()` bytes; T is a plain number
+        // type (u16 or f32) for which any bit pattern is valid.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, bytes.len())
+        };
+        Vec::leak(v)
+    }
+
     /// A token's kv does not depend on its batch: every kernel and weight
-    /// type gives the same bits for a token projected alone, in a small batch
-    /// and in a large one, with one thread or two.
+    /// format gives (compared before the bf16 rounding, which would hide
+    /// most changes of order) the same bits for a token projected alone, in small
+    /// batches (the AVX2 kernel's dot products) and in large ones (its packed
+    /// GEMM), with one thread or two, with K a whole number of chunks (the
+    /// formats read in place) or not (rows dequantised through a buffer).
     #[test]
     fn results_do_not_depend_on_the_batch() {
-        let (n, k, n_out) = (37, 1100, 70);
-        let (rows, w) = data(n, k, n_out);
-        let wf: Vec<f32> = w.iter().map(|&b| bf16_to_f32(b)).collect();
-        for kernel in [Kernel::Portable, Kernel::Avx512] {
-            for dense_f32 in [false, true] {
-                let weights = if dense_f32 {
-                    Weights::F32(&wf)
-                } else {
-                    Weights::Bf16(&w)
-                };
-                let run = |threads: usize, lo: usize, hi: usize| {
-                    let mut p = Projection::new(threads).unwrap();
-                    p.set_kernel(kernel);
-                    let mut kv = vec![0f32; (hi - lo) * n_out];
-                    p.run(&rows[lo * k..hi * k], hi - lo, k, weights, n_out, &mut kv);
-                    kv
-                };
-                let all = run(2, 0, n);
-                for (lo, hi, threads) in [(0, 1, 1), (5, 8, 1), (10, 30, 2), (36, 37, 2)] {
-                    assert_eq!(
-                        run(threads, lo, hi)[..],
-                        all[lo * n_out..hi * n_out],
-                        "{kernel:?} f32 {dense_f32} {lo}..{hi}"
-                    );
+        for (n, k, n_out) in [(37, 1100, 70), (29, 512, 100)] {
+            let (rows, w) = data(n, k, n_out);
+            let wf: Vec<f32> = w.iter().map(|&b| bf16_to_f32(b)).collect();
+            for (name, bytes) in formats_for(k, n_out, &w, &wf) {
+                let weights = weights_of(&name, &bytes, k);
+                for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
+                    let run = |threads: usize, lo: usize, hi: usize| {
+                        let mut p = Projection::new(threads).unwrap();
+                        p.set_kernel(kernel);
+                        p.set_raw_sums(true);
+                        let mut kv = vec![0f32; (hi - lo) * n_out];
+                        p.run(&rows[lo * k..hi * k], hi - lo, k, weights, n_out, &mut kv)
+                            .unwrap();
+                        kv
+                    };
+                    let all = run(2, 0, n);
+                    for (lo, hi, threads) in [
+                        (0, 1, 1),
+                        (5, 8, 1),
+                        (3, 7, 2),
+                        (10, 25, 2),
+                        (2, 29, 1),
+                        (n - 1, n, 2),
+                    ] {
+                        assert_eq!(
+                            run(threads, lo, hi)[..],
+                            all[lo * n_out..hi * n_out],
+                            "{kernel:?} {name} k {k}: tokens {lo}..{hi}, {threads} threads"
+                        );
+                    }
                 }
             }
         }
     }
 
-    /// q8_0 and q2_K weights: the fused path (few tokens) and the buffered
-    /// path (more) give the same bits as f32 weights holding the dequantised
-    /// values, for every batch size.
+    /// Quantised weights give the same bits as f32 weights holding their
+    /// dequantised values, in every kernel, for every batch size (dot
+    /// products, the GEMM, the AVX-512 fused and buffered paths).
     #[test]
     fn quantised_weights_match_their_f32_values_at_every_batch_size() {
-        use crate::formats::{dequant_row_f32, EngramType};
-        let (k, n_out, n) = (512usize, 70usize, 9usize);
+        use crate::formats::dequant_row_f32;
+        let (k, n_out, n) = (512usize, 70usize, 13usize);
         let (rows, _) = data(n, k, 1);
-        for ty in [crate::EngramType::Q8_0, crate::EngramType::Q2_K] {
-            let f = EngramType::row_format(ty as u32, k).unwrap();
-            let data = random_blocks(f, n_out * f.row_bytes(k), 11);
+        for (i, ty) in QUANT.iter().enumerate() {
+            let f = EngramType::row_format(*ty as u32, k).unwrap();
+            let data = random_blocks(f, n_out * f.row_bytes(k), 11 + i as u64);
             let mut deq = vec![0f32; n_out * k];
             for (o, r) in deq.chunks_mut(k).enumerate() {
                 dequant_row_f32(f, &data[o * f.row_bytes(k)..(o + 1) * f.row_bytes(k)], r).unwrap();
             }
-            for kernel in [Kernel::Portable, Kernel::Avx512] {
+            for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
                 let mut p = Projection::new(2).unwrap();
                 p.set_kernel(kernel);
-                for (lo, hi) in [(0, 1), (2, 5), (1, 4), (0, n)] {
+                p.set_raw_sums(true);
+                for (lo, hi) in [(0, 1), (2, 5), (1, 4), (0, 8), (0, n)] {
                     let mut a = vec![0f32; (hi - lo) * n_out];
                     let mut b = a.clone();
                     p.run(
@@ -353,7 +667,8 @@ mod tests {
                         Weights::quant(f, &data, k).unwrap(),
                         n_out,
                         &mut a,
-                    );
+                    )
+                    .unwrap();
                     p.run(
                         &rows[lo * k..hi * k],
                         hi - lo,
@@ -361,8 +676,10 @@ mod tests {
                         Weights::F32(&deq),
                         n_out,
                         &mut b,
-                    );
-                    assert_eq!(a, b, "{ty:?} {kernel:?} tokens {lo}..{hi}");
+                    )
+                    .unwrap();
+                    let name = f.name();
+                    assert_eq!(a, b, "{name} {kernel:?} tokens {lo}..{hi}");
                 }
             }
         }
@@ -380,10 +697,13 @@ mod tests {
             })
             .collect();
         let (_, bb) = f.block().unwrap();
-        let at: &[usize] = if f == crate::formats::EngramType::Q8_0 {
-            &[1]
-        } else {
-            &[81, 83]
+        // Where each format keeps its f16 scales.
+        let at: &[usize] = match f {
+            EngramType::Q8_0 | EngramType::Q4_0 => &[1],
+            EngramType::Q2_K => &[81, 83],
+            EngramType::Q3_K => &[109],
+            EngramType::Q4_K | EngramType::Q5_K => &[1, 3],
+            _ => &[209],
         };
         for blk in data.chunks_mut(bb) {
             for &i in at {
@@ -465,13 +785,17 @@ mod tests {
             (5, 256, 130),
             (70, 40, 5),
             (4, 33, 4),
+            (20, 160, 37),
+            (9, 16, 17),
         ] {
             let (rows, w) = data(n, k, n_out);
             let wf: Vec<f32> = w.iter().map(|&b| bf16_to_f32(b)).collect();
             for (kernel, dense_f32) in [
                 (Kernel::Portable, false),
+                (Kernel::Avx2, false),
                 (Kernel::Avx512, false),
                 (Kernel::Portable, true),
+                (Kernel::Avx2, true),
                 (Kernel::Avx512, true),
             ] {
                 for threads in [1, 2] {
@@ -483,7 +807,7 @@ mod tests {
                     } else {
                         Weights::Bf16(&w)
                     };
-                    p.run(&rows, n, k, weights, n_out, &mut kv);
+                    p.run(&rows, n, k, weights, n_out, &mut kv).unwrap();
                     for t in 0..n {
                         for o in 0..n_out {
                             let (mut s, mut a) = (0f64, 0f64);
