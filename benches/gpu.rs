@@ -312,7 +312,7 @@ fn main() {
     // SAFETY: an out-pointer local; the context is current.
     unsafe {
         ok(
-            drv().cuStreamCreate.expect("cuStreamCreate")(&mut stream, sys::CU_STREAM_NON_BLOCKING),
+            (drv().cuStreamCreate)(&mut stream, sys::CU_STREAM_NON_BLOCKING),
             "stream",
         )
     };

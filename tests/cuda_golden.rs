@@ -44,7 +44,7 @@ fn new_stream(dev: &Dev) -> sys::CUstream {
     // SAFETY: the device's context is current.
     unsafe {
         dcheck(
-            drv().cuStreamCreate.expect("cuStreamCreate")(&mut s, sys::CU_STREAM_NON_BLOCKING),
+            (drv().cuStreamCreate)(&mut s, sys::CU_STREAM_NON_BLOCKING),
             "cuStreamCreate",
         )
     };
@@ -501,7 +501,7 @@ fn a_captured_graph_replays_the_same_bits() {
             }
             dcheck(d.cuGraphExecDestroy.unwrap()(exec), "destroy exec");
             dcheck(d.cuGraphDestroy.unwrap()(graph), "destroy graph");
-            dcheck(d.cuStreamDestroy_v2.unwrap()(stream), "destroy stream");
+            dcheck((d.cuStreamDestroy_v2)(stream), "destroy stream");
         }
         ctx.check_device(std::ptr::null_mut()).unwrap();
         println!("n = {n}: 3 graph replays bit-identical to the direct apply");

@@ -60,9 +60,19 @@ fn bcheck(s: sys::cublasStatus_t, what: &str) -> Result<()> {
 }
 
 /// A cuBLAS handle with its own workspace, in one context.
+///
+/// cuBLAS 13.1 on an H200 (driver 580) fails to launch its cluster GEMM
+/// kernels on the legacy default stream (`NULL`) of a context made current
+/// through the driver API ("the function failed to launch on the GPU"),
+/// while the same GEMM on any created stream runs. A call on `NULL` therefore
+/// runs the GEMM on `legacy`, a blocking stream of this context: the legacy
+/// stream and every blocking stream order against each other implicitly, so
+/// the GEMM still runs after the work queued before it on `NULL` and before
+/// the work queued after it, exactly as on `NULL` itself.
 pub struct RealBlas {
     handle: sys::cublasHandle_t,
     workspace: u64,
+    legacy: sys::CUstream,
     ctx: CUcontext,
 }
 
@@ -83,12 +93,23 @@ impl RealBlas {
                 "allocating the cuBLAS workspace",
             )?;
         }
+        let mut legacy = std::ptr::null_mut();
+        // SAFETY: as above; flags 0: a blocking stream (see `RealBlas`).
+        let r = unsafe { (d.cuStreamCreate)(&mut legacy, 0) };
+        if let Err(e) = check(r, "cuStreamCreate") {
+            // SAFETY: allocated above, freed once.
+            unsafe {
+                let _ = (d.cuMemFree_v2)(workspace);
+            }
+            return Err(e);
+        }
         let mut handle = std::ptr::null_mut();
         // SAFETY: as above.
         let r = unsafe { (b.cublasCreate_v2)(&mut handle) };
         if let Err(e) = bcheck(r, "cublasCreate") {
-            // SAFETY: allocated above, freed once.
+            // SAFETY: created above, released once.
             unsafe {
+                let _ = (d.cuStreamDestroy_v2)(legacy);
                 let _ = (d.cuMemFree_v2)(workspace);
             }
             return Err(e);
@@ -96,6 +117,7 @@ impl RealBlas {
         let blas = RealBlas {
             handle,
             workspace,
+            legacy,
             ctx,
         };
         // SAFETY: a live handle.
@@ -123,6 +145,12 @@ impl Blas for RealBlas {
             (sys::CUDA_R_16BF, sys::CUBLAS_COMPUTE_32F)
         };
         let i = |x: usize| x as c_int;
+        // The legacy default stream's work goes through `legacy` (see `RealBlas`).
+        let stream = if stream.is_null() {
+            self.legacy as Stream
+        } else {
+            stream
+        };
         // SAFETY: a live handle, our workspace and the caller's stream; the
         // caller's contract for the pointers. cublasSetStream resets the
         // workspace, so both are set each time. Column-major view:
@@ -184,6 +212,7 @@ impl Drop for RealBlas {
             let _ = (d.cuCtxGetCurrent)(&mut prev);
             let _ = (d.cuCtxSetCurrent)(self.ctx);
             let _ = (b.cublasDestroy_v2)(self.handle);
+            let _ = (d.cuStreamDestroy_v2)(self.legacy);
             let _ = (d.cuMemFree_v2)(self.workspace);
             let _ = (d.cuCtxSetCurrent)(prev);
         }

@@ -163,11 +163,12 @@ api! {
             cuLaunchKernel: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult;
             cuGetErrorName: fn(CUresult, *mut *const c_char) -> CUresult;
             cuGetErrorString: fn(CUresult, *mut *const c_char) -> CUresult;
+            // The cuBLAS handle's own blocking stream (cuda::blas::RealBlas).
+            cuStreamCreate: fn(*mut CUstream, c_uint) -> CUresult;
+            cuStreamDestroy_v2: fn(CUstream) -> CUresult;
         }
         optional {
             // Tests and benchmarks only.
-            cuStreamCreate: fn(*mut CUstream, c_uint) -> CUresult;
-            cuStreamDestroy_v2: fn(CUstream) -> CUresult;
             cuStreamBeginCapture_v2: fn(CUstream, c_int) -> CUresult;
             cuStreamEndCapture: fn(CUstream, *mut CUgraph) -> CUresult;
             cuGraphInstantiateWithFlags: fn(*mut CUgraphExec, CUgraph, u64) -> CUresult;
