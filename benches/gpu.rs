@@ -299,8 +299,9 @@ fn main() {
         })
         .unwrap();
     };
-    // Two contexts on the same weights: the default (GEMV up to
-    // engram::cuda::DEFAULT_GEMV_MAX_TOKENS tokens) and cuBLAS only.
+    // Three contexts on the same weights: the defaults (the bf16 GEMV at
+    // engram::cuda::DEFAULT_GEMV_MAX_TOKENS_BF16 tokens), the GEMV for every
+    // count it takes, and cuBLAS only.
     let make = |gemv: Option<usize>| {
         let ctx = Context::new(&cfg_for(gemv)).expect("CUDA context");
         set(&ctx, d_table.ptr, d_wkv.ptr, EngramType::Bf16);
@@ -308,6 +309,7 @@ fn main() {
     };
     let ctx = make(None);
     let ctx_cublas = make(Some(0));
+    let ctx_gemv = make(Some(engram::cuda::kernels::GEMV_MAX));
     let mut stream = std::ptr::null_mut();
     // SAFETY: an out-pointer local; the context is current.
     unsafe {
@@ -413,7 +415,7 @@ fn main() {
     // GEMV kernel against cuBLAS for a few tokens.
     let mut gemv_lines = Vec::new();
     for n in [1usize, 2, 4, 8] {
-        let a = time_ms(stream, 50, || apply(n, false));
+        let a = time_ms(stream, 50, || apply_with(&ctx_gemv, n, false));
         let b = time_ms(stream, 50, || apply_with(&ctx_cublas, n, false));
         gemv_lines.push(format!(
             "| {n} | {a:.4} | {b:.4} | {} |",
@@ -422,7 +424,9 @@ fn main() {
     }
     ctx.check(s).unwrap();
     ctx_cublas.check(s).unwrap();
+    ctx_gemv.check(s).unwrap();
     drop(ctx_cublas);
+    drop(ctx_gemv);
 
     // Quantised wkv, read in place: the fused GEMV (1 and 8 tokens) and the
     // bf16 tiles + cuBLAS (512 tokens), against each format's own roofline
@@ -442,9 +446,15 @@ fn main() {
             let t8 = time_ms(stream, 50, || apply_with(&qctx, 8, false));
             let t512 = time_ms(stream, 10, || apply_with(&qctx, 512, false));
             qctx.check(s).unwrap();
+            drop(qctx);
+            // The same 8 tokens through the bf16 tiles and cuBLAS.
+            let tctx = Context::new(&cfg_for(Some(0))).expect("CUDA context");
+            set(&tctx, d_table.ptr, d_w.ptr, ty);
+            let t8_tiles = time_ms(stream, 50, || apply_with(&tctx, 8, false));
+            tctx.check(s).unwrap();
             let roof1 = bytes.len() as f64 / bw * 1e3;
             quant_lines.push(format!(
-                "| {name} | {:.0} | {t1:.4} | {roof1:.4} | {:.2} | {t8:.4} | {t512:.4} |",
+                "| {name} | {:.0} | {t1:.4} | {roof1:.4} | {:.2} | {t8:.4} | {t8_tiles:.4} | {t512:.4} |",
                 bytes.len() as f64 / 1e6,
                 t1 / roof1
             ));
@@ -544,8 +554,8 @@ fn main() {
         println!("{l}");
     }
     println!("\n## quantised wkv read in place (device ids, ms per apply; roofline: the format's bytes over the copy bandwidth)");
-    println!("| wkv | MB | 1 token (fused GEMV) | roofline | ratio | 8 tokens (fused GEMV) | 512 tokens (bf16 tiles + cuBLAS) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("| wkv | MB | 1 token (fused GEMV) | roofline | ratio | 8 tokens (fused GEMV) | 8 tokens (bf16 tiles + cuBLAS) | 512 tokens (bf16 tiles + cuBLAS) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for l in quant_lines {
         println!("{l}");
     }

@@ -18,7 +18,8 @@ use std::sync::{Mutex, RwLock};
 pub struct Tuning {
     /// The CPU projection kernel (`None`: the best this CPU runs).
     pub cpu_kernel: Option<Kernel>,
-    /// Tokens up to which the CUDA backend uses its GEMV kernels (`None`: the default).
+    /// Tokens up to which the CUDA backend uses its GEMV kernels, for every
+    /// `wkv` format (`None`: the defaults, which differ by format).
     pub gemv_max_tokens: Option<usize>,
     /// The device the CUDA backend runs on instead of opening `device`: a
     /// device object shared with the caller, or the emulation of

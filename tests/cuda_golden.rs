@@ -213,8 +213,8 @@ fn every_golden_regime_on_the_device() {
     let k_out = d * (hc + 1);
     let mut worst = 0f64;
     let (mut kv_diff, mut kv_vals) = (0usize, 0usize);
-    // GEMV for small calls (the default), then cuBLAS for every call.
-    for gemv_max in [engram::cuda::DEFAULT_GEMV_MAX_TOKENS, 0] {
+    // The GEMV kernels for every call they take, then cuBLAS for every call.
+    for gemv_max in [engram::cuda::kernels::GEMV_MAX, 0] {
         for regime in REGIMES {
             let cpu = tiny.context();
             let gpu = cuda_context(&dev, &tiny, &m, Some(gemv_max));

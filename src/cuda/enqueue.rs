@@ -242,7 +242,7 @@ impl CudaBackend {
         let gemv_blocks =
             (k_out as u32).div_ceil(kernels::GEMV_ROWS_PER_WARP * (kernels::GEMV_THREADS / 32));
         match layer.wkv_kind {
-            WkvKind::Bf16 if n <= st.gemv_max && k_in % 8 == 0 && layer.wkv % 16 == 0 => {
+            WkvKind::Bf16 if n <= st.gemv_max_bf16 && k_in % 8 == 0 && layer.wkv % 16 == 0 => {
                 let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
                 let (n_out, k) = (k_out as u32, k_in as u32);
                 let a = args![w, rows, kv, n_out, k];
@@ -257,7 +257,7 @@ impl CudaBackend {
                     )?;
                 }
             }
-            WkvKind::Quant(fmt) if n <= st.gemv_max && k_in % 32 == 0 => {
+            WkvKind::Quant(fmt) if n <= st.gemv_max_quant && k_in % 32 == 0 => {
                 let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
                 let rb = fmt.row_bytes(k_in) as u32;
                 let (n_out, k, nt) = (k_out as u32, k_in as u32, n as u32);

@@ -58,10 +58,18 @@ pub use driver::probe;
 /// only when the stream is this many host-id calls behind.
 pub const STAGING_SLOTS: usize = 4;
 
-/// Tokens up to which the projection uses a GEMV kernel instead of cuBLAS
-/// (bf16 `wkv`: when it is 16-byte aligned and `C*Hd` a multiple of 8;
-/// quantised `wkv`: when `C*Hd` is a multiple of 32).
-pub const DEFAULT_GEMV_MAX_TOKENS: usize = 8;
+/// Tokens up to which a bf16 `wkv` is projected by the GEMV kernel instead
+/// of cuBLAS (when it is 16-byte aligned and `C*Hd` a multiple of 8). On an
+/// H200 the GEMV wins only at one token (0.097 against 0.100 ms at the
+/// V4.1 shape; at 2, 4 and 8 tokens cuBLAS is 4%, 15% and 56% faster: see
+/// BENCHMARKS.md).
+pub const DEFAULT_GEMV_MAX_TOKENS_BF16: usize = 1;
+
+/// Tokens up to which a quantised `wkv` is projected by the fused GEMV,
+/// which reads the blocks in place (when `C*Hd` is a multiple of 32), instead
+/// of dequantising bf16 tiles for cuBLAS, which reads the weight once and
+/// writes and reads twice its bf16 size.
+pub const DEFAULT_GEMV_MAX_TOKENS_QUANT: usize = 8;
 
 /// Bytes of the bf16 tile a quantised `wkv` is dequantised into for cuBLAS.
 pub const TILE_BYTES: usize = 32 << 20;
@@ -128,7 +136,9 @@ struct State {
     next_slot: usize,
     layers: Vec<Option<Arc<DevLayer>>>,
     serial: u32,
-    gemv_max: usize,
+    /// Tokens up to which the GEMV kernels project (bf16, quantised `wkv`).
+    gemv_max_bf16: usize,
+    gemv_max_quant: usize,
 }
 
 /// The CUDA backend of one context.
@@ -171,8 +181,9 @@ enum Place {
 impl CudaBackend {
     /// Open device `ordinal` (or use `device`: tests and benchmarks share one
     /// device object, or run on the emulation), and allocate every workspace
-    /// for `max_tokens` tokens. `gemv_max` overrides
-    /// [`DEFAULT_GEMV_MAX_TOKENS`] (0: always cuBLAS).
+    /// for `max_tokens` tokens. `gemv_max` overrides both
+    /// [`DEFAULT_GEMV_MAX_TOKENS_BF16`] and [`DEFAULT_GEMV_MAX_TOKENS_QUANT`]
+    /// (0: always cuBLAS).
     pub fn new(
         ordinal: i32,
         shape: Shape,
@@ -210,8 +221,11 @@ impl CudaBackend {
             next_slot: 0,
             layers: (0..n_layers).map(|_| None).collect(),
             serial: 0,
-            gemv_max: gemv_max
-                .unwrap_or(DEFAULT_GEMV_MAX_TOKENS)
+            gemv_max_bf16: gemv_max
+                .unwrap_or(DEFAULT_GEMV_MAX_TOKENS_BF16)
+                .min(kernels::GEMV_MAX),
+            gemv_max_quant: gemv_max
+                .unwrap_or(DEFAULT_GEMV_MAX_TOKENS_QUANT)
                 .min(kernels::GEMV_MAX),
         };
         // SAFETY: our own allocation of LATCH_WORDS words.
@@ -243,9 +257,12 @@ impl CudaBackend {
         &self.gpu
     }
 
-    /// Tokens up to which the projection uses a GEMV kernel (0: always cuBLAS).
+    /// Tokens up to which the projection uses a GEMV kernel, for every `wkv`
+    /// format (0: always cuBLAS).
     pub fn set_gemv_max_tokens(&self, n: usize) {
-        self.state().gemv_max = n.min(kernels::GEMV_MAX);
+        let mut st = self.state();
+        st.gemv_max_bf16 = n.min(kernels::GEMV_MAX);
+        st.gemv_max_quant = st.gemv_max_bf16;
     }
 
     /// (Re)allocate the pinned slots to hold, per (token, column), an id and
