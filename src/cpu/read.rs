@@ -13,6 +13,22 @@ pub(super) fn hint(src: &Source, rb: usize, ids: &[i64]) {
         let page = page_size();
         match src {
             Source::Memory { ptr, len } => {
+                // The advice costs a system call a row, more than copying a
+                // resident row (a 4096-token step of 98,304 rows: 68-110 ms
+                // of madvise against 20-24 ms of copies, measured on the CI
+                // machine; on the H200's host it made prefetched steps 2.5x
+                // slower than unprefetched ones). A big job therefore looks
+                // first at 64 rows spread over it: when every one is resident
+                // (an anonymous table, a warm mapping) the copies will not
+                // wait for I/O and the advice is skipped. A small job (a
+                // decode step) is always advised: its cost is bounded, and
+                // in a partly resident table (Zipf ids: the hot rows cached,
+                // the rest not) a sample of a few rows misses the cold ones
+                // (cold decode one step ahead waited 10x longer when small
+                // jobs were sampled too; BENCHMARKS.md, gathering from disk).
+                if ids.len() > ALWAYS_ADVISED_ROWS && sampled_resident(*ptr, *len, rb, ids, page) {
+                    return;
+                }
                 for &id in ids {
                     let a = id as usize * rb;
                     if a + rb > *len {
@@ -49,6 +65,40 @@ pub(super) fn hint(src: &Source, rb: usize, ids: &[i64]) {
             Source::Model(_) => {}
         }
     }
+}
+
+/// Jobs of up to this many rows are always advised (see `hint`).
+#[cfg(unix)]
+const ALWAYS_ADVISED_ROWS: usize = 512;
+
+/// Whether the pages of up to 64 rows of `ids`, spread evenly over them, are
+/// all resident (`mincore`). Any error counts as not resident.
+#[cfg(unix)]
+fn sampled_resident(ptr: *const u8, len: usize, rb: usize, ids: &[i64], page: usize) -> bool {
+    const SAMPLES: usize = 64;
+    let m = ids.len().min(SAMPLES);
+    for k in 0..m {
+        let id = ids[k * ids.len() / m];
+        let Some(a) = usize::try_from(id).ok().and_then(|i| i.checked_mul(rb)) else {
+            continue;
+        };
+        if a.checked_add(rb).is_none_or(|e| e > len) {
+            continue;
+        }
+        let start = (ptr as usize + a) & !(page - 1);
+        let end = ptr as usize + a + rb;
+        // At most 8 pages of the row (rows are a few hundred bytes).
+        let bytes = (end - start).min(8 * page);
+        let mut vec = [0u8; 8];
+        // SAFETY: `vec` holds one byte for each of the at most 8 pages of the
+        // range; the range lies in the table's pages, and mincore only reads
+        // the page tables (an unmapped range is an error, not a fault).
+        let r = unsafe { libc::mincore(start as _, bytes, vec.as_mut_ptr().cast()) };
+        if r != 0 || vec[..bytes.div_ceil(page)].iter().any(|v| v & 1 == 0) {
+            return false;
+        }
+    }
+    true
 }
 
 #[cfg(unix)]
@@ -118,5 +168,52 @@ pub(super) fn read_rows(src: &Source, rb: usize, ids: &[i64], dst: &mut [u8]) ->
             t.read(rb, ids, dst);
             Ok(())
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::{page_size, sampled_resident};
+
+    #[test]
+    fn touched_rows_are_resident_and_untouched_pages_are_not() {
+        let page = page_size();
+        let rb = 264;
+        let ids: Vec<i64> = (0..100).map(|i| i * 37).collect();
+        // Written memory: resident.
+        let table = vec![1u8; 4000 * rb];
+        assert!(sampled_resident(
+            table.as_ptr(),
+            table.len(),
+            rb,
+            &ids,
+            page
+        ));
+        // A fresh anonymous mapping never written: no page is resident.
+        let len = 4000 * rb;
+        // SAFETY: a new private anonymous mapping, unmapped below; nothing
+        // reads or writes it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        assert!(!sampled_resident(p as *const u8, len, rb, &ids, page));
+        // Ids past the table are skipped, not read.
+        assert!(sampled_resident(
+            table.as_ptr(),
+            table.len(),
+            rb,
+            &[1 << 40, -1],
+            page
+        ));
+        // SAFETY: the mapping made above, of `len` bytes.
+        unsafe { libc::munmap(p, len) };
     }
 }
