@@ -1,7 +1,7 @@
 //! The projection `kv = rows @ wkv^T` on the CPU: bf16 rows, f32 accumulate,
 //! bf16 result (held as f32). A portable kernel, and SIMD kernels chosen at
 //! run time by the CPU's features ([`Kernel::detect`]): AVX2 + FMA (see
-//! `avx2.rs`: dot products for a few tokens, a packed GEMM for batches, both
+//! `avx2/`: dot products for a few tokens, a packed GEMM for batches, both
 //! in one summation order) and AVX-512 (FMA tiles, see `avx512.rs`). Work is
 //! split over output rows on the context's own thread pool.
 //!
@@ -31,7 +31,7 @@ pub enum Kernel {
     /// Plain Rust, f32 arithmetic (vectorised by the compiler).
     Portable,
     /// AVX2 + FMA + F16C: dot products from `wkv` in place for a few tokens,
-    /// a packed GEMM for batches, one summation order (see `avx2.rs`).
+    /// a packed GEMM for batches, one summation order (see `avx2/`).
     Avx2,
     /// AVX-512 f32 FMA tiles: bf16 weights widened in registers, f32 and
     /// (dequantised per task) quantised weights as they are.
