@@ -1,0 +1,285 @@
+//! The weight formats as the AVX2 kernels read them: each chunk of 16 values
+//! as its odd-element and even-element f32 vectors (see the order in
+//! `mod.rs`), dequantised in registers with the block's scales hoisted.
+
+use super::*;
+
+/// How a row of weights is read: units of `UNIT` chunks sharing their scales
+/// (one block of a ggml format, one chunk for dense rows); each chunk as the
+/// odd-element and even-element vectors of the order above.
+pub trait Src: Copy {
+    /// Chunks per unit.
+    const UNIT: usize;
+    /// What a unit's chunks share (its scales), set up once per unit.
+    type St: Copy;
+    /// # Safety
+    /// avx2, fma and f16c; `row` is a whole row of this format.
+    unsafe fn setup(self, row: *const u8, u: usize) -> Self::St;
+    /// # Safety
+    /// As `setup`, with `j < UNIT`.
+    unsafe fn chunk(self, st: &Self::St, row: *const u8, u: usize, j: usize) -> (__m256, __m256);
+}
+
+/// bf16 rows of `chunks * 16` values: a mask keeps the odd elements (the high
+/// half of each 32-bit pair), a shift moves up the even ones.
+#[derive(Clone, Copy)]
+pub struct Bf16 {
+    pub kp: usize,
+}
+
+impl Src for Bf16 {
+    const UNIT: usize = 1;
+    type St = ();
+    #[inline(always)]
+    unsafe fn setup(self, _: *const u8, _: usize) {}
+    #[inline(always)]
+    unsafe fn chunk(self, _: &(), row: *const u8, u: usize, _: usize) -> (__m256, __m256) {
+        // SAFETY: the chunk lies inside the row (the caller's contract).
+        unsafe {
+            let v = _mm256_loadu_si256(row.add(u * 32) as *const __m256i);
+            let hi = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+            (
+                _mm256_castsi256_ps(_mm256_and_si256(v, hi)),
+                _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
+            )
+        }
+    }
+}
+
+/// f32 rows of `chunks * 16` values (f32 `wkv`, and rows of any other format
+/// dequantised into a scratch buffer by the reference code).
+#[derive(Clone, Copy)]
+pub struct F32 {
+    pub kp: usize,
+}
+
+impl Src for F32 {
+    const UNIT: usize = 1;
+    type St = ();
+    #[inline(always)]
+    unsafe fn setup(self, _: *const u8, _: usize) {}
+    #[inline(always)]
+    unsafe fn chunk(self, _: &(), row: *const u8, u: usize, _: usize) -> (__m256, __m256) {
+        // SAFETY: the chunk lies inside the row (the caller's contract).
+        unsafe {
+            let p = row.add(u * 64) as *const f32;
+            let (a, b) = (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)));
+            // [a1 a3 b1 b3 | a5 a7 b5 b7] -> 64-bit pairs in order 0 2 1 3.
+            let odd = _mm256_shuffle_ps(a, b, 0b11_01_11_01);
+            let even = _mm256_shuffle_ps(a, b, 0b10_00_10_00);
+            (
+                _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), 0b11_01_10_00)),
+                _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), 0b11_01_10_00)),
+            )
+        }
+    }
+}
+
+/// An f16 at `p` in all 8 lanes.
+#[inline(always)]
+unsafe fn f16x8(p: *const u8) -> __m256 {
+    // SAFETY: two readable bytes at `p` (the caller's contract); f16c.
+    unsafe { _mm256_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned())) }
+}
+
+/// An f16 at `p` as f32.
+#[inline(always)]
+unsafe fn f16(p: *const u8) -> f32 {
+    // SAFETY: as `f16x8`.
+    unsafe { _mm256_cvtss_f32(f16x8(p)) }
+}
+
+/// 16 bytes at `p` as 8 dwords, byte `2l` in the low half of dword `l` and
+/// byte `2l + 1` in the high half.
+#[inline(always)]
+unsafe fn pairs16(p: *const u8) -> __m256i {
+    // SAFETY: 16 readable bytes at `p` (the caller's contract).
+    unsafe { _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i)) }
+}
+
+/// `block_q8_0`: `q * d`, exact in f32. A unit is one block (two chunks).
+#[derive(Clone, Copy)]
+pub struct Q8_0;
+
+impl Src for Q8_0 {
+    const UNIT: usize = 2;
+    type St = __m256;
+    #[inline(always)]
+    unsafe fn setup(self, row: *const u8, u: usize) -> __m256 {
+        // SAFETY: block `u` lies inside the row.
+        unsafe { f16x8(row.add(u * 34)) }
+    }
+    #[inline(always)]
+    unsafe fn chunk(self, d: &__m256, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
+        // SAFETY: as `setup`.
+        unsafe {
+            let q = _mm256_cvtepi8_epi16(_mm_loadu_si128(row.add(u * 34 + 2 + 16 * j) as *const _));
+            let odd = _mm256_srai_epi32(q, 16);
+            // The low word of each pair times 1 plus the high word times 0.
+            let even = _mm256_madd_epi16(q, _mm256_set1_epi32(1));
+            (
+                _mm256_mul_ps(_mm256_cvtepi32_ps(odd), *d),
+                _mm256_mul_ps(_mm256_cvtepi32_ps(even), *d),
+            )
+        }
+    }
+}
+
+/// `block_q4_0`: `(q - 8) * d`; chunk 0 is the low nibbles, chunk 1 the high.
+#[derive(Clone, Copy)]
+pub struct Q4_0;
+
+impl Src for Q4_0 {
+    const UNIT: usize = 2;
+    type St = __m256;
+    #[inline(always)]
+    unsafe fn setup(self, row: *const u8, u: usize) -> __m256 {
+        // SAFETY: block `u` lies inside the row.
+        unsafe { f16x8(row.add(u * 18)) }
+    }
+    #[inline(always)]
+    unsafe fn chunk(self, d: &__m256, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
+        // SAFETY: as `setup`.
+        unsafe {
+            let v = pairs16(row.add(u * 18 + 2));
+            let m = _mm256_set1_epi32(15);
+            let eight = _mm256_set1_epi32(8);
+            let odd = _mm256_sub_epi32(
+                _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + 4 * j as i32)), m),
+                eight,
+            );
+            let even = _mm256_sub_epi32(
+                _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(4 * j as i32)), m),
+                eight,
+            );
+            (
+                _mm256_mul_ps(_mm256_cvtepi32_ps(odd), *d),
+                _mm256_mul_ps(_mm256_cvtepi32_ps(even), *d),
+            )
+        }
+    }
+}
+
+/// `block_q2_K` (84 bytes, 256 values, 16 groups of 16: one chunk a group).
+/// The unit's 16 `d * sc` and `dmin * m` are formed once; each group's four
+/// possible values `dl * q - ml` (q = 0..3) are one `fmsub`, and its 16
+/// weights two table look-ups (`vpermps` reads the low 3 bits of each index:
+/// the table repeats, so the bit above the 2-bit field does not matter).
+#[derive(Clone, Copy)]
+pub struct Q2K;
+
+#[derive(Clone, Copy)]
+pub struct Q2KSt {
+    dl: [f32; 16],
+    ml: [f32; 16],
+}
+
+impl Src for Q2K {
+    const UNIT: usize = 16;
+    type St = Q2KSt;
+    #[inline(always)]
+    unsafe fn setup(self, row: *const u8, u: usize) -> Q2KSt {
+        // SAFETY: block `u` lies inside the row.
+        unsafe {
+            let b = row.add(u * 84);
+            let (d, dmin) = (
+                _mm256_set1_ps(f16(b.add(80))),
+                _mm256_set1_ps(f16(b.add(82))),
+            );
+            let mut st = Q2KSt {
+                dl: [0.0; 16],
+                ml: [0.0; 16],
+            };
+            for h in 0..2 {
+                let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.add(8 * h) as *const _));
+                let lo = _mm256_cvtepi32_ps(_mm256_and_si256(sc, _mm256_set1_epi32(15)));
+                let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(sc, 4));
+                _mm256_storeu_ps(st.dl.as_mut_ptr().add(8 * h), _mm256_mul_ps(d, lo));
+                _mm256_storeu_ps(st.ml.as_mut_ptr().add(8 * h), _mm256_mul_ps(dmin, hi));
+            }
+            st
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(self, st: &Q2KSt, row: *const u8, u: usize, g: usize) -> (__m256, __m256) {
+        // SAFETY: as `setup`.
+        unsafe {
+            let b = row.add(u * 84);
+            let q = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0);
+            let table = _mm256_fmsub_ps(
+                _mm256_broadcast_ss(&st.dl[g]),
+                q,
+                _mm256_broadcast_ss(&st.ml[g]),
+            );
+            let v = pairs16(b.add(16 + 32 * (g / 8) + 16 * (g % 2)));
+            let sh = (2 * ((g % 8) / 2)) as i32;
+            (
+                _mm256_permutevar8x32_ps(table, _mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + sh))),
+                _mm256_permutevar8x32_ps(table, _mm256_srl_epi32(v, _mm_cvtsi32_si128(sh))),
+            )
+        }
+    }
+}
+
+/// `block_q4_K` (144 bytes, 256 values, 8 sub-blocks of 32 with 6-bit scales
+/// and mins): `(d * sc) * q - dmin * m`; the unit's 8 scale pairs are formed
+/// once, chunk `j` is half of sub-block `j / 2`.
+#[derive(Clone, Copy)]
+pub struct Q4K;
+
+#[derive(Clone, Copy)]
+pub struct Q4KSt {
+    d1: [f32; 8],
+    m1: [f32; 8],
+}
+
+impl Src for Q4K {
+    const UNIT: usize = 16;
+    type St = Q4KSt;
+    #[inline(always)]
+    unsafe fn setup(self, row: *const u8, u: usize) -> Q4KSt {
+        // SAFETY: block `u` lies inside the row.
+        unsafe {
+            let b = row.add(u * 144);
+            let (d, dmin) = (f16(b), f16(b.add(2)));
+            let sc = std::slice::from_raw_parts(b.add(4), 12);
+            let mut st = Q4KSt {
+                d1: [0.0; 8],
+                m1: [0.0; 8],
+            };
+            for j in 0..8 {
+                let (s, m) = if j < 4 {
+                    (sc[j] & 63, sc[j + 4] & 63)
+                } else {
+                    (
+                        (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4),
+                        (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4),
+                    )
+                };
+                st.d1[j] = d * s as f32;
+                st.m1[j] = dmin * m as f32;
+            }
+            st
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(self, st: &Q4KSt, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
+        // SAFETY: as `setup`.
+        unsafe {
+            let sb = j / 2;
+            let v = pairs16(row.add(u * 144 + 16 + 32 * (sb / 2) + 16 * (j % 2)));
+            let sh = (4 * (sb % 2)) as i32;
+            let m = _mm256_set1_epi32(15);
+            let odd = _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + sh)), m);
+            let even = _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(sh)), m);
+            let (d1, m1) = (
+                _mm256_broadcast_ss(&st.d1[sb]),
+                _mm256_broadcast_ss(&st.m1[sb]),
+            );
+            (
+                _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(odd), m1),
+                _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(even), m1),
+            )
+        }
+    }
+}

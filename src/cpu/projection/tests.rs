@@ -1,0 +1,300 @@
+use super::*;
+
+/// Every weight format the kernels read fast, and one they read through
+/// the reference dequantisation (q6_K), as `(name, weights)` over `k`
+/// values a row (`k` a multiple of 256 for the quantised ones).
+fn formats_for(k: usize, n_out: usize, w: &[u16], wf: &[f32]) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = vec![
+        (
+            "bf16".into(),
+            w.iter().flat_map(|b| b.to_le_bytes()).collect(),
+        ),
+        (
+            "f32".into(),
+            wf.iter().flat_map(|b| b.to_le_bytes()).collect(),
+        ),
+    ];
+    if k.is_multiple_of(256) {
+        for (i, ty) in QUANT.iter().enumerate() {
+            let f = EngramType::row_format(*ty as u32, k).unwrap();
+            out.push((
+                f.name().to_string(),
+                random_blocks(f, n_out * f.row_bytes(k), 11 + i as u64),
+            ));
+        }
+    }
+    out
+}
+
+const QUANT: [EngramType; 7] = [
+    EngramType::Q8_0,
+    EngramType::Q4_0,
+    EngramType::Q2_K,
+    EngramType::Q3_K,
+    EngramType::Q4_K,
+    EngramType::Q5_K,
+    EngramType::Q6_K,
+];
+
+fn weights_of<'a>(name: &str, bytes: &'a [u8], k: usize) -> Weights<'a> {
+    // SAFETY (of the casts): the byte vectors come from `Vec<u8>`s built
+    // from whole little-endian u16 / f32 values; they are re-aligned below.
+    match name {
+        "bf16" => Weights::Bf16(aligned::<u16>(bytes)),
+        "f32" => Weights::F32(aligned::<f32>(bytes)),
+        _ => {
+            let ty = QUANT.iter().find(|t| t.name() == name).unwrap();
+            let f = EngramType::row_format(*ty as u32, k).unwrap();
+            Weights::quant(f, bytes, k).unwrap()
+        }
+    }
+}
+
+/// `bytes` as a slice of `T` (leaked into an aligned copy: test only).
+fn aligned<T: Copy + Default + 'static>(bytes: &[u8]) -> &'static [T] {
+    let n = bytes.len() / std::mem::size_of::<T>();
+    let mut v = vec![T::default(); n];
+    // SAFETY: `v` holds `n * size_of::<T>()` bytes; T is a plain number
+    // type (u16 or f32) for which any bit pattern is valid.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, bytes.len())
+    };
+    Vec::leak(v)
+}
+
+/// A token's kv does not depend on its batch: every kernel and weight
+/// format gives (compared before the bf16 rounding, which would hide
+/// most changes of order) the same bits for a token projected alone, in small
+/// batches (the AVX2 kernel's dot products) and in large ones (its packed
+/// GEMM), with one thread or two, with K a whole number of chunks (the
+/// formats read in place) or not (rows dequantised through a buffer).
+#[test]
+fn results_do_not_depend_on_the_batch() {
+    for (n, k, n_out) in [(37, 1100, 70), (29, 512, 100)] {
+        let (rows, w) = data(n, k, n_out);
+        let wf: Vec<f32> = w.iter().map(|&b| bf16_to_f32(b)).collect();
+        for (name, bytes) in formats_for(k, n_out, &w, &wf) {
+            let weights = weights_of(&name, &bytes, k);
+            for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
+                let run = |threads: usize, lo: usize, hi: usize| {
+                    let mut p = Projection::new(threads).unwrap();
+                    p.set_kernel(kernel);
+                    p.set_raw_sums(true);
+                    let mut kv = vec![0f32; (hi - lo) * n_out];
+                    p.run(&rows[lo * k..hi * k], hi - lo, k, weights, n_out, &mut kv)
+                        .unwrap();
+                    kv
+                };
+                let all = run(2, 0, n);
+                for (lo, hi, threads) in [
+                    (0, 1, 1),
+                    (5, 8, 1),
+                    (3, 7, 2),
+                    (10, 25, 2),
+                    (2, 29, 1),
+                    (n - 1, n, 2),
+                ] {
+                    assert_eq!(
+                        run(threads, lo, hi)[..],
+                        all[lo * n_out..hi * n_out],
+                        "{kernel:?} {name} k {k}: tokens {lo}..{hi}, {threads} threads"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Quantised weights give the same bits as f32 weights holding their
+/// dequantised values, in every kernel, for every batch size (dot
+/// products, the GEMM, the AVX-512 fused and buffered paths).
+#[test]
+fn quantised_weights_match_their_f32_values_at_every_batch_size() {
+    use crate::formats::dequant_row_f32;
+    let (k, n_out, n) = (512usize, 70usize, 13usize);
+    let (rows, _) = data(n, k, 1);
+    for (i, ty) in QUANT.iter().enumerate() {
+        let f = EngramType::row_format(*ty as u32, k).unwrap();
+        let data = random_blocks(f, n_out * f.row_bytes(k), 11 + i as u64);
+        let mut deq = vec![0f32; n_out * k];
+        for (o, r) in deq.chunks_mut(k).enumerate() {
+            dequant_row_f32(f, &data[o * f.row_bytes(k)..(o + 1) * f.row_bytes(k)], r).unwrap();
+        }
+        for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
+            let mut p = Projection::new(2).unwrap();
+            p.set_kernel(kernel);
+            p.set_raw_sums(true);
+            for (lo, hi) in [(0, 1), (2, 5), (1, 4), (0, 8), (0, n)] {
+                let mut a = vec![0f32; (hi - lo) * n_out];
+                let mut b = a.clone();
+                p.run(
+                    &rows[lo * k..hi * k],
+                    hi - lo,
+                    k,
+                    Weights::quant(f, &data, k).unwrap(),
+                    n_out,
+                    &mut a,
+                )
+                .unwrap();
+                p.run(
+                    &rows[lo * k..hi * k],
+                    hi - lo,
+                    k,
+                    Weights::F32(&deq),
+                    n_out,
+                    &mut b,
+                )
+                .unwrap();
+                let name = f.name();
+                assert_eq!(a, b, "{name} {kernel:?} tokens {lo}..{hi}");
+            }
+        }
+    }
+}
+
+/// Random blocks of `f` with finite f16 scales of all magnitudes.
+fn random_blocks(f: crate::formats::EngramType, len: usize, seed: u64) -> Vec<u8> {
+    let mut z = seed;
+    let mut data: Vec<u8> = (0..len)
+        .map(|_| {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (z >> 56) as u8
+        })
+        .collect();
+    let (_, bb) = f.block().unwrap();
+    // Where each format keeps its f16 scales.
+    let at: &[usize] = match f {
+        EngramType::Q8_0 | EngramType::Q4_0 => &[1],
+        EngramType::Q2_K => &[81, 83],
+        EngramType::Q3_K => &[109],
+        EngramType::Q4_K | EngramType::Q5_K => &[1, 3],
+        _ => &[209],
+    };
+    for blk in data.chunks_mut(bb) {
+        for &i in at {
+            if blk[i] & 0x7C == 0x7C {
+                blk[i] ^= 0x04;
+            }
+        }
+    }
+    data
+}
+
+/// The AVX-512 dequantisers equal `formats::dequant_row_f32` bit for bit on
+/// random blocks (finite scales; the GGUF oracle tests cover the edges of
+/// the scalar path).
+#[test]
+fn fast_dequant_equals_the_reference() {
+    use crate::formats::{dequant_row_f32, EngramType};
+    let mut z = 3u64;
+    let mut byte = move || {
+        z = z
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (z >> 56) as u8
+    };
+    for (ty, k) in [
+        (crate::EngramType::Q8_0, 256usize),
+        (crate::EngramType::Q2_K, 512),
+    ] {
+        let f = EngramType::row_format(ty as u32, k).unwrap();
+        let (_, bb) = f.block().unwrap();
+        let rows = 7;
+        let mut data: Vec<u8> = (0..rows * f.row_bytes(k)).map(|_| byte()).collect();
+        // Finite f16 scales of all magnitudes (exponent field below 31).
+        for blk in data.chunks_mut(bb) {
+            let at: &[usize] = if ty == crate::EngramType::Q8_0 {
+                &[1]
+            } else {
+                &[81, 83]
+            };
+            for &i in at {
+                blk[i] &= 0xF7 | (blk[i] & 0x80);
+                if blk[i] & 0x7C == 0x7C {
+                    blk[i] ^= 0x04;
+                }
+            }
+        }
+        let w = Weights::quant(f, &data, k).unwrap();
+        let mut fast = vec![0f32; (rows - 2) * k];
+        dequant_rows(w, 1, rows - 1, k, &mut fast);
+        let mut want = vec![0f32; (rows - 2) * k];
+        for (r, o) in want.chunks_mut(k).enumerate() {
+            let rb = f.row_bytes(k);
+            dequant_row_f32(f, &data[(r + 1) * rb..(r + 2) * rb], o).unwrap();
+        }
+        for (i, (a, b)) in fast.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{ty:?} value {i}: {a} vs {b}");
+        }
+    }
+}
+
+fn data(n: usize, k: usize, n_out: usize) -> (Vec<u16>, Vec<u16>) {
+    let f = |i: usize, s: u64| {
+        let z = crate::hash::is_prime(i as u64 + s) as i32 as f32;
+        f32_to_bf16(((i as f32 * 0.37 + s as f32).sin() + z) * 0.5)
+    };
+    (
+        (0..n * k).map(|i| f(i, 1)).collect(),
+        (0..n_out * k).map(|i| f(i, 2)).collect(),
+    )
+}
+
+/// Every kernel, every tile shape and K tail, against an f64 reference
+/// within (K+2) u sum|a b| + 1 bf16 ulp (see tests/golden.rs).
+#[test]
+fn kernels_agree_with_f64_on_all_tile_shapes() {
+    for &(n, k, n_out) in &[
+        (1, 64, 9),
+        (3, 100, 7),
+        (5, 256, 130),
+        (70, 40, 5),
+        (4, 33, 4),
+        (20, 160, 37),
+        (9, 16, 17),
+    ] {
+        let (rows, w) = data(n, k, n_out);
+        let wf: Vec<f32> = w.iter().map(|&b| bf16_to_f32(b)).collect();
+        for (kernel, dense_f32) in [
+            (Kernel::Portable, false),
+            (Kernel::Avx2, false),
+            (Kernel::Avx512, false),
+            (Kernel::Portable, true),
+            (Kernel::Avx2, true),
+            (Kernel::Avx512, true),
+        ] {
+            for threads in [1, 2] {
+                let mut p = Projection::new(threads).unwrap();
+                p.set_kernel(kernel);
+                let mut kv = vec![0f32; n * n_out];
+                let weights = if dense_f32 {
+                    Weights::F32(&wf)
+                } else {
+                    Weights::Bf16(&w)
+                };
+                p.run(&rows, n, k, weights, n_out, &mut kv).unwrap();
+                for t in 0..n {
+                    for o in 0..n_out {
+                        let (mut s, mut a) = (0f64, 0f64);
+                        for i in 0..k {
+                            let x = bf16_to_f32(rows[t * k + i]) as f64
+                                * bf16_to_f32(w[o * k + i]) as f64;
+                            s += x;
+                            a += x.abs();
+                        }
+                        let got = kv[t * n_out + o] as f64;
+                        let ulp = 2f64
+                            .powi((s.abs().max(got.abs()).max(1e-30)).log2().floor() as i32 - 7);
+                        let bound = (k as f64 + 2.0) * a / (1u64 << 24) as f64 + ulp;
+                        assert!(
+                            (got - s).abs() <= bound,
+                            "{kernel:?} n{n} k{k} t{t} o{o}: {got} vs {s}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

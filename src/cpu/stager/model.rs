@@ -1,0 +1,192 @@
+//! The stager's protocol under loom (`cargo test --lib --features
+//! loom-model cpu::stager::model`): the real `Stager` on loom's mutexes,
+//! condition variables, `Arc`s and threads (`super::sync`), over a table
+//! whose reads and whose freeing loom tracks as accesses to one cell, so a
+//! read that is not ordered before the engine frees the table is a causality
+//! violation, in every interleaving loom explores.
+
+use super::*;
+use loom::cell::UnsafeCell;
+
+/// bf16 rows of one value each (`Hd = 1`).
+pub struct Table {
+    rows: UnsafeCell<Vec<u16>>,
+}
+
+// SAFETY: shared across the model's threads on purpose: every access goes
+// through loom's cell, which reports any that are not ordered.
+unsafe impl Sync for Table {}
+
+impl Table {
+    pub fn new(rows: usize, value: u16) -> std::sync::Arc<Table> {
+        std::sync::Arc::new(Table {
+            rows: UnsafeCell::new(vec![value; rows]),
+        })
+    }
+
+    /// Copy rows `ids` into `dst` (rows of `rb` = 2 bytes).
+    pub fn read(&self, rb: usize, ids: &[i64], dst: &mut [u8]) {
+        self.rows.with(|p| {
+            // SAFETY: loom checks that no `free` runs concurrently.
+            let rows = unsafe { &*p };
+            for (&id, d) in ids.iter().zip(dst.chunks_exact_mut(rb)) {
+                d.copy_from_slice(&rows[id as usize].to_le_bytes());
+            }
+        })
+    }
+
+    /// The engine frees the table (and the memory is reused).
+    pub fn free(&self) {
+        // SAFETY: loom checks that no read runs concurrently.
+        self.rows.with_mut(|p| unsafe { (*p).fill(FREED) })
+    }
+}
+
+const ROWS: usize = 4;
+/// bf16 1.0 and 2.0: every row of table A, of table B.
+const A: u16 = 0x3F80;
+const B: u16 = 0x4000;
+/// What a freed table holds.
+const FREED: u16 = 0x7F80;
+
+fn set(s: &Stager, t: &std::sync::Arc<Table>) -> u64 {
+    s.set_source(0, Source::Model(t.clone()), EngramType::Bf16, 2)
+}
+
+fn gather(s: &Stager, gen: u64, ids: &[i64]) -> Vec<u16> {
+    let mut out = vec![0u16; ids.len()];
+    s.gather(0, gen, 1, ids, &mut out)
+        .expect("no I/O error")
+        .expect("valid rows");
+    out
+}
+
+fn check(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    // Every interleaving with up to three preemptions (the bugs this
+    // protocol had need one or two).
+    b.preemption_bound = Some(3);
+    b.check(f);
+}
+
+/// The stager on its own (no context lock around it): a prefetch and an
+/// apply of table A race `set_source(B)`, after which the engine frees A
+/// and applies B. No read of A may follow `set_source`'s return; every
+/// gather sees one table whole; the apply after it sees B.
+#[test]
+fn set_source_waits_for_every_reader_of_the_old_table() {
+    check(|| {
+        let (a, b) = (Table::new(ROWS, A), Table::new(ROWS, B));
+        let s = Arc::new(Stager::new(1, 1));
+        let gen_a = set(&s, &a);
+        let s1 = s.clone();
+        let t = thread::spawn(move || {
+            let ids = [1i64, 3];
+            s1.stage(0, &ids).unwrap();
+            let got = gather(&s1, gen_a, &ids);
+            assert!(
+                got == [A, A] || got == [B, B],
+                "mixed or freed rows: {got:x?}"
+            );
+        });
+        let gen_b = set(&s, &b);
+        a.free();
+        assert_eq!(gather(&s, gen_b, &[0, 2]), [B, B]);
+        t.join().unwrap();
+    });
+}
+
+/// An apply without a prefetch reads the table directly; racing
+/// `set_source(B)` (no context lock around them), it reads one table
+/// whole and lets go of A before `set_source` returns.
+#[test]
+fn a_direct_gather_races_set_source() {
+    check(|| {
+        let (a, b) = (Table::new(ROWS, A), Table::new(ROWS, B));
+        let s = Arc::new(Stager::new(1, 1));
+        let gen_a = set(&s, &a);
+        let s1 = s.clone();
+        let t = thread::spawn(move || {
+            let got = gather(&s1, gen_a, &[3, 1]);
+            assert!(
+                got == [A, A] || got == [B, B],
+                "mixed or freed rows: {got:x?}"
+            );
+        });
+        set(&s, &b);
+        a.free();
+        t.join().unwrap();
+    });
+}
+
+/// As the context runs it: `prefetch` and `apply` hold the layer lock
+/// for reading (the apply reads its generation under it), `set_layer`
+/// for writing. An apply sees exactly the table of the generation it
+/// read, whether its rows came from the prefetch or not.
+#[test]
+fn an_apply_uses_the_rows_of_its_generation() {
+    check(|| {
+        let (a, b) = (Table::new(ROWS, A), Table::new(ROWS, B));
+        let s = Arc::new(Stager::new(1, 1));
+        let gen_a = set(&s, &a);
+        let layer = Arc::new(loom::sync::RwLock::new((gen_a, A)));
+        let (s1, l1) = (s.clone(), layer.clone());
+        let t = thread::spawn(move || {
+            let ids = [2i64, 0];
+            {
+                let _g = l1.read().unwrap();
+                s1.stage(0, &ids).unwrap();
+            }
+            let g = l1.read().unwrap();
+            let (gen, v) = *g;
+            assert_eq!(gather(&s1, gen, &ids), [v, v]);
+        });
+        {
+            let mut g = layer.write().unwrap();
+            *g = (set(&s, &b), B);
+        }
+        a.free();
+        t.join().unwrap();
+    });
+}
+
+/// Two prefetches in flight on one layer's two slots, applied in either
+/// order while the worker gathers: each apply gets its own rows.
+#[test]
+fn two_prefetches_share_the_slots() {
+    check(|| {
+        let t = Table::new(ROWS, A);
+        t.rows.with_mut(|p| {
+            // SAFETY: no other thread exists yet.
+            let rows = unsafe { &mut *p };
+            for (i, r) in rows.iter_mut().enumerate() {
+                *r = A + i as u16;
+            }
+        });
+        let s = Arc::new(Stager::new(1, 1));
+        let gen = set(&s, &t);
+        let s1 = s.clone();
+        let th = thread::spawn(move || {
+            s1.stage(0, &[3]).unwrap();
+            assert_eq!(gather(&s1, gen, &[3]), [A + 3]);
+        });
+        s.stage(0, &[1]).unwrap();
+        assert_eq!(gather(&s, gen, &[1]), [A + 1]);
+        th.join().unwrap();
+    });
+}
+
+/// Freeing the context (dropping the stager) with a gather queued or
+/// running: the drop joins the workers, so the engine may free the table
+/// once it returns.
+#[test]
+fn drop_joins_the_workers_before_the_table_is_freed() {
+    check(|| {
+        let a = Table::new(ROWS, A);
+        let s = Stager::new(1, 1);
+        set(&s, &a);
+        s.stage(0, &[0, 1, 2, 3]).unwrap();
+        drop(s);
+        a.free();
+    });
+}

@@ -1,0 +1,543 @@
+//! [`Partial::finish`]: the model completed with the companion files, the pad
+//! settled, and every tensor's shape checked.
+
+use super::*;
+
+impl Partial {
+    /// Complete the model: geometry (keys, else the companion config), hash
+    /// constants (the file's, the companion's, or derived from the file's
+    /// config keys and a tokenizer), the pad, and every tensor's shape.
+    /// `tables` holds each layer's table (the file's, or an external one the
+    /// loader resolved), in layer order. Runs no cross-checks of the hash
+    /// layout: [`EngramModel::check`] does.
+    pub fn finish(self, tables: Vec<TableBlobs>, comp: Companions<'_>) -> Result<EngramModel> {
+        let nl = self.layer_ids.value.len();
+        let cfg = comp.tables.map(|t| &t.config);
+        // Geometry keys: the file's, else the companion config's.
+        let geo = |v: &Option<Named<u64>>, from_cfg: Option<usize>| {
+            v.as_ref().map(|n| n.value).or(from_cfg.map(|x| x as u64))
+        };
+        let (n_heads, max_ngram) = match (
+            geo(&self.n_heads, cfg.map(|c| c.n_heads)),
+            geo(&self.max_ngram, cfg.map(|c| c.max_ngram)),
+        ) {
+            (Some(h), Some(n)) => (h, n),
+            (h, n) => {
+                let p = match self.dialect {
+                    Dialect::Vcruz305Prefix => "deepseek4.engram.".to_string(),
+                    _ => self
+                        .layer_ids
+                        .key
+                        .rsplit_once('.')
+                        .map_or(String::new(), |x| format!("{}.", x.0)),
+                };
+                let missing: Vec<String> = [("head_count", h), ("max_ngram_size", n)]
+                    .iter()
+                    .filter(|(_, v)| v.is_none())
+                    .map(|(k, _)| format!("{p}{k}"))
+                    .collect();
+                bail!(
+                    ErrFormat,
+                    "the file lacks {} and no config.json was given",
+                    missing.join(", ")
+                );
+            }
+        };
+        let name = |v: &Option<Named<u64>>, dflt: &str| {
+            v.as_ref().map_or(dflt.to_string(), |n| n.key.clone())
+        };
+        if !(2..=64).contains(&max_ngram) || !(1..=1024).contains(&n_heads) {
+            bail!(
+                ErrFormat,
+                "{} = {max_ngram}, {} = {n_heads}: out of range (N 2 to 64, H 1 to 1024)",
+                name(&self.max_ngram, "max n-gram size"),
+                name(&self.n_heads, "head count")
+            );
+        }
+        let (n, h) = (max_ngram as usize, n_heads as usize);
+        let cols = (n - 1) * h;
+        let len_check = |v: &Option<Named<Vec<u64>>>, want: usize, what: &str| -> Result<()> {
+            if let Some(x) = v {
+                if x.value.len() != want {
+                    bail!(
+                        ErrFormat,
+                        "{} has {} entries, expected {want} ({what})",
+                        x.key,
+                        x.value.len()
+                    );
+                }
+            }
+            Ok(())
+        };
+        len_check(&self.multipliers, nl * n, &format!("{nl} layers x N = {n}"))?;
+        len_check(
+            &self.primes,
+            nl * cols,
+            &format!("{nl} layers x C = {cols}"),
+        )?;
+        len_check(
+            &self.offsets,
+            nl * cols,
+            &format!("{nl} layers x C = {cols}"),
+        )?;
+        len_check(
+            &self.rows,
+            nl,
+            &format!("one per engram layer of {}", self.layer_ids.key),
+        )?;
+        if let Some(t) = &self.token_map {
+            if t.value.is_empty() {
+                bail!(ErrFormat, "{} is empty", t.key);
+            }
+        }
+
+        // The hash constants.
+        let consts = self.constants(comp, n, h)?;
+
+        // Geometry from the tensors.
+        let first = self.layers.first().expect("at least one layer");
+        let (d, hc) = (dim(&first.q.blob, 0), dim(&first.q.blob, 1));
+        let hd = match &self.hd {
+            Some(x) => x.value,
+            None => match (cfg.and_then(|c| c.head_dim), tables.first()) {
+                (Some(x), _) => x as u64,
+                (None, Some(t)) => dim(&t.codes, 0),
+                (None, None) => bail!(ErrFormat, "no table to take the row width from"),
+            },
+        };
+        for (v, what, got) in [(&self.d_key, "D", d), (&self.hc_key, "hc", hc)] {
+            if let Some(k) = v {
+                if k.value != got {
+                    bail!(
+                        ErrFormat,
+                        "{} = {}, but tensor {} has shape {:?} ([D, hc]: {what} = {got})",
+                        k.key,
+                        k.value,
+                        first.q.blob.name,
+                        first.q.blob.dims
+                    );
+                }
+            }
+        }
+        if d == 0 || hc == 0 || hd == 0 || d > 1 << 20 || hc > 64 || hd > 1 << 16 {
+            bail!(
+                ErrFormat,
+                "geometry D = {d}, hc = {hc} (from {}) and Hd = {hd} (from {}) out of range",
+                first.q.blob.name,
+                name(&self.hd, "the tables")
+            );
+        }
+        let (d, hc, hd) = (d as usize, hc as usize, hd as usize);
+        // Shapes of every layer's tensors.
+        let two = |b: &Blob, ne0: u64, ne1: Option<u64>, what: &str| -> Result<()> {
+            if b.dims.iter().skip(2).any(|&x| x != 1)
+                || dim(b, 0) != ne0
+                || ne1.is_some_and(|r| dim(b, 1) != r)
+            {
+                bail!(
+                    ErrFormat,
+                    "tensor {} has shape {:?}, expected [{ne0}, {}] (ggml order; {what}) for D = {d}, hc = {hc}, \
+                     Hd = {hd}, C = {cols}",
+                    b.name,
+                    b.dims,
+                    ne1.map_or("rows".into(), |r| r.to_string())
+                );
+            }
+            Ok(())
+        };
+        let mut out_layers = Vec::with_capacity(nl);
+        if tables.len() != nl {
+            bail!(ErrInternal, "{} tables for {nl} layers", tables.len());
+        }
+        for (l, table) in self.layers.into_iter().zip(tables) {
+            two(&l.q.blob, d as u64, Some(hc as u64), "q [hc, D]")?;
+            two(&l.k.blob, d as u64, Some(hc as u64), "k [hc, D]")?;
+            two(
+                &l.wkv.blob,
+                (cols * hd) as u64,
+                Some(((hc + 1) * d) as u64),
+                "wkv [D*(hc+1), C*Hd]",
+            )?;
+            let ne0 = match table.format {
+                EngramType::Fp8E4m3E8m0 => (hd + hd / FP8_SCALE_BLOCK) as u64,
+                _ => hd as u64,
+            };
+            two(&table.codes, ne0, Some(table.rows), "table [Hd, rows]").map_err(|e| {
+                // Name the key the row width came from.
+                Error::new(
+                    e.status,
+                    format!("{} (Hd from {})", e.message, name(&self.hd, "the tables")),
+                )
+            })?;
+            EngramType::row_format(table.format as u32, hd).map_err(|e| {
+                Error::new(e.status, format!("{}: {}", table.codes.name, e.message))
+            })?;
+            if l.q.source != l.k.source {
+                bail!(
+                    ErrFormat,
+                    "{} and {} have different types",
+                    l.q.blob.name,
+                    l.k.blob.name
+                );
+            }
+            out_layers.push(EngramTensors {
+                layer_id: l.layer_id,
+                table,
+                wkv: l.wkv,
+                q: l.q,
+                k: l.k,
+            });
+        }
+        let Consts {
+            token_map,
+            pad,
+            multipliers,
+            primes,
+            offsets,
+            offsets_stored,
+            source,
+            keys,
+        } = consts;
+        Ok(EngramModel {
+            dialect: self.dialect,
+            d,
+            hc,
+            hd,
+            layer_ids: self.layer_ids.value,
+            max_ngram: n,
+            n_heads: h,
+            token_map,
+            pad_id: pad.compressed,
+            pad,
+            multipliers,
+            primes,
+            offsets,
+            offsets_stored,
+            stated_rows: self.rows.map(|r| r.value),
+            compressed_vocab: self.compressed_vocab.map(|c| c.value),
+            hash_source: source,
+            keys,
+            layers: out_layers,
+        })
+    }
+
+    /// The hash constants, from the file, the companion files, or derived.
+    fn constants(&self, comp: Companions<'_>, n: usize, h: usize) -> Result<Consts> {
+        let cols = (n - 1) * h;
+        let ck = &self.const_keys;
+        let have = [
+            self.multipliers.is_some(),
+            self.primes.is_some(),
+            self.offsets.is_some(),
+            self.token_map.is_some(),
+            self.pad.is_some(),
+        ];
+        // Offsets may be absent (prefix sums); the other four make the hash.
+        let complete = have[0] && have[1] && have[3] && have[4];
+        let any = have[0] || have[1] || have[2] || have[3];
+        let mut keys = Keys {
+            layer_ids: self.layer_ids.key.clone(),
+            multipliers: ck[0].clone(),
+            primes: ck[1].clone(),
+            offsets: ck[2].clone(),
+            token_map: ck[3].clone(),
+            rows: self.rows.as_ref().map(|r| r.key.clone()),
+            compressed_vocab: self.compressed_vocab.as_ref().map(|c| c.key.clone()),
+        };
+        // What a config + tokenizer (or a tokenizer and the file's own config
+        // keys) derive, when given.
+        let derived: Option<std::borrow::Cow<'_, EngramTables>> =
+            match (comp.tables, comp.token_map) {
+                (Some(t), _) => Some(std::borrow::Cow::Borrowed(t)),
+                (None, Some(tm)) if !complete => {
+                    Some(std::borrow::Cow::Owned(self.derive(tm, n, h)?))
+                }
+                _ => None,
+            };
+        if let (Some(d), true) = (&derived, comp.tables.is_some()) {
+            // A config.json given alongside must describe the same geometry.
+            let c = &d.config;
+            if c.layer_ids != self.layer_ids.value || c.max_ngram != n || c.n_heads != h {
+                bail!(
+                    ErrInvalidConfig,
+                    "config.json describes layers {:?}, N = {}, H = {}; the file has {:?}, N = {n}, H = {h}",
+                    c.layer_ids,
+                    c.max_ngram,
+                    c.n_heads,
+                    self.layer_ids.value
+                );
+            }
+        }
+        if let Some(tm) = comp.token_map {
+            if let Some(f) = &self.token_map {
+                if f.value != tm.map {
+                    bail!(
+                        ErrInvalidConfig,
+                        "{} differs from the token map of the tokenizer.json given",
+                        f.key
+                    );
+                }
+            }
+        }
+        let (token_map, multipliers, primes, offsets, offsets_stored, source, pad_from_derived);
+        if complete {
+            let mult = self.multipliers.as_ref().expect("complete").value.clone();
+            let pr = self.primes.as_ref().expect("complete").value.clone();
+            let (offs, stored) = match &self.offsets {
+                Some(o) => (o.value.clone(), true),
+                None => (derive_offsets(&pr, cols), false),
+            };
+            let tm = self.token_map.as_ref().expect("complete").value.clone();
+            if let Some(d) = &derived {
+                let differs: Vec<&str> = [
+                    (ck[0].as_str(), d.multipliers != mult),
+                    (ck[1].as_str(), d.primes != pr),
+                    (ck[2].as_str(), stored && d.offsets != offs),
+                    (ck[3].as_str(), d.token_map != tm),
+                ]
+                .into_iter()
+                .filter(|(_, x)| *x)
+                .map(|(k, _)| k)
+                .collect();
+                if !differs.is_empty() {
+                    bail!(
+                        ErrInvalidConfig,
+                        "the file's {} differ from those derived from the config.json + tokenizer.json given alongside",
+                        differs.join(", ")
+                    );
+                }
+            }
+            token_map = tm;
+            multipliers = mult;
+            primes = pr;
+            offsets = offs;
+            offsets_stored = stored;
+            source = self.const_source;
+            pad_from_derived = derived.as_ref().map(|d| d.pad_id);
+        } else {
+            let missing: Vec<&str> = ck
+                .iter()
+                .zip(have)
+                .filter(|(_, h)| !h)
+                .map(|(k, _)| k.as_str())
+                .collect();
+            let Some(d) = derived else {
+                if any {
+                    bail!(
+                        ErrFormat,
+                        "the file has some hash constants but lacks {}; pass the model's config.json and \
+                         tokenizer.json to derive them",
+                        missing.join(", ")
+                    );
+                }
+                if self.dialect == Dialect::Deepstrix {
+                    bail!(
+                        ErrInvalidConfig,
+                        "a deepstrix file carries no hash constants (no token map, multipliers, primes or offsets): \
+                         pass the model's tokenizer.json (engram_gguf_options.tokenizer_json, or a tokenizer.json \
+                         in tables_dir) to derive them from the file's {} keys",
+                        self.layer_ids.key.trim_end_matches("layer_ids")
+                    );
+                }
+                bail!(
+                    ErrInvalidConfig,
+                    "the file lacks the hash constants {}: pass the model's config.json and tokenizer.json to derive them",
+                    missing.join(", ")
+                );
+            };
+            // The constants the file has must agree with the derived ones.
+            let check = |v: &Option<Named<Vec<u64>>>, want: &[u64]| -> Result<()> {
+                if let Some(x) = v {
+                    if x.value != want {
+                        bail!(
+                            ErrInvalidConfig,
+                            "{} in the file differs from the one derived from config.json + tokenizer.json",
+                            x.key
+                        );
+                    }
+                }
+                Ok(())
+            };
+            check(&self.multipliers, &d.multipliers)?;
+            check(&self.primes, &d.primes)?;
+            check(&self.offsets, &d.offsets)?;
+            token_map = d.token_map.clone();
+            multipliers = d.multipliers.clone();
+            primes = d.primes.clone();
+            offsets = d.offsets.clone();
+            offsets_stored = false;
+            source = if comp.tables.is_some() {
+                "config+tokenizer"
+            } else {
+                "tokenizer+file keys"
+            };
+            keys.multipliers = format!("multipliers (derived, {source})");
+            keys.primes = format!("primes (derived, {source})");
+            keys.offsets = format!("offsets (derived, {source})");
+            keys.token_map = format!("token_map (derived, {source})");
+            pad_from_derived = Some(d.pad_id);
+        }
+        let pad = self.pad(&token_map, pad_from_derived)?;
+        Ok(Consts {
+            token_map,
+            pad,
+            multipliers,
+            primes,
+            offsets,
+            offsets_stored,
+            source,
+            keys,
+        })
+    }
+
+    /// Hash tables from a tokenizer's map and the file's own config keys.
+    fn derive(&self, tm: &TokenMap, n: usize, h: usize) -> Result<EngramTables> {
+        let Some(ev) = &self.engram_vocab else {
+            bail!(
+                ErrInvalidConfig,
+                "a tokenizer alone cannot complete this file: it has no engram vocabulary size key to derive \
+                 the primes from; pass its config.json too"
+            );
+        };
+        let Some((pad, reading)) = &self.pad else {
+            bail!(ErrFormat, "the file has no pad key");
+        };
+        if *reading != PadReading::Raw {
+            bail!(
+                ErrInvalidConfig,
+                "a tokenizer alone cannot complete this file: pass its config.json too"
+            );
+        }
+        let config = EngramConfig {
+            layer_ids: self.layer_ids.value.clone(),
+            max_ngram: n,
+            n_heads: h,
+            vocab_per_ngram: vec![ev.value; n - 1],
+            pad_token_id: u32::try_from(pad.value).map_err(|_| {
+                fmt_err(format!(
+                    "{} = {} does not fit a token id",
+                    pad.key, pad.value
+                ))
+            })?,
+            seed: 0,
+            head_dim: self.hd.as_ref().map(|x| x.value as usize),
+            hidden_size: self.d_key.as_ref().map(|x| x.value as usize),
+            hc: self.hc_key.as_ref().map(|x| x.value as usize),
+            num_embeddings: None,
+            compressed_vocab: None,
+            weight_block_size: None,
+        };
+        if let Some(cv) = &self.compressed_vocab {
+            if cv.value != tm.compressed as u64 {
+                bail!(
+                    ErrInvalidConfig,
+                    "{} = {}, but the tokenizer.json given compresses to {} ids: a different tokenizer than the model's?",
+                    cv.key,
+                    cv.value,
+                    tm.compressed
+                );
+            }
+        }
+        EngramTables::derive(config, tm.clone())
+    }
+
+    /// The compressed pad, read as the dialect stores it; `from_companion`
+    /// is the pad the companion files give, which it must equal.
+    fn pad(&self, token_map: &[i32], from_companion: Option<i64>) -> Result<PadInfo> {
+        let Some((p, reading)) = &self.pad else {
+            // No pad key (derived constants only): the companion's.
+            let c = from_companion.ok_or_else(|| fmt_err("no pad key and no config".into()))?;
+            return Ok(PadInfo {
+                key: "pad (derived)".into(),
+                stored: c as u64,
+                reading: PadReading::Compressed,
+                compressed: c,
+                how: "from the config.json + tokenizer.json given".into(),
+            });
+        };
+        let v = p.value;
+        let as_raw = || -> Result<i64> {
+            let Some(&c) = usize::try_from(v).ok().and_then(|i| token_map.get(i)) else {
+                bail!(
+                    ErrFormat,
+                    "{} = {v} is a raw token id outside the token map's {} tokens",
+                    p.key,
+                    token_map.len()
+                );
+            };
+            if c < 0 {
+                bail!(
+                    ErrFormat,
+                    "{} = {v} is a raw token id that the token map leaves out (-1)",
+                    p.key
+                );
+            }
+            Ok(c as i64)
+        };
+        let as_compressed = || -> Result<i64> {
+            i64::try_from(v)
+                .ok()
+                .filter(|&c| c <= i32::MAX as i64)
+                .ok_or_else(|| fmt_err(format!("{} = {v} is not a compressed id", p.key)))
+        };
+        let (compressed, how) = match reading {
+            PadReading::Compressed => (
+                as_compressed()?,
+                "a compressed id in this dialect".to_string(),
+            ),
+            PadReading::Raw => (
+                as_raw()?,
+                format!("a raw token id in this dialect: token_map[{v}]"),
+            ),
+            PadReading::Ambiguous => {
+                let c = as_compressed()?;
+                let r = as_raw().ok();
+                match (r, from_companion) {
+                    (Some(r), _) if r == c => (
+                        c,
+                        format!("ambiguous in this dialect; both readings give {c} (token_map[{v}] = {v})"),
+                    ),
+                    (_, Some(x)) if x == c => (c, "ambiguous in this dialect; the config + tokenizer say compressed".into()),
+                    (Some(r), Some(x)) if x == r => (r, format!("ambiguous in this dialect; the config + tokenizer say raw: token_map[{v}]")),
+                    (r, _) => bail!(
+                        ErrInvalidConfig,
+                        "{} = {v} is ambiguous in this dialect (the same key holds a compressed id in vcruz305's files \
+                         and a raw token id in deepstrix's): read as a compressed id the pad is {c}, read as a raw \
+                         token id it is {}; the two differ, so the loader will not guess: pass the model's \
+                         config.json and tokenizer.json to decide",
+                        p.key,
+                        r.map_or("outside the token map".into(), |r| format!("token_map[{v}] = {r}"))
+                    ),
+                }
+            }
+        };
+        if let Some(x) = from_companion {
+            if x != compressed {
+                bail!(
+                    ErrInvalidConfig,
+                    "{} = {v} gives the compressed pad {compressed} ({how}), but the config.json + tokenizer.json \
+                     given give {x}",
+                    p.key
+                );
+            }
+        }
+        Ok(PadInfo {
+            key: p.key.clone(),
+            stored: v,
+            reading: *reading,
+            compressed,
+            how,
+        })
+    }
+}
+
+struct Consts {
+    token_map: Vec<i32>,
+    pad: PadInfo,
+    multipliers: Vec<u64>,
+    primes: Vec<u64>,
+    offsets: Vec<u64>,
+    offsets_stored: bool,
+    source: &'static str,
+    keys: Keys,
+}
