@@ -456,8 +456,10 @@ typedef struct engram_safetensors_options {
    */
   size_t struct_size;
   /*
-   `ENGRAM_BACKEND_CPU` (the checkpoint's tables are served from host
-   memory or the files to the CPU backend).
+   `ENGRAM_BACKEND_CPU` or `ENGRAM_BACKEND_CUDA` (the checkpoint's
+   tables stay in host memory or the files either way; on CUDA their rows
+   are gathered on the host and copied to the device, the weights are
+   copied to device memory the context owns).
    */
   uint32_t backend;
   /*
@@ -782,7 +784,8 @@ void engram_gguf_options_init_sized(struct engram_gguf_options *o, size_t struct
  `ERR_FORMAT` (not GGUF, truncated, sizes that overflow, a missing or
  mistyped key or tensor, constants that disagree with each other or with
  the tables), `ERR_UNSUPPORTED` (GGUF version, a tensor type this build
- does not read), `ERR_INVALID_CONFIG` (missing hash constants without
+ does not read, an unknown backend), `ERR_DEVICE` (the CUDA backend without
+ a usable driver or device), `ERR_INVALID_CONFIG` (missing hash constants without
  config + tokenizer, companion files that disagree, an ambiguous pad),
  `ERR_INVALID_DATA` (an fp8 or f16 weight holding NaN). On failure `*out`
  is left as it was.
@@ -819,7 +822,8 @@ void engram_safetensors_options_init_sized(struct engram_safetensors_options *o,
  file, a missing tensor, a tensor of the wrong dtype or shape, a config that
  disagrees with the tensors), `ERR_INVALID_CONFIG` (missing config fields,
  a tokenizer that does not fit the config), `ERR_UNSUPPORTED` (a dtype this
- build does not read), `ERR_INVALID_DATA` (a NaN in the fp8 `wkv`). On
+ build does not read, an unknown backend), `ERR_DEVICE` (the CUDA backend
+ without a usable driver or device), `ERR_INVALID_DATA` (a NaN in the fp8 `wkv`). On
  failure `*out` is left as it was.
 
  `model_dir` must be NULL or a NUL-terminated path; `options` NULL or

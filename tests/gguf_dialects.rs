@@ -48,6 +48,7 @@ fn options() -> GgufOptions {
         backend: engram::EngramBackend::Cpu as u32,
         device: 0,
         eps: eps(),
+        tuning: Default::default(),
     }
 }
 
@@ -165,9 +166,9 @@ fn call_of(c: &Value) -> Call {
 /// Run `calls` (in order, one sequence history) on a context of `m` and check
 /// ids exactly, rows bit for bit, kv and the f32 highway within their bounds,
 /// for the layers in `only` (all when `None`).
-fn run_calls(m: &GgufModel, calls: &[Call], only: Option<&[u32]>, at: &str) {
+fn run_calls(m: &GgufModel, o: &GgufOptions, calls: &[Call], only: Option<&[u32]>, at: &str) {
     let em = &m.model;
-    let ctx = m.context(&options()).unwrap();
+    let ctx = m.context(o).unwrap();
     let (hc, d) = (em.hc, em.d);
     let (k_in, k_out) = (em.cols() * em.hd, d * (hc + 1));
     for (ci, c) in calls.iter().enumerate() {
@@ -188,8 +189,22 @@ fn run_calls(m: &GgufModel, calls: &[Call], only: Option<&[u32]>, at: &str) {
             );
             let (wkv, qk) = layer_values(m, li);
             let x = values(&c.highway, n * hc * d, 1.0, 0.0);
-            let mut h = x.clone();
-            ctx.apply(*lid, &ids, n, Highway::F32(&mut h)).unwrap();
+            let h = match &o.tuning.cuda_device {
+                None => {
+                    let mut h = x.clone();
+                    ctx.apply(*lid, &ids, n, Highway::F32(&mut h)).unwrap();
+                    h
+                }
+                // The CUDA backend: the highway in device memory.
+                Some(gpu) => {
+                    let hd = engram::cuda::gpu::DevBuf::from_slice(gpu, &x, "highway").unwrap();
+                    let null = std::ptr::null_mut();
+                    ctx.apply_device(*lid, engram::RowIds::Host(&ids), n, hd.ptr, 0, null)
+                        .unwrap();
+                    ctx.check_device(null).unwrap();
+                    hd.read::<f32>(x.len()).unwrap()
+                }
+            };
             for t in 0..n {
                 let tr = &rb.rows[t * k_in..(t + 1) * k_in];
                 let dead = ids[t * ctx.ids_per_token()] == -1;
@@ -315,12 +330,20 @@ fn check_fixture(fx: &str, mmap: bool) {
         "ds4" => assert_eq!(table_fmt, EngramType::Fp8E4m3E8m0, "{at}"),
         _ => {}
     }
-    // Outputs.
+    check_outputs(&m, fx, &options(), &at);
+}
+
+/// Fixture `fx`'s model (`m`) against its expected outputs on a context
+/// with options `o`: its check call, and tiny.json's regimes on the layers
+/// that hold tiny.json's model.
+fn check_outputs(m: &GgufModel, fx: &str, o: &GgufOptions, at: &str) {
+    let f = &expected()["fixtures"][fx];
     let name = f["effective_model"].as_str().unwrap();
     let eff = &expected()["effective_models"][name];
     if name != "golden" {
         run_calls(
-            &m,
+            m,
+            o,
             &[call_of(check_call(name))],
             None,
             &format!("{at}: check call"),
@@ -333,14 +356,44 @@ fn check_fixture(fx: &str, mmap: bool) {
         }),
     };
     if !tiny_layers.is_empty() {
-        assert_eq!(hash, "tiny");
+        assert_eq!(f["hash"], "tiny", "{at}");
         for regime in ["prefill", "decode", "dead"] {
             run_calls(
-                &m,
+                m,
+                o,
                 &tiny_calls(regime),
                 Some(&tiny_layers),
                 &format!("{at}: tiny.json {regime}"),
             );
+        }
+    }
+}
+
+/// Every fixture on the CUDA backend (the GPU, else the emulation of its
+/// kernels): the same expected outputs as on the CPU, with the tables left
+/// in the file (`pread`) or its mapping, gathered on the host and copied to
+/// the device, and the weights copied to the device at `set_layer`.
+#[test]
+fn every_fixture_on_the_cuda_backend() {
+    let Some(dev) = common::device::device() else {
+        return;
+    };
+    let o = GgufOptions {
+        backend: engram::EngramBackend::Cuda as u32,
+        tuning: engram::Tuning {
+            cuda_device: Some(dev.gpu.clone()),
+            ..Default::default()
+        },
+        ..options()
+    };
+    let fixtures = expected()["fixtures"].as_object().unwrap();
+    assert!(fixtures.contains_key("checkpoint") && fixtures.len() >= 9);
+    for fx in fixtures.keys() {
+        for mmap in [false, true] {
+            let at = format!("{fx} on CUDA ({})", if mmap { "mapped" } else { "pread" });
+            let m = open_fixture(fx, &dir(), mmap)
+                .unwrap_or_else(|e| panic!("{at}: {:?}: {}", e.status, e.message));
+            check_outputs(&m, fx, &o, &at);
         }
     }
 }

@@ -32,6 +32,7 @@ fn options() -> GgufOptions {
         backend: engram::EngramBackend::Cpu as u32,
         device: 0,
         eps: 1e-6,
+        tuning: Default::default(),
     }
 }
 

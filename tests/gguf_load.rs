@@ -21,6 +21,7 @@ fn options() -> GgufOptions {
         backend: engram::EngramBackend::Cpu as u32,
         device: 0,
         eps: f32::from_bits(0x358637bd), // f32(1e-6), as the golden
+        tuning: Default::default(),
     }
 }
 

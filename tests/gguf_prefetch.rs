@@ -131,6 +131,7 @@ fn gguf_tables_read_with_pread_or_the_mapping_agree() {
         backend: engram::EngramBackend::Cpu as u32,
         device: 0,
         eps: tiny.eps,
+        tuning: Default::default(),
     };
     let pread = m.context(&o).unwrap();
     let mapped = mm.context(&o).unwrap();

@@ -108,7 +108,8 @@ pub extern "C" fn engram_gguf_options_init_sized(o: *mut EngramGgufOptions, stru
 /// `ERR_FORMAT` (not GGUF, truncated, sizes that overflow, a missing or
 /// mistyped key or tensor, constants that disagree with each other or with
 /// the tables), `ERR_UNSUPPORTED` (GGUF version, a tensor type this build
-/// does not read), `ERR_INVALID_CONFIG` (missing hash constants without
+/// does not read, an unknown backend), `ERR_DEVICE` (the CUDA backend without
+/// a usable driver or device), `ERR_INVALID_CONFIG` (missing hash constants without
 /// config + tokenizer, companion files that disagree, an ambiguous pad),
 /// `ERR_INVALID_DATA` (an fp8 or f16 weight holding NaN). On failure `*out`
 /// is left as it was.
@@ -130,9 +131,13 @@ pub extern "C" fn engram_create_from_gguf(
             "options",
         )?;
         non_null(out, "out")?;
-        if o.backend != EngramBackend::Cpu as u32 && o.backend != EngramBackend::Cuda as u32 {
-            bail!(ErrUnsupported, "unknown backend {}", o.backend);
-        }
+        let opts = context_options(
+            o.backend,
+            o.device,
+            o.eps,
+            (o.max_tokens, o.max_seqs, o.max_positions),
+            o.n_threads,
+        )?;
         let (companion, tokenizer) = companions(o.config_json, o.tokenizer_json)?;
         let tables_dir = if o.tables_dir.is_null() {
             None
@@ -146,17 +151,6 @@ pub extern "C" fn engram_create_from_gguf(
             tables_dir,
         };
         let model = Box::new(LoadedModel::open(p, &lo)?);
-        let opts = GgufOptions {
-            limits: Limits {
-                max_tokens: o.max_tokens as usize,
-                max_seqs: o.max_seqs as usize,
-                max_positions: o.max_positions as usize,
-            },
-            n_threads: o.n_threads as usize,
-            backend: o.backend,
-            device: o.device,
-            eps: o.eps,
-        };
         give_context(out, model, &opts)
     })
 }
@@ -189,6 +183,33 @@ pub(crate) fn companions(
              the tokenizer alone, or neither"
         ),
     }
+}
+
+/// The options of a context over a loaded model, from the fields both
+/// loaders' C options carry: (`max_tokens`, `max_seqs`, `max_positions`) in
+/// `max`. An unknown backend is refused here, before anything is loaded.
+pub(crate) fn context_options(
+    backend: u32,
+    device: i32,
+    eps: f32,
+    max: (u32, u32, u32),
+    n_threads: u32,
+) -> Result<GgufOptions> {
+    if backend != EngramBackend::Cpu as u32 && backend != EngramBackend::Cuda as u32 {
+        bail!(ErrUnsupported, "unknown backend {backend}");
+    }
+    Ok(GgufOptions {
+        limits: Limits {
+            max_tokens: max.0 as usize,
+            max_seqs: max.1 as usize,
+            max_positions: max.2 as usize,
+        },
+        n_threads: n_threads as usize,
+        backend,
+        device,
+        eps,
+        tuning: Default::default(),
+    })
 }
 
 /// A context over `model` (owned by the context from now on) into `*out`.

@@ -2,11 +2,10 @@
 
 use super::boundary::{non_null, path_arg, read_options, write_options};
 use super::context::EngramContext;
-use super::gguf::give_context;
+use super::gguf::{context_options, give_context};
 use crate::backend::EngramBackend;
-use crate::batch::Limits;
-use crate::error::{bail, EngramStatus};
-use crate::gguf::{GgufOptions, LoadOptions, LoadedModel};
+use crate::error::EngramStatus;
+use crate::gguf::{LoadOptions, LoadedModel};
 use std::ffi::c_char;
 
 /// Options of `engram_create_from_safetensors`. Fill with
@@ -17,8 +16,10 @@ pub struct EngramSafetensorsOptions {
     /// `sizeof(engram_safetensors_options)` of the caller's header (set by
     /// `engram_safetensors_options_init`).
     pub struct_size: usize,
-    /// `ENGRAM_BACKEND_CPU` (the checkpoint's tables are served from host
-    /// memory or the files to the CPU backend).
+    /// `ENGRAM_BACKEND_CPU` or `ENGRAM_BACKEND_CUDA` (the checkpoint's
+    /// tables stay in host memory or the files either way; on CUDA their rows
+    /// are gathered on the host and copied to the device, the weights are
+    /// copied to device memory the context owns).
     pub backend: u32,
     /// CUDA device ordinal (ignored by the CPU backend).
     pub device: i32,
@@ -88,7 +89,8 @@ pub extern "C" fn engram_safetensors_options_init_sized(
 /// file, a missing tensor, a tensor of the wrong dtype or shape, a config that
 /// disagrees with the tensors), `ERR_INVALID_CONFIG` (missing config fields,
 /// a tokenizer that does not fit the config), `ERR_UNSUPPORTED` (a dtype this
-/// build does not read), `ERR_INVALID_DATA` (a NaN in the fp8 `wkv`). On
+/// build does not read, an unknown backend), `ERR_DEVICE` (the CUDA backend
+/// without a usable driver or device), `ERR_INVALID_DATA` (a NaN in the fp8 `wkv`). On
 /// failure `*out` is left as it was.
 ///
 /// `model_dir` must be NULL or a NUL-terminated path; `options` NULL or
@@ -108,13 +110,13 @@ pub extern "C" fn engram_create_from_safetensors(
             "options",
         )?;
         non_null(out, "out")?;
-        if o.backend != EngramBackend::Cpu as u32 {
-            bail!(
-                ErrUnsupported,
-                "engram_create_from_safetensors serves host tables to the CPU backend; backend {} is not supported here",
-                o.backend
-            );
-        }
+        let opts = context_options(
+            o.backend,
+            o.device,
+            o.eps,
+            (o.max_tokens, o.max_seqs, o.max_positions),
+            o.n_threads,
+        )?;
         let tok = if o.tokenizer_json.is_null() {
             None
         } else {
@@ -125,17 +127,6 @@ pub extern "C" fn engram_create_from_safetensors(
             ..LoadOptions::default()
         };
         let model = Box::new(LoadedModel::open_checkpoint(dir, tok, &lo)?);
-        let opts = GgufOptions {
-            limits: Limits {
-                max_tokens: o.max_tokens as usize,
-                max_seqs: o.max_seqs as usize,
-                max_positions: o.max_positions as usize,
-            },
-            n_threads: o.n_threads as usize,
-            backend: o.backend,
-            device: o.device,
-            eps: o.eps,
-        };
         give_context(out, model, &opts)
     })
 }

@@ -59,6 +59,8 @@ pub struct GgufOptions {
     pub backend: u32,
     pub device: i32,
     pub eps: f32,
+    /// Tests' and benchmarks' choices (engines keep the default).
+    pub tuning: Tuning,
 }
 
 /// How to load a model.
@@ -491,7 +493,7 @@ impl LoadedModel {
             n_threads: o.n_threads,
             backend: o.backend,
             device: o.device,
-            tuning: Tuning::default(),
+            tuning: o.tuning.clone(),
         };
         let ctx = Context::new(&cfg)?;
         for (l, w) in m.layers.iter().zip(&self.layers) {
