@@ -422,6 +422,13 @@ static void test_struct_sizes(void) {
     o.struct_size = offsetof(engram_gguf_options, tables_dir) - 4;
     check(engram_create_from_gguf(DATA "tiny.gguf", &o, &c) == ENGRAM_STATUS_ERR_STRUCT_SIZE && c == NULL,
           "engram_gguf_options: smaller than the oldest layout is refused");
+    /* Between the two layouts: half of the tables_dir pointer. Reading it would
+     * make a pointer of the caller's low half and zeros. */
+    o.tables_dir = "target/no_such_tables_dir";
+    o.struct_size = offsetof(engram_gguf_options, tables_dir) + 4;
+    check(engram_create_from_gguf(DATA "tiny.gguf", &o, &c) == ENGRAM_STATUS_ERR_STRUCT_SIZE && c == NULL &&
+              last_error_has("layout"),
+          "engram_gguf_options: a struct_size that cuts the tables_dir pointer is refused, naming the layouts");
 }
 
 /* ---- the split fp8 table through engram_set_layer -------------------------- */
@@ -499,6 +506,15 @@ static void test_split_layer(void) {
     snprintf(b, sizeof b, "%zu", sizeof w);
     check(engram_set_layer(c, &bad) == ENGRAM_STATUS_ERR_STRUCT_SIZE && last_error_has(a) && last_error_has(b),
           "engram_layer_weights: a larger struct_size is refused naming both sizes");
+    bad = s;
+    bad.struct_size = offsetof(engram_layer_weights, table_scales) + 4;
+    check(engram_set_layer(c, &bad) == ENGRAM_STATUS_ERR_STRUCT_SIZE && last_error_has("layout"),
+          "engram_layer_weights: a struct_size that cuts the table_scales pointer is refused, naming the layouts");
+    float *hd = (float *)build_values("c.split.h", nh, 1.0, 0.0, 0);
+    check(engram_apply(c, 1, ids, 6, hd, ENGRAM_TYPE_F32, NULL) == ENGRAM_STATUS_OK &&
+              memcmp(ha, hd, nh * sizeof(float)) == 0,
+          "the refused struct_size changed nothing");
+    free(hd);
     engram_free(c);
     free(packed);
     free(codes);

@@ -204,17 +204,23 @@ pub(crate) fn give_object<T>(out: *mut *mut T, obj: T) {
     unsafe { *out = Box::into_raw(Box::new(obj)) };
 }
 
-/// Read an options struct that starts with `struct_size`: `min(struct_size,
-/// sizeof(T))` bytes over `defaults`, so that a caller built against an older,
-/// smaller header keeps working. A `struct_size` larger than this library's
-/// struct (a newer header) or smaller than the oldest layout it reads
-/// (`min_size`) is `ErrStructSize`, naming both sizes.
+/// Read an options struct that starts with `struct_size`: `struct_size` bytes
+/// over `defaults`, so that a caller built against an older, smaller header
+/// keeps working. `layouts` are the sizes of every layout this library reads,
+/// oldest first, the last one `sizeof(T)`: each ends on a field boundary, so
+/// a field is read whole or not at all. A `struct_size` larger than this
+/// library's struct (a newer header) is `ErrStructSize` naming both sizes; any
+/// other size that is not a layout's (one that would cut a field, say half a
+/// pointer) is `ErrStructSize` naming the layouts.
 pub(crate) fn read_options<T: Copy>(
     p: *const T,
     defaults: T,
-    min_size: usize,
+    layouts: &[usize],
     name: &str,
 ) -> Result<T> {
+    debug_assert!(
+        layouts.windows(2).all(|w| w[0] < w[1]) && layouts.last() == Some(&size_of::<T>())
+    );
     non_null(p, name)?;
     // SAFETY: every options struct starts with a `size_t struct_size`, which
     // the caller's struct of any version holds; read unaligned in case the
@@ -228,11 +234,13 @@ pub(crate) fn read_options<T: Copy>(
             env!("CARGO_PKG_VERSION")
         );
     }
-    if size < min_size {
+    if !layouts.contains(&size) {
+        let known: Vec<String> = layouts.iter().map(usize::to_string).collect();
         bail!(
             ErrStructSize,
-            "{name}.struct_size is {size}; this library (v{}) reads {min_size} to {ours} bytes",
-            env!("CARGO_PKG_VERSION")
+            "{name}.struct_size is {size}, not the size of any layout this library (v{}) reads ({} bytes)",
+            env!("CARGO_PKG_VERSION"),
+            known.join(" or ")
         );
     }
     let mut out = defaults;
@@ -416,7 +424,7 @@ mod tests {
             b: 77,
         };
         assert_eq!(
-            read_options(&old, d, 12, "o").unwrap(),
+            read_options(&old, d, &[12, 16], "o").unwrap(),
             Opt {
                 struct_size: 12,
                 a: 9,
@@ -427,19 +435,27 @@ mod tests {
             struct_size: 24,
             ..d
         };
-        let e = read_options(&newer, d, 12, "o").unwrap_err();
+        let e = read_options(&newer, d, &[12, 16], "o").unwrap_err();
         assert_eq!(e.status, EngramStatus::ErrStructSize);
         assert!(
             e.message.contains("24") && e.message.contains("16"),
             "{}",
             e.message
         );
+        // Between the layouts: half of `b`, refused naming the layouts.
+        let cut = Opt {
+            struct_size: 14,
+            ..d
+        };
+        let e = read_options(&cut, d, &[12, 16], "o").unwrap_err();
+        assert_eq!(e.status, EngramStatus::ErrStructSize);
+        assert!(e.message.contains("12 or 16"), "{}", e.message);
         let tiny = Opt {
             struct_size: 8,
             ..d
         };
         assert_eq!(
-            read_options(&tiny, d, 12, "o").unwrap_err().status,
+            read_options(&tiny, d, &[12, 16], "o").unwrap_err().status,
             EngramStatus::ErrStructSize
         );
         let mut w = Opt {

@@ -82,8 +82,8 @@ pub struct EngramConfig {
     pub n_threads: u32,
 }
 
-/// The smallest `engram_config` this library reads (its 0.1 layout).
-const CONFIG_MIN_SIZE: usize = size_of::<EngramConfig>();
+/// The `engram_config` layouts this library reads: only its 0.1 layout.
+const CONFIG_LAYOUTS: &[usize] = &[size_of::<EngramConfig>()];
 
 impl Default for EngramConfig {
     fn default() -> Self {
@@ -119,7 +119,7 @@ impl Default for EngramConfig {
 impl EngramConfig {
     /// Read the caller's config (any supported `struct_size`).
     pub(crate) fn read(p: *const EngramConfig) -> Result<EngramConfig> {
-        read_options(p, EngramConfig::default(), CONFIG_MIN_SIZE, "config")
+        read_options(p, EngramConfig::default(), CONFIG_LAYOUTS, "config")
     }
 }
 
@@ -163,9 +163,12 @@ pub struct EngramLayerWeights {
     pub table_scales: *const c_void,
 }
 
-/// The smallest `engram_layer_weights` this library reads: its 0.2 layout,
-/// which ends before `table_scales`.
-const LAYER_WEIGHTS_MIN_SIZE: usize = std::mem::offset_of!(EngramLayerWeights, table_scales);
+/// The `engram_layer_weights` layouts this library reads: the 0.2 one, which
+/// ends before `table_scales`, and today's.
+const LAYER_WEIGHTS_LAYOUTS: &[usize] = &[
+    std::mem::offset_of!(EngramLayerWeights, table_scales),
+    size_of::<EngramLayerWeights>(),
+];
 
 impl Default for EngramLayerWeights {
     fn default() -> Self {
@@ -288,7 +291,7 @@ pub extern "C" fn engram_set_layer(
         let w = read_options(
             w,
             EngramLayerWeights::default(),
-            LAYER_WEIGHTS_MIN_SIZE,
+            LAYER_WEIGHTS_LAYOUTS,
             "layer weights",
         )?;
         let region = |p: *const c_void| {

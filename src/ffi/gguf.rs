@@ -54,9 +54,12 @@ pub struct EngramGgufOptions {
     pub tables_dir: *const c_char,
 }
 
-/// The smallest `engram_gguf_options` this library reads: its 0.2 layout,
-/// which ends before `tables_dir`.
-const GGUF_OPTIONS_MIN_SIZE: usize = std::mem::offset_of!(EngramGgufOptions, tables_dir);
+/// The `engram_gguf_options` layouts this library reads: the 0.2 one, which
+/// ends before `tables_dir`, and today's.
+const GGUF_OPTIONS_LAYOUTS: &[usize] = &[
+    std::mem::offset_of!(EngramGgufOptions, tables_dir),
+    size_of::<EngramGgufOptions>(),
+];
 
 impl Default for EngramGgufOptions {
     fn default() -> Self {
@@ -127,7 +130,7 @@ pub extern "C" fn engram_create_from_gguf(
         let o = read_options(
             options,
             EngramGgufOptions::default(),
-            GGUF_OPTIONS_MIN_SIZE,
+            GGUF_OPTIONS_LAYOUTS,
             "options",
         )?;
         non_null(out, "out")?;

@@ -42,8 +42,8 @@ pub struct EngramSafetensorsOptions {
     pub mmap_tables: u32,
 }
 
-/// The smallest `engram_safetensors_options` this library reads (its first layout).
-const SAFETENSORS_OPTIONS_MIN_SIZE: usize = size_of::<EngramSafetensorsOptions>();
+/// The `engram_safetensors_options` layouts this library reads: only its first.
+const SAFETENSORS_OPTIONS_LAYOUTS: &[usize] = &[size_of::<EngramSafetensorsOptions>()];
 
 impl Default for EngramSafetensorsOptions {
     fn default() -> Self {
@@ -106,7 +106,7 @@ pub extern "C" fn engram_create_from_safetensors(
         let o = read_options(
             options,
             EngramSafetensorsOptions::default(),
-            SAFETENSORS_OPTIONS_MIN_SIZE,
+            SAFETENSORS_OPTIONS_LAYOUTS,
             "options",
         )?;
         non_null(out, "out")?;
