@@ -284,9 +284,10 @@ pub fn check_token_ids(tid: &[i64], t: usize, layer_id: u32, rows: u64) -> Resul
     Ok(true)
 }
 
-/// A `Vec` of `n` elements allocated fallibly: running out of memory for a
-/// size that came from a caller or a file is `ErrCapacity`, not an abort.
-pub fn try_vec<T: Clone>(n: usize, fill: T, what: &str) -> Result<Vec<T>> {
+/// An empty `Vec` with room for `n` elements, allocated fallibly: running
+/// out of memory for a size that came from a caller or a file is
+/// `ErrCapacity` naming `what`, not an abort.
+pub fn try_room<T>(n: usize, what: &str) -> Result<Vec<T>> {
     let mut v = Vec::new();
     if v.try_reserve_exact(n).is_err() {
         bail!(
@@ -295,7 +296,27 @@ pub fn try_vec<T: Clone>(n: usize, fill: T, what: &str) -> Result<Vec<T>> {
             std::mem::size_of::<T>()
         );
     }
+    Ok(v)
+}
+
+/// A `Vec` of `n` copies of `fill`, allocated fallibly (see [`try_room`]).
+pub fn try_vec<T: Clone>(n: usize, fill: T, what: &str) -> Result<Vec<T>> {
+    let mut v = try_room(n, what)?;
     v.resize(n, fill);
+    Ok(v)
+}
+
+/// A `Vec` of `n` values made by `f`, allocated fallibly (see [`try_room`]).
+pub fn try_vec_with<T>(n: usize, f: impl FnMut() -> T, what: &str) -> Result<Vec<T>> {
+    let mut v = try_room(n, what)?;
+    v.resize_with(n, f);
+    Ok(v)
+}
+
+/// `src` mapped through `f`, allocated fallibly (see [`try_room`]).
+pub fn try_map<S, T>(src: &[S], f: impl FnMut(&S) -> T, what: &str) -> Result<Vec<T>> {
+    let mut v = try_room(src.len(), what)?;
+    v.extend(src.iter().map(f));
     Ok(v)
 }
 

@@ -7,7 +7,7 @@ use crate::backend::{
     self, ApplyIn, Backend, BackendInfo, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds,
     Stream,
 };
-use crate::batch::{check_layer, layer_index, live_ids, Geometry, Limits, Shape};
+use crate::batch::{check_layer, layer_index, live_ids, try_vec_with, Geometry, Limits, Shape};
 use crate::cpu::projection::Kernel;
 use crate::error::{bail, Result};
 use crate::hash::{HashTables, HashTablesIn, History};
@@ -95,7 +95,7 @@ impl<'w> Context<'w> {
             shape,
             limits: cfg.limits,
             history: Mutex::new(History::new(cfg.limits)?),
-            layers: RwLock::new((0..shape.n_layers).map(|_| None).collect()),
+            layers: RwLock::new(try_vec_with(shape.n_layers, || None, "engram layers")?),
             tables,
             backend,
         })

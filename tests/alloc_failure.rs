@@ -1,6 +1,6 @@
 //! Exhausted memory: each allocation of `apply`, `prefetch`, `read_back`,
 //! `seq_copy` and `create` whose size a caller chooses (tokens, ids, the
-//! geometry, the history's pages, `max_seqs`) is made to fail, one at a
+//! geometry, the history's pages, `max_seqs`, the token map) is made to fail, one at a
 //! time, by this binary's global allocator. Each must become
 //! `ErrCapacity` naming what it could not allocate, with nothing changed
 //! (the highway, the history), and the next call must work. An allocation
@@ -261,5 +261,16 @@ fn every_caller_sized_allocation_fails_with_a_status() {
     cfg.n_threads = 2;
     let (r, fired) = failing(1000 * 24, 1, || engram::Context::new(&cfg).map(drop));
     expect_capacity("create: max_seqs histories", r, fired, "max_seqs");
+    engram::Context::new(&cfg).expect("create after the failure");
+
+    // engram_create: the copy of a caller's token map (a size of its own:
+    // 1,000,003 entries of 4 bytes).
+    let big_map: Vec<i32> = (0..1_000_003).map(|t| tiny.token_map[t % vocab]).collect();
+    let mut cfg = tiny.config(limits);
+    cfg.tables.token_map = &big_map;
+    let (r, fired) = failing(big_map.len() * 4, 1, || {
+        engram::Context::new(&cfg).map(drop)
+    });
+    expect_capacity("create: the token map", r, fired, "token_map");
     engram::Context::new(&cfg).expect("create after the failure");
 }

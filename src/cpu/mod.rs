@@ -19,7 +19,7 @@ mod sync;
 use crate::backend::{
     ApplyIn, Backend, BackendInfo, CheckedLayer, EngramBackend, Ids, ReadBack, Stream, TableSource,
 };
-use crate::batch::{invalid_row, try_vec, HighwayType, LiveIds, Shape};
+use crate::batch::{invalid_row, try_vec, try_vec_with, HighwayType, LiveIds, Shape};
 use crate::error::{bail, Error, Result};
 use crate::formats::{f32_to_bf16, EngramType, Weights};
 use gate::HostHighway;
@@ -62,8 +62,8 @@ impl CpuBackend<'_> {
         Ok(CpuBackend {
             shape,
             projection,
-            layers: RwLock::new((0..shape.n_layers).map(|_| None).collect()),
-            stager: Stager::new(shape.n_layers, n_threads.max(2)),
+            layers: RwLock::new(try_vec_with(shape.n_layers, || None, "engram layers")?),
+            stager: Stager::new(shape.n_layers, n_threads.max(2))?,
         })
     }
 

@@ -44,7 +44,7 @@ pub mod sys;
 use crate::backend::{
     ApplyIn, Backend, BackendInfo, CheckedLayer, EngramBackend, Ids, ReadBack, Stream, TableSource,
 };
-use crate::batch::{LiveIds, Shape};
+use crate::batch::{try_map, try_room, try_vec_with, LiveIds, Shape};
 use crate::cpu::stager::{Source, Stager};
 use crate::error::{bail, EngramStatus, Error, Result};
 use crate::formats::{bf16_to_f32, EngramType};
@@ -219,7 +219,7 @@ impl CudaBackend {
             slots: Vec::new(),
             slot_row_bytes: 0,
             next_slot: 0,
-            layers: (0..n_layers).map(|_| None).collect(),
+            layers: try_vec_with(n_layers, || None, "engram layers")?,
             serial: 0,
             gemv_max_bf16: gemv_max
                 .unwrap_or(DEFAULT_GEMV_MAX_TOKENS_BF16)
@@ -230,19 +230,20 @@ impl CudaBackend {
         };
         // SAFETY: our own allocation of LATCH_WORDS words.
         unsafe { gpu.memset(state.latch.ptr, 0, latch::LATCH_WORDS * 4)? };
-        let qk = (0..n_layers)
-            .map(|_| buf(shape.hw_per_token() * 4, "q * k"))
-            .collect::<Result<_>>()?;
+        let mut qk = try_room(n_layers, "engram layers")?;
+        for _ in 0..n_layers {
+            qk.push(buf(shape.hw_per_token() * 4, "q * k")?);
+        }
         let mirror = PinnedBuf::new(&gpu, latch::LATCH_WORDS * 4, true, "the error latch mirror")?;
         let mut b = CudaBackend {
             state: Mutex::new(state),
             qk,
             mirror,
-            stager: Stager::new(n_layers, 2),
+            stager: Stager::new(n_layers, 2)?,
             gpu,
             shape,
             max_tokens,
-            layer_ids: layer_ids.to_vec(),
+            layer_ids: try_map(layer_ids, |&a| a, "layer_ids")?,
         };
         b.grow_slots(0)?;
         Ok(b)

@@ -5,6 +5,7 @@
 use super::reduce::{narrow, simd};
 use super::reduce::{rem_fast, NARROW_PRIMES};
 use super::{ROW_ID_DEAD, TOKEN_DEAD};
+use crate::batch::try_map;
 use crate::error::{bail, Result};
 
 /// The validated hash tables of all engram layers, in the GGUF flat layout.
@@ -67,14 +68,17 @@ impl HashTables {
         if nl == 0 {
             bail!(ErrInvalidConfig, "no engram layers (n_layers = 0)");
         }
-        for (i, a) in t.layer_ids.iter().enumerate() {
-            if t.layer_ids[..i].contains(a) {
-                bail!(
-                    ErrInvalidConfig,
-                    "engram layer id {a} appears twice in layer_ids"
-                );
-            }
+        // Sorted, so that a caller's long list costs n log n, not n^2.
+        let mut sorted = try_map(t.layer_ids, |&a| a, "layer_ids")?;
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            bail!(
+                ErrInvalidConfig,
+                "engram layer id {} appears twice in layer_ids",
+                w[0]
+            );
         }
+        drop(sorted);
         if t.max_ngram < 2 {
             bail!(
                 ErrInvalidConfig,
@@ -139,7 +143,7 @@ impl HashTables {
                 t.multipliers[i] as i64
             );
         }
-        let mut rows_needed = Vec::with_capacity(nl);
+        let mut rows_needed = try_map(t.layer_ids, |_| 0u64, "layer_ids")?;
         for l in 0..nl {
             let mut need = 0u64;
             for c in 0..cols {
@@ -162,25 +166,27 @@ impl HashTables {
                 };
                 need = need.max(end);
             }
-            rows_needed.push(need);
+            rows_needed[l] = need;
         }
+        // Every copy is as long as a caller or a file said: allocated fallibly.
+        let inv_primes = if t.primes.iter().all(|&p| (1 << 14..1 << 62).contains(&p)) {
+            Some(try_map(t.primes, |&p| 1.0 / p as f64, "primes")?)
+        } else {
+            None
+        };
         Ok(HashTables {
-            layer_ids: t.layer_ids.to_vec(),
+            layer_ids: try_map(t.layer_ids, |&a| a, "layer_ids")?,
             max_ngram: t.max_ngram,
             n_heads: t.n_heads,
-            token_map: t.token_map.to_vec(),
+            token_map: try_map(t.token_map, |&m| m, "token_map")?,
             pad_id: t.pad_id,
             // The multipliers are i64 values (GGUF stores them as u64 bits).
-            multipliers: t.multipliers.iter().map(|&m| m as i64).collect(),
-            primes: t.primes.iter().map(|&p| p as i64).collect(),
-            offsets: t.offsets.iter().map(|&o| o as i64).collect(),
+            multipliers: try_map(t.multipliers, |&m| m as i64, "multipliers")?,
+            primes: try_map(t.primes, |&p| p as i64, "primes")?,
+            offsets: try_map(t.offsets, |&o| o as i64, "offsets")?,
             rows_needed,
             path: HashPath::Division,
-            inv_primes: t
-                .primes
-                .iter()
-                .all(|&p| (1 << 14..1 << 62).contains(&p))
-                .then(|| t.primes.iter().map(|&p| 1.0 / p as f64).collect()),
+            inv_primes,
         }
         .with_best_path())
     }

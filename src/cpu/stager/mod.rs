@@ -39,6 +39,7 @@ use super::read::{hint, read_rows};
 // std's primitives, or loom's when the model check below runs.
 use super::sync::{thread, Arc, Condvar, Mutex, MutexGuard};
 use crate::backend::StageStats;
+use crate::batch::try_vec_with;
 use crate::error::{Error, Result};
 use crate::formats::{dequant_row_bf16, EngramType, RowDataError};
 use crate::EngramStatus;
@@ -216,19 +217,22 @@ pub type Gathered = Result<std::result::Result<(), (usize, RowDataError)>>;
 impl Stager {
     /// A stager for `n_layers` layers whose gathers use `n_workers` threads
     /// (started on the first prefetch).
-    pub fn new(n_layers: usize, n_workers: usize) -> Stager {
-        Stager {
+    pub fn new(n_layers: usize, n_workers: usize) -> Result<Stager> {
+        let layers = try_vec_with(
+            n_layers,
+            || LayerStage {
+                source: None,
+                format: EngramType::Bf16,
+                rb: 0,
+                gen: 0,
+                slots: (0..SLOTS).map(|_| Slot::new()).collect(),
+            },
+            "engram layers",
+        )?;
+        Ok(Stager {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
-                    layers: (0..n_layers)
-                        .map(|_| LayerStage {
-                            source: None,
-                            format: EngramType::Bf16,
-                            rb: 0,
-                            gen: 0,
-                            slots: (0..SLOTS).map(|_| Slot::new()).collect(),
-                        })
-                        .collect(),
+                    layers,
                     queue: VecDeque::new(),
                     shutdown: false,
                     seq: 0,
@@ -239,7 +243,7 @@ impl Stager {
             }),
             workers: Mutex::new(Vec::new()),
             n_workers: n_workers.clamp(1, 64),
-        }
+        })
     }
 
     /// Layer `li`'s table is now `src`, rows of `rb` bytes in `format`:

@@ -77,7 +77,7 @@ fn check(f: impl Fn() + Sync + Send + 'static) {
 fn set_source_waits_for_every_reader_of_the_old_table() {
     check(|| {
         let (a, b) = (Table::new(ROWS, A), Table::new(ROWS, B));
-        let s = Arc::new(Stager::new(1, 1));
+        let s = Arc::new(Stager::new(1, 1).unwrap());
         let gen_a = set(&s, &a);
         let s1 = s.clone();
         let t = thread::spawn(move || {
@@ -103,7 +103,7 @@ fn set_source_waits_for_every_reader_of_the_old_table() {
 fn a_direct_gather_races_set_source() {
     check(|| {
         let (a, b) = (Table::new(ROWS, A), Table::new(ROWS, B));
-        let s = Arc::new(Stager::new(1, 1));
+        let s = Arc::new(Stager::new(1, 1).unwrap());
         let gen_a = set(&s, &a);
         let s1 = s.clone();
         let t = thread::spawn(move || {
@@ -127,7 +127,7 @@ fn a_direct_gather_races_set_source() {
 fn an_apply_uses_the_rows_of_its_generation() {
     check(|| {
         let (a, b) = (Table::new(ROWS, A), Table::new(ROWS, B));
-        let s = Arc::new(Stager::new(1, 1));
+        let s = Arc::new(Stager::new(1, 1).unwrap());
         let gen_a = set(&s, &a);
         let layer = Arc::new(loom::sync::RwLock::new((gen_a, A)));
         let (s1, l1) = (s.clone(), layer.clone());
@@ -163,7 +163,7 @@ fn two_prefetches_share_the_slots() {
                 *r = A + i as u16;
             }
         });
-        let s = Arc::new(Stager::new(1, 1));
+        let s = Arc::new(Stager::new(1, 1).unwrap());
         let gen = set(&s, &t);
         let s1 = s.clone();
         let th = thread::spawn(move || {
@@ -183,7 +183,7 @@ fn two_prefetches_share_the_slots() {
 fn drop_joins_the_workers_before_the_table_is_freed() {
     check(|| {
         let a = Table::new(ROWS, A);
-        let s = Stager::new(1, 1);
+        let s = Stager::new(1, 1).unwrap();
         set(&s, &a);
         s.stage(0, &[0, 1, 2, 3]).unwrap();
         drop(s);
