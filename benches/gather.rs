@@ -147,7 +147,7 @@ impl Setup {
     /// A stager over the table file (read with `pread`) or its mapping; each
     /// layer's source is set once, so its generation is [`FIRST_GEN`].
     fn stager(&self, pread: bool) -> Stager {
-        let s = Stager::new(LAYERS, self.workers);
+        let s = Stager::new(LAYERS, self.workers).expect("a stager");
         let fmt = EngramType::Fp8E4m3E8m0;
         for li in 0..LAYERS {
             let src = if pread {

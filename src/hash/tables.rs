@@ -144,7 +144,7 @@ impl HashTables {
             );
         }
         let mut rows_needed = try_map(t.layer_ids, |_| 0u64, "layer_ids")?;
-        for l in 0..nl {
+        for (l, need_out) in rows_needed.iter_mut().enumerate() {
             let mut need = 0u64;
             for c in 0..cols {
                 let i = l * cols + c;
@@ -166,7 +166,7 @@ impl HashTables {
                 };
                 need = need.max(end);
             }
-            rows_needed[l] = need;
+            *need_out = need;
         }
         // Every copy is as long as a caller or a file said: allocated fallibly.
         let inv_primes = if t.primes.iter().all(|&p| (1 << 14..1 << 62).contains(&p)) {
