@@ -790,8 +790,10 @@ fn bench_bf16(threads: usize, bw: f64, rng: &mut Rng) {
             ours[i].med / roof
         );
     }
-    let tables = model.token_map.len() * 4
-        + (model.mult.len() + model.primes.len() + model.offsets.len()) * 8;
+    // The README's formula: token map; per layer the layer id and rows
+    // needed (12), multipliers (8 N), primes, offsets and their inverses (24 C).
+    let tables =
+        model.token_map.len() * 4 + model.mult.len() * 8 + model.primes.len() * 24 + nl * 12;
     let qk = nl * HC * D * 4;
     println!(
         "\ncontext memory: measured {mem} bytes; README formula: hash tables {tables} + q*k {qk} = {} (+ history: none hashed here)",

@@ -175,12 +175,11 @@ impl<'w> Context<'w> {
 
     /// Host bytes this context holds beyond the borrowed weights.
     pub fn memory_bytes(&self) -> usize {
-        let t = &self.tables;
-        std::mem::size_of::<Self>()
-            + t.token_map.len() * 4
-            + (t.multipliers.len() + t.primes.len() + t.offsets.len()) * 8
-            + self.history().bytes()
-            + self.backend.info().host_bytes
+        let history = {
+            let h = self.history();
+            h.bytes() + h.scratch_bytes()
+        };
+        std::mem::size_of::<Self>() + self.tables.bytes() + history + self.backend.info().host_bytes
     }
 
     /// Register (or replace) one layer's weights (borrowed for `'w`).

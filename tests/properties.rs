@@ -188,6 +188,45 @@ fn copy_and_drop_sequences() {
 }
 
 #[test]
+fn memory_counts_the_tables_and_the_hash_scratch() {
+    // The README's formulas: the copied tables, and the hash's working
+    // buffers kept after a call (60 + 8 * N bytes per token of the largest
+    // call) on top of the history page the call wrote.
+    let tiny = Tiny::load();
+    let ctx = engram::Context::new(&tiny.config(Tiny::limits())).unwrap();
+    let (nl, n, c) = (tiny.layer_ids.len(), tiny.ngram, tiny.cols());
+    let inv = if tiny.primes.iter().all(|&p| p >= 1 << 14) {
+        8
+    } else {
+        0
+    };
+    let tables = 4 * tiny.token_map.len() + nl * (12 + 8 * n + (16 + inv) * c);
+    let base = ctx.memory_bytes();
+    assert!(base >= tables, "{base} bytes, below the tables' {tables}");
+    let vocab = tiny.token_map.len() as i32;
+    let tokens: Vec<i32> = (0..vocab)
+        .filter(|&t| tiny.token_map[t as usize] >= 0)
+        .take(40)
+        .collect();
+    let k = tokens.len();
+    let mut out = vec![0i64; k * ctx.ids_per_token()];
+    ctx.hash(
+        &tokens,
+        &vec![0; k],
+        &(0..k as i32).collect::<Vec<_>>(),
+        &mut out,
+    )
+    .unwrap();
+    let grown = ctx.memory_bytes() - base;
+    let page = 4096 * 4;
+    let scratch = k * (60 + 8 * n);
+    assert!(
+        grown >= page + scratch && grown < page + 2 * scratch + 4096,
+        "hashing {k} tokens grew the memory by {grown} bytes, not a page ({page}) and the scratch ({scratch})"
+    );
+}
+
+#[test]
 fn history_memory_follows_the_positions_written() {
     // A dead token needs no look-back, so it may sit far out; it must cost a
     // page, not a history filled up to its position.

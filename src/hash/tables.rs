@@ -191,6 +191,20 @@ impl HashTables {
         .with_best_path())
     }
 
+    /// Bytes held by the copied tables (for memory reporting).
+    pub fn bytes(&self) -> usize {
+        fn held<T>(v: &Vec<T>) -> usize {
+            v.capacity() * std::mem::size_of::<T>()
+        }
+        held(&self.layer_ids)
+            + held(&self.token_map)
+            + held(&self.multipliers)
+            + held(&self.primes)
+            + held(&self.offsets)
+            + held(&self.rows_needed)
+            + self.inv_primes.as_ref().map_or(0, held)
+    }
+
     /// The fastest path this CPU and these tables allow: the AVX2 32-bit
     /// correction, else AVX-512, else scalar, else the division.
     pub fn with_best_path(self) -> HashTables {

@@ -201,6 +201,16 @@ impl History {
             + self.seqs.capacity() * std::mem::size_of::<SeqHistory>()
     }
 
+    /// Bytes of the per-call scratch kept between calls (for memory
+    /// reporting): it grows to the largest call and stays.
+    pub fn scratch_bytes(&self) -> usize {
+        fn held<T>(v: &Vec<T>) -> usize {
+            v.capacity() * std::mem::size_of::<T>()
+        }
+        let sc = &self.scratch;
+        held(&sc.batch) + held(&sc.saved) + held(&sc.reserved) + held(&sc.windows)
+    }
+
     /// Positions hashed so far in `seq` (one past the highest written).
     pub fn len(&self, seq: usize) -> usize {
         self.seqs[seq].len()
