@@ -46,8 +46,14 @@ pub(super) fn hint(src: &Source, rb: usize, ids: &[i64]) {
                 hint(codes, *crb, ids);
                 hint(scales, rb - crb, ids);
             }
-            Source::File { file, offset, .. } => {
+            Source::File { file, offset, len } => {
                 use std::os::unix::io::AsRawFd;
+                // As for memory: a big job whose sampled rows are all in the
+                // page cache (a warm file) is not advised; the advice would
+                // double the system calls of the preads that follow.
+                if ids.len() > ALWAYS_ADVISED_ROWS && sampled_cached(file, *offset, *len, rb, ids) {
+                    return;
+                }
                 for &id in ids {
                     let a = *offset + id as u64 * rb as u64;
                     // SAFETY: advice on an open descriptor; no memory is touched.
@@ -99,6 +105,55 @@ fn sampled_resident(ptr: *const u8, len: usize, rb: usize, ids: &[i64], page: us
         }
     }
     true
+}
+
+/// Whether up to 64 rows of `ids` (of a table of `len` bytes at `offset` in
+/// `file`), spread evenly over them, are all in the page cache: each row's
+/// first bytes are read with `RWF_NOWAIT`, which fails rather than wait for
+/// the disk. Any error or short read (a kernel without `RWF_NOWAIT` for
+/// buffered reads, a file cut short) counts as not cached.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn sampled_cached(file: &std::fs::File, offset: u64, len: u64, rb: usize, ids: &[i64]) -> bool {
+    use std::os::unix::io::AsRawFd;
+    const SAMPLES: usize = 64;
+    let mut buf = [0u8; 512];
+    let want = rb.min(buf.len());
+    let m = ids.len().min(SAMPLES);
+    for k in 0..m {
+        let id = ids[k * ids.len() / m];
+        let Some(a) = u64::try_from(id)
+            .ok()
+            .and_then(|i| i.checked_mul(rb as u64))
+        else {
+            continue;
+        };
+        if a.checked_add(rb as u64).is_none_or(|e| e > len) {
+            continue;
+        }
+        let Some(at) = offset
+            .checked_add(a)
+            .and_then(|at| libc::off_t::try_from(at).ok())
+        else {
+            return false;
+        };
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: want,
+        };
+        // SAFETY: one iovec over `buf`, which holds `want` writable bytes and
+        // outlives the call; the descriptor is open (`file` is borrowed).
+        let r = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
+        if r != want as isize {
+            return false;
+        }
+    }
+    true
+}
+
+/// Elsewhere: never known to be cached, so always advised.
+#[cfg(all(unix, not(all(target_os = "linux", target_env = "gnu"))))]
+fn sampled_cached(_: &std::fs::File, _: u64, _: u64, _: usize, _: &[i64]) -> bool {
+    false
 }
 
 #[cfg(unix)]
@@ -173,7 +228,43 @@ pub(super) fn read_rows(src: &Source, rb: usize, ids: &[i64], dst: &mut [u8]) ->
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
-    use super::{page_size, sampled_resident};
+    use super::{page_size, sampled_cached, sampled_resident};
+
+    #[test]
+    fn rows_in_the_page_cache_are_cached_and_evicted_ones_are_not() {
+        use std::io::Write;
+        use std::os::unix::io::AsRawFd;
+        let rb = 264;
+        let rows = 40_000u64;
+        let ids: Vec<i64> = (0..1000).map(|i| i * 37).collect();
+        let path = std::env::temp_dir().join(format!("engram-cached-{}.bin", std::process::id()));
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&vec![7u8; rows as usize * rb]).unwrap();
+        f.sync_all().unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let len = rows * rb as u64;
+        // Just written: cached (unless this kernel lacks RWF_NOWAIT for
+        // buffered reads, where nothing is ever known to be cached).
+        let supported = sampled_cached(&f, 0, len, rb, &ids);
+        if !supported {
+            eprintln!("SKIP: RWF_NOWAIT buffered reads are not supported here");
+        } else {
+            // A table at an offset, ids past it skipped.
+            assert!(sampled_cached(
+                &f,
+                rb as u64,
+                len - rb as u64,
+                rb,
+                &[0, 5, 1 << 40, -1]
+            ));
+            // Evicted (written back above): not cached.
+            // SAFETY: advice on an open descriptor; no memory is touched.
+            let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            assert_eq!(r, 0);
+            assert!(!sampled_cached(&f, 0, len, rb, &ids));
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn touched_rows_are_resident_and_untouched_pages_are_not() {
