@@ -299,6 +299,11 @@ pub fn try_room<T>(n: usize, what: &str) -> Result<Vec<T>> {
     Ok(v)
 }
 
+/// Bytes a `Vec` holds (its capacity), for memory reporting.
+pub fn vec_bytes<T>(v: &Vec<T>) -> usize {
+    v.capacity() * std::mem::size_of::<T>()
+}
+
 /// A `Vec` of `n` copies of `fill`, allocated fallibly (see [`try_room`]).
 pub fn try_vec<T: Clone>(n: usize, fill: T, what: &str) -> Result<Vec<T>> {
     let mut v = try_room(n, what)?;

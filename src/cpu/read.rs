@@ -77,20 +77,27 @@ pub(super) fn hint(src: &Source, rb: usize, ids: &[i64]) {
 #[cfg(unix)]
 const ALWAYS_ADVISED_ROWS: usize = 512;
 
-/// Whether the pages of up to 64 rows of `ids`, spread evenly over them, are
-/// all resident (`mincore`). Any error counts as not resident.
+/// The byte offsets (in the table) of up to 64 rows of `ids`, spread evenly
+/// over them; ids outside a table of `len` bytes are left out.
 #[cfg(unix)]
-fn sampled_resident(ptr: *const u8, len: usize, rb: usize, ids: &[i64], page: usize) -> bool {
+fn sampled_rows(ids: &[i64], rb: usize, len: u64) -> impl Iterator<Item = u64> + '_ {
     const SAMPLES: usize = 64;
     let m = ids.len().min(SAMPLES);
-    for k in 0..m {
-        let id = ids[k * ids.len() / m];
-        let Some(a) = usize::try_from(id).ok().and_then(|i| i.checked_mul(rb)) else {
-            continue;
-        };
-        if a.checked_add(rb).is_none_or(|e| e > len) {
-            continue;
-        }
+    (0..m).filter_map(move |k| {
+        let a = u64::try_from(ids[k * ids.len() / m])
+            .ok()?
+            .checked_mul(rb as u64)?;
+        (a.checked_add(rb as u64)? <= len).then_some(a)
+    })
+}
+
+/// Whether the pages of the sampled rows of `ids` ([`sampled_rows`]) are all
+/// resident (`mincore`). Any error counts as not resident.
+#[cfg(unix)]
+fn sampled_resident(ptr: *const u8, len: usize, rb: usize, ids: &[i64], page: usize) -> bool {
+    sampled_rows(ids, rb, len as u64).all(|a| {
+        // In the table, so it fits a usize.
+        let a = a as usize;
         let start = (ptr as usize + a) & !(page - 1);
         let end = ptr as usize + a + rb;
         // At most 8 pages of the row (rows are a few hundred bytes).
@@ -100,36 +107,21 @@ fn sampled_resident(ptr: *const u8, len: usize, rb: usize, ids: &[i64], page: us
         // range; the range lies in the table's pages, and mincore only reads
         // the page tables (an unmapped range is an error, not a fault).
         let r = unsafe { libc::mincore(start as _, bytes, vec.as_mut_ptr().cast()) };
-        if r != 0 || vec[..bytes.div_ceil(page)].iter().any(|v| v & 1 == 0) {
-            return false;
-        }
-    }
-    true
+        r == 0 && vec[..bytes.div_ceil(page)].iter().all(|v| v & 1 == 1)
+    })
 }
 
-/// Whether up to 64 rows of `ids` (of a table of `len` bytes at `offset` in
-/// `file`), spread evenly over them, are all in the page cache: each row's
-/// first bytes are read with `RWF_NOWAIT`, which fails rather than wait for
-/// the disk. Any error or short read (a kernel without `RWF_NOWAIT` for
-/// buffered reads, a file cut short) counts as not cached.
+/// Whether the sampled rows of `ids` ([`sampled_rows`]; a table of `len`
+/// bytes at `offset` in `file`) are all in the page cache: each row's first
+/// bytes are read with `RWF_NOWAIT`, which fails rather than wait for the
+/// disk. Any error or short read (a kernel without `RWF_NOWAIT` for buffered
+/// reads, a file cut short) counts as not cached.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn sampled_cached(file: &std::fs::File, offset: u64, len: u64, rb: usize, ids: &[i64]) -> bool {
     use std::os::unix::io::AsRawFd;
-    const SAMPLES: usize = 64;
     let mut buf = [0u8; 512];
     let want = rb.min(buf.len());
-    let m = ids.len().min(SAMPLES);
-    for k in 0..m {
-        let id = ids[k * ids.len() / m];
-        let Some(a) = u64::try_from(id)
-            .ok()
-            .and_then(|i| i.checked_mul(rb as u64))
-        else {
-            continue;
-        };
-        if a.checked_add(rb as u64).is_none_or(|e| e > len) {
-            continue;
-        }
+    sampled_rows(ids, rb, len).all(|a| {
         let Some(at) = offset
             .checked_add(a)
             .and_then(|at| libc::off_t::try_from(at).ok())
@@ -143,11 +135,8 @@ fn sampled_cached(file: &std::fs::File, offset: u64, len: u64, rb: usize, ids: &
         // SAFETY: one iovec over `buf`, which holds `want` writable bytes and
         // outlives the call; the descriptor is open (`file` is borrowed).
         let r = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
-        if r != want as isize {
-            return false;
-        }
-    }
-    true
+        r == want as isize
+    })
 }
 
 /// Elsewhere: never known to be cached, so always advised.

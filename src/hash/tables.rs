@@ -5,7 +5,7 @@
 use super::reduce::{narrow, simd};
 use super::reduce::{rem_fast, NARROW_PRIMES};
 use super::{ROW_ID_DEAD, TOKEN_DEAD};
-use crate::batch::try_map;
+use crate::batch::{try_map, try_vec, vec_bytes};
 use crate::error::{bail, Result};
 
 /// The validated hash tables of all engram layers, in the GGUF flat layout.
@@ -143,7 +143,7 @@ impl HashTables {
                 t.multipliers[i] as i64
             );
         }
-        let mut rows_needed = try_map(t.layer_ids, |_| 0u64, "layer_ids")?;
+        let mut rows_needed = try_vec(nl, 0u64, "layer_ids")?;
         for (l, need_out) in rows_needed.iter_mut().enumerate() {
             let mut need = 0u64;
             for c in 0..cols {
@@ -193,16 +193,13 @@ impl HashTables {
 
     /// Bytes held by the copied tables (for memory reporting).
     pub fn bytes(&self) -> usize {
-        fn held<T>(v: &Vec<T>) -> usize {
-            v.capacity() * std::mem::size_of::<T>()
-        }
-        held(&self.layer_ids)
-            + held(&self.token_map)
-            + held(&self.multipliers)
-            + held(&self.primes)
-            + held(&self.offsets)
-            + held(&self.rows_needed)
-            + self.inv_primes.as_ref().map_or(0, held)
+        vec_bytes(&self.layer_ids)
+            + vec_bytes(&self.token_map)
+            + vec_bytes(&self.multipliers)
+            + vec_bytes(&self.primes)
+            + vec_bytes(&self.offsets)
+            + vec_bytes(&self.rows_needed)
+            + self.inv_primes.as_ref().map_or(0, vec_bytes)
     }
 
     /// The fastest path this CPU and these tables allow: the AVX2 32-bit

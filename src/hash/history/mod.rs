@@ -4,7 +4,7 @@
 
 use super::tables::HashTables;
 use super::UNSET;
-use crate::batch::Limits;
+use crate::batch::{vec_bytes, Limits};
 use crate::error::{bail, Error, Result};
 
 /// Positions per history page.
@@ -197,18 +197,17 @@ impl History {
 
     /// Bytes held by the histories (for memory reporting).
     pub fn bytes(&self) -> usize {
-        self.seqs.iter().map(SeqHistory::bytes).sum::<usize>()
-            + self.seqs.capacity() * std::mem::size_of::<SeqHistory>()
+        self.seqs.iter().map(SeqHistory::bytes).sum::<usize>() + vec_bytes(&self.seqs)
     }
 
     /// Bytes of the per-call scratch kept between calls (for memory
     /// reporting): it grows to the largest call and stays.
     pub fn scratch_bytes(&self) -> usize {
-        fn held<T>(v: &Vec<T>) -> usize {
-            v.capacity() * std::mem::size_of::<T>()
-        }
         let sc = &self.scratch;
-        held(&sc.batch) + held(&sc.saved) + held(&sc.reserved) + held(&sc.windows)
+        vec_bytes(&sc.batch)
+            + vec_bytes(&sc.saved)
+            + vec_bytes(&sc.reserved)
+            + vec_bytes(&sc.windows)
     }
 
     /// Positions hashed so far in `seq` (one past the highest written).
