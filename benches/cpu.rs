@@ -790,13 +790,13 @@ fn bench_bf16(threads: usize, bw: f64, rng: &mut Rng) {
             ours[i].med / roof
         );
     }
-    // The README's formula: token map; per layer the layer id and rows
+    // The formula of docs/memory.md: token map; per layer the layer id and rows
     // needed (12), multipliers (8 N), primes, offsets and their inverses (24 C).
     let tables =
         model.token_map.len() * 4 + model.mult.len() * 8 + model.primes.len() * 24 + nl * 12;
     let qk = nl * HC * D * 4;
     println!(
-        "\ncontext memory: measured {mem} bytes; README formula: hash tables {tables} + q*k {qk} = {} (+ history: none hashed here)",
+        "\ncontext memory: measured {mem} bytes; docs/memory.md formula: hash tables {tables} + q*k {qk} = {} (+ history: none hashed here)",
         tables + qk
     );
 }

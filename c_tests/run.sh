@@ -204,6 +204,57 @@ for src in "${TESTS[@]}"; do
     done
 done
 
+# --- The front page's C examples -----------------------------------------------
+# Every ```c block of README.md is a whole translation unit: each one must
+# compile as C11 and as C++17 with -Wall -Wextra -Werror against the header, and
+# one that has a main() is linked and run on the golden's tiny GGUF model and
+# must exit 0. So the front page cannot drift from the ABI.
+README="$ROOT/README.md"
+TINY_GGUF="$ROOT/tests/golden/data/tiny.gguf"
+awk -v dir="$WORK" '
+    /^```c[[:space:]]*$/ { n++; f = sprintf("%s/readme_example_%d.c", dir, n); inside = 1; next }
+    inside && /^```/ { inside = 0; close(f); next }
+    inside { print > f }
+' "$README"
+README_EXAMPLES=("$WORK"/readme_example_*.c)
+if [ ! -f "${README_EXAMPLES[0]}" ]; then
+    fail "README.md has C examples (\`\`\`c blocks)"
+else
+    README_RUN=0
+    for src in "${README_EXAMPLES[@]}"; do
+        base="$(basename "$src" .c)"
+        for lang in c c++; do
+            if [ "$lang" = c ]; then compiler=("$CC" -std=c11); else compiler=("$CXX" -x c++ -std=c++17); fi
+            if grep -q '^int main(' "$src"; then
+                bin="$WORK/${base}_${lang/++/xx}"
+                if "${compiler[@]}" "${FLAGS[@]}" "$src" -x none "${LINK_SO[@]}" -o "$bin" >"$WORK/build.log" 2>&1; then
+                    pass "[$lang] README.md $base compiles and links with -Wall -Wextra -Werror"
+                    rc=0
+                    "$bin" "$TINY_GGUF" >"$WORK/$base.out" 2>&1 || rc=$?
+                    if [ "$rc" -eq 0 ]; then
+                        pass "[$lang] README.md $base runs on tiny.gguf: $(head -n1 "$WORK/$base.out")"
+                        README_RUN=$((README_RUN + 1))
+                    else
+                        cat "$WORK/$base.out"
+                        fail "[$lang] README.md $base runs on tiny.gguf (exit $rc)"
+                    fi
+                else
+                    cat "$WORK/build.log"
+                    fail "[$lang] README.md $base compiles and links with -Wall -Wextra -Werror"
+                fi
+            elif "${compiler[@]}" "${FLAGS[@]}" -c "$src" -o "$WORK/$base.o" >"$WORK/build.log" 2>&1; then
+                pass "[$lang] README.md $base compiles with -Wall -Wextra -Werror"
+            else
+                cat "$WORK/build.log"
+                fail "[$lang] README.md $base compiles with -Wall -Wextra -Werror"
+            fi
+        done
+    done
+    if [ "$README_RUN" -eq 0 ]; then
+        fail "README.md has a C example with a main() that runs"
+    fi
+fi
+
 # --- Static library ----------------------------------------------------------
 if [ -f "$A" ]; then
     for base in test_golden test_errors; do

@@ -1,7 +1,7 @@
 /*
  * One context, several threads, bounded: engram_set_layer replacing the
  * layer again and again (and the engine taking the old weights away as soon
- * as it returns, which the README allows on the CPU backend), against
+ * as it returns, which docs/abi.md allows on the CPU backend), against
  * engram_apply with and without engram_prefetch, prefetches never applied,
  * and engram_hash / seq_copy / seq_drop on other sequences.
  *

@@ -65,8 +65,13 @@ typedef enum engram_status {
    */
   ENGRAM_STATUS_ERR_UNKNOWN_LAYER = 7006,
   /*
-   A call exceeds a capacity fixed at create time (tokens per call,
-   sequences, positions).
+   More tokens in one call than `max_tokens`, or no memory left: every
+   allocation whose size a caller or a file chooses (a call's working
+   buffers, a sequence's history and its copy, the histories of
+   `max_seqs` sequences, a token map) is fallible and fails with this.
+   A sequence id or position out of range is
+   `ENGRAM_STATUS_ERR_INVALID_SEQUENCE`, a `row_ids` buffer too small
+   `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`.
    */
   ENGRAM_STATUS_ERR_CAPACITY = 7007,
   /*
@@ -246,8 +251,8 @@ typedef struct engram_config {
    `engram_set_layer`, `engram_apply`, `engram_apply_device_ids`,
    `engram_check`). `engram_create` with CUDA loads the driver (a machine
    without one gets `ENGRAM_STATUS_ERR_DEVICE`), loads NVRTC and cuBLAS of
-   CUDA 13 or 12 (whichever is there, never newer than the driver; see the
-   README for where they are looked for), compiles the kernels for the
+   CUDA 13 or 12 (whichever is there, never newer than the driver; see
+   docs/cuda.md, "Libraries", for where they are looked for), compiles the kernels for the
    device and allocates every device workspace for `max_tokens`.
    */
   uint32_t backend;
@@ -764,7 +769,7 @@ void engram_gguf_options_init_sized(struct engram_gguf_options *o, size_t struct
 
 /*
  Create a context straight from a GGUF file, in the dialect of any public
- DeepSeek-V4.1 converter (the README's table): llama.cpp's
+ DeepSeek-V4.1 converter (the table in docs/loading.md): llama.cpp's
  `deepseek41.engram.*` keys (also spelled `deepseek4.engram.*`), ds4,
  tarruda, JigSawPT, deepstrix and shard-path-plus-offsets files. The
  dialect is recognised from the keys that identify it; hash constants in
@@ -816,7 +821,7 @@ void engram_safetensors_options_init_sized(struct engram_safetensors_options *o,
  (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`); `q_weight`, `k_weight` (BF16); `wkv`
  (F8_E4M3 with 32x32 block scales: converted once to bf16 in memory the
  context owns, exact; or BF16/F32). The hash constants are derived from the
- config and the tokenizer, as SPEC section 3 states. Statuses: `ERR_IO` (the
+ config and the tokenizer, as docs/math.md states. Statuses: `ERR_IO` (the
  directory, a file or a shard cannot be opened, or is not a regular file),
  `ERR_FORMAT` (a safetensors header that is not valid or disagrees with its
  file, a missing tensor, a tensor of the wrong dtype or shape, a config that
@@ -835,8 +840,9 @@ enum engram_status engram_create_from_safetensors(const char *model_dir,
 
 /*
  Derive the hash tables (token map, multipliers, primes, offsets) from a
- model's `config.json` (its engram fields; the README lists the names
- accepted) and its Hugging Face `tokenizer.json`, as SPEC section 3 states.
+ model's `config.json` (its engram fields; docs/loading.md lists the
+ names accepted) and its Hugging Face `tokenizer.json`, as docs/math.md
+ states.
  On success `*out` receives an object to pass to `engram_tables_fill_config`
  and to free with `engram_tables_free`; on failure `*out` is left as it was
  (`ENGRAM_STATUS_ERR_IO` for a file that cannot be read,

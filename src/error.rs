@@ -22,8 +22,13 @@ pub enum EngramStatus {
     ErrMissingHistory = 7005,
     /// The layer id is not one of the configured engram layers.
     ErrUnknownLayer = 7006,
-    /// A call exceeds a capacity fixed at create time (tokens per call,
-    /// sequences, positions).
+    /// More tokens in one call than `max_tokens`, or no memory left: every
+    /// allocation whose size a caller or a file chooses (a call's working
+    /// buffers, a sequence's history and its copy, the histories of
+    /// `max_seqs` sequences, a token map) is fallible and fails with this.
+    /// A sequence id or position out of range is
+    /// `ENGRAM_STATUS_ERR_INVALID_SEQUENCE`, a `row_ids` buffer too small
+    /// `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`.
     ErrCapacity = 7007,
     /// A format, dtype or backend this build does not support.
     ErrUnsupported = 7008,

@@ -189,7 +189,7 @@ fn copy_and_drop_sequences() {
 
 #[test]
 fn memory_counts_the_tables_and_the_hash_scratch() {
-    // The README's formulas: the copied tables, and the hash's working
+    // The formulas of docs/memory.md: the copied tables, and the hash's working
     // buffers kept after a call (60 + 8 * N bytes per token of the largest
     // call) on top of the history page the call wrote.
     let tiny = Tiny::load();

@@ -13,8 +13,8 @@
 // Built with -DENGRAM_EXAMPLE_CUDA=ON (CMake) the engine context uses the CUDA
 // backend: the program allocates its own device buffers (weights, highway) and
 // its own cudaStream_t and passes them in; the check then compares with the
-// CPU context within a tolerance. If the library has no CUDA backend yet it
-// prints SKIP and exits 77.
+// CPU context within a tolerance. If engram_create refuses the CUDA backend
+// as unsupported (ENGRAM_STATUS_ERR_UNSUPPORTED) it prints SKIP and exits 77.
 
 #include <engram.h>
 
@@ -300,9 +300,10 @@ class Engine {
             engram_layer_weights w;
             engram_layer_weights_init(&w);
             w.layer_id = kEngramLayers[l];
-            // Host memory on the CPU backend. The CUDA backend of this release
-            // reads tables from device memory (host tables, for the real ~100 GB
-            // ones, are a later step), so the device build uploads it below.
+            // Host memory on the CPU backend. The device build uploads the
+            // (tiny) table below, as an engine does when its table fits on the
+            // GPU; the CUDA backend also reads a table from host memory or a
+            // file (the real ~100 GB ones), gathering rows on the host.
             w.table = lw.table.data();
             w.table_rows = lw.rows;
             w.table_type = ENGRAM_TYPE_BF16;

@@ -35,8 +35,8 @@ pub struct EngramConfig {
     /// `engram_set_layer`, `engram_apply`, `engram_apply_device_ids`,
     /// `engram_check`). `engram_create` with CUDA loads the driver (a machine
     /// without one gets `ENGRAM_STATUS_ERR_DEVICE`), loads NVRTC and cuBLAS of
-    /// CUDA 13 or 12 (whichever is there, never newer than the driver; see the
-    /// README for where they are looked for), compiles the kernels for the
+    /// CUDA 13 or 12 (whichever is there, never newer than the driver; see
+    /// docs/cuda.md, "Libraries", for where they are looked for), compiles the kernels for the
     /// device and allocates every device workspace for `max_tokens`.
     pub backend: u32,
     /// CUDA device ordinal (ignored by the CPU backend). The context uses that

@@ -91,7 +91,7 @@ pub extern "C" fn engram_gguf_options_init_sized(o: *mut EngramGgufOptions, stru
 }
 
 /// Create a context straight from a GGUF file, in the dialect of any public
-/// DeepSeek-V4.1 converter (the README's table): llama.cpp's
+/// DeepSeek-V4.1 converter (the table in docs/loading.md): llama.cpp's
 /// `deepseek41.engram.*` keys (also spelled `deepseek4.engram.*`), ds4,
 /// tarruda, JigSawPT, deepstrix and shard-path-plus-offsets files. The
 /// dialect is recognised from the keys that identify it; hash constants in

@@ -83,7 +83,7 @@ pub extern "C" fn engram_safetensors_options_init_sized(
 /// (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`); `q_weight`, `k_weight` (BF16); `wkv`
 /// (F8_E4M3 with 32x32 block scales: converted once to bf16 in memory the
 /// context owns, exact; or BF16/F32). The hash constants are derived from the
-/// config and the tokenizer, as SPEC section 3 states. Statuses: `ERR_IO` (the
+/// config and the tokenizer, as docs/math.md states. Statuses: `ERR_IO` (the
 /// directory, a file or a shard cannot be opened, or is not a regular file),
 /// `ERR_FORMAT` (a safetensors header that is not valid or disagrees with its
 /// file, a missing tensor, a tensor of the wrong dtype or shape, a config that

@@ -12,8 +12,9 @@ pub struct EngramTablesHandle {
 }
 
 /// Derive the hash tables (token map, multipliers, primes, offsets) from a
-/// model's `config.json` (its engram fields; the README lists the names
-/// accepted) and its Hugging Face `tokenizer.json`, as SPEC section 3 states.
+/// model's `config.json` (its engram fields; docs/loading.md lists the
+/// names accepted) and its Hugging Face `tokenizer.json`, as docs/math.md
+/// states.
 /// On success `*out` receives an object to pass to `engram_tables_fill_config`
 /// and to free with `engram_tables_free`; on failure `*out` is left as it was
 /// (`ENGRAM_STATUS_ERR_IO` for a file that cannot be read,

@@ -1,7 +1,7 @@
 //! The engram fields of a model's `config.json`, under the names the released
 //! DeepSeek-V4.1 config uses (in `text_config` or at the top level) and the
 //! names of DeepSeek's Engram demo (`EngramConfig`). The first name found
-//! wins; the README lists them.
+//! wins; docs/loading.md lists them.
 
 use crate::error::{bail, Error, Result};
 use crate::EngramStatus;
