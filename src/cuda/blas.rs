@@ -10,8 +10,8 @@
 //! bf16, so every output is one f32 sum of exact products rounded once to
 //! bf16, within the bound the golden tests state (`tests/common/bounds.rs`).
 
-use super::status::{self, check};
 use super::gpu::{Blas, Gemm, Stream};
+use super::status::{self, check};
 use super::sys::{self, CUcontext, CublasApi};
 use crate::error::{EngramStatus, Error, Result};
 use std::ffi::{c_int, c_void};
