@@ -578,7 +578,9 @@ impl Model {
             backend: engram::EngramBackend::Cpu as u32,
             device: 0,
             tuning: engram::Tuning {
-                cpu_kernel: kernel_env(),
+                cpu: engram::cpu::CpuTuning {
+                    kernel: kernel_env(),
+                },
                 ..Default::default()
             },
         };

@@ -233,8 +233,10 @@ fn main() {
         backend: EngramBackend::Cuda as u32,
         device: 0,
         tuning: engram::Tuning {
-            gemv_max_tokens: gemv,
-            cuda_device: Some(gpu.clone()),
+            cuda: engram::cuda::CudaTuning {
+                gemv_max_tokens: gemv,
+                device: Some(gpu.clone()),
+            },
             ..Default::default()
         },
     };

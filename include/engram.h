@@ -13,6 +13,12 @@
 
 
 /*
+ Row id written for every column of a dead token. `apply` leaves such
+ tokens untouched.
+ */
+#define ENGRAM_ROW_ID_DEAD -1
+
+/*
  Values per e8m0 scale in the fp8 row format.
  */
 #define ENGRAM_FP8_SCALE_BLOCK 32
@@ -23,12 +29,6 @@
  token whose `token_map` entry is `-1`.
  */
 #define ENGRAM_TOKEN_DEAD -1
-
-/*
- Row id written for every column of a dead token. `apply` leaves such
- tokens untouched.
- */
-#define ENGRAM_ROW_ID_DEAD -1
 
 /*
  Status of every `engram_*` call. `ENGRAM_OK` is zero; every error code sits

@@ -3,7 +3,8 @@
 # fresh prefix (scripts/install.sh), check the CMake package's version rules,
 # build examples/cpp_host through CMake (shared and static library) and through
 # pkg-config, run each (CPU backend), and link a C program statically
-# (c_tests/test_static_link.sh). Installs cmake and pkg-config when missing
+# (c_tests/test_static_link.sh); the installed libraries are stripped (the
+# shared library's debug info split off beside it). Installs cmake and pkg-config when missing
 # (scripts/ensure-tools.sh). Reuses target/ (one release build of the library).
 #
 #   bash scripts/check-install.sh
@@ -19,6 +20,26 @@ PREFIX="$WORK/prefix"
 bash scripts/install.sh "$PREFIX" >"$WORK/install.log" 2>&1 || { cat "$WORK/install.log"; exit 1; }
 tail -n 3 "$WORK/install.log" | head -n 1
 export PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig"
+
+echo "== installed libraries are stripped; the shared one's debug info is beside it (lib/.debug)"
+SO_REAL="$(readlink -f "$PREFIX/lib/libengram.so")"
+for lib in "$SO_REAL" "$PREFIX/lib/libengram.a"; do
+    # (readelf into a variable: `readelf | grep -q` under pipefail fails when
+    # grep stops reading early.)
+    sections="$(readelf -S --wide "$lib")"
+    if grep -q '\.debug_info' <<<"$sections"; then
+        echo "FAIL $lib carries debug info (.debug_info); install.sh should strip it"
+        exit 1
+    fi
+    echo "  $(basename "$lib"): $(du -k "$lib" | cut -f1) KiB, no .debug_info"
+done
+DBG="$PREFIX/lib/.debug/$(basename "$SO_REAL").debug"
+sections="$(readelf -S --wide "$DBG")"
+grep -q '\.debug_info' <<<"$sections" || { echo "FAIL $DBG holds no .debug_info"; exit 1; }
+link="$(readelf --string-dump=.gnu_debuglink "$SO_REAL")"
+grep -q "$(basename "$DBG")" <<<"$link" ||
+    { echo "FAIL $SO_REAL has no .gnu_debuglink to $(basename "$DBG")"; exit 1; }
+echo "  $(basename "$DBG"): $(du -k "$DBG" | cut -f1) KiB, linked by .gnu_debuglink"
 
 echo "== CMake package: version rules"
 mkdir -p "$WORK/version"

@@ -4,6 +4,7 @@
 #   PREFIX/include/engram.h
 #   PREFIX/lib/libengram.so.X.Y.Z, libengram.so.<soname>, libengram.so   (shared)
 #   PREFIX/lib/libengram.a                                               (static)
+#   PREFIX/lib/.debug/libengram.so.X.Y.Z.debug   the shared library's debug info
 #   PREFIX/lib/pkgconfig/engram.pc, engram-static.pc
 #   PREFIX/lib/cmake/engram/engramConfig.cmake, engramConfigVersion.cmake
 #
@@ -11,9 +12,17 @@
 #   DESTDIR=/stage bash scripts/install.sh /usr/local   stages the files under
 #   /stage/usr/local while the .pc files still name /usr/local (packaging).
 #   CARGO_TARGET_DIR is honoured (default: target/).
+#   ENGRAM_INSTALL_DEBUG=1 installs both libraries with their debug info in
+#   them (the release profile's `debug = 1`: 40+ MB for the static one).
+#
+# The installed libraries are stripped of debug info (the release build keeps
+# it, for profiling from target/). The shared library's is split off into
+# lib/.debug/, linked by a .gnu_debuglink, where gdb finds it by itself; see
+# docs/install-symbols.md.
 #
 # Linux (GNU toolchain) only: the SONAME is set with a GNU ld flag. Needs cargo,
-# a C compiler (rustc links with it) and readelf (binutils); not cmake.
+# a C compiler (rustc links with it) and binutils (readelf, objcopy, strip);
+# not cmake.
 set -euo pipefail
 
 usage() { echo "usage: bash scripts/install.sh PREFIX" >&2; exit 2; }
@@ -73,6 +82,16 @@ install -d "$DEST/include" "$DEST/lib/pkgconfig" "$DEST/lib/cmake/engram"
 install -m 644 include/engram.h "$DEST/include/engram.h"
 install -m 755 "$SO" "$DEST/lib/$REALNAME"
 install -m 644 "$A" "$DEST/lib/libengram.a"
+if [ "${ENGRAM_INSTALL_DEBUG:-0}" != 1 ]; then
+    # The shared library: its debug info into lib/.debug/, then stripped and
+    # linked to that file. The static library: stripped of debug info (its
+    # symbols stay, so it still links; the unstripped one is in target/).
+    install -d "$DEST/lib/.debug"
+    objcopy --only-keep-debug "$DEST/lib/$REALNAME" "$DEST/lib/.debug/$REALNAME.debug"
+    chmod 644 "$DEST/lib/.debug/$REALNAME.debug"
+    objcopy --strip-debug --add-gnu-debuglink="$DEST/lib/.debug/$REALNAME.debug" "$DEST/lib/$REALNAME"
+    strip --strip-debug "$DEST/lib/libengram.a"
+fi
 ln -sfn "$REALNAME" "$DEST/lib/$SONAME"
 ln -sfn "$SONAME" "$DEST/lib/libengram.so"
 

@@ -13,6 +13,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings (every unsafe block says why it is sound)"
 cargo clippy --workspace --all-targets -- -D warnings
 
+echo "== module layering: no import cycle among src/ files, nothing below backend names a backend (tests/imports.rs)"
+cargo test --quiet --test imports
+
 echo "== cargo test"
 mkdir -p target
 cargo test --workspace --all-targets 2>&1 | tee target/cargo-test.log

@@ -1,14 +1,15 @@
 //! Geometry, limits, and every check on a call's inputs, each written once:
-//! the context runs them before any backend sees a call, and each backend
-//! that must repeat one (the CUDA kernels check device row ids on the device)
-//! reports it with the same message.
+//! the context runs them before any backend sees a call, the hash checks its
+//! sequence ids and positions with them, and each backend that must repeat
+//! one (the CUDA kernels check device row ids on the device) reports it with
+//! the same message. What they check is the data of [`crate::call`].
 
-use crate::backend::{CheckedLayer, LayerIn, TableSource};
-use crate::error::{bail, Error, Result};
+use crate::call::{CheckedLayer, LayerIn, TableSource, ROW_ID_DEAD};
+pub use crate::call::{HighwayType, LayerBytes, LiveIds};
+use crate::error::{bail, EngramStatus, Error, Result};
+pub use crate::fallible::{try_map, try_room, try_vec, try_vec_with, vec_bytes};
 use crate::formats::{EngramType, WeightDtype, WeightFormat};
-use crate::hash::{HashTables, ROW_ID_DEAD};
 use crate::memory::Region;
-use crate::EngramStatus;
 
 /// Model geometry (SPEC section 1 symbols).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -122,42 +123,6 @@ impl Limits {
     }
 }
 
-/// The highway's element type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HighwayType {
-    F32,
-    /// bf16 bit patterns; each updated value is rounded to nearest-even.
-    Bf16,
-}
-
-impl HighwayType {
-    /// `ENGRAM_TYPE_F32` or `ENGRAM_TYPE_BF16`; anything else is `ErrUnsupported`.
-    pub fn new(ty: u32) -> Result<HighwayType> {
-        match EngramType::from_u32(ty) {
-            Some(EngramType::F32) => Ok(HighwayType::F32),
-            Some(EngramType::Bf16) => Ok(HighwayType::Bf16),
-            _ => bail!(
-                ErrUnsupported,
-                "highway type {ty} is not supported (ENGRAM_TYPE_F32 or ENGRAM_TYPE_BF16)"
-            ),
-        }
-    }
-
-    pub fn engram_type(self) -> EngramType {
-        match self {
-            HighwayType::F32 => EngramType::F32,
-            HighwayType::Bf16 => EngramType::Bf16,
-        }
-    }
-
-    pub fn size(self) -> usize {
-        match self {
-            HighwayType::F32 => 4,
-            HighwayType::Bf16 => 2,
-        }
-    }
-}
-
 /// The sizes of one context's calls, derived from its geometry and tables.
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
@@ -174,13 +139,14 @@ pub struct Shape {
 }
 
 impl Shape {
-    pub fn new(geo: Geometry, tables: &HashTables) -> Shape {
-        let cols = tables.cols();
+    /// The sizes for `n_layers` engram layers of `cols` columns each (the
+    /// hash tables': [`crate::hash::HashTables::cols`], `n_layers`).
+    pub fn new(geo: Geometry, cols: usize, n_layers: usize) -> Shape {
         Shape {
             geo,
             cols,
-            n_layers: tables.n_layers(),
-            per: cols * tables.n_layers(),
+            n_layers,
+            per: cols * n_layers,
             k_in: cols * geo.hd,
             k_out: geo.d * (geo.hc + 1),
         }
@@ -223,14 +189,14 @@ impl Shape {
     }
 }
 
-/// Index of model layer `layer_id` among the engram layers.
-pub fn layer_index(tables: &HashTables, layer_id: u32) -> Result<usize> {
-    match tables.layer_ids.iter().position(|&l| l == layer_id) {
+/// Index of model layer `layer_id` among the engram layers (`layer_ids`,
+/// the hash tables' [`crate::hash::HashTables::layer_ids`]).
+pub fn layer_index(layer_ids: &[u32], layer_id: u32) -> Result<usize> {
+    match layer_ids.iter().position(|&l| l == layer_id) {
         Some(li) => Ok(li),
         None => bail!(
             ErrUnknownLayer,
-            "layer {layer_id} is not an engram layer (engram layers: {:?})",
-            tables.layer_ids
+            "layer {layer_id} is not an engram layer (engram layers: {layer_ids:?})"
         ),
     }
 }
@@ -282,56 +248,6 @@ pub fn check_token_ids(tid: &[i64], t: usize, layer_id: u32, rows: u64) -> Resul
         }
     }
     Ok(true)
-}
-
-/// An empty `Vec` with room for `n` elements, allocated fallibly: running
-/// out of memory for a size that came from a caller or a file is
-/// `ErrCapacity` naming `what`, not an abort.
-pub fn try_room<T>(n: usize, what: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    if v.try_reserve_exact(n).is_err() {
-        bail!(
-            ErrCapacity,
-            "out of memory for {what} ({n} elements of {} bytes)",
-            std::mem::size_of::<T>()
-        );
-    }
-    Ok(v)
-}
-
-/// Bytes a `Vec` holds (its capacity), for memory reporting.
-pub fn vec_bytes<T>(v: &Vec<T>) -> usize {
-    v.capacity() * std::mem::size_of::<T>()
-}
-
-/// A `Vec` of `n` copies of `fill`, allocated fallibly (see [`try_room`]).
-pub fn try_vec<T: Clone>(n: usize, fill: T, what: &str) -> Result<Vec<T>> {
-    let mut v = try_room(n, what)?;
-    v.resize(n, fill);
-    Ok(v)
-}
-
-/// A `Vec` of `n` values made by `f`, allocated fallibly (see [`try_room`]).
-pub fn try_vec_with<T>(n: usize, f: impl FnMut() -> T, what: &str) -> Result<Vec<T>> {
-    let mut v = try_room(n, what)?;
-    v.resize_with(n, f);
-    Ok(v)
-}
-
-/// `src` mapped through `f`, allocated fallibly (see [`try_room`]).
-pub fn try_map<S, T>(src: &[S], f: impl FnMut(&S) -> T, what: &str) -> Result<Vec<T>> {
-    let mut v = try_room(src.len(), what)?;
-    v.extend(src.iter().map(f));
-    Ok(v)
-}
-
-/// The live tokens of one call for one layer, after [`live_ids`]' checks.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LiveIds {
-    /// Indices (in the call) of the live tokens.
-    pub tokens: Vec<usize>,
-    /// Their row ids for the layer, `[tokens.len(), C]`.
-    pub ids: Vec<i64>,
 }
 
 /// Check every token's row ids for layer `li` (`[n, n_layers, C]` host ids,
@@ -483,16 +399,4 @@ pub fn check_layer<'w>(
             qk: qk_bytes,
         },
     })
-}
-
-/// Byte sizes of one layer's weights (see [`check_layer`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LayerBytes {
-    /// The table (for the split fp8 format: its code array).
-    pub table: u64,
-    /// The split fp8 format's scale array (0 for every other format).
-    pub scales: u64,
-    pub wkv: usize,
-    /// Each of `q` and `k`.
-    pub qk: usize,
 }

@@ -1,43 +1,30 @@
 //! The engram context: the validated hash tables, the per-sequence history,
-//! and a backend. Every call is checked here ([`crate::batch`]) before the
-//! backend sees it, so both backends refuse the same inputs with the same
-//! messages. Safe Rust; the Rust tests drive it directly.
+//! and a backend, which it chooses and constructs ([`open`]). Every call is
+//! checked here ([`crate::batch`]) before the backend sees it, so both
+//! backends refuse the same inputs with the same messages. Safe Rust; the
+//! Rust tests drive it directly.
 
-use crate::backend::{
-    self, ApplyIn, Backend, BackendInfo, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds,
-    Stream,
+use crate::backend::Backend;
+use crate::batch::{check_layer, layer_index, live_ids, Geometry, Limits, Shape};
+use crate::call::{
+    ApplyIn, BackendInfo, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds, Stream,
 };
-use crate::batch::{check_layer, layer_index, live_ids, try_vec_with, Geometry, Limits, Shape};
-use crate::cpu::projection::Kernel;
+use crate::cpu::{CpuBackend, CpuTuning};
+use crate::cuda::{CudaBackend, CudaTuning};
 use crate::error::{bail, Result};
+use crate::fallible::try_vec_with;
 use crate::hash::{HashTables, HashTablesIn, History};
 use std::sync::{Mutex, RwLock};
 
-/// Choices that tests and benchmarks make; engines keep the defaults.
-#[derive(Clone, Default)]
+/// Choices that tests and benchmarks make; engines keep the defaults. Each
+/// backend owns its part; the context hands it over unread.
+#[derive(Clone, Debug, Default)]
 pub struct Tuning {
-    /// The CPU projection kernel (`None`: the best this CPU runs).
-    pub cpu_kernel: Option<Kernel>,
-    /// Tokens up to which the CUDA backend uses its GEMV kernels, for every
-    /// `wkv` format (`None`: the defaults, which differ by format).
-    pub gemv_max_tokens: Option<usize>,
-    /// The device the CUDA backend runs on instead of opening `device`: a
-    /// device object shared with the caller, or the emulation of
-    /// [`crate::cuda::emu`] (tests without a GPU).
-    pub cuda_device: Option<std::sync::Arc<dyn crate::cuda::gpu::Gpu>>,
-}
-
-impl std::fmt::Debug for Tuning {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tuning")
-            .field("cpu_kernel", &self.cpu_kernel)
-            .field("gemv_max_tokens", &self.gemv_max_tokens)
-            .field(
-                "cuda_device",
-                &self.cuda_device.as_ref().map(|d| d.describe()),
-            )
-            .finish()
-    }
+    /// The CPU backend's ([`CpuTuning`]: its projection kernel).
+    pub cpu: CpuTuning,
+    /// The CUDA backend's ([`CudaTuning`]: its GEMV threshold, the device
+    /// object to run on).
+    pub cuda: CudaTuning,
 }
 
 /// Everything `Context::new` needs.
@@ -71,6 +58,25 @@ pub struct Context<'w> {
     backend: Box<dyn Backend<'w> + 'w>,
 }
 
+/// The backend `kind` for a context of `shape`.
+fn open<'w>(
+    kind: EngramBackend,
+    cfg: &ContextConfig<'_>,
+    shape: Shape,
+    tables: &HashTables,
+) -> Result<Box<dyn Backend<'w> + 'w>> {
+    Ok(match kind {
+        EngramBackend::Cpu => Box::new(CpuBackend::new(shape, cfg.n_threads, &cfg.tuning.cpu)?),
+        EngramBackend::Cuda => Box::new(CudaBackend::new(
+            cfg.device,
+            shape,
+            &tables.layer_ids,
+            cfg.limits.max_tokens,
+            &cfg.tuning.cuda,
+        )?),
+    })
+}
+
 impl<'w> Context<'w> {
     pub fn new(cfg: &ContextConfig<'_>) -> Result<Context<'w>> {
         let g = cfg.geometry;
@@ -89,8 +95,8 @@ impl<'w> Context<'w> {
                 cfg.n_threads
             );
         }
-        let shape = Shape::new(g, &tables);
-        let backend = backend::open(kind, cfg, shape, &tables)?;
+        let shape = Shape::new(g, tables.cols(), tables.n_layers());
+        let backend = open(kind, cfg, shape, &tables)?;
         Ok(Context {
             shape,
             limits: cfg.limits,
@@ -184,7 +190,7 @@ impl<'w> Context<'w> {
 
     /// Register (or replace) one layer's weights (borrowed for `'w`).
     pub fn set_layer(&self, w: LayerIn<'w>) -> Result<()> {
-        let li = layer_index(&self.tables, w.layer_id)?;
+        let li = layer_index(&self.tables.layer_ids, w.layer_id)?;
         let checked = check_layer(&self.shape, self.tables.rows_needed[li], w)?;
         let rows = checked.rows;
         let mut layers = self.layers.write().unwrap_or_else(|p| p.into_inner());
@@ -202,7 +208,7 @@ impl<'w> Context<'w> {
                 "this context uses the CPU backend; device row ids need ENGRAM_BACKEND_CUDA"
             );
         }
-        let li = layer_index(&self.tables, layer_id)?;
+        let li = layer_index(&self.tables.layer_ids, layer_id)?;
         self.limits.tokens(n)?;
         if let RowIds::Host(r) = ids {
             self.shape.check_row_ids(r.len(), n)?;

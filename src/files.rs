@@ -117,7 +117,7 @@ pub struct AlignedBuf {
 impl AlignedBuf {
     /// `len` zero bytes; `ErrCapacity` naming `what` when memory is short.
     pub fn zeroed(len: usize, what: &str) -> Result<AlignedBuf> {
-        let words = crate::batch::try_vec(len.div_ceil(16), 0u128, what)?;
+        let words = crate::fallible::try_vec(len.div_ceil(16), 0u128, what)?;
         Ok(AlignedBuf { words, len })
     }
 

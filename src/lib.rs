@@ -6,8 +6,12 @@
 //! the hash) -> rows ([`formats`]: row and weight formats, dequantisation) ->
 //! projection -> gate, run by one of two [`backend`]s: [`cpu`] (host memory,
 //! host threads) and [`cuda`] (the engine's device memory and stream).
-//! [`batch`] holds every check on a call's inputs, [`context`] the object the
-//! C ABI wraps, [`memory`] the engine's memory as the library receives it.
+//! [`call`] holds the plain data a call is made of, [`batch`] every check on
+//! it, [`context`] the object the C ABI wraps (it chooses the backend),
+//! [`memory`] the engine's memory as the library receives it, [`fallible`]
+//! the allocations sized by a caller or a file. `tests/imports.rs` keeps
+//! the modules layered: no import cycle, nothing below [`backend`] naming a
+//! backend.
 //! Loaders: [`tables`] (config.json + tokenizer.json), [`gguf`] (GGUF files
 //! of every public dialect, split sets, and the loaded model contexts
 //! borrow), [`safetensors`] (the released checkpoint); [`files`] opens every
@@ -15,11 +19,13 @@
 
 pub mod backend;
 pub mod batch;
+pub mod call;
 pub mod context;
 pub mod cpu;
 /// cbindgen:ignore
 pub mod cuda;
 pub mod error;
+pub mod fallible;
 pub mod ffi;
 pub mod files;
 pub mod formats;
@@ -29,8 +35,10 @@ pub mod memory;
 pub mod safetensors;
 pub mod tables;
 
-pub use backend::{EngramBackend, Highway, LayerIn, ReadBack, RowIds, TableIn, TableSource};
-pub use batch::{Geometry, HighwayType, Limits};
+pub use batch::{Geometry, Limits};
+pub use call::{
+    EngramBackend, Highway, HighwayType, LayerIn, ReadBack, RowIds, TableIn, TableSource,
+};
 pub use context::{Context, ContextConfig, Tuning};
 pub use error::{EngramStatus, Error, Result};
 pub use formats::{EngramType, WeightDtype, Weights};

@@ -137,7 +137,10 @@ fn every_row_format_dequantises_to_the_cpu_bits_on_the_device() {
         backend: backend as u32,
         device: 0,
         tuning: engram::Tuning {
-            cuda_device: Some(dev.gpu.clone()),
+            cuda: engram::cuda::CudaTuning {
+                device: Some(dev.gpu.clone()),
+                ..Default::default()
+            },
             ..Default::default()
         },
     };
@@ -259,7 +262,10 @@ fn non_finite_rows_are_refused_alike() {
         backend: backend as u32,
         device: 0,
         tuning: engram::Tuning {
-            cuda_device: Some(dev.gpu.clone()),
+            cuda: engram::cuda::CudaTuning {
+                device: Some(dev.gpu.clone()),
+                ..Default::default()
+            },
             ..Default::default()
         },
     };
@@ -439,8 +445,10 @@ fn every_wkv_format_projects_within_the_bound_of_the_cpu() {
         backend: backend as u32,
         device: 0,
         tuning: engram::Tuning {
-            gemv_max_tokens: gemv,
-            cuda_device: Some(dev.gpu.clone()),
+            cuda: engram::cuda::CudaTuning {
+                gemv_max_tokens: gemv,
+                device: Some(dev.gpu.clone()),
+            },
             ..Default::default()
         },
     };

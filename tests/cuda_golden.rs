@@ -101,8 +101,8 @@ fn cuda_context<'a>(
 ) -> Context<'a> {
     let mut cfg = tiny.config(Tiny::limits());
     cfg.backend = EngramBackend::Cuda as u32;
-    cfg.tuning.gemv_max_tokens = gemv_max;
-    cfg.tuning.cuda_device = Some(dev.gpu.clone());
+    cfg.tuning.cuda.gemv_max_tokens = gemv_max;
+    cfg.tuning.cuda.device = Some(dev.gpu.clone());
     let ctx = Context::new(&cfg).expect("create a CUDA context");
     for (l, (t, w, q, k)) in tiny.layers.iter().zip(&m.layers) {
         ctx.set_layer_device(&DeviceLayerIn {
@@ -910,7 +910,10 @@ fn sixty_four_bit_offsets_into_a_table_of_the_real_row_count() {
         backend: backend as u32,
         device: 0,
         tuning: engram::Tuning {
-            cuda_device: Some(dev.gpu.clone()),
+            cuda: engram::cuda::CudaTuning {
+                device: Some(dev.gpu.clone()),
+                ..Default::default()
+            },
             ..Default::default()
         },
     };

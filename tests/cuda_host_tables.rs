@@ -38,7 +38,7 @@ fn dense_type(d: &Dense) -> u32 {
 fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny) -> Context<'a> {
     let mut cfg = tiny.config(Tiny::limits());
     cfg.backend = EngramBackend::Cuda as u32;
-    cfg.tuning.cuda_device = Some(dev.gpu.clone());
+    cfg.tuning.cuda.device = Some(dev.gpu.clone());
     Context::new(&cfg).expect("create a CUDA context")
 }
 

@@ -458,7 +458,7 @@ fn split_tables_on_the_gpu_give_the_cpu_bits() {
         let (d_codes, d_scales) = (upload(&codes), upload(&scales));
         let mut cfg = tiny.config(Tiny::limits());
         cfg.backend = engram::EngramBackend::Cuda as u32;
-        cfg.tuning.cuda_device = Some(dev.gpu.clone());
+        cfg.tuning.cuda.device = Some(dev.gpu.clone());
         let gpu_ctx = engram::Context::new(&cfg).expect("a CUDA context");
         // SAFETY: device pointers of the sizes the geometry implies, alive here.
         let mut w = unsafe {

@@ -189,7 +189,7 @@ fn run_calls(m: &GgufModel, o: &GgufOptions, calls: &[Call], only: Option<&[u32]
             );
             let (wkv, qk) = layer_values(m, li);
             let x = values(&c.highway, n * hc * d, 1.0, 0.0);
-            let h = match &o.tuning.cuda_device {
+            let h = match &o.tuning.cuda.device {
                 None => {
                     let mut h = x.clone();
                     ctx.apply(*lid, &ids, n, Highway::F32(&mut h)).unwrap();
@@ -381,7 +381,10 @@ fn every_fixture_on_the_cuda_backend() {
     let o = GgufOptions {
         backend: engram::EngramBackend::Cuda as u32,
         tuning: engram::Tuning {
-            cuda_device: Some(dev.gpu.clone()),
+            cuda: engram::cuda::CudaTuning {
+                device: Some(dev.gpu.clone()),
+                ..Default::default()
+            },
             ..Default::default()
         },
         ..options()

@@ -5,14 +5,13 @@
 //! - [`gather`]: rows by id, dequantised to bf16.
 //! - [`projection`]: `kv = rows @ wkv^T` (portable and AVX-512 kernels).
 //! - [`gate`]: the gate and the in-place update of the highway.
-//! - [`stager`]: `engram_prefetch`'s worker threads and staging slots; `read`:
-//!   the row reads they run.
+//! - [`stager`]: `engram_prefetch`'s worker threads and staging slots, and
+//!   (`stager::read`) the row reads they run.
 
 pub mod gate;
 pub mod gather;
 pub(crate) mod pool;
 pub mod projection;
-mod read;
 pub mod stager;
 mod sync;
 
@@ -45,11 +44,20 @@ pub struct CpuBackend<'w> {
     stager: Stager,
 }
 
+/// The CPU backend's choices that tests and benchmarks make (its part of
+/// [`crate::Tuning`]); engines keep the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct CpuTuning {
+    /// The projection kernel (`None`: the best this CPU runs; a kernel the
+    /// CPU lacks falls back to the portable one).
+    pub kernel: Option<Kernel>,
+}
+
 impl CpuBackend<'_> {
     /// A backend using at most `n_threads` threads for one call (0 or 1: the
-    /// calling thread only) and `kernel` for the projection (`None`: the best
-    /// this CPU runs; a kernel the CPU lacks falls back to the portable one).
-    pub fn new(shape: Shape, n_threads: usize, kernel: Option<Kernel>) -> Result<Self> {
+    /// calling thread only), tuned by `tuning`.
+    pub fn new(shape: Shape, n_threads: usize, tuning: &CpuTuning) -> Result<Self> {
+        let kernel = tuning.kernel;
         let mut projection = Projection::new(n_threads).map_err(|e| {
             Error::new(
                 crate::EngramStatus::ErrInvalidConfig,

@@ -10,8 +10,8 @@
 //! bf16, so every output is one f32 sum of exact products rounded once to
 //! bf16, within the bound the golden tests state (`tests/common/bounds.rs`).
 
-use super::driver::check;
 use super::gpu::{Blas, Gemm, Stream};
+use super::status::{self, check};
 use super::sys::{self, CUcontext, CublasApi};
 use crate::error::{EngramStatus, Error, Result};
 use std::ffi::{c_int, c_void};
@@ -84,7 +84,7 @@ impl RealBlas {
     /// A handle for context `ctx`, which the caller made current.
     pub fn new(ctx: CUcontext) -> Result<RealBlas> {
         let b = api()?;
-        let d = super::driver::api()?;
+        let d = status::api()?;
         let mut workspace = 0;
         // SAFETY: the caller made `ctx` current; locals as out-pointers.
         unsafe {
@@ -202,7 +202,7 @@ impl Blas for RealBlas {
 
 impl Drop for RealBlas {
     fn drop(&mut self) {
-        let (Ok(b), Ok(d)) = (api(), super::driver::api()) else {
+        let (Ok(b), Ok(d)) = (api(), status::api()) else {
             return;
         };
         let mut prev = std::ptr::null_mut();

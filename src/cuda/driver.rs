@@ -4,8 +4,9 @@
 use super::blas::RealBlas;
 use super::gpu::{Arg, Blas, DevPtr, Gpu, Guard, Kernel, MemKind, PtrInfo, Stream, KERNEL_NAMES};
 use super::kernels;
-use super::sys::{self, CUcontext, CUdevice, CUresult, DriverApi, CUDA_SUCCESS};
-use crate::error::{bail, EngramStatus, Error, Result};
+pub use super::status::{api, check, error_text};
+use super::sys::{self, CUcontext, CUdevice, CUDA_SUCCESS};
+use crate::error::{bail, Result};
 use std::ffi::{c_void, CStr, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,49 +14,6 @@ use std::sync::{Arc, Mutex};
 /// The oldest driver (as `cuDriverGetVersion` reports it) the backend accepts:
 /// CUDA 12.0.
 pub const MIN_DRIVER_VERSION: i32 = 12000;
-
-/// The driver's functions, or `ErrDevice` saying why there are none.
-pub fn api() -> Result<&'static DriverApi> {
-    sys::driver()
-        .map(|d| &d.api)
-        .map_err(|e| Error::new(EngramStatus::ErrDevice, e))
-}
-
-/// The text of a driver error code.
-pub fn error_text(r: CUresult) -> String {
-    let Ok(d) = api() else {
-        return format!("CUDA error {r}");
-    };
-    let mut name: *const std::ffi::c_char = std::ptr::null();
-    let mut text: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: the strings the driver returns are static.
-    unsafe {
-        let _ = (d.cuGetErrorName)(r, &mut name);
-        let _ = (d.cuGetErrorString)(r, &mut text);
-        let n = if name.is_null() {
-            format!("CUDA error {r}")
-        } else {
-            CStr::from_ptr(name).to_string_lossy().into_owned()
-        };
-        if text.is_null() {
-            n
-        } else {
-            format!("{n}: {}", CStr::from_ptr(text).to_string_lossy())
-        }
-    }
-}
-
-/// `Ok` for `CUDA_SUCCESS`, else `ErrDevice` naming `what`.
-pub fn check(r: CUresult, what: &str) -> Result<()> {
-    if r == CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::new(
-            EngramStatus::ErrDevice,
-            format!("{what}: {}", error_text(r)),
-        ))
-    }
-}
 
 /// What the driver says about the machine, for tests and benchmarks: `Ok` with
 /// a description when a device can be used, `Err` with the reason otherwise.

@@ -39,6 +39,7 @@ mod enqueue;
 pub mod gpu;
 pub mod kernels;
 pub mod latch;
+mod status;
 pub mod sys;
 
 use crate::backend::{
@@ -52,6 +53,28 @@ use gpu::{DevBuf, Event, Gpu, MemKind, PinnedBuf};
 use std::sync::{Arc, Mutex};
 
 pub use driver::probe;
+
+/// The CUDA backend's choices that tests and benchmarks make (its part of
+/// [`crate::Tuning`]); engines keep the defaults.
+#[derive(Clone, Default)]
+pub struct CudaTuning {
+    /// Tokens up to which the GEMV kernels are used, for every `wkv` format
+    /// (`None`: the defaults, which differ by format).
+    pub gemv_max_tokens: Option<usize>,
+    /// The device to run on instead of opening the context's device ordinal:
+    /// a device object shared with the caller, or the emulation of [`emu`]
+    /// (tests without a GPU).
+    pub device: Option<Arc<dyn Gpu>>,
+}
+
+impl std::fmt::Debug for CudaTuning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaTuning")
+            .field("gemv_max_tokens", &self.gemv_max_tokens)
+            .field("device", &self.device.as_ref().map(|d| d.describe()))
+            .finish()
+    }
+}
 
 /// Host staging slots (pinned): row ids, and a host table's rows. A slot is
 /// reused only after the copy that last read it has run, so the host waits
@@ -189,10 +212,10 @@ impl CudaBackend {
         shape: Shape,
         layer_ids: &[u32],
         max_tokens: usize,
-        gemv_max: Option<usize>,
-        device: Option<Arc<dyn Gpu>>,
+        tuning: &CudaTuning,
     ) -> Result<CudaBackend> {
-        let gpu = match device {
+        let gemv_max = tuning.gemv_max_tokens;
+        let gpu = match tuning.device.clone() {
             Some(g) => g,
             None => driver::RealGpu::open(ordinal)?,
         };

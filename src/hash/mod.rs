@@ -7,6 +7,7 @@ pub mod primes;
 pub mod reduce;
 pub mod tables;
 
+pub use crate::call::ROW_ID_DEAD;
 pub use history::History;
 pub use primes::{derive_offsets, derive_primes, derive_primes_uniform, is_prime};
 pub use reduce::rem_fast;
@@ -16,10 +17,6 @@ pub use tables::{HashTables, HashTablesIn};
 /// embedding instead of a token id, an image token, ...). It hashes like a
 /// token whose `token_map` entry is `-1`.
 pub const TOKEN_DEAD: i32 = -1;
-
-/// Row id written for every column of a dead token. `apply` leaves such
-/// tokens untouched.
-pub const ROW_ID_DEAD: i64 = -1;
 
 /// History entry for a position that was never hashed.
 const UNSET: i32 = i32::MIN;

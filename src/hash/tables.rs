@@ -5,8 +5,8 @@
 use super::reduce::{narrow, simd};
 use super::reduce::{rem_fast, NARROW_PRIMES};
 use super::{ROW_ID_DEAD, TOKEN_DEAD};
-use crate::batch::{try_map, try_vec, vec_bytes};
 use crate::error::{bail, Result};
+use crate::fallible::{try_map, try_vec, vec_bytes};
 
 /// The validated hash tables of all engram layers, in the GGUF flat layout.
 #[derive(Clone, Debug)]

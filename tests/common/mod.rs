@@ -330,7 +330,7 @@ impl Tiny {
     /// The same, with the projection kernel chosen.
     pub fn context_with(&self, kernel: engram::cpu::projection::Kernel) -> Context<'_> {
         let mut cfg = self.config(Self::limits());
-        cfg.tuning.cpu_kernel = Some(kernel);
+        cfg.tuning.cpu.kernel = Some(kernel);
         let ctx = Context::new(&cfg).expect("create");
         for l in &self.layers {
             ctx.set_layer(LayerIn::host(

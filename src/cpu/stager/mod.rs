@@ -35,7 +35,9 @@
 //! reads block in page faults and `pread` on a cold disk, which would stall
 //! the projection's compute threads.
 
-use super::read::{hint, read_rows};
+mod read;
+
+use read::{hint, read_rows};
 // std's primitives, or loom's when the model check below runs.
 use super::sync::{thread, Arc, Condvar, Mutex, MutexGuard};
 use crate::backend::StageStats;

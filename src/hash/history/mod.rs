@@ -4,8 +4,9 @@
 
 use super::tables::HashTables;
 use super::UNSET;
-use crate::batch::{vec_bytes, Limits};
+use crate::batch::Limits;
 use crate::error::{bail, Error, Result};
+use crate::fallible::vec_bytes;
 
 /// Positions per history page.
 const PAGE: usize = 4096;

@@ -1,7 +1,7 @@
 //! Reading a table's rows: the kernel hints that start the reads early, and
 //! the copies (from memory, or with `pread` from a file).
 
-use super::stager::Source;
+use super::Source;
 use crate::error::{Error, Result};
 use crate::EngramStatus;
 

@@ -1,0 +1,321 @@
+//! The plain data a call is made of: what the engine hands over (a layer's
+//! weights, row ids, a highway, a stream) and what a backend is given once
+//! the context has checked it ([`crate::batch`]), and what a backend reports.
+//! Data only: nothing here knows a backend, the context or the hash, so
+//! every module can name these types.
+//!
+//! What a backend is given is the engine's memory as [`Region`]s: the CPU
+//! backend reads them as host memory; the CUDA backend as device memory (or,
+//! for a table in host memory, stages its rows).
+
+use crate::error::{bail, Result};
+use crate::formats::{EngramType, Weights};
+use crate::memory::{Region, RegionMut};
+use std::ffi::c_void;
+use std::fs::File;
+use std::sync::Arc;
+
+/// Row id written for every column of a dead token. `apply` leaves such
+/// tokens untouched.
+pub const ROW_ID_DEAD: i64 = -1;
+
+/// Where `apply` runs.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngramBackend {
+    /// Host memory, host threads.
+    Cpu = 1,
+    /// Caller-owned device memory and CUDA stream (`crate::cuda`).
+    Cuda = 2,
+}
+
+/// A `CUstream` / `cudaStream_t` of the engine's (NULL: the legacy default
+/// stream); ignored by the CPU backend.
+pub type Stream = *mut c_void;
+
+/// Where a layer's table rows are.
+#[derive(Clone, Debug)]
+pub enum TableSource<'w> {
+    /// The engine's memory (host or device), borrowed for `'w`.
+    Memory(Region<'w>),
+    /// `bytes` at `offset` in `file`, read with `pread` (so an I/O error or a
+    /// file cut short is a status, never a signal).
+    File { file: Arc<File>, offset: u64 },
+}
+
+/// One layer's table: `rows` rows of `ty`.
+#[derive(Clone, Debug)]
+pub struct TableIn<'w> {
+    pub source: TableSource<'w>,
+    /// The scale array of a table in the split fp8 format
+    /// (`EngramType::Fp8E4m3E8m0Split`: `source` holds the codes, `Hd` bytes a
+    /// row, this the e8m0 scales, `Hd / 32` bytes a row); `None` for every
+    /// other format.
+    pub scales: Option<TableSource<'w>>,
+    /// `ENGRAM_TYPE_*`
+    pub ty: u32,
+    pub rows: u64,
+}
+
+/// One layer's weights as the engine hands them over (borrowed for `'w`).
+#[derive(Clone, Debug)]
+pub struct LayerIn<'w> {
+    pub layer_id: u32,
+    pub table: TableIn<'w>,
+    /// `[D*(hc+1), C*Hd]` row-major, `wkv_type`.
+    pub wkv: Region<'w>,
+    pub wkv_type: u32,
+    /// `[hc, D]` each, `qk_type` (f32 or bf16).
+    pub q: Region<'w>,
+    pub k: Region<'w>,
+    pub qk_type: u32,
+}
+
+/// Host weights as a [`Region`] and its type.
+fn weight_region<'w>(w: Weights<'w>) -> (Region<'w>, u32) {
+    match w {
+        Weights::F32(v) => (Region::of(v), EngramType::F32 as u32),
+        Weights::Bf16(v) => (Region::of(v), EngramType::Bf16 as u32),
+        Weights::Quant { format, data, .. } => (Region::of(data), format as u32),
+    }
+}
+
+impl<'w> LayerIn<'w> {
+    /// A layer whose weights are host slices (the CPU backend's usual input).
+    pub fn host(
+        layer_id: u32,
+        table: &'w [u8],
+        table_type: EngramType,
+        table_rows: u64,
+        wkv: Weights<'w>,
+        q: Weights<'w>,
+        k: Weights<'w>,
+    ) -> LayerIn<'w> {
+        let (wkv, wkv_type) = weight_region(wkv);
+        let (q, qk_type) = weight_region(q);
+        let (k, _) = weight_region(k);
+        LayerIn {
+            layer_id,
+            table: TableIn {
+                source: TableSource::Memory(Region::of(table)),
+                scales: None,
+                ty: table_type as u32,
+                rows: table_rows,
+            },
+            wkv,
+            wkv_type,
+            q,
+            k,
+            qk_type,
+        }
+    }
+}
+
+impl<'w> LayerIn<'w> {
+    /// A layer whose weights are bare addresses (device pointers for the CUDA
+    /// backend), their sizes following from the geometry.
+    ///
+    /// # Safety
+    /// As [`Region::from_raw`] for each address.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn raw(
+        layer_id: u32,
+        table: u64,
+        table_type: u32,
+        table_rows: u64,
+        wkv: u64,
+        wkv_type: u32,
+        q: u64,
+        k: u64,
+        qk_type: u32,
+    ) -> LayerIn<'w> {
+        // SAFETY: the caller's contract, for every region.
+        let r = |a: u64| unsafe { Region::from_raw(a as usize, None) };
+        LayerIn {
+            layer_id,
+            table: TableIn {
+                source: TableSource::Memory(r(table)),
+                scales: None,
+                ty: table_type,
+                rows: table_rows,
+            },
+            wkv: r(wkv),
+            wkv_type,
+            q: r(q),
+            k: r(k),
+            qk_type,
+        }
+    }
+}
+
+/// A layer after the context's checks: its regions sized, its table's format
+/// known.
+#[derive(Clone, Debug)]
+pub struct CheckedLayer<'w> {
+    pub layer_id: u32,
+    pub source: TableSource<'w>,
+    /// The scale array of a split fp8 table (`format` is
+    /// `Fp8E4m3E8m0Split`), sized; `None` otherwise.
+    pub scales: Option<TableSource<'w>>,
+    pub format: EngramType,
+    pub rows: u64,
+    pub wkv: Region<'w>,
+    pub wkv_type: EngramType,
+    pub q: Region<'w>,
+    pub k: Region<'w>,
+    pub qk_type: EngramType,
+    pub bytes: LayerBytes,
+}
+
+/// Where `apply`'s row ids are.
+#[derive(Clone, Copy, Debug)]
+pub enum RowIds<'a> {
+    /// Host memory, `[n, n_layers, C]`: checked on the host.
+    Host(&'a [i64]),
+    /// Device memory, `[n, n_layers, C]` int64 (the engine copied them there;
+    /// CUDA backend): checked on the device.
+    Device(u64),
+}
+
+/// A call's row ids after the context's checks.
+#[derive(Clone, Copy, Debug)]
+pub enum Ids<'a> {
+    /// Host ids: all of them (`[n, n_layers, C]`) and the layer's live tokens.
+    Host { all: &'a [i64], live: &'a LiveIds },
+    /// A device pointer to `[n, n_layers, C]` int64, unchecked.
+    Device(u64),
+}
+
+/// The highway `[n, hc, D]`, updated in place.
+pub enum Highway<'a> {
+    F32(&'a mut [f32]),
+    /// bf16 bit patterns; each updated value is rounded to nearest-even.
+    Bf16(&'a mut [u16]),
+    /// The engine's memory (host for the CPU backend, device for CUDA) of
+    /// `HighwayType`, its length following from the call's token count.
+    Raw(RegionMut<'a>, HighwayType),
+}
+
+impl<'a> Highway<'a> {
+    /// A highway at a bare address (device memory for the CUDA backend), its
+    /// length following from the call's token count.
+    ///
+    /// # Safety
+    /// As [`RegionMut::from_raw`].
+    pub unsafe fn raw(addr: u64, ty: HighwayType) -> Highway<'a> {
+        // SAFETY: the caller's contract.
+        Highway::Raw(unsafe { RegionMut::from_raw(addr as usize, None) }, ty)
+    }
+
+    /// The highway as a region and its element type.
+    pub fn into_region(self) -> (RegionMut<'a>, HighwayType) {
+        match self {
+            Highway::F32(v) => (RegionMut::of(v), HighwayType::F32),
+            Highway::Bf16(v) => (RegionMut::of(v), HighwayType::Bf16),
+            Highway::Raw(r, t) => (r, t),
+        }
+    }
+}
+
+/// One `apply` after the context's checks.
+pub struct ApplyIn<'a> {
+    pub n: usize,
+    pub ids: Ids<'a>,
+    /// Sized for `n` tokens.
+    pub highway: RegionMut<'a>,
+    pub highway_type: HighwayType,
+    pub stream: Stream,
+}
+
+/// A layer's intermediate results for all `n` tokens of a call, for
+/// numerics checks: the gathered rows `[n, C*Hd]` and `kv` `[n, D*(hc+1)]`,
+/// as bf16 bit patterns (zero for a dead token).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadBack {
+    pub rows: Vec<u16>,
+    pub kv: Vec<u16>,
+}
+
+/// How the gathers of `apply` were served (host tables).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageStats {
+    /// Prefetches started.
+    pub prefetched: u64,
+    /// Gathers served from a staged prefetch.
+    pub staged: u64,
+    /// Gathers read directly (no prefetch of those ids).
+    pub direct: u64,
+}
+
+/// What a backend reports about itself.
+#[derive(Clone, Debug)]
+pub struct BackendInfo {
+    pub kind: EngramBackend,
+    /// The kernels in use (`"avx512"`, `"portable"`; on CUDA the device, what
+    /// its kernels were compiled to, and the driver, NVRTC and cuBLAS in use:
+    /// their versions and paths).
+    pub kernel: String,
+    /// Host bytes the backend holds beyond the borrowed weights (on CUDA:
+    /// its pinned staging memory).
+    pub host_bytes: usize,
+    /// Device bytes the backend allocated (0 on the CPU).
+    pub device_bytes: usize,
+    pub stage: StageStats,
+}
+
+/// The highway's element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HighwayType {
+    F32,
+    /// bf16 bit patterns; each updated value is rounded to nearest-even.
+    Bf16,
+}
+
+impl HighwayType {
+    /// `ENGRAM_TYPE_F32` or `ENGRAM_TYPE_BF16`; anything else is `ErrUnsupported`.
+    pub fn new(ty: u32) -> Result<HighwayType> {
+        match EngramType::from_u32(ty) {
+            Some(EngramType::F32) => Ok(HighwayType::F32),
+            Some(EngramType::Bf16) => Ok(HighwayType::Bf16),
+            _ => bail!(
+                ErrUnsupported,
+                "highway type {ty} is not supported (ENGRAM_TYPE_F32 or ENGRAM_TYPE_BF16)"
+            ),
+        }
+    }
+
+    pub fn engram_type(self) -> EngramType {
+        match self {
+            HighwayType::F32 => EngramType::F32,
+            HighwayType::Bf16 => EngramType::Bf16,
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            HighwayType::F32 => 4,
+            HighwayType::Bf16 => 2,
+        }
+    }
+}
+
+/// The live tokens of one call for one layer, after [`live_ids`]' checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LiveIds {
+    /// Indices (in the call) of the live tokens.
+    pub tokens: Vec<usize>,
+    /// Their row ids for the layer, `[tokens.len(), C]`.
+    pub ids: Vec<i64>,
+}
+
+/// Byte sizes of one layer's weights (see [`check_layer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerBytes {
+    /// The table (for the split fp8 format: its code array).
+    pub table: u64,
+    /// The split fp8 format's scale array (0 for every other format).
+    pub scales: u64,
+    pub wkv: usize,
+    /// Each of `q` and `k`.
+    pub qk: usize,
+}
