@@ -263,7 +263,12 @@ impl Gpu for Prof {
         // SAFETY: passed on.
         unsafe { self.inner.free(p) }
     }
-    fn host_alloc(&self, bytes: usize, mapped: bool, what: &str) -> engram::Result<(*mut u8, DevPtr)> {
+    fn host_alloc(
+        &self,
+        bytes: usize,
+        mapped: bool,
+        what: &str,
+    ) -> engram::Result<(*mut u8, DevPtr)> {
         self.inner.host_alloc(bytes, mapped, what)
     }
     unsafe fn host_free(&self, p: *mut u8) {
@@ -282,17 +287,35 @@ impl Gpu for Prof {
         // SAFETY: passed on.
         unsafe { self.inner.download(dst, src, bytes) }
     }
-    unsafe fn upload_async(&self, dst: DevPtr, src: *const u8, bytes: usize, stream: Stream) -> engram::Result<()> {
+    unsafe fn upload_async(
+        &self,
+        dst: DevPtr,
+        src: *const u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> engram::Result<()> {
         // SAFETY: passed on.
         self.st.around("H2D copy", stream, || unsafe {
             self.inner.upload_async(dst, src, bytes, stream)
         })
     }
-    unsafe fn download_async(&self, dst: *mut u8, src: DevPtr, bytes: usize, stream: Stream) -> engram::Result<()> {
+    unsafe fn download_async(
+        &self,
+        dst: *mut u8,
+        src: DevPtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> engram::Result<()> {
         // SAFETY: passed on.
         unsafe { self.inner.download_async(dst, src, bytes, stream) }
     }
-    unsafe fn memset_async(&self, p: DevPtr, v: u8, bytes: usize, stream: Stream) -> engram::Result<()> {
+    unsafe fn memset_async(
+        &self,
+        p: DevPtr,
+        v: u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> engram::Result<()> {
         // SAFETY: passed on.
         unsafe { self.inner.memset_async(p, v, bytes, stream) }
     }
@@ -334,7 +357,14 @@ impl Gpu for Prof {
     fn pointer(&self, p: u64) -> Option<PtrInfo> {
         self.inner.pointer(p)
     }
-    unsafe fn launch(&self, k: Kernel, grid: u32, block: u32, stream: Stream, args: &[Arg]) -> engram::Result<()> {
+    unsafe fn launch(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> engram::Result<()> {
         // SAFETY: passed on.
         self.st.around(k.name(), stream, || unsafe {
             self.inner.launch(k, grid, block, stream, args)
@@ -590,9 +620,7 @@ fn main() {
     // The GEMM rate at the projection's own shape, on random data: the
     // benchmark's wkv and random bf16 rows for the most tokens.
     let mut blas = gpu.new_blas().unwrap();
-    let probe_rows: Vec<u16> = (0..max_n * K_IN)
-        .map(|_| f32_to_bf16(rng.unit()))
-        .collect();
+    let probe_rows: Vec<u16> = (0..max_n * K_IN).map(|_| f32_to_bf16(rng.unit())).collect();
     let (gr, gc) = (
         upload(&gpu, &probe_rows),
         DevBuf::new(&gpu, max_n * K_OUT * 2, "gemm").unwrap(),
@@ -702,9 +730,7 @@ fn main() {
                 bytes.len() as f64 / 1e6,
                 t1 / roof1
             ));
-            quant_kernels.push(format!(
-                "| {name} | {k1} | {k8} | {k8_tiles} | {k512} |"
-            ));
+            quant_kernels.push(format!("| {name} | {k1} | {k8} | {k8_tiles} | {k512} |"));
         }
     }
 
@@ -822,7 +848,9 @@ fn main() {
         println!("{l}");
     }
     println!("\nkernels (ms, events around each launch, separate pass):\n");
-    println!("| wkv | 1 token | 8 tokens (fused GEMV) | 8 tokens (bf16 tiles + cuBLAS) | 512 tokens |");
+    println!(
+        "| wkv | 1 token | 8 tokens (fused GEMV) | 8 tokens (bf16 tiles + cuBLAS) | 512 tokens |"
+    );
     println!("|---|---|---|---|---|");
     for l in quant_kernels {
         println!("{l}");

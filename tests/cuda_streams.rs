@@ -309,7 +309,11 @@ fn a_token_gets_the_same_bits_in_every_batch_up_to_the_gemv_bound() {
     let wkv: Vec<u16> = (0..k_out * k_in)
         .map(|i| {
             let k = i % k_in;
-            let sign = if k % hd == 0 && (k / hd) % 2 == 1 { -1.0 } else { 1.0 };
+            let sign = if k % hd == 0 && (k / hd) % 2 == 1 {
+                -1.0
+            } else {
+                1.0
+            };
             // A little variety between outputs (exact in bf16).
             f32_to_bf16(sign * (1.0 + ((i / k_in) % 4) as f32 / 4.0))
         })
@@ -384,7 +388,9 @@ fn a_token_gets_the_same_bits_in_every_batch_up_to_the_gemv_bound() {
 fn a_graph_recaptured_after_set_layer_uses_the_new_weights() {
     let Some(dev) = device() else { return };
     if !dev.is_real() {
-        println!("graph capture needs a GPU (the emulation has no capture): run scripts/gpu-check.sh");
+        println!(
+            "graph capture needs a GPU (the emulation has no capture): run scripts/gpu-check.sh"
+        );
         return;
     }
     let d = &sys::driver().expect("the driver").api;
@@ -439,7 +445,10 @@ fn a_graph_recaptured_after_set_layer_uses_the_new_weights() {
             );
             ctx.apply_device(lid, RowIds::Device(d_ids.ptr), n, hw.ptr, 0, s)
                 .unwrap();
-            ok(d.cuStreamEndCapture.unwrap()(stream, &mut graph), "end capture");
+            ok(
+                d.cuStreamEndCapture.unwrap()(stream, &mut graph),
+                "end capture",
+            );
             ok(
                 d.cuGraphInstantiateWithFlags.unwrap()(&mut exec, graph, 0),
                 "instantiate",

@@ -374,7 +374,6 @@ impl Emulator {
         })
     }
 
-
     fn allocs(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Alloc>> {
         self.allocs.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -733,8 +732,10 @@ impl Gpu for Emulator {
         self.deferral.submit(
             stream,
             Box::new(move || {
-                let mut ptrs: Vec<*mut c_void> =
-                    values.iter_mut().map(|v| v.as_mut_ptr() as *mut c_void).collect();
+                let mut ptrs: Vec<*mut c_void> = values
+                    .iter_mut()
+                    .map(|v| v.as_mut_ptr() as *mut c_void)
+                    .collect();
                 let c = CString::new(name).expect("no NUL");
                 // SAFETY: the caller's contract; the sizes were checked above.
                 let r = unsafe {

@@ -288,7 +288,9 @@ pub extern "C" fn engram_free(ctx: *mut EngramContext) {
 /// waits for the engine's other work nor breaks a capture another thread
 /// makes); its copies run on the context's own stream. When it returns,
 /// nothing the library queued reads the replaced weights, so the engine may
-/// free them. A graph captured before the call holds the old weights' and
+/// free them. It does not wait for the engine's streams: `q` and `k`, read
+/// during the call, must already hold their values (written by a finished
+/// copy). A graph captured before the call holds the old weights' and
 /// staging buffers' addresses: its replays must have finished before the
 /// call, and it must be captured again after it (never replayed again).
 ///
