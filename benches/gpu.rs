@@ -4,9 +4,18 @@
 //! PyTorch eager computing the same forward on the same GPU, and against the
 //! roofline, all measured in this one run:
 //!
-//! - roofline = max(wkv bytes / device copy bandwidth, GEMM FLOPs / cuBLAS bf16
-//!   rate), the bandwidth from a large device-to-device copy (read + write
-//!   bytes over time) and the rate from an 8192^3 bf16 cuBLAS GEMM, both timed here;
+//! - roofline(n) = max(bytes(n) / device copy bandwidth, FLOPs(n) / GEMM
+//!   rate), where bytes(n) = the `wkv` + the gathered rows (n * C * row
+//!   bytes) + the row ids (n * C * 8) + the f32 highway read and written
+//!   (2 * n * hc * D * 4), FLOPs(n) = 2 * n * C*Hd * D*(hc+1); the bandwidth
+//!   from a large device-to-device copy (read + write bytes over time), the
+//!   rate from cuBLAS's bf16 GEMM at the projection's own shape ([4096 x
+//!   6144] x [6144 x 25600]) on random data (the benchmark's `wkv` and random
+//!   rows), both timed here;
+//! - the kernels' times: a separate pass (not the timed one) runs each row's
+//!   call once more with timing events recorded around every launch, GEMM
+//!   and host-to-device copy (a wrapper of the device, `Prof`), and prints
+//!   each kernel's milliseconds next to the row;
 //! - torch eager: `bench/gpu_peer.py` (run with `$ENGRAM_TORCH_PYTHON`, default
 //!   `python3`), the same gather, fp8 dequantisation, `F.linear` and gate.
 //!
@@ -15,7 +24,7 @@
 //! Without a CUDA driver it says so and exits 0 (1 with `ENGRAM_REQUIRE_GPU=1`);
 //! without torch it skips the peer.
 
-use engram::cuda::gpu::{DevBuf, Gemm, Gpu};
+use engram::cuda::gpu::{Arg, Blas, DevBuf, DevPtr, Gemm, Gpu, Guard, Kernel, PtrInfo, Stream};
 use engram::cuda::sys;
 use engram::formats::f32_to_bf16;
 use engram::hash::derive_primes_uniform;
@@ -24,7 +33,8 @@ use engram::{Highway, HighwayType, LayerIn, RowIds};
 use serde_json::{json, Value};
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 const D: usize = 5120;
@@ -177,6 +187,254 @@ fn q4_k_random(rng: &mut Rng, blocks: usize) -> Vec<u8> {
     out
 }
 
+/// What [`Prof`] records while it is on: a name and the timing events
+/// recorded before and after it on its stream.
+#[derive(Default)]
+struct ProfState {
+    on: AtomicBool,
+    marks: Mutex<Vec<(String, usize, usize)>>,
+}
+
+impl ProfState {
+    /// Run `f` between two timing events on `stream` when on.
+    fn around<T>(&self, name: &str, stream: Stream, f: impl FnOnce() -> T) -> T {
+        if !self.on.load(Ordering::Relaxed) {
+            return f();
+        }
+        let d = drv();
+        let (mut e0, mut e1) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: out-pointers are locals; the device's context is current
+        // (the bench enters it for its whole run); a live stream.
+        unsafe {
+            ok((d.cuEventCreate)(&mut e0, sys::CU_EVENT_DEFAULT), "event");
+            ok((d.cuEventCreate)(&mut e1, sys::CU_EVENT_DEFAULT), "event");
+            ok((d.cuEventRecord)(e0, stream as sys::CUstream), "record");
+        }
+        let r = f();
+        // SAFETY: as above.
+        unsafe { ok((d.cuEventRecord)(e1, stream as sys::CUstream), "record") };
+        self.marks
+            .lock()
+            .unwrap()
+            .push((name.to_string(), e0 as usize, e1 as usize));
+        r
+    }
+}
+
+/// The device, with every launch, GEMM and host-to-device copy timed by
+/// events around it while its [`ProfState`] is on (the breakdown pass);
+/// everything else is the real device's.
+struct Prof {
+    inner: Arc<dyn Gpu>,
+    st: Arc<ProfState>,
+}
+
+struct ProfBlas {
+    inner: Box<dyn Blas>,
+    st: Arc<ProfState>,
+}
+
+impl Blas for ProfBlas {
+    unsafe fn gemm(&mut self, stream: Stream, g: &Gemm) -> engram::Result<()> {
+        let inner = &mut self.inner;
+        // SAFETY: the caller's contract, passed on.
+        self.st
+            .around("cuBLAS GEMM", stream, || unsafe { inner.gemm(stream, g) })
+    }
+    fn device_bytes(&self) -> usize {
+        self.inner.device_bytes()
+    }
+}
+
+impl Gpu for Prof {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn ordinal(&self) -> i32 {
+        self.inner.ordinal()
+    }
+    fn enter(&self) -> engram::Result<Guard> {
+        self.inner.enter()
+    }
+    fn alloc(&self, bytes: usize, what: &str) -> engram::Result<DevPtr> {
+        self.inner.alloc(bytes, what)
+    }
+    unsafe fn free(&self, p: DevPtr) {
+        // SAFETY: passed on.
+        unsafe { self.inner.free(p) }
+    }
+    fn host_alloc(
+        &self,
+        bytes: usize,
+        mapped: bool,
+        what: &str,
+    ) -> engram::Result<(*mut u8, DevPtr)> {
+        self.inner.host_alloc(bytes, mapped, what)
+    }
+    unsafe fn host_free(&self, p: *mut u8) {
+        // SAFETY: passed on.
+        unsafe { self.inner.host_free(p) }
+    }
+    unsafe fn memset(&self, p: DevPtr, v: u8, bytes: usize) -> engram::Result<()> {
+        // SAFETY: passed on.
+        unsafe { self.inner.memset(p, v, bytes) }
+    }
+    unsafe fn upload(&self, dst: DevPtr, src: *const u8, bytes: usize) -> engram::Result<()> {
+        // SAFETY: passed on.
+        unsafe { self.inner.upload(dst, src, bytes) }
+    }
+    unsafe fn download(&self, dst: *mut u8, src: DevPtr, bytes: usize) -> engram::Result<()> {
+        // SAFETY: passed on.
+        unsafe { self.inner.download(dst, src, bytes) }
+    }
+    unsafe fn upload_async(
+        &self,
+        dst: DevPtr,
+        src: *const u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> engram::Result<()> {
+        // SAFETY: passed on.
+        self.st.around("H2D copy", stream, || unsafe {
+            self.inner.upload_async(dst, src, bytes, stream)
+        })
+    }
+    unsafe fn download_async(
+        &self,
+        dst: *mut u8,
+        src: DevPtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> engram::Result<()> {
+        // SAFETY: passed on.
+        unsafe { self.inner.download_async(dst, src, bytes, stream) }
+    }
+    unsafe fn memset_async(
+        &self,
+        p: DevPtr,
+        v: u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> engram::Result<()> {
+        // SAFETY: passed on.
+        unsafe { self.inner.memset_async(p, v, bytes, stream) }
+    }
+    fn stream_new(&self) -> engram::Result<Stream> {
+        self.inner.stream_new()
+    }
+    unsafe fn stream_free(&self, stream: Stream) {
+        // SAFETY: passed on.
+        unsafe { self.inner.stream_free(stream) }
+    }
+    unsafe fn stream_wait_event(&self, stream: Stream, ev: usize) -> engram::Result<()> {
+        // SAFETY: passed on.
+        unsafe { self.inner.stream_wait_event(stream, ev) }
+    }
+    fn event_new(&self) -> engram::Result<usize> {
+        self.inner.event_new()
+    }
+    unsafe fn event_free(&self, ev: usize) {
+        // SAFETY: passed on.
+        unsafe { self.inner.event_free(ev) }
+    }
+    unsafe fn event_record(&self, ev: usize, stream: Stream) -> engram::Result<()> {
+        // SAFETY: passed on.
+        unsafe { self.inner.event_record(ev, stream) }
+    }
+    unsafe fn event_wait(&self, ev: usize) -> engram::Result<()> {
+        // SAFETY: passed on.
+        unsafe { self.inner.event_wait(ev) }
+    }
+    fn synchronize(&self) -> engram::Result<()> {
+        self.inner.synchronize()
+    }
+    fn stream_synchronize(&self, stream: Stream) -> engram::Result<()> {
+        self.inner.stream_synchronize(stream)
+    }
+    fn stream_capturing(&self, stream: Stream) -> engram::Result<bool> {
+        self.inner.stream_capturing(stream)
+    }
+    fn pointer(&self, p: u64) -> Option<PtrInfo> {
+        self.inner.pointer(p)
+    }
+    unsafe fn launch(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> engram::Result<()> {
+        // SAFETY: passed on.
+        self.st.around(k.name(), stream, || unsafe {
+            self.inner.launch(k, grid, block, stream, args)
+        })
+    }
+    fn new_blas(&self) -> engram::Result<Box<dyn Blas>> {
+        Ok(Box::new(ProfBlas {
+            inner: self.inner.new_blas()?,
+            st: self.st.clone(),
+        }))
+    }
+    fn preload(&self, k: Kernel) -> engram::Result<()> {
+        self.inner.preload(k)
+    }
+}
+
+/// The breakdown pass: run `f` once with [`Prof`] timing every launch, GEMM
+/// and copy it queues, wait for `stream`, and give each kernel's
+/// milliseconds (summed over its launches, `xN` when it ran N times), in the
+/// order they first ran, and their sum.
+fn breakdown(st: &ProfState, stream: sys::CUstream, f: impl FnOnce()) -> String {
+    st.marks.lock().unwrap().clear();
+    st.on.store(true, Ordering::Relaxed);
+    f();
+    st.on.store(false, Ordering::Relaxed);
+    let d = drv();
+    // SAFETY: a live stream of the current context.
+    unsafe { ok((d.cuStreamSynchronize)(stream), "sync") };
+    let marks = std::mem::take(&mut *st.marks.lock().unwrap());
+    let mut by: Vec<(String, f64, usize)> = Vec::new();
+    let mut total = 0f64;
+    for (name, e0, e1) in marks {
+        let mut ms = 0f32;
+        // SAFETY: events created and recorded by `around`, both complete
+        // (the stream was synchronised); destroyed once, here.
+        unsafe {
+            ok(
+                d.cuEventElapsedTime.expect("cuEventElapsedTime")(
+                    &mut ms,
+                    e0 as sys::CUevent,
+                    e1 as sys::CUevent,
+                ),
+                "elapsed",
+            );
+            (d.cuEventDestroy_v2)(e0 as sys::CUevent);
+            (d.cuEventDestroy_v2)(e1 as sys::CUevent);
+        }
+        let short = name.strip_prefix("engram_").unwrap_or(&name).to_string();
+        total += ms as f64;
+        match by.iter_mut().find(|b| b.0 == short) {
+            Some(b) => {
+                b.1 += ms as f64;
+                b.2 += 1;
+            }
+            None => by.push((short, ms as f64, 1)),
+        }
+    }
+    let parts: Vec<String> = by
+        .iter()
+        .map(|(n, ms, c)| {
+            if *c > 1 {
+                format!("{n} x{c} {ms:.4}")
+            } else {
+                format!("{n} {ms:.4}")
+            }
+        })
+        .collect();
+    format!("{} (sum {total:.4})", parts.join(" + "))
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -193,8 +451,13 @@ fn main() {
         }
     };
     let t_setup = Instant::now();
-    let gpu = engram::cuda::driver::RealGpu::open(0).expect("device 0");
-    let _g = gpu.enter().unwrap();
+    let real = engram::cuda::driver::RealGpu::open(0).expect("device 0");
+    let _g = real.enter().unwrap();
+    let prof = Arc::new(ProfState::default());
+    let gpu: Arc<dyn Gpu> = Arc::new(Prof {
+        inner: real,
+        st: prof.clone(),
+    });
     println!("engram GPU benchmark: {}\n{desc}", gpu.describe());
 
     // The hash configuration only sizes the table: row ids are drawn directly.
@@ -356,42 +619,42 @@ fn main() {
     });
     let h2d_bw = h2d_bytes as f64 / (t_h2d * 1e-3);
     drop((pinned, h2d_dst));
-    let g = 8192usize;
+    // The GEMM rate at the projection's own shape, on random data: the
+    // benchmark's wkv and random bf16 rows for the most tokens.
     let mut blas = gpu.new_blas().unwrap();
-    let (ga, gb, gc) = (
-        DevBuf::new(&gpu, g * g * 2, "gemm").unwrap(),
-        DevBuf::new(&gpu, g * g * 2, "gemm").unwrap(),
-        DevBuf::new(&gpu, g * g * 2, "gemm").unwrap(),
+    let probe_rows: Vec<u16> = (0..max_n * K_IN).map(|_| f32_to_bf16(rng.unit())).collect();
+    let (gr, gc) = (
+        upload(&gpu, &probe_rows),
+        DevBuf::new(&gpu, max_n * K_OUT * 2, "gemm").unwrap(),
     );
-    // SAFETY: device buffers of g*g*2 bytes each.
-    unsafe {
-        gpu.memset(ga.ptr, 0x3c, g * g * 2).unwrap();
-        gpu.memset(gb.ptr, 0x3c, g * g * 2).unwrap();
-    }
+    drop(probe_rows);
     let gemm = Gemm {
         f32: false,
-        w: ga.ptr,
-        ldw: g,
-        rows: gb.ptr,
-        ldr: g,
+        w: d_wkv.ptr,
+        ldw: K_IN,
+        rows: gr.ptr,
+        ldr: K_IN,
         kv: gc.ptr,
-        ldc: g,
-        m: g,
-        n: g,
-        k: g,
+        ldc: K_OUT,
+        m: K_OUT,
+        n: max_n,
+        k: K_IN,
     };
-    // SAFETY: the GEMM's buffers hold g*g bf16 each, on the current context.
+    // SAFETY: wkv [K_OUT, K_IN], rows [max_n, K_IN], kv [max_n, K_OUT] bf16.
     let t_gemm = time_ms(stream, 10, || unsafe { blas.gemm(s, &gemm).unwrap() });
-    let rate = 2.0 * (g as f64).powi(3) / (t_gemm * 1e-3); // FLOP/s
-    drop((ga, gb, gc, blas));
+    let rate = 2.0 * (max_n * K_IN * K_OUT) as f64 / (t_gemm * 1e-3); // FLOP/s
+    drop((gr, gc, blas));
     let wkv_bytes = (K_IN * K_OUT * 2) as f64;
     println!(
-        "device copy bandwidth {:.0} GB/s (read + write); cuBLAS bf16 GEMM {:.0} TFLOP/s (8192^3); \
-         pinned host-to-device {:.1} GB/s",
+        "device copy bandwidth {:.0} GB/s (read + write); cuBLAS bf16 GEMM {:.0} TFLOP/s \
+         ([{max_n} x {K_IN}] x [{K_IN} x {K_OUT}], random data); pinned host-to-device {:.1} GB/s",
         bw / 1e9,
         rate / 1e12,
         h2d_bw / 1e9
     );
+    // The bytes an apply must move at the least: wkv, the gathered rows and
+    // their ids, the f32 highway read and written.
+    let bytes_of = |n: usize| wkv_bytes + (n * C * (ROW_BYTES + 8) + 2 * n * HC * D * 4) as f64;
 
     // engram: host row ids (engram_apply), device row ids (engram_apply_device_ids).
     let apply_with = |ctx: &Context<'_>, n: usize, host: bool| {
@@ -411,16 +674,20 @@ fn main() {
         let host = time_ms(stream, reps(n), || apply(n, true));
         let device = time_ms(stream, reps(n), || apply(n, false));
         let flops = 2.0 * n as f64 * K_IN as f64 * K_OUT as f64;
-        let roof = (wkv_bytes / bw).max(flops / rate) * 1e3;
-        results.push((n, host, device, roof));
+        let roof = (bytes_of(n) / bw).max(flops / rate) * 1e3;
+        // The kernels' times, in a pass of their own.
+        let kernels = breakdown(&prof, stream, || apply(n, false));
+        results.push((n, host, device, roof, kernels));
     }
     // GEMV kernel against cuBLAS for a few tokens.
     let mut gemv_lines = Vec::new();
     for n in [1usize, 2, 4, 8] {
         let a = time_ms(stream, 50, || apply_with(&ctx_gemv, n, false));
         let b = time_ms(stream, 50, || apply_with(&ctx_cublas, n, false));
+        let ka = breakdown(&prof, stream, || apply_with(&ctx_gemv, n, false));
+        let kb = breakdown(&prof, stream, || apply_with(&ctx_cublas, n, false));
         gemv_lines.push(format!(
-            "| {n} | {a:.4} | {b:.4} | {} |",
+            "| {n} | {a:.4} | {b:.4} | {} | {ka} | {kb} |",
             if a <= b { "GEMV" } else { "cuBLAS" }
         ));
     }
@@ -434,6 +701,7 @@ fn main() {
     // bf16 tiles + cuBLAS (512 tokens), against each format's own roofline
     // (its bytes over the copy bandwidth) at 1 token.
     let mut quant_lines = Vec::new();
+    let mut quant_kernels = Vec::new();
     {
         let q8 = q8_0(&wkv_f);
         let q4k = q4_k_random(&mut rng, K_OUT * K_IN / 256);
@@ -447,19 +715,24 @@ fn main() {
             let t1 = time_ms(stream, 50, || apply_with(&qctx, 1, false));
             let t8 = time_ms(stream, 50, || apply_with(&qctx, 8, false));
             let t512 = time_ms(stream, 10, || apply_with(&qctx, 512, false));
+            let k1 = breakdown(&prof, stream, || apply_with(&qctx, 1, false));
+            let k8 = breakdown(&prof, stream, || apply_with(&qctx, 8, false));
+            let k512 = breakdown(&prof, stream, || apply_with(&qctx, 512, false));
             qctx.check(s).unwrap();
             drop(qctx);
             // The same 8 tokens through the bf16 tiles and cuBLAS.
             let tctx = Context::new(&cfg_for(Some(0))).expect("CUDA context");
             set(&tctx, d_table.ptr, d_w.ptr, ty);
             let t8_tiles = time_ms(stream, 50, || apply_with(&tctx, 8, false));
+            let k8_tiles = breakdown(&prof, stream, || apply_with(&tctx, 8, false));
             tctx.check(s).unwrap();
-            let roof1 = bytes.len() as f64 / bw * 1e3;
+            let roof1 = (bytes.len() as f64 + bytes_of(1) - wkv_bytes) / bw * 1e3;
             quant_lines.push(format!(
                 "| {name} | {:.0} | {t1:.4} | {roof1:.4} | {:.2} | {t8:.4} | {t8_tiles:.4} | {t512:.4} |",
                 bytes.len() as f64 / 1e6,
                 t1 / roof1
             ));
+            quant_kernels.push(format!("| {name} | {k1} | {k8} | {k8_tiles} | {k512} |"));
         }
     }
 
@@ -494,8 +767,14 @@ fn main() {
             // The device-table apply of the same step, for comparison.
             let dev_ms = time_ms(stream, r, || apply(n, true));
             let h2d_ms = (n * per_token) as f64 / h2d_bw * 1e3;
+            // The device side of a prefetched host-table apply, in a pass of its own.
+            hctx.prefetch(1, steps[0], n).unwrap();
+            let kernels = breakdown(&prof, stream, || {
+                hctx.apply_on(1, RowIds::Host(steps[0]), n, hwr(), s)
+                    .unwrap()
+            });
             host_lines.push(format!(
-                "| {n} | {} | {h2d_ms:.4} | {direct:.4} | {piped:.4} | {dev_ms:.4} | {:.2} |",
+                "| {n} | {} | {h2d_ms:.4} | {direct:.4} | {piped:.4} | {dev_ms:.4} | {:.2} | {kernels} |",
                 n * per_token,
                 piped / dev_ms
             ));
@@ -515,9 +794,16 @@ fn main() {
     let peer = run_peer(&table, rows as usize, &wkv, &q, &k, &ids, &ctx, &gpu, s);
 
     println!("\n## apply at the V4.1 geometry (D 5120, hc 4, C 24, Hd 256; bf16 wkv [25600 x 6144] on the device; fp8 table on the device; f32 highway)");
-    println!("| tokens | engram ms (host ids) | engram ms (device ids) | torch eager ms | torch / engram | roofline ms | engram / roofline | targets |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---|");
-    for &(n, host, device, roof) in &results {
+    println!(
+        "roofline: max(bytes / {:.0} GB/s, FLOPs / {:.0} TFLOP/s), bytes = wkv + n*C*(row bytes + 8) + 2*n*hc*D*4 (highway read and written), \
+         the rate cuBLAS's at this GEMM's shape on random data; kernels: ms per launch from events around each, in a separate pass (device ids)",
+        bw / 1e9,
+        rate / 1e12
+    );
+    println!("| tokens | engram ms (host ids) | engram ms (device ids) | torch eager ms | torch / engram | roofline ms | engram / roofline | targets | kernels (ms) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---|---|");
+    for (n, host, device, roof, kernels) in &results {
+        let (n, host, device, roof) = (*n, *host, *device, *roof);
         let torch = peer.as_ref().and_then(|p| p["ms"][n.to_string()].as_f64());
         let best = host.min(device);
         let mut t = Vec::new();
@@ -528,9 +814,11 @@ fn main() {
                 None => "torch/engram >= 2: no peer".into(),
             });
         }
+        // Issue 17's targets.
         let roof_target = match n {
-            1 => Some(1.25),
-            4096 => Some(1.15),
+            1 => Some(1.10),
+            8 | 64 => Some(1.15),
+            4096 => Some(1.25),
             _ => None,
         };
         if let Some(r) = roof_target {
@@ -541,7 +829,7 @@ fn main() {
             });
         }
         println!(
-            "| {n} | {host:.4} | {device:.4} | {} | {} | {roof:.4} | {:.2} | {} |",
+            "| {n} | {host:.4} | {device:.4} | {} | {} | {roof:.4} | {:.2} | {} | {kernels} |",
             torch.map_or("-".into(), |t| format!("{t:.4}")),
             torch.map_or("-".into(), |t| format!("{:.2}", t / best)),
             best / roof,
@@ -551,19 +839,27 @@ fn main() {
     println!(
         "\n## projection for a few tokens: GEMV kernel against cuBLAS (device ids, ms per apply)"
     );
-    println!("| tokens | GEMV | cuBLAS | faster |\n|---:|---:|---:|---|");
+    println!("| tokens | GEMV | cuBLAS | faster | kernels, GEMV (ms) | kernels, cuBLAS (ms) |\n|---:|---:|---:|---|---|---|");
     for l in gemv_lines {
         println!("{l}");
     }
-    println!("\n## quantised wkv read in place (device ids, ms per apply; roofline: the format's bytes over the copy bandwidth)");
+    println!("\n## quantised wkv read in place (device ids, ms per apply; roofline: the format's bytes plus one token's rows, ids and highway, over the copy bandwidth)");
     println!("| wkv | MB | 1 token (fused GEMV) | roofline | ratio | 8 tokens (fused GEMV) | 8 tokens (bf16 tiles + cuBLAS) | 512 tokens (bf16 tiles + cuBLAS) |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for l in quant_lines {
         println!("{l}");
     }
+    println!("\nkernels (ms, events around each launch, separate pass):\n");
+    println!(
+        "| wkv | 1 token | 8 tokens (fused GEMV) | 8 tokens (bf16 tiles + cuBLAS) | 512 tokens |"
+    );
+    println!("|---|---|---|---|---|");
+    for l in quant_kernels {
+        println!("{l}");
+    }
     println!("\n## host table (the fp8 table in pageable host memory; ms per step by the wall clock, host gather included)");
-    println!("| tokens | H2D bytes / step | H2D ms at the pinned rate | apply, no prefetch | apply + next step's prefetch | device-table apply | pipelined / device table |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| tokens | H2D bytes / step | H2D ms at the pinned rate | apply, no prefetch | apply + next step's prefetch | device-table apply | pipelined / device table | kernels of a prefetched apply (ms) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---|");
     for l in host_lines {
         println!("{l}");
     }

@@ -25,13 +25,18 @@
 #                I/O errors
 #   gpu-split    tests/fp8_split.rs: a device table whose fp8 codes and scales
 #                are two arrays (engram_gather_split) gives the CPU's bits
+#   gpu-streams  tests/cuda_streams.rs: misaligned device pointers refused with
+#                nothing queued, a token's bits the same in every batch of 1-8
+#                tokens, a graph re-captured after set_layer uses the new weights
 #   c-cuda       c_tests/cuda/test_cuda_apply.c: the C ABI with the program's
 #                own stream and buffers; graph replay; host tables with
 #                engram_stage + graph replay; GGUF on CUDA (needs the toolkit)
 #   cpp-host     examples/cpp_host with ENGRAM_EXAMPLE_CUDA (needs the toolkit)
 #   bench        benches/gpu.rs: apply at the V4.1 geometry for 1..4096 tokens
-#                against torch eager and the measured roofline, quantised wkv,
-#                the host-table path; its tables go to OUTDIR/BENCHMARKS-candidate.md
+#                against torch eager and the measured roofline (GEMM rate at the
+#                real shape on random data, highway bytes counted), each kernel's
+#                time per row (a separate pass), quantised wkv, the host-table
+#                path; its tables go to OUTDIR/BENCHMARKS-candidate.md
 #
 # Usage: bash scripts/gpu-check.sh OUTDIR
 #   CUDA_HOME (default /usr/local/cuda)    the toolkit (headers, libcudart, nvcc)
@@ -136,6 +141,7 @@ step gpu-tests 150 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_golden" --test-threads=1 
 step gpu-formats 90 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_formats" --test-threads=1 --nocapture
 step host-tables 90 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_host_tables" --test-threads=1 --nocapture
 step gpu-split 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/fp8_split" --test-threads=1 --nocapture
+step gpu-streams 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_streams" --test-threads=1 --nocapture
 
 toolkit() { # a compiler and the CUDA runtime's header and library, or exit 77
     [ -f "$CUDA_HOME/include/cuda_runtime_api.h" ] || { echo "no CUDA toolkit headers in $CUDA_HOME/include"; exit 77; }

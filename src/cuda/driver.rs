@@ -57,6 +57,35 @@ fn enter_ctx(ctx: CUcontext) -> Result<Guard> {
     })
 }
 
+/// The context `stream` belongs to: with `cuStreamGetCtx_v2` (CUDA 12.5+)
+/// where the driver has it, which gives the device's primary context for a
+/// stream of a green context (`cuStreamGetCtx` refuses those); else
+/// `cuStreamGetCtx`.
+fn stream_context(d: &DriverApi, stream: Stream) -> Result<CUcontext> {
+    let mut sctx = std::ptr::null_mut();
+    match d.cuStreamGetCtx_v2 {
+        Some(v2) => {
+            let mut green = std::ptr::null_mut();
+            // SAFETY: a live stream or NULL (the contract of every `stream`
+            // the library is given); locals as out-pointers.
+            unsafe {
+                check(
+                    v2(stream as sys::CUstream, &mut sctx, &mut green),
+                    "the stream (cuStreamGetCtx_v2)",
+                )?
+            };
+        }
+        // SAFETY: as above.
+        None => unsafe {
+            check(
+                (d.cuStreamGetCtx)(stream as sys::CUstream, &mut sctx),
+                "the stream (cuStreamGetCtx)",
+            )?
+        },
+    }
+    Ok(sctx)
+}
+
 /// A device with its retained primary context (the one cudart and PyTorch
 /// use) and the kernels loaded into it.
 pub struct RealGpu {
@@ -364,6 +393,71 @@ impl Gpu for RealGpu {
         }
     }
 
+    unsafe fn download_async(
+        &self,
+        dst: *mut u8,
+        src: DevPtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            check(
+                (d.cuMemcpyDtoHAsync_v2)(dst as *mut c_void, src, bytes, stream as sys::CUstream),
+                "queueing a copy from the device",
+            )
+        }
+    }
+
+    unsafe fn memset_async(&self, p: DevPtr, v: u8, bytes: usize, stream: Stream) -> Result<()> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            check(
+                (d.cuMemsetD8Async)(p, v, bytes, stream as sys::CUstream),
+                "queueing a memset (cuMemsetD8Async)",
+            )
+        }
+    }
+
+    fn stream_new(&self) -> Result<Stream> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: the context is current; `s` is a local.
+        unsafe {
+            check(
+                (d.cuStreamCreate)(&mut s, sys::CU_STREAM_NON_BLOCKING),
+                "creating the context's own stream (cuStreamCreate)",
+            )?;
+        }
+        Ok(s as Stream)
+    }
+
+    unsafe fn stream_free(&self, stream: Stream) {
+        if let (Ok(d), Ok(_g)) = (api(), self.ctx_guard()) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                let _ = (d.cuStreamDestroy_v2)(stream as sys::CUstream);
+            }
+        }
+    }
+
+    unsafe fn stream_wait_event(&self, stream: Stream, ev: usize) -> Result<()> {
+        let d = api()?;
+        let _g = self.ctx_guard()?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            check(
+                (d.cuStreamWaitEvent)(stream as sys::CUstream, ev as sys::CUevent, 0),
+                "cuStreamWaitEvent",
+            )
+        }
+    }
+
     fn event_new(&self) -> Result<usize> {
         let d = api()?;
         let _g = self.ctx_guard()?;
@@ -446,14 +540,7 @@ impl Gpu for RealGpu {
         if st != sys::CU_STREAM_CAPTURE_STATUS_NONE {
             return Ok(true);
         }
-        let mut sctx = std::ptr::null_mut();
-        // SAFETY: as above.
-        unsafe {
-            check(
-                (d.cuStreamGetCtx)(stream as sys::CUstream, &mut sctx),
-                "the stream (cuStreamGetCtx)",
-            )?;
-        }
+        let sctx = stream_context(d, stream)?;
         if sctx != self.ctx {
             bail!(
                 ErrInvalidArgument,

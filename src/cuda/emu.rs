@@ -11,6 +11,11 @@
 //!   reserved without being touched);
 //! - copies are copies, done when they are queued; events and streams are
 //!   trivial (nothing is ever in flight); no stream is ever capturing;
+//!   unless the emulation defers ([`Emulator::set_deferred`]): then work
+//!   queued on a stream runs only when something waits for it (an event or
+//!   stream synchronisation, a stream waiting on an event, a context-wide
+//!   wait, which runs the legacy stream first), every non-NULL stream as a
+//!   non-blocking one, so that work the backend fails to order shows;
 //! - a launch is `simt_launch` on the same argument array the backend built,
 //!   after checking the argument sizes against the kernel's parameters;
 //! - the GEMM is a host loop: f32 sums in k order of exact products (bf16 x
@@ -23,7 +28,7 @@ use super::gpu::{
 };
 use crate::error::{bail, EngramStatus, Error, Result};
 use crate::formats::{bf16_to_f32, f32_to_bf16};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -69,6 +74,124 @@ enum Piece {
     Later,
 }
 
+/// Work queued on an emulated stream while the emulation defers.
+struct Op {
+    id: u64,
+    run: Box<dyn FnOnce() -> Result<()> + Send>,
+}
+
+/// The emulated streams' queues (see [`Emulator::set_deferred`]).
+#[derive(Default)]
+struct Queues {
+    /// By stream handle (0: the legacy stream).
+    queues: BTreeMap<usize, VecDeque<Op>>,
+    /// Each event's last record: its stream and the id of the marker op.
+    events: HashMap<usize, (usize, u64)>,
+    next_id: u64,
+    /// The first error a deferred op met, reported by the next wait.
+    error: Option<Error>,
+}
+
+/// Deferred execution, shared with the emulated GEMM.
+#[derive(Default)]
+struct Deferral {
+    on: std::sync::atomic::AtomicBool,
+    q: Mutex<Queues>,
+    /// Context-wide waits (`synchronize`, and the legacy-stream `memset`,
+    /// `upload`, `download`, which wait for the whole context on a GPU).
+    ctx_syncs: AtomicU64,
+}
+
+impl Deferral {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queues> {
+        self.q.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn deferred(&self) -> bool {
+        self.on.load(Ordering::SeqCst)
+    }
+
+    /// Run `f` now, or queue it on `stream` when deferring.
+    fn submit(&self, stream: Stream, f: Box<dyn FnOnce() -> Result<()> + Send>) -> Result<()> {
+        if !self.deferred() {
+            return f();
+        }
+        let mut q = self.lock();
+        q.next_id += 1;
+        let id = q.next_id;
+        q.queues
+            .entry(stream as usize)
+            .or_default()
+            .push_back(Op { id, run: f });
+        Ok(())
+    }
+
+    /// Run `stream`'s queued work up to and including op `upto`.
+    fn run_until(&self, stream: usize, upto: u64) {
+        loop {
+            let op = {
+                let mut q = self.lock();
+                match q.queues.get_mut(&stream) {
+                    Some(v) if v.front().is_some_and(|o| o.id <= upto) => v.pop_front(),
+                    _ => None,
+                }
+            };
+            let Some(op) = op else { return };
+            if let Err(e) = (op.run)() {
+                let mut q = self.lock();
+                if q.error.is_none() {
+                    q.error = Some(e);
+                }
+            }
+        }
+    }
+
+    fn take_error(&self) -> Result<()> {
+        match self.lock().error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Everything queued: the legacy stream first, then the others.
+    fn run_all(&self) {
+        loop {
+            let streams: Vec<usize> = self
+                .lock()
+                .queues
+                .iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(&k, _)| k)
+                .collect();
+            if streams.is_empty() {
+                return;
+            }
+            for s in streams {
+                self.run_until(s, u64::MAX);
+            }
+        }
+    }
+
+    fn record(&self, ev: usize, stream: Stream) {
+        if !self.deferred() {
+            return;
+        }
+        let mut q = self.lock();
+        q.next_id += 1;
+        let id = q.next_id;
+        let s = stream as usize;
+        q.queues.entry(s).or_default().push_back(Op {
+            id,
+            run: Box::new(|| Ok(())),
+        });
+        q.events.insert(ev, (s, id));
+    }
+
+    fn event_target(&self, ev: usize) -> Option<(usize, u64)> {
+        self.lock().events.get(&ev).copied()
+    }
+}
+
 /// `libengram_simt.so` and the emulated device's memory.
 pub struct Emulator {
     path: String,
@@ -82,6 +205,8 @@ pub struct Emulator {
     events: AtomicUsize,
     /// Launches so far, by kernel (tests check which kernels ran).
     launches: Mutex<BTreeMap<&'static str, u64>>,
+    deferral: Arc<Deferral>,
+    streams: AtomicUsize,
 }
 
 // SAFETY: function pointers into a library that stays loaded, and state
@@ -93,6 +218,19 @@ unsafe impl Sync for Emulator {}
 impl std::fmt::Debug for Emulator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Emulator({})", self.path)
+    }
+}
+
+/// The SIMT library's per-thread message of its last failure.
+fn last_error_of(f: StrFn) -> String {
+    // SAFETY: the library's per-thread message, NUL-terminated.
+    unsafe {
+        let p = f();
+        if p.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
     }
 }
 
@@ -158,6 +296,8 @@ impl Emulator {
                 seed: AtomicU64::new(0x5eed),
                 events: AtomicUsize::new(1),
                 launches: Mutex::new(BTreeMap::new()),
+                deferral: Arc::new(Deferral::default()),
+                streams: AtomicUsize::new(1),
             }
         };
         for name in KERNEL_NAMES {
@@ -170,6 +310,35 @@ impl Emulator {
             }
         }
         Ok(Arc::new(emu))
+    }
+
+    /// Defer the work queued on streams until something waits for it (see
+    /// the module documentation), or (`false`) run everything still queued
+    /// and go back to running work when it is queued.
+    pub fn set_deferred(&self, on: bool) {
+        self.deferral.on.store(on, Ordering::SeqCst);
+        if !on {
+            self.deferral.run_all();
+        }
+    }
+
+    /// Work queued and not run yet (deferred), over all streams.
+    pub fn pending(&self) -> usize {
+        self.deferral.lock().queues.values().map(|v| v.len()).sum()
+    }
+
+    /// Context-wide waits so far: `synchronize` and the legacy-stream
+    /// `memset`, `upload` and `download` (each waits for the whole context
+    /// on a GPU, and invalidates a capture another thread makes in global
+    /// mode).
+    pub fn context_syncs(&self) -> u64 {
+        self.deferral.ctx_syncs.load(Ordering::SeqCst)
+    }
+
+    fn ctx_sync(&self) -> Result<()> {
+        self.deferral.ctx_syncs.fetch_add(1, Ordering::SeqCst);
+        self.deferral.run_all();
+        self.deferral.take_error()
     }
 
     /// How the SIMT library was built (`simt_build_info`).
@@ -203,18 +372,6 @@ impl Emulator {
                 .map(|&s| s as usize)
                 .collect()
         })
-    }
-
-    fn last_error(&self) -> String {
-        // SAFETY: the library's per-thread message, NUL-terminated.
-        unsafe {
-            let p = (self.last_error_fn)();
-            if p.is_null() {
-                String::new()
-            } else {
-                CStr::from_ptr(p).to_string_lossy().into_owned()
-            }
-        }
     }
 
     fn allocs(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Alloc>> {
@@ -402,17 +559,20 @@ impl Gpu for Emulator {
 
     unsafe fn memset(&self, p: DevPtr, v: u8, bytes: usize) -> Result<()> {
         // SAFETY: the caller's contract (emulated device memory is host memory).
-        unsafe { std::ptr::write_bytes(p as *mut u8, v, bytes) };
-        Ok(())
+        unsafe { self.memset_async(p, v, bytes, std::ptr::null_mut())? };
+        self.ctx_sync()
     }
 
     unsafe fn upload(&self, dst: DevPtr, src: *const u8, bytes: usize) -> Result<()> {
+        // On the legacy stream, then a wait for the context; the source is
+        // read before this returns (pageable memory).
         // SAFETY: the caller's contract.
         unsafe { std::ptr::copy(src, dst as *mut u8, bytes) };
-        Ok(())
+        self.ctx_sync()
     }
 
     unsafe fn download(&self, dst: *mut u8, src: DevPtr, bytes: usize) -> Result<()> {
+        self.ctx_sync()?;
         // SAFETY: the caller's contract.
         unsafe { std::ptr::copy(src as *const u8, dst, bytes) };
         Ok(())
@@ -423,10 +583,73 @@ impl Gpu for Emulator {
         dst: DevPtr,
         src: *const u8,
         bytes: usize,
-        _stream: Stream,
+        stream: Stream,
     ) -> Result<()> {
-        // SAFETY: the caller's contract.
-        unsafe { self.upload(dst, src, bytes) }
+        let (src, dst) = (src as usize, dst as usize);
+        self.deferral.submit(
+            stream,
+            Box::new(move || {
+                // SAFETY: the caller's contract: both stay valid until the
+                // copy has run.
+                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+                Ok(())
+            }),
+        )
+    }
+
+    unsafe fn download_async(
+        &self,
+        dst: *mut u8,
+        src: DevPtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        let (src, dst) = (src as usize, dst as usize);
+        self.deferral.submit(
+            stream,
+            Box::new(move || {
+                // SAFETY: as upload_async.
+                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+                Ok(())
+            }),
+        )
+    }
+
+    unsafe fn memset_async(&self, p: DevPtr, v: u8, bytes: usize, stream: Stream) -> Result<()> {
+        let p = p as usize;
+        self.deferral.submit(
+            stream,
+            Box::new(move || {
+                // SAFETY: the caller's contract.
+                unsafe { std::ptr::write_bytes(p as *mut u8, v, bytes) };
+                Ok(())
+            }),
+        )
+    }
+
+    fn stream_new(&self) -> Result<Stream> {
+        // A handle no real pointer has: distinct, never dereferenced.
+        let n = self.streams.fetch_add(1, Ordering::Relaxed);
+        Ok((0x5700_0000usize + 16 * n) as Stream)
+    }
+
+    unsafe fn stream_free(&self, stream: Stream) {
+        self.deferral.run_until(stream as usize, u64::MAX);
+    }
+
+    unsafe fn stream_wait_event(&self, stream: Stream, ev: usize) -> Result<()> {
+        // The event's last record as of now (cuStreamWaitEvent's rule).
+        let Some((s, id)) = self.deferral.event_target(ev) else {
+            return Ok(());
+        };
+        let d = self.deferral.clone();
+        self.deferral.submit(
+            stream,
+            Box::new(move || {
+                d.run_until(s, id);
+                Ok(())
+            }),
+        )
     }
 
     fn event_new(&self) -> Result<usize> {
@@ -435,20 +658,25 @@ impl Gpu for Emulator {
 
     unsafe fn event_free(&self, _ev: usize) {}
 
-    unsafe fn event_record(&self, _ev: usize, _stream: Stream) -> Result<()> {
+    unsafe fn event_record(&self, ev: usize, stream: Stream) -> Result<()> {
+        self.deferral.record(ev, stream);
         Ok(())
     }
 
-    unsafe fn event_wait(&self, _ev: usize) -> Result<()> {
-        Ok(())
+    unsafe fn event_wait(&self, ev: usize) -> Result<()> {
+        if let Some((s, id)) = self.deferral.event_target(ev) {
+            self.deferral.run_until(s, id);
+        }
+        self.deferral.take_error()
     }
 
     fn synchronize(&self) -> Result<()> {
-        Ok(())
+        self.ctx_sync()
     }
 
-    fn stream_synchronize(&self, _stream: Stream) -> Result<()> {
-        Ok(())
+    fn stream_synchronize(&self, stream: Stream) -> Result<()> {
+        self.deferral.run_until(stream as usize, u64::MAX);
+        self.deferral.take_error()
     }
 
     fn stream_capturing(&self, _stream: Stream) -> Result<bool> {
@@ -470,7 +698,7 @@ impl Gpu for Emulator {
         k: Kernel,
         grid: u32,
         block: u32,
-        _stream: Stream,
+        stream: Stream,
         args: &[Arg],
     ) -> Result<()> {
         let name = k.name();
@@ -491,36 +719,55 @@ impl Gpu for Emulator {
         if grid == 0 {
             return Ok(());
         }
-        let mut ptrs: Vec<*mut c_void> = args.iter().map(|a| a.ptr).collect();
-        let c = CString::new(name).expect("no NUL");
+        // The argument values, copied now (the caller's array may be gone
+        // when deferred work runs, as with cuLaunchKernel).
+        let mut values: Vec<Vec<u8>> = args
+            .iter()
+            // SAFETY: each argument points to `size` readable bytes (the
+            // caller's contract).
+            .map(|a| unsafe { std::slice::from_raw_parts(a.ptr as *const u8, a.size) }.to_vec())
+            .collect();
         let seed = self.seed.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract; the sizes were checked above.
-        let r = unsafe {
-            (self.launch_fn)(
-                c.as_ptr(),
-                grid,
-                1,
-                1,
-                block,
-                1,
-                1,
-                0,
-                ptrs.as_mut_ptr(),
-                seed,
-            )
-        };
-        if r != 0 {
-            bail!(
-                ErrDevice,
-                "launching {name} in the SIMT emulation: error {r}: {}",
-                self.last_error()
-            );
-        }
-        Ok(())
+        let (launch_fn, last_error_fn) = (self.launch_fn, self.last_error_fn);
+        self.deferral.submit(
+            stream,
+            Box::new(move || {
+                let mut ptrs: Vec<*mut c_void> = values
+                    .iter_mut()
+                    .map(|v| v.as_mut_ptr() as *mut c_void)
+                    .collect();
+                let c = CString::new(name).expect("no NUL");
+                // SAFETY: the caller's contract; the sizes were checked above.
+                let r = unsafe {
+                    launch_fn(
+                        c.as_ptr(),
+                        grid,
+                        1,
+                        1,
+                        block,
+                        1,
+                        1,
+                        0,
+                        ptrs.as_mut_ptr(),
+                        seed,
+                    )
+                };
+                if r != 0 {
+                    bail!(
+                        ErrDevice,
+                        "launching {name} in the SIMT emulation: error {r}: {}",
+                        last_error_of(last_error_fn)
+                    );
+                }
+                Ok(())
+            }),
+        )
     }
 
     fn new_blas(&self) -> Result<Box<dyn Blas>> {
-        Ok(Box::new(HostBlas))
+        Ok(Box::new(HostBlas {
+            deferral: self.deferral.clone(),
+        }))
     }
 }
 
@@ -537,11 +784,35 @@ impl Drop for Emulator {
     }
 }
 
-/// The emulated GEMM (see the module documentation).
-struct HostBlas;
+/// The emulated GEMM (see the module documentation), queued like a kernel.
+struct HostBlas {
+    deferral: Arc<Deferral>,
+}
 
 impl Blas for HostBlas {
-    unsafe fn gemm(&mut self, _stream: Stream, g: &Gemm) -> Result<()> {
+    unsafe fn gemm(&mut self, stream: Stream, g: &Gemm) -> Result<()> {
+        let g = *g;
+        self.deferral.submit(
+            stream,
+            Box::new(move || {
+                // SAFETY: the caller's contract, until the GEMM has run.
+                unsafe { host_gemm(&g) };
+                Ok(())
+            }),
+        )
+    }
+
+    fn device_bytes(&self) -> usize {
+        0
+    }
+}
+
+/// `g` as the module documentation says, on the host.
+///
+/// # Safety
+/// The pointers hold the matrices of `g`'s sizes (host memory in the emulation).
+unsafe fn host_gemm(g: &Gemm) {
+    {
         for t in 0..g.n {
             for o in 0..g.m {
                 let mut acc = 0f32;
@@ -566,10 +837,5 @@ impl Blas for HostBlas {
                 }
             }
         }
-        Ok(())
-    }
-
-    fn device_bytes(&self) -> usize {
-        0
     }
 }

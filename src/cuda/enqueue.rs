@@ -51,7 +51,19 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        self.stage_host(&mut st, &layer, li, all, live, n, stream)
+        let r = self.stage_host(&mut st, &layer, li, all, live, n, stream);
+        let rec = self.record_last(&mut st, stream);
+        r.and(rec)
+    }
+
+    /// Record the context's last-work event on `stream` after the work just
+    /// queued there (see [`super::State::last`]).
+    pub(super) fn record_last(&self, st: &mut State, stream: Stream) -> Result<()> {
+        // SAFETY: a live event of this device; the stream was checked by the
+        // caller (stream_capturing).
+        unsafe { self.gpu.event_record(st.last.ev, stream)? };
+        st.last_used = true;
+        Ok(())
     }
 
     /// Fill the next pinned slot with the `[n, C]` host ids of layer `li`
@@ -160,6 +172,14 @@ impl CudaBackend {
             }
             Ids::Device(p) => {
                 if n > 0 {
+                    // A misaligned int64 load is a sticky fault that ends the
+                    // whole CUDA context: refuse it here, nothing queued.
+                    if p % 8 != 0 {
+                        bail!(
+                            ErrInvalidArgument,
+                            "row_ids ({p:#x}) is not aligned to 8 bytes (int64 row ids)"
+                        );
+                    }
                     super::gpu::check_device_range(&*self.gpu, p, n * s.per * 8, "row_ids")?;
                 }
                 (p, s.per as u32, (li * s.cols) as u32)
@@ -168,199 +188,210 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        if let Ids::Host { all, live } = ids {
-            self.stage_host(st, &layer, li, all, live, n, stream)?;
-        }
-        st.serial = st.serial.wrapping_add(1);
-        let (k_in, k_out) = (s.k_in, s.k_out);
-        let f32_path = layer.wkv_kind == WkvKind::F32;
-        let (rows_buf, kv_buf) = if f32_path {
-            (
-                st.rows32.as_ref().expect("allocated by set_layer").ptr,
-                st.kv32.as_ref().expect("allocated by set_layer").ptr,
-            )
-        } else {
-            (st.rows.ptr, st.kv.ptr)
-        };
-        // Gather + dequantise.
-        {
-            let (table, scales) = match layer.table {
-                TableLoc::Device { table, scales } => (table, scales),
-                TableLoc::Host { .. } => (0u64, 0u64),
-            };
-            let (staged_rows, staged_ids) = staged.unwrap_or((0, 0));
-            let table_rows = layer.rows;
-            let fmt = layer.format as u32;
-            let hd = s.geo.hd as u32;
-            let row_bytes = layer.row_bytes as u32;
-            let cols = s.cols as u32;
-            let out_f32 = f32_path as u32;
-            let flags = st.flags.ptr;
-            let latch = st.latch.ptr;
-            let serial = st.serial;
-            let a = args![
-                table,
-                table_rows,
-                fmt,
-                hd,
-                row_bytes,
-                ids_ptr,
-                id_stride,
-                id_offset,
-                cols,
-                staged_rows,
-                staged_ids,
-                rows_buf,
-                out_f32,
-                flags,
-                latch,
-                layer_id,
-                serial,
-                scales
-            ];
-            // A split fp8 table in device memory has its own kernel, which
-            // takes `scales` too (the last argument).
-            let (kernel, a) = if scales != 0 {
-                (Kernel::GatherSplit, &a[..])
+        // Queue the work; then, outside a capture, record the event that
+        // `set_layer` and `read_back` wait for (also when queueing failed
+        // half way: whatever was queued is covered).
+        let r = (|| -> Result<()> {
+            if let Ids::Host { all, live } = ids {
+                self.stage_host(st, &layer, li, all, live, n, stream)?;
+            }
+            st.serial = st.serial.wrapping_add(1);
+            let (k_in, k_out) = (s.k_in, s.k_out);
+            let f32_path = layer.wkv_kind == WkvKind::F32;
+            let (rows_buf, kv_buf) = if f32_path {
+                (
+                    st.rows32.as_ref().expect("allocated by set_layer").ptr,
+                    st.kv32.as_ref().expect("allocated by set_layer").ptr,
+                )
             } else {
-                (Kernel::Gather, &a[..a.len() - 1])
+                (st.rows.ptr, st.kv.ptr)
             };
-            // SAFETY: arguments match engram_gather's parameters (the first 17)
-            // or engram_gather_split's (all 18); buffers hold max_tokens >= n
-            // tokens; the table (and its scales) were checked at set_layer.
-            unsafe {
-                self.gpu.launch(
-                    kernel,
-                    (n * s.cols) as u32,
-                    kernels::GATHER_THREADS,
-                    stream,
-                    a,
-                )?;
-            }
-        }
-        // Projection.
-        let gemv_blocks =
-            (k_out as u32).div_ceil(kernels::GEMV_ROWS_PER_WARP * (kernels::GEMV_THREADS / 32));
-        match layer.wkv_kind {
-            WkvKind::Bf16 if n <= st.gemv_max_bf16 && k_in % 8 == 0 && layer.wkv % 16 == 0 => {
-                let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
-                let (n_out, k) = (k_out as u32, k_in as u32);
-                let a = args![w, rows, kv, n_out, k];
-                // SAFETY: arguments match engram_gemv_bf16_<n>; alignment checked above.
-                unsafe {
-                    self.gpu.launch(
-                        Kernel::Gemv(n),
-                        gemv_blocks,
-                        kernels::GEMV_THREADS,
-                        stream,
-                        &a,
-                    )?;
-                }
-            }
-            WkvKind::Quant(fmt) if n <= st.gemv_max_quant && k_in % 32 == 0 => {
-                let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
-                let rb = fmt.row_bytes(k_in) as u32;
-                let (n_out, k, nt) = (k_out as u32, k_in as u32, n as u32);
-                let a = args![w, rb, rows, kv, n_out, k, nt];
-                // SAFETY: arguments match engram_gemv_q_<format>; `rows` is
-                // our 256-byte aligned workspace, k % 32 == 0, n <= GEMV_MAX.
-                unsafe {
-                    self.gpu.launch(
-                        Kernel::GemvQ(fmt),
-                        gemv_blocks,
-                        kernels::GEMV_THREADS,
-                        stream,
-                        &a,
-                    )?;
-                }
-            }
-            WkvKind::Quant(fmt) => {
-                let (tile, tile_rows) = {
-                    let t = st.tile.as_ref().expect("allocated by set_layer");
-                    (t.0.ptr, t.1)
+            // Gather + dequantise.
+            {
+                let (table, scales) = match layer.table {
+                    TableLoc::Device { table, scales } => (table, scales),
+                    TableLoc::Host { .. } => (0u64, 0u64),
                 };
-                let f = fmt as u32;
-                let rb = fmt.row_bytes(k_in) as u32;
-                let k = k_in as u32;
-                let w = layer.wkv;
-                let mut o0 = 0usize;
-                while o0 < k_out {
-                    let m = tile_rows.min(k_out - o0);
-                    let (row0, n_rows) = (o0 as u32, m as u32);
-                    let a = args![w, f, rb, k, row0, n_rows, tile];
-                    let blocks = ((m * k_in) as u64).div_ceil(kernels::DEQUANT_THREADS as u64);
-                    // SAFETY: arguments match engram_dequant_bf16; the tile
-                    // holds tile_rows >= m rows of k_in bf16; wkv has k_out rows.
+                let (staged_rows, staged_ids) = staged.unwrap_or((0, 0));
+                let table_rows = layer.rows;
+                let fmt = layer.format as u32;
+                let hd = s.geo.hd as u32;
+                let row_bytes = layer.row_bytes as u32;
+                let cols = s.cols as u32;
+                let out_f32 = f32_path as u32;
+                let flags = st.flags.ptr;
+                let latch = st.latch.ptr;
+                let serial = st.serial;
+                let a = args![
+                    table,
+                    table_rows,
+                    fmt,
+                    hd,
+                    row_bytes,
+                    ids_ptr,
+                    id_stride,
+                    id_offset,
+                    cols,
+                    staged_rows,
+                    staged_ids,
+                    rows_buf,
+                    out_f32,
+                    flags,
+                    latch,
+                    layer_id,
+                    serial,
+                    scales
+                ];
+                // A split fp8 table in device memory has its own kernel, which
+                // takes `scales` too (the last argument).
+                let (kernel, a) = if scales != 0 {
+                    (Kernel::GatherSplit, &a[..])
+                } else {
+                    (Kernel::Gather, &a[..a.len() - 1])
+                };
+                // SAFETY: arguments match engram_gather's parameters (the first 17)
+                // or engram_gather_split's (all 18); buffers hold max_tokens >= n
+                // tokens; the table (and its scales) were checked at set_layer.
+                unsafe {
+                    self.gpu.launch(
+                        kernel,
+                        (n * s.cols) as u32,
+                        kernels::GATHER_THREADS,
+                        stream,
+                        a,
+                    )?;
+                }
+            }
+            // Projection.
+            let gemv_blocks =
+                (k_out as u32).div_ceil(kernels::GEMV_ROWS_PER_WARP * (kernels::GEMV_THREADS / 32));
+            match layer.wkv_kind {
+                WkvKind::Bf16 if n <= st.gemv_max_bf16 && k_in % 8 == 0 && layer.wkv % 16 == 0 => {
+                    let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
+                    let (n_out, k) = (k_out as u32, k_in as u32);
+                    let a = args![w, rows, kv, n_out, k];
+                    // SAFETY: arguments match engram_gemv_bf16_<n>; alignment checked above.
                     unsafe {
                         self.gpu.launch(
-                            Kernel::Dequant,
-                            blocks as u32,
-                            kernels::DEQUANT_THREADS,
+                            Kernel::Gemv(n),
+                            gemv_blocks,
+                            kernels::GEMV_THREADS,
                             stream,
                             &a,
                         )?;
+                    }
+                }
+                WkvKind::Quant(fmt) if n <= st.gemv_max_quant && k_in % 32 == 0 => {
+                    let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
+                    let rb = fmt.row_bytes(k_in) as u32;
+                    let (n_out, k, nt) = (k_out as u32, k_in as u32, n as u32);
+                    let a = args![w, rb, rows, kv, n_out, k, nt];
+                    // SAFETY: arguments match engram_gemv_q_<format>; `rows` is
+                    // our 256-byte aligned workspace, k % 32 == 0, n <= GEMV_MAX.
+                    unsafe {
+                        self.gpu.launch(
+                            Kernel::GemvQ(fmt),
+                            gemv_blocks,
+                            kernels::GEMV_THREADS,
+                            stream,
+                            &a,
+                        )?;
+                    }
+                }
+                WkvKind::Quant(fmt) => {
+                    let (tile, tile_rows) = {
+                        let t = st.tile.as_ref().expect("allocated by set_layer");
+                        (t.0.ptr, t.1)
+                    };
+                    let f = fmt as u32;
+                    let rb = fmt.row_bytes(k_in) as u32;
+                    let k = k_in as u32;
+                    let w = layer.wkv;
+                    let mut o0 = 0usize;
+                    while o0 < k_out {
+                        let m = tile_rows.min(k_out - o0);
+                        let (row0, n_rows) = (o0 as u32, m as u32);
+                        let a = args![w, f, rb, k, row0, n_rows, tile];
+                        let blocks = ((m * k_in) as u64).div_ceil(kernels::DEQUANT_THREADS as u64);
+                        // SAFETY: arguments match engram_dequant_bf16; the tile
+                        // holds tile_rows >= m rows of k_in bf16; wkv has k_out rows.
+                        unsafe {
+                            self.gpu.launch(
+                                Kernel::Dequant,
+                                blocks as u32,
+                                kernels::DEQUANT_THREADS,
+                                stream,
+                                &a,
+                            )?;
+                            st.blas.gemm(
+                                stream,
+                                &Gemm {
+                                    f32: false,
+                                    w: tile,
+                                    ldw: k_in,
+                                    rows: rows_buf,
+                                    ldr: k_in,
+                                    kv: kv_buf + (o0 * 2) as u64,
+                                    ldc: k_out,
+                                    m,
+                                    n,
+                                    k: k_in,
+                                },
+                            )?;
+                        }
+                        o0 += m;
+                    }
+                }
+                _ => {
+                    // SAFETY: sizes as documented; wkv checked at set_layer.
+                    unsafe {
                         st.blas.gemm(
                             stream,
                             &Gemm {
-                                f32: false,
-                                w: tile,
+                                f32: f32_path,
+                                w: layer.wkv,
                                 ldw: k_in,
                                 rows: rows_buf,
                                 ldr: k_in,
-                                kv: kv_buf + (o0 * 2) as u64,
+                                kv: kv_buf,
                                 ldc: k_out,
-                                m,
+                                m: k_out,
                                 n,
                                 k: k_in,
                             },
                         )?;
                     }
-                    o0 += m;
                 }
             }
-            _ => {
-                // SAFETY: sizes as documented; wkv checked at set_layer.
+            // Gate.
+            if let Some((hw, ty)) = highway {
+                let (kv, qk, flags) = (kv_buf, self.qk[li].ptr, st.flags.ptr);
+                let (cols, hc, d) = (s.cols as u32, s.geo.hc as u32, s.geo.d as u32);
+                let eps = s.geo.eps;
+                let inv_sqrt_d = 1.0f32 / (s.geo.d as f32).sqrt();
+                let (latch, mirror) = (st.latch.ptr, self.mirror.dev_ptr);
+                let a = args![hw, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror];
+                // SAFETY: arguments match engram_gate_*; the highway range was checked.
                 unsafe {
-                    st.blas.gemm(
-                        stream,
-                        &Gemm {
-                            f32: f32_path,
-                            w: layer.wkv,
-                            ldw: k_in,
-                            rows: rows_buf,
-                            ldr: k_in,
-                            kv: kv_buf,
-                            ldc: k_out,
-                            m: k_out,
-                            n,
-                            k: k_in,
+                    self.gpu.launch(
+                        Kernel::Gate {
+                            hw_bf16: ty == HighwayType::Bf16,
+                            kv_f32: f32_path,
                         },
+                        (n * s.geo.hc) as u32,
+                        kernels::GATE_THREADS,
+                        stream,
+                        &a,
                     )?;
                 }
             }
-        }
-        // Gate.
-        if let Some((hw, ty)) = highway {
-            let (kv, qk, flags) = (kv_buf, self.qk[li].ptr, st.flags.ptr);
-            let (cols, hc, d) = (s.cols as u32, s.geo.hc as u32, s.geo.d as u32);
-            let eps = s.geo.eps;
-            let inv_sqrt_d = 1.0f32 / (s.geo.d as f32).sqrt();
-            let (latch, mirror) = (st.latch.ptr, self.mirror.dev_ptr);
-            let a = args![hw, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror];
-            // SAFETY: arguments match engram_gate_*; the highway range was checked.
-            unsafe {
-                self.gpu.launch(
-                    Kernel::Gate {
-                        hw_bf16: ty == HighwayType::Bf16,
-                        kv_f32: f32_path,
-                    },
-                    (n * s.geo.hc) as u32,
-                    kernels::GATE_THREADS,
-                    stream,
-                    &a,
-                )?;
-            }
-        }
-        Ok(())
+            Ok(())
+        })();
+        let rec = if capturing {
+            Ok(())
+        } else {
+            self.record_last(st, stream)
+        };
+        r.and(rec)
     }
 }

@@ -217,26 +217,32 @@ pub trait Gpu: Send + Sync {
     /// As [`Gpu::free`], for [`Gpu::host_alloc`].
     unsafe fn host_free(&self, p: *mut u8);
 
-    /// `bytes` of `v` at `p`, complete on the device when it returns.
+    /// `bytes` of `v` at `p`, complete on the device when it returns: on the
+    /// legacy stream, then a wait for the whole context. For tests and
+    /// benchmarks; the backend queues [`Gpu::memset_async`] on its own stream.
     ///
     /// # Safety
     /// `p` holds `bytes` on the device.
     unsafe fn memset(&self, p: DevPtr, v: u8, bytes: usize) -> Result<()>;
-    /// Copy host memory to the device, complete when it returns.
+    /// Copy host memory to the device, complete when it returns (the legacy
+    /// stream, then a wait for the whole context; tests and benchmarks).
     ///
     /// # Safety
     /// `dst` holds `bytes` on the device; `src` is readable for `bytes`.
     unsafe fn upload(&self, dst: DevPtr, src: *const u8, bytes: usize) -> Result<()>;
-    /// Wait for the device, then copy device memory to the host.
+    /// Wait for the whole context, then copy device memory to the host
+    /// (tests and benchmarks).
     ///
     /// # Safety
     /// `src` holds `bytes` on the device; `dst` is writable for `bytes`.
     unsafe fn download(&self, dst: *mut u8, src: DevPtr, bytes: usize) -> Result<()>;
-    /// Queue a copy from page-locked host memory on `stream`.
+    /// Queue a copy from host memory on `stream`. From pageable memory the
+    /// source is consumed when it returns; from page-locked memory it is
+    /// read when the copy runs.
     ///
     /// # Safety
-    /// As [`Gpu::upload`], with `src` from [`Gpu::host_alloc`] and left
-    /// unchanged until the copy has run.
+    /// As [`Gpu::upload`]; page-locked `src` (from [`Gpu::host_alloc`]) is
+    /// left unchanged until the copy has run.
     unsafe fn upload_async(
         &self,
         dst: DevPtr,
@@ -244,6 +250,39 @@ pub trait Gpu: Send + Sync {
         bytes: usize,
         stream: Stream,
     ) -> Result<()>;
+    /// Queue a copy from the device to host memory on `stream`; `dst` holds
+    /// the bytes once the stream is synchronised.
+    ///
+    /// # Safety
+    /// As [`Gpu::download`], with `dst` left alone until the copy has run.
+    unsafe fn download_async(
+        &self,
+        dst: *mut u8,
+        src: DevPtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<()>;
+    /// Queue `bytes` of `v` at `p` on `stream`.
+    ///
+    /// # Safety
+    /// `p` holds `bytes` on the device.
+    unsafe fn memset_async(&self, p: DevPtr, v: u8, bytes: usize, stream: Stream) -> Result<()>;
+
+    /// A new stream of the device's context that does not synchronise with
+    /// the legacy stream (`CU_STREAM_NON_BLOCKING`): the backend's own work
+    /// (`set_layer`'s copies, `read_back`) runs there, so it neither waits
+    /// for the engine's unrelated work nor touches a capture in progress.
+    fn stream_new(&self) -> Result<Stream>;
+    /// # Safety
+    /// A stream from [`Gpu::stream_new`] of this device, with nothing queued
+    /// on it still to run, destroyed once.
+    unsafe fn stream_free(&self, stream: Stream);
+    /// Make later work on `stream` wait (on the device) for the work queued
+    /// before the event's last record.
+    ///
+    /// # Safety
+    /// A live event; `stream` a stream of this device or NULL.
+    unsafe fn stream_wait_event(&self, stream: Stream, ev: usize) -> Result<()>;
 
     fn event_new(&self) -> Result<usize>;
     /// # Safety

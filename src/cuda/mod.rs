@@ -82,11 +82,14 @@ impl std::fmt::Debug for CudaTuning {
 pub const STAGING_SLOTS: usize = 4;
 
 /// Tokens up to which a bf16 `wkv` is projected by the GEMV kernel instead
-/// of cuBLAS (when it is 16-byte aligned and `C*Hd` a multiple of 8). On an
-/// H200 the GEMV wins only at one token (0.097 against 0.100 ms at the
-/// V4.1 shape; at 2, 4 and 8 tokens cuBLAS is 4%, 15% and 56% faster: see
-/// BENCHMARKS.md).
-pub const DEFAULT_GEMV_MAX_TOKENS_BF16: usize = 1;
+/// of cuBLAS (when it is 16-byte aligned and `C*Hd` a multiple of 8): every
+/// size the kernel takes, so that a token's `kv` is the same bits in every
+/// batch of 1 to [`kernels::GEMV_MAX`] tokens (the kernels sum each token in
+/// one order whatever the batch; cuBLAS picks its algorithm by size). This
+/// costs speed at 2 to 8 tokens: on an H200 cuBLAS was 4%, 15% and 56%
+/// faster at 2, 4 and 8 tokens (BENCHMARKS.md, commit f1b2b5f), the GEMV
+/// faster at 1.
+pub const DEFAULT_GEMV_MAX_TOKENS_BF16: usize = kernels::GEMV_MAX;
 
 /// Tokens up to which a quantised `wkv` is projected by the fused GEMV,
 /// which reads the blocks in place (when `C*Hd` is a multiple of 32), instead
@@ -137,6 +140,29 @@ struct Slot {
     used: bool,
 }
 
+/// The backend's own stream (non-blocking), destroyed on drop.
+struct OwnStream {
+    gpu: Arc<dyn Gpu>,
+    s: Stream,
+}
+
+impl OwnStream {
+    fn new(gpu: &Arc<dyn Gpu>) -> Result<OwnStream> {
+        Ok(OwnStream {
+            gpu: gpu.clone(),
+            s: gpu.stream_new()?,
+        })
+    }
+}
+
+impl Drop for OwnStream {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once; every use of it waits for
+        // its work before returning.
+        unsafe { self.gpu.stream_free(self.s) }
+    }
+}
+
 /// Everything `apply` writes, behind the backend's lock.
 struct State {
     blas: Box<dyn gpu::Blas>,
@@ -159,6 +185,15 @@ struct State {
     next_slot: usize,
     layers: Vec<Option<Arc<DevLayer>>>,
     serial: u32,
+    /// Recorded after the work of every call queued outside a graph capture
+    /// (apply, stage, read_back), on its stream: the device work of one
+    /// context's calls is ordered by the engine, so when the last call's
+    /// work has run every earlier call's has. `set_layer` waits for it on
+    /// the host, `read_back` on its own stream; neither waits for the whole
+    /// context. Graph replays are not covered (see docs/cuda-streams.md).
+    last: Event,
+    /// Whether `last` was ever recorded.
+    last_used: bool,
     /// Tokens up to which the GEMV kernels project (bf16, quantised `wkv`).
     gemv_max_bf16: usize,
     gemv_max_quant: usize,
@@ -169,6 +204,8 @@ pub struct CudaBackend {
     // Field order is drop order: everything that holds device memory before
     // the device (`gpu`) goes.
     state: Mutex<State>,
+    /// Where the backend's own copies, memsets and `read_back` run.
+    own: OwnStream,
     /// `q * k` per layer, `[hc, D]` f32.
     qk: Vec<DevBuf>,
     /// The error latch's host-mapped mirror (see [`latch`]).
@@ -227,6 +264,7 @@ impl CudaBackend {
         if max_tokens.saturating_mul(cols.max(shape.geo.hc)) > i32::MAX as usize {
             return Err(overflow("max_tokens * C"));
         }
+        let own = OwnStream::new(&gpu)?;
         let mul = |a: usize, b: usize, what: &str| a.checked_mul(b).ok_or_else(|| overflow(what));
         let buf = |bytes: usize, what: &str| DevBuf::new(&gpu, bytes, what);
         let state = State {
@@ -244,6 +282,8 @@ impl CudaBackend {
             next_slot: 0,
             layers: try_vec_with(n_layers, || None, "engram layers")?,
             serial: 0,
+            last: Event::new(&gpu)?,
+            last_used: false,
             gemv_max_bf16: gemv_max
                 .unwrap_or(DEFAULT_GEMV_MAX_TOKENS_BF16)
                 .min(kernels::GEMV_MAX),
@@ -252,7 +292,8 @@ impl CudaBackend {
                 .min(kernels::GEMV_MAX),
         };
         // SAFETY: our own allocation of LATCH_WORDS words.
-        unsafe { gpu.memset(state.latch.ptr, 0, latch::LATCH_WORDS * 4)? };
+        unsafe { gpu.memset_async(state.latch.ptr, 0, latch::LATCH_WORDS * 4, own.s)? };
+        gpu.stream_synchronize(own.s)?;
         let mut qk = try_room(n_layers, "engram layers")?;
         for _ in 0..n_layers {
             qk.push(buf(shape.hw_per_token() * 4, "q * k")?);
@@ -260,6 +301,7 @@ impl CudaBackend {
         let mirror = PinnedBuf::new(&gpu, latch::LATCH_WORDS * 4, true, "the error latch mirror")?;
         let mut b = CudaBackend {
             state: Mutex::new(state),
+            own,
             qk,
             mirror,
             stager: Stager::new(n_layers, 2)?,
@@ -274,6 +316,47 @@ impl CudaBackend {
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Copy host memory to the device on the backend's own stream and wait
+    /// for that copy only (never the whole context, nor the legacy stream).
+    ///
+    /// # Safety
+    /// As [`Gpu::upload`].
+    unsafe fn own_upload(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract; waited for below.
+        unsafe { self.gpu.upload_async(dst, src, bytes, self.own.s)? };
+        self.gpu.stream_synchronize(self.own.s)
+    }
+
+    /// As [`CudaBackend::own_upload`], from the device to the host.
+    ///
+    /// # Safety
+    /// As [`Gpu::download`].
+    unsafe fn own_download(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract; waited for below.
+        unsafe { self.gpu.download_async(dst, src, bytes, self.own.s)? };
+        self.gpu.stream_synchronize(self.own.s)
+    }
+
+    /// As [`CudaBackend::own_upload`], a memset.
+    ///
+    /// # Safety
+    /// As [`Gpu::memset`].
+    unsafe fn own_memset(&self, p: u64, v: u8, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract; waited for below.
+        unsafe { self.gpu.memset_async(p, v, bytes, self.own.s)? };
+        self.gpu.stream_synchronize(self.own.s)
+    }
+
+    /// Wait on the host until the work of this context's last call queued
+    /// outside a capture has run (see [`State::last`]).
+    fn wait_last(&self, st: &State) -> Result<()> {
+        if st.last_used {
+            // SAFETY: a live event of this device.
+            unsafe { self.gpu.event_wait(st.last.ev)? };
+        }
+        Ok(())
     }
 
     /// The device this backend runs on.
@@ -424,7 +507,7 @@ impl CudaBackend {
             Place::Device => {
                 gpu::check_device_range(&*self.gpu, r.addr() as u64, bytes, what)?;
                 // SAFETY: checked above: `bytes` of device memory.
-                unsafe { self.gpu.download(v.as_mut_ptr(), r.addr() as u64, bytes)? };
+                unsafe { self.own_download(v.as_mut_ptr(), r.addr() as u64, bytes)? };
             }
             Place::Host => {
                 // SAFETY: host memory the context lends (`Region::from_raw`'s
@@ -524,7 +607,7 @@ impl<'w> Backend<'w> for CudaBackend {
                 // SAFETY: host memory the context lends, sized by its checks;
                 // `b` holds as many bytes.
                 unsafe {
-                    self.gpu.upload(b.ptr, l.wkv.host().as_ptr(), l.bytes.wkv)?;
+                    self.own_upload(b.ptr, l.wkv.host().as_ptr(), l.bytes.wkv)?;
                 }
                 (b.ptr, Some(b))
             }
@@ -558,7 +641,10 @@ impl<'w> Backend<'w> for CudaBackend {
                 rows,
             ));
         }
-        self.gpu.synchronize()?;
+        // Nothing queued may read what is replaced below: wait for this
+        // context's last call (not for the whole context, which would wait
+        // for the engine's unrelated work and break another thread's capture).
+        self.wait_last(&st)?;
         let table = match host_source {
             None => {
                 // The stager forgets a host table this layer had (and waits
@@ -584,7 +670,7 @@ impl<'w> Backend<'w> for CudaBackend {
                 let ids = DevBuf::new(&self.gpu, cells * 8, "the staged row ids")?;
                 // No position is staged yet: an id no row has.
                 // SAFETY: our own allocation of `cells` ids.
-                unsafe { self.gpu.memset(ids.ptr, 0x80, cells * 8)? };
+                unsafe { self.own_memset(ids.ptr, 0x80, cells * 8)? };
                 let st = &mut *st;
                 Self::grow_slots_in(&self.gpu, st, m, s.cols, rb)?;
                 let gen = self.stager.set_source(li, src, l.format, rb);
@@ -593,8 +679,7 @@ impl<'w> Backend<'w> for CudaBackend {
         };
         // SAFETY: `qk[li]` holds `qk.len()` floats.
         unsafe {
-            self.gpu
-                .upload(self.qk[li].ptr, qk.as_ptr() as *const u8, qk.len() * 4)?;
+            self.own_upload(self.qk[li].ptr, qk.as_ptr() as *const u8, qk.len() * 4)?;
         }
         st.layers[li] = Some(Arc::new(DevLayer {
             layer_id: l.layer_id,
@@ -642,18 +727,25 @@ impl<'w> Backend<'w> for CudaBackend {
     }
 
     /// The pipeline's intermediate results for all `n` tokens: runs on the
-    /// legacy default stream and waits.
+    /// backend's own stream, after the work of the context's last call (the
+    /// stream waits for its event), and waits for that stream only.
     fn read_back(&self, li: usize, ids: Ids<'_>, n: usize) -> Result<ReadBack> {
         let mut st = self.state();
-        self.enqueue(&mut st, li, ids, n, None, std::ptr::null_mut())?;
+        let own = self.own.s;
+        if st.last_used {
+            // SAFETY: a live event; our own stream.
+            unsafe { self.gpu.stream_wait_event(own, st.last.ev)? };
+        }
+        self.enqueue(&mut st, li, ids, n, None, own)?;
         let (k_in, k_out) = (self.shape.k_in, self.shape.k_out);
         let f32_path = st.layers[li]
             .as_ref()
             .is_some_and(|l| l.wkv_kind == WkvKind::F32);
         let get = |p: u64, bytes: usize| -> Result<Vec<u8>> {
             let mut v = crate::batch::try_vec(bytes, 0u8, "the values read back")?;
-            // SAFETY: our buffers hold at least `bytes` (max_tokens >= n).
-            unsafe { self.gpu.download(v.as_mut_ptr(), p, bytes)? };
+            // SAFETY: our buffers hold at least `bytes` (max_tokens >= n);
+            // the copy follows this call's work on our stream.
+            unsafe { self.own_download(v.as_mut_ptr(), p, bytes)? };
             Ok(v)
         };
         // This call's gather recorded any error in the latch (no gate ran to
@@ -664,7 +756,7 @@ impl<'w> Backend<'w> for CudaBackend {
         });
         if rec[0] != 0 {
             // SAFETY: our own allocation.
-            unsafe { self.gpu.memset(st.latch.ptr, 0, latch::LATCH_WORDS * 4)? };
+            unsafe { self.own_memset(st.latch.ptr, 0, latch::LATCH_WORDS * 4)? };
             return Err(latch::error_of(&rec, |l| Self::rows_of(&st, l), ""));
         }
         let u16s = |v: Vec<u8>| -> Vec<u16> {
@@ -710,8 +802,15 @@ impl<'w> Backend<'w> for CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        // Work queued by this context may still read its buffers: wait for the
-        // device before they are freed (the fields drop after this).
-        let _ = self.gpu.synchronize();
+        // Work queued by this context may still read its buffers: wait for
+        // its last call's work (and our own stream) before they are freed
+        // (the fields drop after this). engram_free's contract leaves no
+        // graph replay queued.
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if st.last_used {
+            // SAFETY: a live event of this device.
+            let _ = unsafe { self.gpu.event_wait(st.last.ev) };
+        }
+        let _ = self.gpu.stream_synchronize(self.own.s);
     }
 }

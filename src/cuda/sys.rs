@@ -166,8 +166,16 @@ api! {
             // The cuBLAS handle's own blocking stream (cuda::blas::RealBlas).
             cuStreamCreate: fn(*mut CUstream, c_uint) -> CUresult;
             cuStreamDestroy_v2: fn(CUstream) -> CUresult;
+            // The backend's own stream (set_layer, read_back): no legacy
+            // stream, no context-wide synchronisation.
+            cuStreamWaitEvent: fn(CUstream, CUevent, c_uint) -> CUresult;
+            cuMemsetD8Async: fn(CUdeviceptr, u8, usize, CUstream) -> CUresult;
+            cuMemcpyDtoHAsync_v2: fn(*mut c_void, CUdeviceptr, usize, CUstream) -> CUresult;
         }
         optional {
+            // CUDA 12.5+: the context of a stream of a green context too
+            // (cuStreamGetCtx refuses those); second argument a CUgreenCtx.
+            cuStreamGetCtx_v2: fn(CUstream, *mut CUcontext, *mut *mut c_void) -> CUresult;
             // Tests and benchmarks only.
             cuStreamBeginCapture_v2: fn(CUstream, c_int) -> CUresult;
             cuStreamEndCapture: fn(CUstream, *mut CUgraph) -> CUresult;
@@ -176,7 +184,6 @@ api! {
             cuGraphExecDestroy: fn(CUgraphExec) -> CUresult;
             cuGraphDestroy: fn(CUgraph) -> CUresult;
             cuEventElapsedTime: fn(*mut f32, CUevent, CUevent) -> CUresult;
-            cuMemsetD8Async: fn(CUdeviceptr, u8, usize, CUstream) -> CUresult;
             cuMemGetInfo_v2: fn(*mut usize, *mut usize) -> CUresult;
         }
     }

@@ -264,8 +264,12 @@ pub extern "C" fn engram_create(
 }
 
 /// Free a context. NULL is a no-op. With the CUDA backend it first waits for
-/// the device to finish the work queued so far (`cuCtxSynchronize`), so that
-/// nothing queued still reads the workspaces it frees.
+/// the work of the context's last call (an event recorded after it on its
+/// stream), so that nothing queued still reads the workspaces it frees, and
+/// then, before it unloads its kernels, for the device (`cuCtxSynchronize`):
+/// not during another thread's graph capture in global mode. Replays of
+/// captured graphs are not tracked: they must have finished (synchronise
+/// their stream first).
 ///
 /// `ctx` must be NULL or a context from `engram_create` not yet freed, with
 /// no call on it in flight.
@@ -277,6 +281,18 @@ pub extern "C" fn engram_free(ctx: *mut EngramContext) {
 
 /// Register (or replace) the weights of one engram layer. The pointers are
 /// borrowed (see `engram_layer_weights`).
+///
+/// CUDA backend: before it replaces anything it waits on the host for the
+/// work of the context's last call queued outside a graph capture (an event
+/// recorded on that call's stream; not `cuCtxSynchronize`, so it neither
+/// waits for the engine's other work nor breaks a capture another thread
+/// makes); its copies run on the context's own stream. When it returns,
+/// nothing the library queued reads the replaced weights, so the engine may
+/// free them. It does not wait for the engine's streams: `q` and `k`, read
+/// during the call, must already hold their values (written by a finished
+/// copy). A graph captured before the call holds the old weights' and
+/// staging buffers' addresses: its replays must have finished before the
+/// call, and it must be captured again after it (never replayed again).
 ///
 /// `ctx` as in `engram_free`; `w` must be NULL or a valid struct whose
 /// pointers hold the sizes the geometry implies and outlive their use by the
@@ -424,6 +440,16 @@ fn highway<'a>(p: *mut c_void, ty: u32) -> Result<Highway<'a>> {
 /// address, ...) is reported as `ENGRAM_STATUS_ERR_DEVICE` by the next call
 /// that reaches the driver.
 ///
+/// Batch invariance on CUDA: a token's result is the same bits in every
+/// batch of 1 to 8 tokens with a bf16, f16 or GGUF-block `wkv` (GEMV
+/// kernels, each token summed in one order whatever the batch; they need
+/// `C*Hd` a multiple of 8, and for bf16 a 16-byte aligned `wkv`, for the
+/// others a multiple of 32, else every size is cuBLAS's). Batches of 9
+/// or more tokens go through cuBLAS (a quantised `wkv` as bf16 tiles), whose
+/// algorithm depends on the batch size: within the stated bound, not bit for
+/// bit, of the same token in another batch; an f32 `wkv` always uses cuBLAS.
+/// The CPU backend is batch invariant for every size.
+///
 /// `ctx` as in `engram_free`; `row_ids` and `highway` must hold the sizes above.
 #[no_mangle]
 pub extern "C" fn engram_apply(
@@ -455,6 +481,12 @@ pub extern "C" fn engram_apply(
 /// errors the kernels find (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`). With a table
 /// in host memory the rows are read from the layer's device staging buffer,
 /// which `engram_stage` fills for the same ids before the call (or replay).
+/// `row_ids` must be 8-byte aligned and `highway` aligned to its element
+/// (4 bytes f32, 2 bf16): a misaligned pointer is
+/// `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` and nothing is queued (on a GPU it
+/// would be a fault that ends the whole CUDA context). A captured graph is
+/// bound to the weights and staging buffers of the layers at capture: after
+/// `engram_set_layer` of one of them, capture it again.
 /// The CPU backend returns `ENGRAM_STATUS_ERR_UNSUPPORTED`.
 ///
 /// `ctx` as in `engram_free`; `row_ids` and `highway` must be device memory of
@@ -483,8 +515,13 @@ pub extern "C" fn engram_apply_device_ids(
 /// `[n_tokens, C*Hd]` into `rows` (capacity `rows_cap` values), and the
 /// projection `kv` rounded to bf16, `[n_tokens, D*(hc+1)]` into `kv`
 /// (capacity `kv_cap`); a dead token's values are zero. Host buffers, on every
-/// backend. Slow (it allocates, and on CUDA it synchronises the device): not
-/// for the step loop. The highway is not touched. On error nothing is written.
+/// backend. Slow (it allocates and waits): not for the step loop. The
+/// highway is not touched. On error nothing is written. On CUDA it runs on
+/// the context's own stream, after the work of the context's last call on
+/// the engine's stream (it waits for that call's event; replays of captured
+/// graphs must have finished), and waits for its own stream only, never the
+/// whole device or the legacy stream; it replaces what `engram_stage` staged
+/// for a host-table layer (stage again before a replay).
 ///
 /// `ctx` as in `engram_free`; the buffers must hold the capacities given.
 #[no_mangle]
