@@ -13,6 +13,12 @@
 
 
 /*
+ Written as a layer's `table_types`, `wkv_types` and `qk_types` entry
+ while its weights were never set (its `table_rows` entry is then 0).
+ */
+#define ENGRAM_INFO_NO_TYPE 4294967295
+
+/*
  Values per e8m0 scale in the fp8 row format.
  */
 #define ENGRAM_FP8_SCALE_BLOCK 32
@@ -446,6 +452,120 @@ typedef struct engram_gguf_options {
 } engram_gguf_options;
 
 /*
+ What `engram_context_info` reports. Fill it with `engram_info_init`, which
+ sets `struct_size` and leaves every array NULL; to read the layers too, set
+ the arrays you want (each `layers_cap` elements, or NULL to skip it) and
+ `layers_cap`. Every other field is written by the call. A struct from an
+ older header (a smaller `struct_size`) is read and written only as far as
+ it goes.
+ */
+typedef struct engram_info {
+  /*
+   `sizeof(engram_info)` of the caller's header (set by `engram_info_init`).
+   */
+  size_t struct_size;
+  /*
+   In: per engram layer, in row-id order: the model layer id.
+   */
+  uint32_t *layer_ids;
+  /*
+   In: the table's `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: weights never set).
+   */
+  uint32_t *table_types;
+  /*
+   In: the table's rows as set (0: weights never set).
+   */
+  uint64_t *table_rows;
+  /*
+   In: the rows the layer's hash reaches (the largest `offset + prime`):
+   the smallest table `engram_set_layer` accepts.
+   */
+  uint64_t *rows_needed;
+  /*
+   In: `wkv`'s `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: never set).
+   */
+  uint32_t *wkv_types;
+  /*
+   In: `q` and `k`'s `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: never set).
+   */
+  uint32_t *qk_types;
+  /*
+   In: the elements each non-NULL array above holds; below `n_layers` is
+   `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` (nothing written).
+   */
+  uint32_t layers_cap;
+  /*
+   `ENGRAM_BACKEND_CPU` or `ENGRAM_BACKEND_CUDA`.
+   */
+  uint32_t backend;
+  /*
+   Hidden size `D`.
+   */
+  uint32_t hidden_size;
+  /*
+   Hyper-connection streams `hc`.
+   */
+  uint32_t hc;
+  /*
+   Row width `Hd`.
+   */
+  uint32_t head_dim;
+  /*
+   Hash heads per n-gram size `H`.
+   */
+  uint32_t n_heads;
+  /*
+   Max n-gram size `N`.
+   */
+  uint32_t max_ngram;
+  /*
+   Row ids per token per layer, `C = (N-1)*H`.
+   */
+  uint32_t cols;
+  /*
+   Engram layers.
+   */
+  uint32_t n_layers;
+  /*
+   RMS epsilon of the gate, as the context uses it.
+   */
+  float eps;
+  /*
+   Most tokens in one call.
+   */
+  uint32_t max_tokens;
+  /*
+   Sequence ids run over `[0, max_seqs)`.
+   */
+  uint32_t max_seqs;
+  /*
+   Positions run over `[0, max_positions)`.
+   */
+  uint32_t max_positions;
+  /*
+   Threads the backend uses for one call (`engram_set_threads`).
+   */
+  uint32_t n_threads;
+  /*
+   Entries of the token map (the vocabulary the hash accepts).
+   */
+  size_t token_map_len;
+  /*
+   The pad token's compressed id.
+   */
+  int64_t pad_id;
+  /*
+   Row ids per token, `n_layers * C` (`engram_row_ids_per_token`).
+   */
+  size_t row_ids_per_token;
+  /*
+   The fingerprint of the hash tables that a saved sequence state carries
+   (`engram_seq_state_write`): equal for contexts of the same model.
+   */
+  uint64_t table_fingerprint;
+} engram_info;
+
+/*
  Options of `engram_create_from_safetensors`. Fill with
  `engram_safetensors_options_init`. Every field is plain data.
  */
@@ -798,6 +918,183 @@ enum engram_status engram_create_from_gguf(const char *path,
                                            struct engram_context **out);
 
 /*
+ Forget the positions `[p0, p1)` of sequence `seq`, as
+ `llama_memory_seq_rm` removes them from the KV cache (a rejected draft, an
+ edited prompt): a later token whose look-back reaches one of them is
+ `ENGRAM_STATUS_ERR_MISSING_HISTORY` until it is hashed again. `seq = -1`:
+ every sequence. `p0 < 0` is 0, `p1 < 0` is the end. A sequence outside
+ `[0, max_seqs)` (other than -1), a range outside `[0, max_positions]` or
+ one with `p0 > p1` is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE`, and nothing
+ changes. Serialised with `engram_hash` and the other `engram_seq_*` calls.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_seq_rm(struct engram_context *ctx, int32_t seq, int32_t p0, int32_t p1);
+
+/*
+ Copy sequence `src`'s positions `[p0, p1)` over `dst`'s, as
+ `llama_memory_seq_cp` (a shared prompt, a forked draft): afterwards `dst`
+ holds exactly what `src` holds in that range (a position `src` never
+ hashed is forgotten in `dst`); `dst`'s other positions stay. `p0 < 0` is 0,
+ `p1 < 0` the end; `src == dst` changes nothing. Checked as
+ `engram_seq_rm` (no -1 here); out of memory is
+ `ENGRAM_STATUS_ERR_CAPACITY`; on error nothing changes. The whole-sequence
+ `engram_seq_copy` is this call with `p0 = p1 = -1`.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_seq_cp(struct engram_context *ctx,
+                                 int32_t src,
+                                 int32_t dst,
+                                 int32_t p0,
+                                 int32_t p1);
+
+/*
+ Forget every sequence but `seq`, as `llama_memory_seq_keep`. A sequence
+ outside `[0, max_seqs)` is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE` (nothing
+ changes).
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_seq_keep(struct engram_context *ctx, int32_t seq);
+
+/*
+ Move sequence `seq`'s positions in `[p0, p1)` by `delta`, as
+ `llama_memory_seq_add` (the context shift: remove `[n_keep, n_keep + n)`
+ with `engram_seq_rm`, then move `[n_keep + n, -1)` by `-n`). The range
+ moves as a block: a position that lands below 0 is forgotten; a hashed
+ position that lands on a position outside the range replaces what that
+ position held (the moved token wins); positions of the range nothing
+ lands on are forgotten; positions outside the range nothing lands on
+ keep theirs. A hashed position that would land at `max_positions` or
+ beyond is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE` and nothing moves. `p0 < 0`
+ is 0, `p1 < 0` the end; `delta = 0` or an empty range changes nothing.
+ Checked as `engram_seq_rm` (no -1 here); out of memory is
+ `ENGRAM_STATUS_ERR_CAPACITY`; on error nothing changes.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_seq_add(struct engram_context *ctx,
+                                  int32_t seq,
+                                  int32_t p0,
+                                  int32_t p1,
+                                  int32_t delta);
+
+/*
+ `llama_memory_seq_div` (self-extend) has no meaning for an n-gram history
+ and is refused: `d > 1` is `ENGRAM_STATUS_ERR_UNSUPPORTED`. Dividing
+ positions puts `d` tokens on each position, while the history holds one
+ token per position and a later token's n-gram is over the tokens that
+ precede it in the text. An engine using self-extend keeps passing
+ `engram_hash` each token's undivided position (its index in the
+ sequence), which needs no division. `d = 1` changes nothing
+ (`ENGRAM_STATUS_OK`); `d < 1` is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`;
+ `seq` and the range are checked first, as `engram_seq_add`. Nothing ever
+ changes.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_seq_div(struct engram_context *ctx,
+                                  int32_t seq,
+                                  int32_t p0,
+                                  int32_t p1,
+                                  int32_t d);
+
+/*
+ Bytes `engram_seq_state_write` writes for sequence `seq` now, into
+ `*size` (left as it was on error).
+
+ `ctx` as in `engram_free`; `size` writable or NULL.
+ */
+enum engram_status engram_seq_state_size(struct engram_context *ctx, int32_t seq, size_t *size);
+
+/*
+ Save sequence `seq`'s history into `buf` (`cap` bytes) and the bytes
+ written into `*written`: a prompt cache keeps it and restores it later,
+ into any sequence of a context of the same model, with
+ `engram_seq_state_read`. The format is versioned and checks itself (see
+ docs/history.md): a magic, a version, the fingerprint of the context's
+ hash tables, the lengths, the positions hashed and a checksum. A `cap`
+ below `engram_seq_state_size` is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` and
+ nothing is written. Serialised with `engram_hash`.
+
+ `ctx` as in `engram_free`; `buf` must hold `cap` bytes; `written`
+ writable or NULL.
+ */
+enum engram_status engram_seq_state_write(struct engram_context *ctx,
+                                          int32_t seq,
+                                          void *buf,
+                                          size_t cap,
+                                          size_t *written);
+
+/*
+ Replace sequence `seq`'s history with a state `engram_seq_state_write`
+ saved (`len` bytes at `buf`), from any sequence of a context of the same
+ model. A truncated, corrupted or foreign buffer (another model's: its hash
+ tables' fingerprint differs) is `ENGRAM_STATUS_ERR_FORMAT`, and so is a
+ state holding a position outside `[0, max_positions)`; everything is
+ checked before `seq` changes, and on error nothing changes. Serialised
+ with `engram_hash`.
+
+ `ctx` as in `engram_free`; `buf` must hold `len` bytes.
+ */
+enum engram_status engram_seq_state_read(struct engram_context *ctx,
+                                         int32_t seq,
+                                         const void *buf,
+                                         size_t len);
+
+/*
+ Fill `info`'s first `struct_size` bytes with the defaults (NULL arrays,
+ `struct_size` set). NULL is ignored. Call it through the header's
+ `engram_info_init(info)`.
+ */
+void engram_info_init_sized(struct engram_info *info, size_t struct_size);
+
+/*
+ Describe the context: its geometry, engram layers (ids, table and weight
+ types, rows), limits, token map, `eps`, backend and thread count, into
+ `*info` (see `engram_info`), for an engine that opened it from a file and
+ must size its buffers. On error nothing is written.
+
+ `ctx` as in `engram_free`; `info` NULL or an `engram_info` whose non-NULL
+ arrays hold `layers_cap` elements.
+ */
+enum engram_status engram_context_info(struct engram_context *ctx, struct engram_info *info);
+
+/*
+ Layer `layer_id`'s gate weights, the product `q * k` (`[hc, D]` f32, the
+ only form of them the context keeps), into `out` (capacity `cap` floats):
+ with `engram_read_back`'s `kv`, an engine can recompute a whole gate. A
+ `cap` below `hc * D` is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`; an unknown
+ layer `ENGRAM_STATUS_ERR_UNKNOWN_LAYER`; a layer never set
+ `ENGRAM_STATUS_ERR_NO_WEIGHTS`. On error nothing is written. CUDA backend:
+ copied back from the device (synchronously).
+
+ `ctx` as in `engram_free`; `out` must hold `cap` floats.
+ */
+enum engram_status engram_layer_gate_weights(struct engram_context *ctx,
+                                             uint32_t layer_id,
+                                             float *out,
+                                             size_t cap);
+
+/*
+ Use at most `n_threads` threads for each later call (0 or 1: the calling
+ thread only; at most 1024), as `llama_set_n_threads` changes an engine's.
+ CPU backend: the projection's worker pool is replaced; the call waits for
+ the projections in flight on other threads (they finish on the old
+ pool), then joins the old pool's threads before it returns, and the calls
+ after it use the new pool. A thread that cannot be started is
+ `ENGRAM_STATUS_ERR_CAPACITY` and the old pool stays in use. The prefetch
+ workers (`engram_prefetch`) keep the count the context was created with.
+ CUDA backend: the work runs on the device; the count is recorded (and
+ reported by `engram_context_info`) and changes nothing. More than 1024 is
+ `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_set_threads(struct engram_context *ctx, uint32_t n_threads);
+
+/*
  Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
  `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
  131072`, one thread, the directory's tokenizer.json, `pread` tables. NULL
@@ -915,6 +1212,9 @@ static inline void engram_gguf_options_init(engram_gguf_options *o) {
 static inline void engram_safetensors_options_init(engram_safetensors_options *o) {
     engram_safetensors_options_init_sized(o, sizeof *o);
 }
+
+/** Fill `*info` with the defaults for this header's `engram_info`. */
+static inline void engram_info_init(engram_info *info) { engram_info_init_sized(info, sizeof *info); }
 
 #ifdef __cplusplus
 }
