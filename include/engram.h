@@ -24,6 +24,11 @@
 #define ENGRAM_FP8_SCALE_BLOCK 32
 
 /*
+ The epsilon of a model whose files do not state one.
+ */
+#define DEFAULT_EPS 1e-6
+
+/*
  Token id that marks a dead position explicitly (a position fed by an
  embedding instead of a token id, an image token, ...). It hashes like a
  token whose `token_map` entry is `-1`.
@@ -408,7 +413,11 @@ typedef struct engram_gguf_options {
    */
   int32_t device;
   /*
-   RMS epsilon of the gate (default 1e-6).
+   RMS epsilon of the gate. 0 (the default): the file's, else 1e-6
+   (GGUF: `{general.architecture}.attention.layer_norm_rms_epsilon`, as
+   `deepseek41.` or `deepseek4.` in every dialect read; the checkpoint:
+   `config.json`'s `rms_norm_eps`, in `text_config` or at the top level).
+   `engram_context_info` reports the value in use.
    */
   float eps;
   /*
@@ -587,7 +596,11 @@ typedef struct engram_safetensors_options {
    */
   int32_t device;
   /*
-   RMS epsilon of the gate (default 1e-6).
+   RMS epsilon of the gate. 0 (the default): the file's, else 1e-6
+   (GGUF: `{general.architecture}.attention.layer_norm_rms_epsilon`, as
+   `deepseek41.` or `deepseek4.` in every dialect read; the checkpoint:
+   `config.json`'s `rms_norm_eps`, in `text_config` or at the top level).
+   `engram_context_info` reports the value in use.
    */
   float eps;
   /*
@@ -875,7 +888,7 @@ enum engram_status engram_stage(struct engram_context *ctx,
 
 /*
  Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
- `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
+ `eps = 0` (the file's), `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
  131072`, one thread, no config/tokenizer, `pread` tables, no tables
  directory. NULL is ignored.
  Call it through the header's `engram_gguf_options_init(o)`.
@@ -1096,7 +1109,7 @@ enum engram_status engram_set_threads(struct engram_context *ctx, uint32_t n_thr
 
 /*
  Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
- `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
+ `eps = 0` (the file's), `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
  131072`, one thread, the directory's tokenizer.json, `pread` tables. NULL
  is ignored. Call it through the header's `engram_safetensors_options_init(o)`.
  */
