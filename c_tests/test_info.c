@@ -7,6 +7,7 @@
  */
 #include "engram.h"
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -97,6 +98,18 @@ static void test_info(void) {
     engram_free(ctx);
 }
 
+/* Threads of this process (Linux: /proc/self/task). */
+static int count_threads(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
 static void apply_with(engram_context *ctx, float *hw) {
     int32_t tok[16], seq[16] = {0}, pos[16];
     for (int i = 0; i < 16; i++) {
@@ -118,9 +131,12 @@ static void test_threads(void) {
     engram_set_layer(ctx, &w);
     static float one[16 * MM_HW], many[16 * MM_HW];
     apply_with(ctx, one);
+    int base = count_threads();
     check(engram_set_threads(NULL, 4) == ENGRAM_STATUS_ERR_NULL_ARGUMENT, "set_threads(NULL)");
     check(engram_set_threads(ctx, 2000) == ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "set_threads(2000) is refused");
     check(engram_set_threads(ctx, 4) == ENGRAM_STATUS_OK, "set_threads(4)");
+    check(count_threads() == base + 4, "set_threads(4) started 4 workers (%d threads, %d before)", count_threads(),
+          base);
     engram_info info;
     engram_info_init(&info);
     check(engram_context_info(ctx, &info) == ENGRAM_STATUS_OK && info.n_threads == 4, "info says 4 threads");
@@ -129,6 +145,7 @@ static void test_threads(void) {
     check(engram_set_threads(ctx, 0) == ENGRAM_STATUS_OK && engram_context_info(ctx, &info) == ENGRAM_STATUS_OK &&
               info.n_threads == 1,
           "set_threads(0) is one thread");
+    check(count_threads() == base, "and joined the 4 workers before it returned (%d threads)", count_threads());
     apply_with(ctx, many);
     check(memcmp(one, many, sizeof one) == 0, "and back to the same bits");
     engram_free(ctx);

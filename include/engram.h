@@ -414,8 +414,8 @@ typedef struct engram_gguf_options {
   int32_t device;
   /*
    RMS epsilon of the gate. 0 (the default): the file's, else 1e-6
-   (GGUF: `{general.architecture}.attention.layer_norm_rms_epsilon`, as
-   `deepseek41.` or `deepseek4.` in every dialect read; the checkpoint:
+   (GGUF, any dialect: `{general.architecture}.attention.layer_norm_rms_epsilon`,
+   that is `deepseek41.` or `deepseek4.`; the checkpoint:
    `config.json`'s `rms_norm_eps`, in `text_config` or at the top level).
    `engram_context_info` reports the value in use.
    */
@@ -597,8 +597,8 @@ typedef struct engram_safetensors_options {
   int32_t device;
   /*
    RMS epsilon of the gate. 0 (the default): the file's, else 1e-6
-   (GGUF: `{general.architecture}.attention.layer_norm_rms_epsilon`, as
-   `deepseek41.` or `deepseek4.` in every dialect read; the checkpoint:
+   (GGUF, any dialect: `{general.architecture}.attention.layer_norm_rms_epsilon`,
+   that is `deepseek41.` or `deepseek4.`; the checkpoint:
    `config.json`'s `rms_norm_eps`, in `text_config` or at the top level).
    `engram_context_info` reports the value in use.
    */

@@ -986,7 +986,8 @@ fn with_kvs(bytes: &[u8], kvs: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
 #[test]
 fn eps_comes_from_the_file_when_the_options_leave_it_zero() {
     let tiny = std::fs::read(golden_dir().join("tiny.gguf")).unwrap();
-    let open = |b: Vec<u8>| GgufModel::from_memory(vec![("tiny.gguf".into(), b)], &LoadOptions::default());
+    let open =
+        |b: Vec<u8>| GgufModel::from_memory(vec![("tiny.gguf".into(), b)], &LoadOptions::default());
     let key = "deepseek41.attention.layer_norm_rms_epsilon";
     let mut o = options();
     // The file's key, a value other than the default.
@@ -995,20 +996,35 @@ fn eps_comes_from_the_file_when_the_options_leave_it_zero() {
     o.eps = 0.0;
     assert_eq!(m.context(&o).unwrap().geometry().eps, 3e-5, "0: the file's");
     o.eps = 1e-4;
-    assert_eq!(m.context(&o).unwrap().geometry().eps, 1e-4, "an eps asked for wins");
+    assert_eq!(
+        m.context(&o).unwrap().geometry().eps,
+        1e-4,
+        "an eps asked for wins"
+    );
     // No key: the default.
     let m = open(tiny.clone()).unwrap();
     assert_eq!(m.eps, None);
     o.eps = 0.0;
     assert_eq!(m.context(&o).unwrap().geometry().eps, 1e-6);
     // A mistyped or non-finite key is a format error naming it.
-    for (t, v) in [(4u32, 7u32.to_le_bytes().to_vec()), (6, f32::NAN.to_le_bytes().to_vec())] {
+    for (t, v) in [
+        (4u32, 7u32.to_le_bytes().to_vec()),
+        (6, f32::NAN.to_le_bytes().to_vec()),
+    ] {
         let e = open(with_kvs(&tiny, &[(key, t, v)])).err().unwrap();
         assert_eq!(e.status, engram::EngramStatus::ErrFormat);
         assert!(e.message.contains(key), "{}", e.message);
     }
     // Another architecture's key is not this file's.
-    let m = open(with_kvs(&tiny, &[("llama.attention.layer_norm_rms_epsilon", 6, 3e-5f32.to_le_bytes().to_vec())])).unwrap();
+    let m = open(with_kvs(
+        &tiny,
+        &[(
+            "llama.attention.layer_norm_rms_epsilon",
+            6,
+            3e-5f32.to_le_bytes().to_vec(),
+        )],
+    ))
+    .unwrap();
     assert_eq!(m.eps, None);
 }
 

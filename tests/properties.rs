@@ -420,8 +420,10 @@ fn history_operations_equal_a_fresh_context_fed_the_resulting_history() {
                 what = format!("seq_cp({a}, {b}, {p0}, {p1})");
                 match model_range(p0, p1, max_pos) {
                     Some((lo, hi)) if valid(a) && valid(b) => {
-                        let src: Vec<(usize, i32)> =
-                            model[a as usize].range(lo..hi).map(|(&p, &t)| (p, t)).collect();
+                        let src: Vec<(usize, i32)> = model[a as usize]
+                            .range(lo..hi)
+                            .map(|(&p, &t)| (p, t))
+                            .collect();
                         let d = &mut model[b as usize];
                         d.retain(|&p, _| !(lo..hi).contains(&p));
                         d.extend(src);
@@ -534,4 +536,59 @@ fn history_operations_equal_a_fresh_context_fed_the_resulting_history() {
         }
     }
     eprintln!("operation mix (accepted, refused): {mix:?}");
+}
+
+#[test]
+fn set_threads_while_applies_run_changes_no_bit() {
+    // Applies on three threads while a fourth changes the thread count over
+    // and over: each apply runs on the old pool or the new one, and every
+    // one gives the bits of a one-thread context.
+    let tiny = Tiny::load();
+    let ctx = tiny.context();
+    let per = ctx.ids_per_token();
+    let n = 48;
+    let vocab = tiny.token_map.len();
+    let mut rng = Rng(31);
+    let tokens: Vec<i32> = (0..n).map(|_| rng.token(vocab)).collect();
+    let mut ids = vec![0i64; n * per];
+    let pos: Vec<i32> = (0..n as i32).collect();
+    ctx.hash(&tokens, &vec![0; n], &pos, &mut ids).unwrap();
+    let hw0: Vec<f32> = values("threads.highway", n * tiny.hc * tiny.d, 1.0, 0.0);
+    let layer = tiny.layer_ids[0];
+    ctx.set_threads(1).unwrap();
+    let mut want = hw0.clone();
+    ctx.apply(layer, &ids, n, engram::Highway::F32(&mut want))
+        .unwrap();
+    assert_ne!(want, hw0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut runs = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) || runs < 5 {
+                        let mut hw = hw0.clone();
+                        ctx.apply(layer, &ids, n, engram::Highway::F32(&mut hw))
+                            .unwrap();
+                        assert_eq!(hw, want, "run {runs}");
+                        runs += 1;
+                    }
+                    runs
+                })
+            })
+            .collect();
+        for i in 0..40 {
+            let t = [1, 4, 2, 3, 0][i % 5];
+            ctx.set_threads(t).unwrap();
+            assert_eq!(ctx.n_threads(), t.max(1));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in workers {
+            assert!(w.join().unwrap() >= 5);
+        }
+    });
+    ctx.set_threads(3).unwrap();
+    let e = ctx.set_threads(1025).unwrap_err();
+    assert_eq!(e.status, engram::EngramStatus::ErrInvalidArgument);
+    assert_eq!(ctx.n_threads(), 3, "a refused count changes nothing");
 }

@@ -17,7 +17,12 @@ use std::ffi::c_void;
 ///
 /// `ctx` as in `engram_free`.
 #[no_mangle]
-pub extern "C" fn engram_seq_rm(ctx: *mut EngramContext, seq: i32, p0: i32, p1: i32) -> EngramStatus {
+pub extern "C" fn engram_seq_rm(
+    ctx: *mut EngramContext,
+    seq: i32,
+    p0: i32,
+    p1: i32,
+) -> EngramStatus {
     ffi_boundary!({ self::ctx(ctx)?.seq_rm(seq, p0, p1) })
 }
 

@@ -124,7 +124,10 @@ pub extern "C" fn engram_info_init_sized(info: *mut EngramInfo, struct_size: usi
 /// `ctx` as in `engram_free`; `info` NULL or an `engram_info` whose non-NULL
 /// arrays hold `layers_cap` elements.
 #[no_mangle]
-pub extern "C" fn engram_context_info(ctx: *mut EngramContext, info: *mut EngramInfo) -> EngramStatus {
+pub extern "C" fn engram_context_info(
+    ctx: *mut EngramContext,
+    info: *mut EngramInfo,
+) -> EngramStatus {
     ffi_boundary!({
         let c = self::ctx(ctx)?;
         let mut i = read_options(info, EngramInfo::default(), INFO_LAYOUTS, "info")?;

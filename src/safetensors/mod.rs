@@ -330,7 +330,8 @@ pub fn read(
     let cfg_path = dir.join("config.json");
     let cfg = EngramConfig::from_file(&cfg_path)?;
     let eps = {
-        let bytes = files::read_small(&cfg_path, "config", crate::tables::config::MAX_CONFIG_BYTES)?;
+        let bytes =
+            files::read_small(&cfg_path, "config", crate::tables::config::MAX_CONFIG_BYTES)?;
         crate::tables::config::rms_norm_eps(&String::from_utf8_lossy(&bytes))
             .map_err(|e| Error::new(e.status, format!("{}: {}", cfg_path.display(), e.message)))?
     };

@@ -141,8 +141,8 @@ pub struct Inspected {
 pub const DEFAULT_EPS: f32 = 1e-6;
 
 /// The GGUF key of the RMS epsilon: llama.cpp's
-/// `{general.architecture}.attention.layer_norm_rms_epsilon`, which every
-/// converter of the dialects we read writes (`deepseek41.` or `deepseek4.`).
+/// `{general.architecture}.attention.layer_norm_rms_epsilon` (`deepseek41.`
+/// or `deepseek4.`), read the same way for every dialect.
 pub fn eps_key(arch: &str) -> String {
     format!("{arch}.attention.layer_norm_rms_epsilon")
 }

@@ -123,9 +123,7 @@ impl History {
             return Ok(());
         }
         let what = || format!("copying sequence {src}'s positions [{p0}, {p1}) to sequence {dst}");
-        let mut new = self.seqs[d]
-            .try_clone()
-            .ok_or_else(|| oom(&what()))?;
+        let mut new = self.seqs[d].try_clone().ok_or_else(|| oom(&what()))?;
         new.clear(r.p0, r.p1);
         for (p, v) in self.seqs[s].entries(r.p0, r.p1) {
             new.put(p, v).map_err(|_| oom(&what()))?;
@@ -238,7 +236,10 @@ mod tests {
         let mut h = history(3 * PAGE);
         fill(&mut h, 0, 0..2 * PAGE + 10);
         h.seq_rm(0, PAGE as i32, -1).unwrap();
-        assert_eq!(h.entries(0), (0..PAGE).map(|p| (p, p as i32 + 100)).collect::<Vec<_>>());
+        assert_eq!(
+            h.entries(0),
+            (0..PAGE).map(|p| (p, p as i32 + 100)).collect::<Vec<_>>()
+        );
         assert_eq!(h.seqs[0].pages.len(), 1, "the emptied pages are freed");
         h.seq_rm(-1, -5, 3).unwrap();
         assert_eq!(h.entries(0)[0].0, 3);

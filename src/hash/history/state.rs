@@ -271,7 +271,9 @@ mod tests {
         assert_eq!(size, HEADER + 3 * 8 + 36 * 4 + TRAILER);
         let mut buf = vec![0u8; size];
         assert_eq!(
-            h.state_write(0, KEY, &mut buf[..size - 1]).unwrap_err().status,
+            h.state_write(0, KEY, &mut buf[..size - 1])
+                .unwrap_err()
+                .status,
             crate::EngramStatus::ErrInvalidArgument
         );
         assert_eq!(h.state_write(0, KEY, &mut buf).unwrap(), size);
@@ -293,7 +295,11 @@ mod tests {
             fingerprint: KEY.fingerprint ^ 1,
             ..KEY
         };
-        assert!(h.state_read(1, other, &buf).unwrap_err().message.contains("another model"));
+        assert!(h
+            .state_read(1, other, &buf)
+            .unwrap_err()
+            .message
+            .contains("another model"));
         assert_eq!(h.entries(1), before, "nothing changed");
         h.state_read(1, KEY, &buf).unwrap();
         assert_eq!(h.entries(1), h.entries(0));
