@@ -196,11 +196,12 @@ impl<'w> Context<'w> {
         self.history().seq_div(seq, p0, p1, d)
     }
 
-    /// The written positions of `seq` and their compressed ids.
+    /// The written positions of `seq` and their compressed ids (for tests
+    /// and tools).
     pub fn seq_entries(&self, seq: i32) -> Result<Vec<(usize, i32)>> {
         let h = self.history();
         let s = h.check_seq(seq)?;
-        Ok(h.entries(s))
+        h.entries(s)
     }
 
     /// Bytes of `seq`'s saved state (see [`crate::hash::history::state`]).

@@ -201,9 +201,15 @@ impl History {
     }
 
     /// The written positions of `seq` and their entries (compressed ids,
-    /// `-1` for a dead token), in order.
-    pub fn entries(&self, seq: usize) -> Vec<(usize, i32)> {
-        self.seqs[seq].entries(0, usize::MAX).collect()
+    /// `-1` for a dead token), in order (for tests and tools; allocated
+    /// fallibly).
+    pub fn entries(&self, seq: usize) -> Result<Vec<(usize, i32)>> {
+        let h = &self.seqs[seq];
+        let mut v = Vec::new();
+        v.try_reserve_exact(h.entries(0, usize::MAX).count())
+            .map_err(|_| oom("a copy of the history"))?;
+        v.extend(h.entries(0, usize::MAX));
+        Ok(v)
     }
 }
 
@@ -227,8 +233,12 @@ mod tests {
         }
     }
 
+    fn ent(h: &History, s: usize) -> Vec<(usize, i32)> {
+        h.entries(s).unwrap()
+    }
+
     fn all(h: &History) -> Vec<Vec<(usize, i32)>> {
-        (0..h.seqs.len()).map(|s| h.entries(s)).collect()
+        (0..h.seqs.len()).map(|s| ent(h, s)).collect()
     }
 
     #[test]
@@ -237,12 +247,12 @@ mod tests {
         fill(&mut h, 0, 0..2 * PAGE + 10);
         h.seq_rm(0, PAGE as i32, -1).unwrap();
         assert_eq!(
-            h.entries(0),
+            ent(&h, 0),
             (0..PAGE).map(|p| (p, p as i32 + 100)).collect::<Vec<_>>()
         );
         assert_eq!(h.seqs[0].pages.len(), 1, "the emptied pages are freed");
         h.seq_rm(-1, -5, 3).unwrap();
-        assert_eq!(h.entries(0)[0].0, 3);
+        assert_eq!(ent(&h, 0)[0].0, 3);
     }
 
     #[test]
@@ -269,7 +279,7 @@ mod tests {
         assert_eq!(all(&h), before);
         h.seq_div(0, 0, -1, 1).unwrap();
         h.seq_add(0, 0, -1, 44).unwrap(); // 19 + 44 = 63 still fits
-        assert_eq!(h.entries(0).last().unwrap().0, 63);
+        assert_eq!(ent(&h, 0).last().unwrap().0, 63);
     }
 
     #[test]
@@ -283,18 +293,18 @@ mod tests {
             .map(|p| (p, p as i32 - 3 + 100))
             .chain([(8, 108), (9, 109)])
             .collect();
-        assert_eq!(h.entries(0), want);
+        assert_eq!(ent(&h, 0), want);
         // A hole of the moving range does not clear where it lands.
         let mut h = history(64);
         fill(&mut h, 0, [0, 2, 3, 4]);
         h.seq_add(0, 0, 2, 2).unwrap();
-        assert_eq!(h.entries(0), vec![(2, 100), (3, 103), (4, 104)]);
+        assert_eq!(ent(&h, 0), vec![(2, 100), (3, 103), (4, 104)]);
         // Context shift: what falls below 0 is dropped.
         let mut h = history(64);
         fill(&mut h, 0, 0..10);
         h.seq_add(0, 2, -1, -4).unwrap();
         assert_eq!(
-            h.entries(0),
+            ent(&h, 0),
             vec![(0, 104), (1, 105), (2, 106), (3, 107), (4, 108), (5, 109)]
         );
     }
@@ -306,12 +316,12 @@ mod tests {
         fill(&mut h, 1, 0..8);
         h.seq_cp(0, 1, 2, 6).unwrap();
         assert_eq!(
-            h.entries(1),
+            ent(&h, 1),
             vec![(0, 100), (1, 101), (2, 102), (5, 105), (6, 106), (7, 107)]
         );
         fill(&mut h, 2, [9]);
         h.seq_keep(1).unwrap();
-        assert!(h.entries(0).is_empty() && h.entries(2).is_empty());
-        assert_eq!(h.entries(1).len(), 6);
+        assert!(ent(&h, 0).is_empty() && ent(&h, 2).is_empty());
+        assert_eq!(ent(&h, 1).len(), 6);
     }
 }

@@ -75,18 +75,6 @@ impl StateKey {
     }
 }
 
-/// The runs of consecutive written positions of `h`: (start, entries).
-fn runs(h: &SeqHistory) -> Vec<(usize, Vec<i32>)> {
-    let mut out: Vec<(usize, Vec<i32>)> = Vec::new();
-    for (p, v) in h.entries(0, usize::MAX) {
-        match out.last_mut() {
-            Some((s, r)) if *s + r.len() == p => r.push(v),
-            _ => out.push((p, vec![v])),
-        }
-    }
-    out
-}
-
 impl History {
     /// Bytes `seq`'s state takes.
     pub fn state_size(&self, seq: i32) -> Result<usize> {
@@ -115,24 +103,37 @@ impl History {
             );
         }
         let s = self.check_seq(seq)?;
-        let runs = runs(&self.seqs[s]);
-        let n: usize = runs.iter().map(|r| r.1.len()).sum();
         let out = &mut buf[..need];
         out[0..8].copy_from_slice(MAGIC);
         out[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        out[12..16].copy_from_slice(&(runs.len() as u32).to_le_bytes());
         out[16..24].copy_from_slice(&key.fingerprint.to_le_bytes());
-        out[24..32].copy_from_slice(&(n as u64).to_le_bytes());
-        let mut o = HEADER;
-        for (start, vals) in &runs {
-            out[o..o + 4].copy_from_slice(&(*start as u32).to_le_bytes());
-            out[o + 4..o + 8].copy_from_slice(&(vals.len() as u32).to_le_bytes());
-            o += 8;
-            for v in vals {
-                out[o..o + 4].copy_from_slice(&v.to_le_bytes());
-                o += 4;
+        // The runs, written as the entries come (no copy of the history):
+        // each run's length is filled in when the run ends.
+        let (mut o, mut runs, mut n) = (HEADER, 0u32, 0u64);
+        let mut run: Option<(usize, usize, usize)> = None; // (header offset, start, length)
+        let close = |out: &mut [u8], run: Option<(usize, usize, usize)>| {
+            if let Some((at, _, len)) = run {
+                out[at + 4..at + 8].copy_from_slice(&(len as u32).to_le_bytes());
             }
+        };
+        for (p, v) in self.seqs[s].entries(0, usize::MAX) {
+            match &mut run {
+                Some((_, start, len)) if *start + *len == p => *len += 1,
+                _ => {
+                    close(out, run);
+                    out[o..o + 4].copy_from_slice(&(p as u32).to_le_bytes());
+                    run = Some((o, p, 1));
+                    runs += 1;
+                    o += 8;
+                }
+            }
+            out[o..o + 4].copy_from_slice(&v.to_le_bytes());
+            o += 4;
+            n += 1;
         }
+        close(out, run);
+        out[12..16].copy_from_slice(&runs.to_le_bytes());
+        out[24..32].copy_from_slice(&n.to_le_bytes());
         let sum = fnv1a(FNV_BASIS, &out[..o]);
         out[o..o + 8].copy_from_slice(&sum.to_le_bytes());
         Ok(need)
@@ -278,7 +279,7 @@ mod tests {
         );
         assert_eq!(h.state_write(0, KEY, &mut buf).unwrap(), size);
         h.seqs[1].put(3, 3).unwrap();
-        let before = h.entries(1);
+        let before = h.entries(1).unwrap();
         for cut in 0..size {
             let e = h.state_read(1, KEY, &buf[..cut]).unwrap_err();
             assert_eq!(e.status, crate::EngramStatus::ErrFormat, "cut {cut}");
@@ -300,14 +301,14 @@ mod tests {
             .unwrap_err()
             .message
             .contains("another model"));
-        assert_eq!(h.entries(1), before, "nothing changed");
+        assert_eq!(h.entries(1).unwrap(), before, "nothing changed");
         h.state_read(1, KEY, &buf).unwrap();
-        assert_eq!(h.entries(1), h.entries(0));
+        assert_eq!(h.entries(1).unwrap(), h.entries(0).unwrap());
         // An empty sequence's state empties a sequence.
         h.seq_rm(1, 0, -1).unwrap();
         let mut e = vec![0u8; h.state_size(1).unwrap()];
         h.state_write(1, KEY, &mut e).unwrap();
         h.state_read(0, KEY, &e).unwrap();
-        assert!(h.entries(0).is_empty());
+        assert!(h.entries(0).unwrap().is_empty());
     }
 }
