@@ -151,8 +151,46 @@ static void test_threads(void) {
     engram_free(ctx);
 }
 
+/* A context opened from tests/golden/data/tiny.gguf describes itself; the
+ * options leave eps 0 (the file's: this file has no key, so 1e-6). */
+static void test_from_gguf(void) {
+    engram_gguf_options o;
+    engram_gguf_options_init(&o);
+    check(o.eps == 0.0f, "engram_gguf_options_init: eps 0 (the file's)");
+    engram_safetensors_options so;
+    engram_safetensors_options_init(&so);
+    check(so.eps == 0.0f, "engram_safetensors_options_init: eps 0 (the file's)");
+    engram_context *ctx = NULL;
+    if (!check(engram_create_from_gguf("tests/golden/data/tiny.gguf", &o, &ctx) == ENGRAM_STATUS_OK,
+               "open tiny.gguf"))
+        return;
+    engram_info info;
+    engram_info_init(&info);
+    check(engram_context_info(ctx, &info) == ENGRAM_STATUS_OK && info.n_layers >= 1 && info.n_layers <= 8,
+          "context_info of a GGUF context: %u layers", info.n_layers);
+    uint32_t ids[8], tt[8], wt[8];
+    uint64_t rows[8], need[8];
+    info.layer_ids = ids;
+    info.table_types = tt;
+    info.wkv_types = wt;
+    info.table_rows = rows;
+    info.rows_needed = need;
+    info.layers_cap = 8;
+    check(engram_context_info(ctx, &info) == ENGRAM_STATUS_OK, "context_info with the layer arrays");
+    int ok = info.eps == 1e-6f && info.max_tokens == 4096 && info.max_seqs == 64 && info.hidden_size > 0 &&
+             info.cols == (info.max_ngram - 1) * info.n_heads && info.row_ids_per_token == info.n_layers * info.cols;
+    for (uint32_t i = 0; i < info.n_layers; i++)
+        ok = ok && rows[i] >= need[i] && need[i] > 0 && tt[i] != ENGRAM_INFO_NO_TYPE && wt[i] != ENGRAM_INFO_NO_TYPE;
+    check(ok, "eps 1e-6 (no key in the file), the options' limits, every layer set with rows >= rows needed");
+    float qk[1];
+    check(engram_layer_gate_weights(ctx, ids[0], qk, 1) == ENGRAM_STATUS_ERR_INVALID_ARGUMENT,
+          "gate weights into 1 float: ERR_INVALID_ARGUMENT");
+    engram_free(ctx);
+}
+
 int main(void) {
     test_info();
+    test_from_gguf();
     test_threads();
     return check_summary("test_info");
 }
