@@ -101,7 +101,9 @@ typedef enum engram_status {
   ENGRAM_STATUS_ERR_INVALID_ROW_ID = 7011,
   /*
    A sequence id outside `[0, max_seqs)`, a position outside
-   `[0, max_positions)`, or the same (sequence, position) twice in one batch.
+   `[0, max_positions)`, the same (sequence, position) twice in one batch,
+   or a position range of an `engram_seq_*` call outside
+   `[0, max_positions]` or ending before it starts.
    */
   ENGRAM_STATUS_ERR_INVALID_SEQUENCE = 7012,
   /*
