@@ -56,4 +56,14 @@ pub trait Backend<'w>: Send + Sync {
 
     /// Wait for `stream` and report errors found asynchronously (CUDA).
     fn check(&self, stream: Stream) -> Result<()>;
+
+    /// Layer `li`'s `q * k` (`[hc, D]` f32; its weights are set).
+    fn gate_weights(&self, li: usize) -> Result<Vec<f32>>;
+
+    /// Use at most `n >= 1` threads for one call from now on. A backend whose
+    /// work runs elsewhere (the CUDA device) records nothing: by default `Ok`.
+    fn set_threads(&self, n: usize) -> Result<()> {
+        let _ = n;
+        Ok(())
+    }
 }

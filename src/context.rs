@@ -13,6 +13,7 @@ use crate::cpu::{CpuBackend, CpuTuning};
 use crate::cuda::{CudaBackend, CudaTuning};
 use crate::error::{bail, Result};
 use crate::fallible::try_vec_with;
+use crate::hash::history::StateKey;
 use crate::hash::{HashTables, HashTablesIn, History};
 use std::sync::{Mutex, RwLock};
 
@@ -42,9 +43,13 @@ pub struct ContextConfig<'a> {
 }
 
 /// What the context knows of a registered layer.
-#[derive(Clone, Copy)]
-struct LayerInfo {
-    rows: u64,
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerInfo {
+    /// Rows of the layer's table.
+    pub rows: u64,
+    pub table_type: crate::formats::EngramType,
+    pub wkv_type: crate::formats::EngramType,
+    pub qk_type: crate::formats::EngramType,
 }
 
 pub struct Context<'w> {
@@ -56,6 +61,10 @@ pub struct Context<'w> {
     /// by `set_layer`: a layer is never replaced under a call that uses it.
     layers: RwLock<Vec<Option<LayerInfo>>>,
     backend: Box<dyn Backend<'w> + 'w>,
+    /// What a sequence state is checked against (the tables' fingerprint).
+    state_key: StateKey,
+    /// Threads the backend uses for one call, as last set.
+    n_threads: Mutex<usize>,
 }
 
 /// The backend `kind` for a context of `shape`.
@@ -88,13 +97,7 @@ impl<'w> Context<'w> {
         };
         cfg.limits.check()?;
         let tables = HashTables::new(&cfg.tables)?;
-        if cfg.n_threads > 1024 {
-            bail!(
-                ErrInvalidConfig,
-                "n_threads = {} (at most 1024)",
-                cfg.n_threads
-            );
-        }
+        check_threads(cfg.n_threads, crate::EngramStatus::ErrInvalidConfig)?;
         let shape = Shape::new(g, tables.cols(), tables.n_layers());
         let backend = open(kind, cfg, shape, &tables)?;
         Ok(Context {
@@ -102,8 +105,10 @@ impl<'w> Context<'w> {
             limits: cfg.limits,
             history: Mutex::new(History::new(cfg.limits)?),
             layers: RwLock::new(try_vec_with(shape.n_layers, || None, "engram layers")?),
+            state_key: StateKey::of(&tables),
             tables,
             backend,
+            n_threads: Mutex::new(cfg.n_threads.max(1)),
         })
     }
 
@@ -172,6 +177,59 @@ impl<'w> Context<'w> {
         self.history().drop_seq(seq)
     }
 
+    /// See [`History::seq_rm`].
+    pub fn seq_rm(&self, seq: i32, p0: i32, p1: i32) -> Result<()> {
+        self.history().seq_rm(seq, p0, p1)
+    }
+
+    /// See [`History::seq_cp`].
+    pub fn seq_cp(&self, src: i32, dst: i32, p0: i32, p1: i32) -> Result<()> {
+        self.history().seq_cp(src, dst, p0, p1)
+    }
+
+    /// See [`History::seq_keep`].
+    pub fn seq_keep(&self, seq: i32) -> Result<()> {
+        self.history().seq_keep(seq)
+    }
+
+    /// See [`History::seq_add`].
+    pub fn seq_add(&self, seq: i32, p0: i32, p1: i32, delta: i32) -> Result<()> {
+        self.history().seq_add(seq, p0, p1, delta)
+    }
+
+    /// See [`History::seq_div`].
+    pub fn seq_div(&self, seq: i32, p0: i32, p1: i32, d: i32) -> Result<()> {
+        self.history().seq_div(seq, p0, p1, d)
+    }
+
+    /// The written positions of `seq` and their compressed ids (for tests
+    /// and tools).
+    pub fn seq_entries(&self, seq: i32) -> Result<Vec<(usize, i32)>> {
+        let h = self.history();
+        let s = h.check_seq(seq)?;
+        h.entries(s)
+    }
+
+    /// Bytes of `seq`'s saved state (see [`crate::hash::history::state`]).
+    pub fn seq_state_size(&self, seq: i32) -> Result<usize> {
+        self.history().state_size(seq)
+    }
+
+    /// Save `seq`'s state into `buf`; returns the bytes written.
+    pub fn seq_state_write(&self, seq: i32, buf: &mut [u8]) -> Result<usize> {
+        self.history().state_write(seq, self.state_key, buf)
+    }
+
+    /// Restore a saved state into `seq` (any slot).
+    pub fn seq_state_read(&self, seq: i32, buf: &[u8]) -> Result<()> {
+        self.history().state_read(seq, self.state_key, buf)
+    }
+
+    /// The hash tables' fingerprint, which a saved state carries.
+    pub fn table_fingerprint(&self) -> u64 {
+        self.state_key.fingerprint
+    }
+
     /// Positions hashed so far in `seq` (one past the highest position written).
     pub fn seq_len(&self, seq: i32) -> Result<usize> {
         let h = self.history();
@@ -192,10 +250,45 @@ impl<'w> Context<'w> {
     pub fn set_layer(&self, w: LayerIn<'w>) -> Result<()> {
         let li = layer_index(&self.tables.layer_ids, w.layer_id)?;
         let checked = check_layer(&self.shape, self.tables.rows_needed[li], w)?;
-        let rows = checked.rows;
+        let info = LayerInfo {
+            rows: checked.rows,
+            table_type: checked.format,
+            wkv_type: checked.wkv_type,
+            qk_type: checked.qk_type,
+        };
         let mut layers = self.layers.write().unwrap_or_else(|p| p.into_inner());
         self.backend.set_layer(li, checked)?;
-        layers[li] = Some(LayerInfo { rows });
+        layers[li] = Some(info);
+        Ok(())
+    }
+
+    /// What is known of the layer at index `li` of the engram layers (`None`:
+    /// its weights were never set).
+    pub fn layer_info(&self, li: usize) -> Option<LayerInfo> {
+        self.layers().get(li).copied().flatten()
+    }
+
+    /// Layer `layer_id`'s gate weights `q * k` (`[hc, D]` f32), as the
+    /// backend keeps them.
+    pub fn gate_weights(&self, layer_id: u32) -> Result<Vec<f32>> {
+        let li = layer_index(&self.tables.layer_ids, layer_id)?;
+        let layers = self.layers();
+        Self::layer_rows(&layers, li, layer_id)?;
+        self.backend.gate_weights(li)
+    }
+
+    /// Threads the backend uses for one call.
+    pub fn n_threads(&self) -> usize {
+        *self.n_threads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Use at most `n` threads for one call from now on (0 means 1; see
+    /// [`Backend::set_threads`]).
+    pub fn set_threads(&self, n: usize) -> Result<()> {
+        check_threads(n, crate::EngramStatus::ErrInvalidArgument)?;
+        let mut cur = self.n_threads.lock().unwrap_or_else(|p| p.into_inner());
+        self.backend.set_threads(n.max(1))?;
+        *cur = n.max(1);
         Ok(())
     }
 
@@ -326,4 +419,15 @@ impl<'w> Context<'w> {
     pub fn check(&self, stream: Stream) -> Result<()> {
         self.backend.check(stream)
     }
+}
+
+/// A thread count at create or at run time: at most 1024.
+fn check_threads(n: usize, status: crate::EngramStatus) -> Result<()> {
+    if n > 1024 {
+        return Err(crate::error::Error::new(
+            status,
+            format!("n_threads = {n} (at most 1024)"),
+        ));
+    }
+    Ok(())
 }

@@ -42,7 +42,9 @@ pub enum EngramStatus {
     /// A row id outside the layer's table, or a token whose ids are only partly dead.
     ErrInvalidRowId = 7011,
     /// A sequence id outside `[0, max_seqs)`, a position outside
-    /// `[0, max_positions)`, or the same (sequence, position) twice in one batch.
+    /// `[0, max_positions)`, the same (sequence, position) twice in one batch,
+    /// or a position range of an `engram_seq_*` call outside
+    /// `[0, max_positions]` or ending before it starts.
     ErrInvalidSequence = 7012,
     /// Any other invalid argument (sizes, alignment, a stream of another
     /// context, ...). A highway type other than f32 or bf16 is

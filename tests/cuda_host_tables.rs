@@ -396,3 +396,31 @@ fn a_layer_moves_between_host_and_device_tables() {
     let got = run_step(&dev, &host_all, &tiny, RowIds::Host(ids), n, "move");
     assert!(got == want, "everything in host memory");
 }
+
+#[test]
+fn gate_weights_and_threads_on_the_cuda_backend() {
+    // engram_layer_gate_weights reads q * k back from the device: the CPU
+    // backend's values; engram_set_threads is recorded and changes nothing.
+    let Some(dev) = device() else { return };
+    let tiny = Tiny::load();
+    let ctx = cuda_context(&dev, &tiny);
+    let cpu = tiny.context();
+    let l = &tiny.layers[0];
+    let e = ctx.gate_weights(l.layer_id).unwrap_err();
+    assert_eq!(e.status, EngramStatus::ErrNoWeights);
+    let w = dev_weights(&dev, l);
+    ctx.set_layer(layer_with(
+        l,
+        TableSource::Memory(
+            // SAFETY: a device buffer of the table's size, alive for the test.
+            unsafe { Region::from_raw(w.table.ptr as usize, None) },
+        ),
+        &w,
+    ))
+    .unwrap();
+    let got = ctx.gate_weights(l.layer_id).unwrap();
+    assert_eq!(got, cpu.gate_weights(l.layer_id).unwrap());
+    assert_eq!(got.len(), tiny.hc * tiny.d);
+    ctx.set_threads(4).unwrap();
+    assert_eq!(ctx.n_threads(), 4);
+}

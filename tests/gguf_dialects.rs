@@ -962,3 +962,103 @@ fn a_tokenizer_json_in_tables_dir_completes_a_deepstrix_file() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// GGUF file `bytes` with the metadata `kvs` (key, GGUF type, value bytes)
+/// added before its own: a filler key pads the added bytes to a multiple of
+/// 256, so that the data section stays aligned (for any alignment up to 256).
+fn with_kvs(bytes: &[u8], kvs: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
+    let enc = |k: &str, t: u32, v: &[u8]| {
+        let mut b = (k.len() as u64).to_le_bytes().to_vec();
+        b.extend(k.as_bytes());
+        b.extend(t.to_le_bytes());
+        b.extend(v);
+        b
+    };
+    let mut add: Vec<u8> = kvs.iter().flat_map(|(k, t, v)| enc(k, *t, v)).collect();
+    let klen = 256 - (add.len() + 13) % 256; // a u8 kv takes 13 + key bytes
+    add.extend(enc(&"f".repeat(klen), 0, &[0]));
+    assert_eq!(add.len() % 256, 0);
+    let n_kv = u64::from_le_bytes(bytes[16..24].try_into().unwrap()) + kvs.len() as u64 + 1;
+    let mut out = bytes[..16].to_vec();
+    out.extend(n_kv.to_le_bytes());
+    out.extend(add);
+    out.extend(&bytes[24..]);
+    out
+}
+
+#[test]
+fn eps_comes_from_the_file_when_the_options_leave_it_zero() {
+    let tiny = std::fs::read(golden_dir().join("tiny.gguf")).unwrap();
+    let open =
+        |b: Vec<u8>| GgufModel::from_memory(vec![("tiny.gguf".into(), b)], &LoadOptions::default());
+    let key = "deepseek41.attention.layer_norm_rms_epsilon";
+    let mut o = options();
+    // The file's key, a value other than the default.
+    let m = open(with_kvs(&tiny, &[(key, 6, 3e-5f32.to_le_bytes().to_vec())])).unwrap();
+    assert_eq!(m.eps, Some(3e-5));
+    o.eps = 0.0;
+    assert_eq!(m.context(&o).unwrap().geometry().eps, 3e-5, "0: the file's");
+    o.eps = 1e-4;
+    assert_eq!(
+        m.context(&o).unwrap().geometry().eps,
+        1e-4,
+        "an eps asked for wins"
+    );
+    // No key: the default.
+    let m = open(tiny.clone()).unwrap();
+    assert_eq!(m.eps, None);
+    o.eps = 0.0;
+    assert_eq!(m.context(&o).unwrap().geometry().eps, 1e-6);
+    // A mistyped or non-finite key is a format error naming it.
+    for (t, v) in [
+        (4u32, 7u32.to_le_bytes().to_vec()),
+        (6, f32::NAN.to_le_bytes().to_vec()),
+    ] {
+        let e = open(with_kvs(&tiny, &[(key, t, v)])).err().unwrap();
+        assert_eq!(e.status, engram::EngramStatus::ErrFormat);
+        assert!(e.message.contains(key), "{}", e.message);
+    }
+    // Another architecture's key is not this file's.
+    let m = open(with_kvs(
+        &tiny,
+        &[(
+            "llama.attention.layer_norm_rms_epsilon",
+            6,
+            3e-5f32.to_le_bytes().to_vec(),
+        )],
+    ))
+    .unwrap();
+    assert_eq!(m.eps, None);
+}
+
+#[test]
+fn the_checkpoint_takes_eps_from_config_json() {
+    let src = dir().join("checkpoint");
+    let tmp = std::env::temp_dir().join(format!("engram_eps_ckpt_{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), tmp.join(e.file_name())).unwrap();
+    }
+    let o = LoadOptions {
+        tokenizer: Some(deepseek_map()),
+        ..LoadOptions::default()
+    };
+    let m = GgufModel::open_checkpoint(&tmp, None, &o).unwrap();
+    assert_eq!(m.eps, None, "the fixture's config has no rms_norm_eps");
+    let cfg_path = tmp.join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    cfg["text_config"]["rms_norm_eps"] = serde_json::json!(2e-5);
+    std::fs::write(&cfg_path, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let m = GgufModel::open_checkpoint(&tmp, None, &o).unwrap();
+    assert_eq!(m.eps, Some(2e-5));
+    let mut opts = options();
+    opts.eps = 0.0;
+    assert_eq!(m.context(&opts).unwrap().geometry().eps, 2e-5);
+    cfg["text_config"]["rms_norm_eps"] = serde_json::json!("small");
+    std::fs::write(&cfg_path, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let e = GgufModel::open_checkpoint(&tmp, None, &o).err().unwrap();
+    assert_eq!(e.status, engram::EngramStatus::ErrInvalidConfig);
+    assert!(e.message.contains("rms_norm_eps"), "{}", e.message);
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

@@ -247,3 +247,348 @@ fn history_memory_follows_the_positions_written() {
     );
     assert_eq!(ctx.seq_len(0).unwrap(), p as usize + 2);
 }
+
+/// The history of each sequence as the engine meant it: position -> raw token.
+type Model = Vec<std::collections::BTreeMap<usize, i32>>;
+
+/// A context without weights (the hash needs none) on one thread.
+fn hash_context(tiny: &Tiny, max_seqs: usize, max_positions: usize) -> engram::Context<'_> {
+    let mut cfg = tiny.config(engram::batch::Limits {
+        max_tokens: 64,
+        max_seqs,
+        max_positions,
+    });
+    cfg.n_threads = 1;
+    engram::Context::new(&cfg).unwrap()
+}
+
+fn compressed(tiny: &Tiny, t: i32) -> i32 {
+    if t < 0 {
+        -1
+    } else {
+        tiny.token_map[t as usize]
+    }
+}
+
+/// The row ids of `tok` at position `q` of a sequence whose history is `m`,
+/// from a fresh context fed that history in order: the look-back window
+/// (oldest first, ending where the sequence starts, at a dead token or after
+/// `N - 1` tokens) then `tok`, in one batch. `None`: the window reaches a
+/// position never hashed (`ERR_MISSING_HISTORY`).
+fn fresh_ids(
+    tiny: &Tiny,
+    m: &std::collections::BTreeMap<usize, i32>,
+    q: usize,
+    tok: i32,
+) -> Option<Vec<i64>> {
+    let mut window = Vec::new();
+    if compressed(tiny, tok) != -1 {
+        for j in 1..tiny.ngram {
+            if j > q {
+                break;
+            }
+            let &t = m.get(&(q - j))?;
+            window.push(t);
+            if compressed(tiny, t) == -1 {
+                break;
+            }
+        }
+    }
+    window.reverse();
+    window.push(tok);
+    let n = window.len();
+    let ctx = hash_context(tiny, 1, 64);
+    let per = ctx.ids_per_token();
+    let mut out = vec![0i64; n * per];
+    let pos: Vec<i32> = (0..n as i32).collect();
+    ctx.hash(&window, &vec![0; n], &pos, &mut out).unwrap();
+    Some(out[(n - 1) * per..].to_vec())
+}
+
+/// llama.cpp's range conventions: `p0 < 0` is 0, `p1 < 0` the end; `None`
+/// for a range the history refuses.
+fn model_range(p0: i32, p1: i32, max: usize) -> Option<(usize, usize)> {
+    let lo = p0.max(0) as usize;
+    let hi = if p1 < 0 { max } else { p1 as usize };
+    (lo <= max && hi <= max && lo <= hi).then_some((lo, hi))
+}
+
+#[test]
+fn history_operations_equal_a_fresh_context_fed_the_resulting_history() {
+    use engram::EngramStatus as S;
+    use std::collections::BTreeMap;
+    let tiny = Tiny::load();
+    let vocab = tiny.token_map.len();
+    let (max_seqs, max_pos) = (3usize, 40usize);
+    let mut rng = Rng(23);
+    let mut mix: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    let mut count = |name: &'static str, ok: bool| {
+        let e = mix.entry(name).or_default();
+        if ok {
+            e.0 += 1;
+        } else {
+            e.1 += 1;
+        }
+    };
+    for case in 0..150 {
+        let ctx = hash_context(&tiny, max_seqs, max_pos);
+        let per = ctx.ids_per_token();
+        let mut model: Model = vec![BTreeMap::new(); max_seqs];
+        let mut log: Vec<String> = Vec::new();
+        for step in 0..60 {
+            // A sequence id, now and then a bad one.
+            let seq = |rng: &mut Rng| -> i32 {
+                match rng.below(20) {
+                    0 => max_seqs as i32,
+                    1 => -2,
+                    _ => rng.below(max_seqs) as i32,
+                }
+            };
+            // A range: to the end now and then, else mostly in order and
+            // inside [0, max_positions], sometimes not.
+            let range = |rng: &mut Rng| -> (i32, i32) {
+                let p0 = rng.below(max_pos + 6) as i32 - 3;
+                let lo = p0.clamp(0, max_pos as i32);
+                let p1 = match rng.below(8) {
+                    0 | 1 => -1,
+                    2 => rng.below(max_pos + 3) as i32,
+                    _ => lo + rng.below(max_pos + 1 - lo as usize) as i32,
+                };
+                (p0, p1)
+            };
+            let valid = |s: i32| (0..max_seqs as i32).contains(&s);
+            let before: Model = model.clone();
+            let op = rng.below(100);
+            let what;
+            let result: engram::Result<()>;
+            let mut expect: Result<(), engram::EngramStatus> = Ok(());
+            if op < 35 {
+                // Hash a batch at consecutive positions of one sequence: most
+                // often the next ones, else anywhere.
+                let s = rng.below(max_seqs);
+                let len = model[s].keys().next_back().map_or(0, |&p| p + 1);
+                let q = if rng.below(3) > 0 && len < max_pos {
+                    len
+                } else {
+                    rng.below(max_pos)
+                };
+                let k = 1 + rng.below((max_pos - q).min(6));
+                let toks: Vec<i32> = (0..k).map(|_| rng.token(vocab)).collect();
+                let mut m = model[s].clone();
+                let mut want = Vec::new();
+                let mut missing = false;
+                for (j, &t) in toks.iter().enumerate() {
+                    match fresh_ids(&tiny, &m, q + j, t) {
+                        Some(ids) => want.extend(ids),
+                        None => missing = true,
+                    }
+                    m.insert(q + j, t);
+                }
+                let mut out = vec![0i64; k * per];
+                let p: Vec<i32> = (q as i32..(q + k) as i32).collect();
+                result = ctx.hash(&toks, &vec![s as i32; k], &p, &mut out);
+                what = format!("hash seq {s} at {q}: {toks:?}");
+                if missing {
+                    expect = Err(S::ErrMissingHistory);
+                } else {
+                    model[s] = m;
+                    if result.is_ok() {
+                        assert_eq!(out, want, "case {case} step {step}: {what}\n{log:#?}");
+                    }
+                }
+                count("hash", !missing);
+            } else if op < 50 {
+                let s = if rng.below(8) == 0 { -1 } else { seq(&mut rng) };
+                let (p0, p1) = range(&mut rng);
+                result = ctx.seq_rm(s, p0, p1);
+                what = format!("seq_rm({s}, {p0}, {p1})");
+                match model_range(p0, p1, max_pos) {
+                    Some((lo, hi)) if s == -1 || valid(s) => {
+                        for (i, m) in model.iter_mut().enumerate() {
+                            if s == -1 || s == i as i32 {
+                                m.retain(|&p, _| !(lo..hi).contains(&p));
+                            }
+                        }
+                    }
+                    _ => expect = Err(S::ErrInvalidSequence),
+                }
+                count("seq_rm", expect.is_ok());
+            } else if op < 60 {
+                let (a, b) = (seq(&mut rng), seq(&mut rng));
+                let (p0, p1) = range(&mut rng);
+                result = ctx.seq_cp(a, b, p0, p1);
+                what = format!("seq_cp({a}, {b}, {p0}, {p1})");
+                match model_range(p0, p1, max_pos) {
+                    Some((lo, hi)) if valid(a) && valid(b) => {
+                        let src: Vec<(usize, i32)> = model[a as usize]
+                            .range(lo..hi)
+                            .map(|(&p, &t)| (p, t))
+                            .collect();
+                        let d = &mut model[b as usize];
+                        d.retain(|&p, _| !(lo..hi).contains(&p));
+                        d.extend(src);
+                    }
+                    _ => expect = Err(S::ErrInvalidSequence),
+                }
+                count("seq_cp", expect.is_ok());
+            } else if op < 63 {
+                let s = seq(&mut rng);
+                result = ctx.seq_keep(s);
+                what = format!("seq_keep({s})");
+                if valid(s) {
+                    for (i, m) in model.iter_mut().enumerate() {
+                        if i as i32 != s {
+                            m.clear();
+                        }
+                    }
+                } else {
+                    expect = Err(S::ErrInvalidSequence);
+                }
+                count("seq_keep", expect.is_ok());
+            } else if op < 80 {
+                let s = seq(&mut rng);
+                let (p0, p1) = range(&mut rng);
+                let delta = rng.below(21) as i32 - 12;
+                result = ctx.seq_add(s, p0, p1, delta);
+                what = format!("seq_add({s}, {p0}, {p1}, {delta})");
+                match model_range(p0, p1, max_pos) {
+                    Some((lo, hi)) if valid(s) => {
+                        let m = &mut model[s as usize];
+                        let moved: Vec<(usize, i32)> =
+                            m.range(lo..hi).map(|(&p, &t)| (p, t)).collect();
+                        let over = moved
+                            .last()
+                            .is_some_and(|&(p, _)| p as i64 + delta as i64 >= max_pos as i64);
+                        if over && delta != 0 {
+                            expect = Err(S::ErrInvalidSequence);
+                        } else if delta != 0 {
+                            m.retain(|&p, _| !(lo..hi).contains(&p));
+                            for (p, t) in moved {
+                                let to = p as i64 + delta as i64;
+                                if to >= 0 {
+                                    m.insert(to as usize, t);
+                                }
+                            }
+                        }
+                    }
+                    _ => expect = Err(S::ErrInvalidSequence),
+                }
+                count("seq_add", expect.is_ok());
+            } else if op < 84 {
+                let s = seq(&mut rng);
+                let (p0, p1) = range(&mut rng);
+                let d = rng.below(4) as i32 - 1;
+                result = ctx.seq_div(s, p0, p1, d);
+                what = format!("seq_div({s}, {p0}, {p1}, {d})");
+                expect = match (valid(s), model_range(p0, p1, max_pos), d) {
+                    (true, Some(_), 1) => Ok(()),
+                    (true, Some(_), d) if d < 1 => Err(S::ErrInvalidArgument),
+                    (true, Some(_), _) => Err(S::ErrUnsupported),
+                    _ => Err(S::ErrInvalidSequence),
+                };
+                count("seq_div", expect.is_ok());
+            } else if op < 88 {
+                let (a, b) = (seq(&mut rng), seq(&mut rng));
+                result = if rng.below(2) == 0 {
+                    what = format!("seq_copy({a}, {b})");
+                    ctx.seq_copy(a, b)
+                } else {
+                    what = format!("seq_drop({a})");
+                    ctx.seq_drop(a)
+                };
+                if what.starts_with("seq_copy") && valid(a) && valid(b) {
+                    model[b as usize] = model[a as usize].clone();
+                } else if what.starts_with("seq_drop") && valid(a) {
+                    model[a as usize].clear();
+                } else {
+                    expect = Err(S::ErrInvalidSequence);
+                }
+                count("seq_copy/drop", expect.is_ok());
+            } else {
+                // Save a sequence, restore it into another slot.
+                let (a, b) = (rng.below(max_seqs) as i32, rng.below(max_seqs) as i32);
+                let mut buf = vec![0u8; ctx.seq_state_size(a).unwrap()];
+                assert_eq!(ctx.seq_state_write(a, &mut buf).unwrap(), buf.len());
+                result = ctx.seq_state_read(b, &buf);
+                what = format!("state of {a} into {b}");
+                model[b as usize] = model[a as usize].clone();
+                count("state save/restore", true);
+            }
+            assert_eq!(
+                result.as_ref().map_err(|e| e.status).err(),
+                expect.err(),
+                "case {case} step {step}: {what} gave {result:?}\n{log:#?}"
+            );
+            if expect.is_err() {
+                assert_eq!(model, before);
+            }
+            log.push(what);
+            // The whole history, position by position.
+            for (s, m) in model.iter().enumerate() {
+                let want: Vec<(usize, i32)> =
+                    m.iter().map(|(&p, &t)| (p, compressed(&tiny, t))).collect();
+                assert_eq!(
+                    ctx.seq_entries(s as i32).unwrap(),
+                    want,
+                    "case {case} step {step}, sequence {s}\n{log:#?}"
+                );
+            }
+        }
+    }
+    eprintln!("operation mix (accepted, refused): {mix:?}");
+}
+
+#[test]
+fn set_threads_while_applies_run_changes_no_bit() {
+    // Applies on three threads while a fourth changes the thread count over
+    // and over: each apply runs on the old pool or the new one, and every
+    // one gives the bits of a one-thread context.
+    let tiny = Tiny::load();
+    let ctx = tiny.context();
+    let per = ctx.ids_per_token();
+    let n = 48;
+    let vocab = tiny.token_map.len();
+    let mut rng = Rng(31);
+    let tokens: Vec<i32> = (0..n).map(|_| rng.token(vocab)).collect();
+    let mut ids = vec![0i64; n * per];
+    let pos: Vec<i32> = (0..n as i32).collect();
+    ctx.hash(&tokens, &vec![0; n], &pos, &mut ids).unwrap();
+    let hw0: Vec<f32> = values("threads.highway", n * tiny.hc * tiny.d, 1.0, 0.0);
+    let layer = tiny.layer_ids[0];
+    ctx.set_threads(1).unwrap();
+    let mut want = hw0.clone();
+    ctx.apply(layer, &ids, n, engram::Highway::F32(&mut want))
+        .unwrap();
+    assert_ne!(want, hw0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut runs = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) || runs < 5 {
+                        let mut hw = hw0.clone();
+                        ctx.apply(layer, &ids, n, engram::Highway::F32(&mut hw))
+                            .unwrap();
+                        assert_eq!(hw, want, "run {runs}");
+                        runs += 1;
+                    }
+                    runs
+                })
+            })
+            .collect();
+        for i in 0..40 {
+            let t = [1, 4, 2, 3, 0][i % 5];
+            ctx.set_threads(t).unwrap();
+            assert_eq!(ctx.n_threads(), t.max(1));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in workers {
+            assert!(w.join().unwrap() >= 5);
+        }
+    });
+    ctx.set_threads(3).unwrap();
+    let e = ctx.set_threads(1025).unwrap_err();
+    assert_eq!(e.status, engram::EngramStatus::ErrInvalidArgument);
+    assert_eq!(ctx.n_threads(), 3, "a refused count changes nothing");
+}

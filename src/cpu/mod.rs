@@ -257,4 +257,24 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
     fn check(&self, _stream: Stream) -> Result<()> {
         Ok(())
     }
+
+    fn gate_weights(&self, li: usize) -> Result<Vec<f32>> {
+        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
+        let qk = &layer_of(&layers, li)?.qk;
+        let mut out = try_vec(qk.len(), 0f32, "q * k")?;
+        out.copy_from_slice(qk);
+        Ok(out)
+    }
+
+    /// Replaces the projection's pool (waiting for the projections in flight;
+    /// see [`Projection::set_threads`]). The prefetch workers keep the count
+    /// they were created with.
+    fn set_threads(&self, n: usize) -> Result<()> {
+        self.projection.set_threads(n).map_err(|e| {
+            Error::new(
+                crate::EngramStatus::ErrCapacity,
+                format!("cannot start {n} threads: {e}"),
+            )
+        })
+    }
 }

@@ -5,7 +5,7 @@ use super::blas::RealBlas;
 use super::gpu::{Arg, Blas, DevPtr, Gpu, Guard, Kernel, MemKind, PtrInfo, Stream, KERNEL_NAMES};
 use super::kernels;
 pub use super::status::{api, check, error_text};
-use super::sys::{self, CUcontext, CUdevice, CUDA_SUCCESS};
+use super::sys::{self, CUcontext, CUdevice, DriverApi, CUDA_SUCCESS};
 use crate::error::{bail, Result};
 use std::ffi::{c_void, CStr, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};

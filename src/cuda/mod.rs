@@ -798,6 +798,12 @@ impl<'w> Backend<'w> for CudaBackend {
         self.gpu.stream_synchronize(stream)?;
         self.take_device_error(&st)
     }
+
+    /// Copied back from the device buffer `set_layer` filled (synchronously).
+    fn gate_weights(&self, li: usize) -> Result<Vec<f32>> {
+        let _st = self.state();
+        self.qk[li].read::<f32>(self.shape.hw_per_token())
+    }
 }
 
 impl Drop for CudaBackend {

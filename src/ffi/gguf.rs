@@ -22,7 +22,11 @@ pub struct EngramGgufOptions {
     pub backend: u32,
     /// CUDA device ordinal (ignored by the CPU backend).
     pub device: i32,
-    /// RMS epsilon of the gate (default 1e-6).
+    /// RMS epsilon of the gate. 0 (the default): the file's, else 1e-6
+    /// (GGUF, any dialect: `{general.architecture}.attention.layer_norm_rms_epsilon`,
+    /// that is `deepseek41.` or `deepseek4.`; the checkpoint:
+    /// `config.json`'s `rms_norm_eps`, in `text_config` or at the top level).
+    /// `engram_context_info` reports the value in use.
     pub eps: f32,
     /// As in `engram_config`.
     pub max_tokens: u32,
@@ -67,7 +71,7 @@ impl Default for EngramGgufOptions {
             struct_size: size_of::<EngramGgufOptions>(),
             backend: EngramBackend::Cpu as u32,
             device: 0,
-            eps: 1e-6,
+            eps: 0.0,
             max_tokens: 4096,
             max_seqs: 64,
             max_positions: 131072,
@@ -81,7 +85,7 @@ impl Default for EngramGgufOptions {
 }
 
 /// Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
-/// `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
+/// `eps = 0` (the file's), `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
 /// 131072`, one thread, no config/tokenizer, `pread` tables, no tables
 /// directory. NULL is ignored.
 /// Call it through the header's `engram_gguf_options_init(o)`.

@@ -7,6 +7,8 @@
 //!   small helpers that turn C pointers into Rust values (the only `unsafe`
 //!   of the ABI).
 //! - [`context`]: contexts, layers, hashing, apply, read-back.
+//! - [`history`]: the KV cache's history operations, sequence states.
+//! - [`info`]: what a context says about itself; threads at run time.
 //! - [`tables`]: hash tables from `config.json` + `tokenizer.json`.
 //! - [`gguf`]: a context straight from a GGUF file (any dialect, split sets).
 //! - [`safetensors`]: a context straight from the released checkpoint.
@@ -15,11 +17,15 @@
 pub mod boundary;
 pub mod context;
 pub mod gguf;
+pub mod history;
+pub mod info;
 pub mod safetensors;
 pub mod tables;
 
 pub use boundary::{engram_last_error, engram_status_str, engram_version};
 pub use context::*;
 pub use gguf::*;
+pub use history::*;
+pub use info::*;
 pub use safetensors::*;
 pub use tables::*;

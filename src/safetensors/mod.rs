@@ -292,6 +292,9 @@ pub fn embed_table(
 pub struct Checkpoint {
     pub model: EngramModel,
     pub files: Vec<StFile>,
+    /// `config.json`'s `rms_norm_eps` (in `text_config` or at the top
+    /// level), if it has one.
+    pub eps: Option<f32>,
 }
 
 /// Read a checkpoint directory's engram part and check it ([`read`], then
@@ -326,6 +329,12 @@ pub fn read(
     }
     let cfg_path = dir.join("config.json");
     let cfg = EngramConfig::from_file(&cfg_path)?;
+    let eps = {
+        let bytes =
+            files::read_small(&cfg_path, "config", crate::tables::config::MAX_CONFIG_BYTES)?;
+        crate::tables::config::rms_norm_eps(&String::from_utf8_lossy(&bytes))
+            .map_err(|e| Error::new(e.status, format!("{}: {}", cfg_path.display(), e.message)))?
+    };
     let (Some(d), Some(hc), Some(hd)) = (cfg.hidden_size, cfg.hc, cfg.head_dim) else {
         bail!(
             ErrInvalidConfig,
@@ -558,6 +567,7 @@ pub fn read(
     Ok(Checkpoint {
         model,
         files: shards,
+        eps,
     })
 }
 

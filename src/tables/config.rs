@@ -160,6 +160,28 @@ impl<'a> Lookup<'a> {
     }
 }
 
+/// The RMS epsilon a `config.json` text states: `rms_norm_eps`, in
+/// `text_config` or at the top level (`None`: neither has it). A value that
+/// is not a finite number `>= 0` is `ERR_INVALID_CONFIG`.
+pub fn rms_norm_eps(text: &str) -> Result<Option<f32>> {
+    let root: Value = serde_json::from_str(text)
+        .map_err(|e| bad(format!("config.json is not valid JSON: {e}")))?;
+    let found = [root.get("text_config"), Some(&root)]
+        .into_iter()
+        .flatten()
+        .find_map(|s| s.get("rms_norm_eps").filter(|v| !v.is_null()));
+    let Some(v) = found else {
+        return Ok(None);
+    };
+    match v.as_f64().map(|x| x as f32) {
+        Some(e) if e.is_finite() && e >= 0.0 => Ok(Some(e)),
+        _ => bail!(
+            ErrInvalidConfig,
+            "config.json: rms_norm_eps = {v} is not a finite epsilon >= 0"
+        ),
+    }
+}
+
 impl EngramConfig {
     /// Parse the engram fields of a `config.json` text.
     pub fn from_json(text: &str) -> Result<EngramConfig> {

@@ -124,7 +124,9 @@ const TOKEN_BLOCK: usize = 64;
 /// The projection with its thread pool.
 pub struct Projection {
     /// Joined when dropped (`engram_free` returns with no thread left).
-    pool: Option<crate::cpu::pool::Pool>,
+    /// Held for reading by every run, for writing by [`Projection::set_threads`]:
+    /// a pool is never replaced under a run that uses it.
+    pool: std::sync::RwLock<Option<crate::cpu::pool::Pool>>,
     kernel: Kernel,
     /// Leave the f32 sums unrounded (tests: the bf16 rounding would hide most
     /// changes of summation order).
@@ -136,16 +138,40 @@ impl Projection {
     /// included: a pool of `threads` workers runs the work while the caller
     /// waits). `threads <= 1` runs everything on the calling thread.
     pub fn new(threads: usize) -> std::io::Result<Projection> {
-        let pool = if threads > 1 {
-            Some(crate::cpu::pool::Pool::new(threads)?)
-        } else {
-            None
-        };
         Ok(Projection {
-            pool,
+            pool: std::sync::RwLock::new(Self::pool(threads)?),
             kernel: Kernel::detect(),
             raw_sums: false,
         })
+    }
+
+    fn pool(threads: usize) -> std::io::Result<Option<crate::cpu::pool::Pool>> {
+        Ok(if threads > 1 {
+            Some(crate::cpu::pool::Pool::new(threads)?)
+        } else {
+            None
+        })
+    }
+
+    /// Threads a run uses (1: the calling thread only).
+    pub fn threads(&self) -> usize {
+        let pool = self.pool.read().unwrap_or_else(|p| p.into_inner());
+        pool.as_ref().map_or(1, |p| p.current_num_threads())
+    }
+
+    /// Use at most `threads` threads from now on: waits for the runs in
+    /// flight to finish, joins the old pool's threads and starts the new
+    /// pool's. A thread that cannot be started is an error and the old pool
+    /// stays in use (the new one is built before the old one is dropped).
+    pub fn set_threads(&self, threads: usize) -> std::io::Result<()> {
+        if threads.max(1) == self.threads() {
+            return Ok(());
+        }
+        let new = Self::pool(threads)?;
+        let mut pool = self.pool.write().unwrap_or_else(|p| p.into_inner());
+        // Dropping the old pool joins its threads.
+        drop(std::mem::replace(&mut *pool, new));
+        Ok(())
     }
 
     pub fn kernel(&self) -> Kernel {
@@ -226,13 +252,14 @@ impl Projection {
         // About 8 tasks a thread (fewer hand-offs than one per CHUNK rows, and
         // still some balance when a core is busy with something else), in
         // whole GEMM panels.
-        let threads = self.pool.as_ref().map_or(1, |p| p.current_num_threads());
+        let pool = self.pool.read().unwrap_or_else(|p| p.into_inner());
+        let threads = pool.as_ref().map_or(1, |p| p.current_num_threads());
         let chunk = (n_out / (8 * threads)).max(CHUNK).next_multiple_of(16);
         let f = |(ci, out): (usize, &mut [f32])| {
             let lo = ci * chunk;
             body(lo, (lo + chunk).min(n_out), out)
         };
-        match &self.pool {
+        match &*pool {
             Some(p) if n_out > chunk => {
                 p.install(|| kvt.par_chunks_mut(chunk * n).enumerate().try_for_each(f))
             }

@@ -124,6 +124,8 @@ pub struct LoadedModel {
     ext: Vec<ExtFile>,
     pub model: EngramModel,
     layers: Vec<LoadedLayer>,
+    /// The RMS epsilon the files state ([`file_eps`]), if they do.
+    pub eps: Option<f32>,
 }
 
 /// A model's files read but not checked ([`LoadedModel::inspect`]).
@@ -133,6 +135,34 @@ pub struct Inspected {
     pub files: Vec<PathBuf>,
     /// How many of them are GGUF shards (0 for a checkpoint).
     pub shards: usize,
+}
+
+/// The epsilon of a model whose files do not state one.
+pub const DEFAULT_EPS: f32 = 1e-6;
+
+/// The GGUF key of the RMS epsilon: llama.cpp's
+/// `{general.architecture}.attention.layer_norm_rms_epsilon` (`deepseek41.`
+/// or `deepseek4.`), read the same way for every dialect.
+pub fn eps_key(arch: &str) -> String {
+    format!("{arch}.attention.layer_norm_rms_epsilon")
+}
+
+/// The RMS epsilon a GGUF set states (`None`: no architecture or no key);
+/// a value that is not a finite number `>= 0` is `ERR_FORMAT` naming the key.
+fn gguf_eps(set: &GgufSet) -> Result<Option<f32>> {
+    let Some(arch) = set.header().architecture() else {
+        return Ok(None);
+    };
+    let key = eps_key(arch);
+    let v = match set.get(&key).map(|k| &k.value) {
+        None => return Ok(None),
+        Some(crate::gguf::parser::Value::Float(f)) => *f as f32,
+        Some(other) => bail!(ErrFormat, "{key} is {other:?}, not a float"),
+    };
+    if !(v.is_finite() && v >= 0.0) {
+        bail!(ErrFormat, "{key} = {v} is not a finite epsilon >= 0");
+    }
+    Ok(Some(v))
 }
 
 /// The name a loader's GGUF entry points use; the same type.
@@ -158,6 +188,7 @@ impl LoadedModel {
     fn from_set(set: GgufSet, path: &Path, o: &LoadOptions<'_>) -> Result<LoadedModel> {
         let (set, ext, model) = Self::resolve(set, path, o)?;
         model.check()?;
+        let eps = gguf_eps(&set)?;
         let mut m = LoadedModel {
             path: path.to_path_buf(),
             mmap: o.mmap,
@@ -165,6 +196,7 @@ impl LoadedModel {
             ext,
             model,
             layers: Vec::new(),
+            eps,
         };
         m.load_weights()?;
         Ok(m)
@@ -273,6 +305,7 @@ impl LoadedModel {
             ext,
             model: ck.model,
             layers: Vec::new(),
+            eps: ck.eps,
         };
         m.load_weights()?;
         Ok(m)
@@ -477,6 +510,16 @@ impl LoadedModel {
         }
     }
 
+    /// The epsilon a context uses: `asked` unless it is 0, else the files'
+    /// ([`LoadedModel::eps`]), else [`DEFAULT_EPS`].
+    pub fn eps_for(&self, asked: f32) -> f32 {
+        if asked != 0.0 {
+            asked
+        } else {
+            self.eps.unwrap_or(DEFAULT_EPS)
+        }
+    }
+
     /// A context over this model's engram layers (weights borrowed from the
     /// model).
     pub fn context(&self, o: &GgufOptions) -> Result<Context<'_>> {
@@ -486,7 +529,7 @@ impl LoadedModel {
                 d: m.d,
                 hc: m.hc,
                 hd: m.hd,
-                eps: o.eps,
+                eps: self.eps_for(o.eps),
             },
             tables: m.tables_in(),
             limits: o.limits,

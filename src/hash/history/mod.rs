@@ -461,6 +461,11 @@ fn at_token(i: usize, e: Error) -> Error {
     Error::new(e.status, format!("token {i}: {}", e.message))
 }
 
+mod ops;
+pub mod state;
+pub use ops::Range;
+pub use state::StateKey;
+
 #[cfg(test)]
 mod tests;
 

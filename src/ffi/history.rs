@@ -1,0 +1,179 @@
+//! The history operations of an engine's KV cache (llama.cpp's
+//! `llama_memory_seq_*`) and one sequence's saved state.
+
+use super::boundary::{non_null, slice, slice_mut};
+use super::context::{ctx, EngramContext};
+use crate::error::EngramStatus;
+use std::ffi::c_void;
+
+/// Forget the positions `[p0, p1)` of sequence `seq`, as
+/// `llama_memory_seq_rm` removes them from the KV cache (a rejected draft, an
+/// edited prompt): a later token whose look-back reaches one of them is
+/// `ENGRAM_STATUS_ERR_MISSING_HISTORY` until it is hashed again. `seq = -1`:
+/// every sequence. `p0 < 0` is 0, `p1 < 0` is the end. A sequence outside
+/// `[0, max_seqs)` (other than -1), a range outside `[0, max_positions]` or
+/// one with `p0 > p1` is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE`, and nothing
+/// changes. Serialised with `engram_hash` and the other `engram_seq_*` calls.
+///
+/// `ctx` as in `engram_free`.
+#[no_mangle]
+pub extern "C" fn engram_seq_rm(
+    ctx: *mut EngramContext,
+    seq: i32,
+    p0: i32,
+    p1: i32,
+) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_rm(seq, p0, p1) })
+}
+
+/// Copy sequence `src`'s positions `[p0, p1)` over `dst`'s, as
+/// `llama_memory_seq_cp` (a shared prompt, a forked draft): afterwards `dst`
+/// holds exactly what `src` holds in that range (a position `src` never
+/// hashed is forgotten in `dst`); `dst`'s other positions stay. `p0 < 0` is 0,
+/// `p1 < 0` the end; `src == dst` changes nothing. Checked as
+/// `engram_seq_rm` (no -1 here); out of memory is
+/// `ENGRAM_STATUS_ERR_CAPACITY`; on error nothing changes. The whole-sequence
+/// `engram_seq_copy` is this call with `p0 = p1 = -1`.
+///
+/// `ctx` as in `engram_free`.
+#[no_mangle]
+pub extern "C" fn engram_seq_cp(
+    ctx: *mut EngramContext,
+    src: i32,
+    dst: i32,
+    p0: i32,
+    p1: i32,
+) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_cp(src, dst, p0, p1) })
+}
+
+/// Forget every sequence but `seq`, as `llama_memory_seq_keep`. A sequence
+/// outside `[0, max_seqs)` is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE` (nothing
+/// changes).
+///
+/// `ctx` as in `engram_free`.
+#[no_mangle]
+pub extern "C" fn engram_seq_keep(ctx: *mut EngramContext, seq: i32) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_keep(seq) })
+}
+
+/// Move sequence `seq`'s positions in `[p0, p1)` by `delta`, as
+/// `llama_memory_seq_add` (the context shift: remove `[n_keep, n_keep + n)`
+/// with `engram_seq_rm`, then move `[n_keep + n, -1)` by `-n`). The range
+/// moves as a block: a position that lands below 0 is forgotten; a hashed
+/// position that lands on a position outside the range replaces what that
+/// position held (the moved token wins); positions of the range nothing
+/// lands on are forgotten; positions outside the range nothing lands on
+/// keep theirs. A hashed position that would land at `max_positions` or
+/// beyond is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE` and nothing moves. `p0 < 0`
+/// is 0, `p1 < 0` the end; `delta = 0` or an empty range changes nothing.
+/// Checked as `engram_seq_rm` (no -1 here); out of memory is
+/// `ENGRAM_STATUS_ERR_CAPACITY`; on error nothing changes.
+///
+/// `ctx` as in `engram_free`.
+#[no_mangle]
+pub extern "C" fn engram_seq_add(
+    ctx: *mut EngramContext,
+    seq: i32,
+    p0: i32,
+    p1: i32,
+    delta: i32,
+) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_add(seq, p0, p1, delta) })
+}
+
+/// `llama_memory_seq_div` (self-extend) has no meaning for an n-gram history
+/// and is refused: `d > 1` is `ENGRAM_STATUS_ERR_UNSUPPORTED`. Dividing
+/// positions puts `d` tokens on each position, while the history holds one
+/// token per position and a later token's n-gram is over the tokens that
+/// precede it in the text. An engine using self-extend keeps passing
+/// `engram_hash` each token's undivided position (its index in the
+/// sequence), which needs no division. `d = 1` changes nothing
+/// (`ENGRAM_STATUS_OK`); `d < 1` is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`;
+/// `seq` and the range are checked first, as `engram_seq_add`. Nothing ever
+/// changes.
+///
+/// `ctx` as in `engram_free`.
+#[no_mangle]
+pub extern "C" fn engram_seq_div(
+    ctx: *mut EngramContext,
+    seq: i32,
+    p0: i32,
+    p1: i32,
+    d: i32,
+) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_div(seq, p0, p1, d) })
+}
+
+/// Bytes `engram_seq_state_write` writes for sequence `seq` now, into
+/// `*size` (left as it was on error).
+///
+/// `ctx` as in `engram_free`; `size` writable or NULL.
+#[no_mangle]
+pub extern "C" fn engram_seq_state_size(
+    ctx: *mut EngramContext,
+    seq: i32,
+    size: *mut usize,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        non_null(size, "size")?;
+        let n = c.seq_state_size(seq)?;
+        slice_mut(size, 1, "size")?[0] = n;
+        Ok(())
+    })
+}
+
+/// Save sequence `seq`'s history into `buf` (`cap` bytes) and the bytes
+/// written into `*written`: a prompt cache keeps it and restores it later,
+/// into any sequence of a context of the same model, with
+/// `engram_seq_state_read`. The format is versioned and checks itself (see
+/// docs/history.md): a magic, a version, the fingerprint of the context's
+/// hash tables, the lengths, the positions hashed and a checksum. A `cap`
+/// below `engram_seq_state_size` is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` and
+/// nothing is written. Serialised with `engram_hash`.
+///
+/// `ctx` as in `engram_free`; `buf` must hold `cap` bytes; `written`
+/// writable or NULL.
+#[no_mangle]
+pub extern "C" fn engram_seq_state_write(
+    ctx: *mut EngramContext,
+    seq: i32,
+    buf: *mut c_void,
+    cap: usize,
+    written: *mut usize,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        non_null(buf, "buf")?;
+        non_null(written, "written")?;
+        let w = slice_mut(written, 1, "written")?;
+        let out = slice_mut(buf.cast::<u8>(), cap, "buf")?;
+        w[0] = c.seq_state_write(seq, out)?;
+        Ok(())
+    })
+}
+
+/// Replace sequence `seq`'s history with a state `engram_seq_state_write`
+/// saved (`len` bytes at `buf`), from any sequence of a context of the same
+/// model. A truncated, corrupted or foreign buffer (another model's: its hash
+/// tables' fingerprint differs) is `ENGRAM_STATUS_ERR_FORMAT`, and so is a
+/// state holding a position outside `[0, max_positions)`; everything is
+/// checked before `seq` changes, and on error nothing changes. Serialised
+/// with `engram_hash`.
+///
+/// `ctx` as in `engram_free`; `buf` must hold `len` bytes.
+#[no_mangle]
+pub extern "C" fn engram_seq_state_read(
+    ctx: *mut EngramContext,
+    seq: i32,
+    buf: *const c_void,
+    len: usize,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        non_null(buf, "buf")?;
+        let b = slice(buf.cast::<u8>(), len, "buf")?;
+        c.seq_state_read(seq, b)
+    })
+}
