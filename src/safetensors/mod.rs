@@ -358,7 +358,7 @@ pub fn read(
     } else {
         None
     };
-    let shard_of = |name: &str| -> Result<String> {
+    let shard_of = |name: &str| -> Result<(String, PathBuf)> {
         let f = match &weight_map {
             Some(m) => m.get(name).cloned().ok_or_else(|| {
                 fmt(format!(
@@ -368,22 +368,25 @@ pub fn read(
             })?,
             None => "model.safetensors".to_string(),
         };
-        // A shard is a file of the directory, nothing else.
-        if f.is_empty() || f.contains('/') || f.contains('\\') || f == "." || f == ".." {
-            bail!(
-                ErrFormat,
-                "{}: tensor {name} is in {f:?}, not a file name in the checkpoint directory",
-                index_path.display()
-            );
+        // A shard lies inside the checkpoint directory, by the one rule for
+        // paths from a model file.
+        let key = format!("{}: weight_map[{name}]", index_path.display());
+        match files::confine(dir, &f, &key)? {
+            Some(p) => Ok((f, p)),
+            None => bail!(
+                ErrIo,
+                "checkpoint shard {f} (named in {} for tensor {name}): {}: no such file",
+                index_path.display(),
+                dir.join(files::confined_candidate(&f, &key)?).display()
+            ),
         }
-        Ok(f)
     };
     let mut shards: Vec<StFile> = Vec::new();
-    let open_shard = |f: &str, shards: &mut Vec<StFile>| -> Result<usize> {
-        if let Some(i) = shards.iter().position(|s| s.name == f) {
+    let open_shard = |(f, p): (String, PathBuf), shards: &mut Vec<StFile>| -> Result<usize> {
+        if let Some(i) = shards.iter().position(|s| s.path == p) {
             return Ok(i);
         }
-        let s = StFile::open(&dir.join(f)).map_err(|e| {
+        let s = StFile::open(&p).map_err(|e| {
             Error::new(
                 e.status,
                 format!(
@@ -402,8 +405,9 @@ pub fn read(
         let n = |s: &str| format!("layers.{lid}.engram.{s}");
         // A tensor: its shard (opened once) and its header entry.
         let get = |name: &str, shards: &mut Vec<StFile>| -> Result<(usize, StTensor)> {
-            let f = shard_of(name)?;
-            let i = open_shard(&f, shards)?;
+            let fp = shard_of(name)?;
+            let f = fp.0.clone();
+            let i = open_shard(fp, shards)?;
             let t = shards[i].header.tensors.get(name).cloned().ok_or_else(|| {
                 fmt(format!(
                     "{} names {f} for tensor {name}, but {f} has no such tensor",
