@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use engram::gguf::{Gguf, GgufModel, LoadOptions, PadReading, Value as GValue};
+use engram::gguf::{Gguf, GgufModel, LoadOptions, Value as GValue};
 use engram::EngramStatus;
 use std::path::{Path, PathBuf};
 
@@ -214,4 +214,69 @@ fn checkpoint_index_names_follow_the_same_rule() {
         &["weight_map", "../private", "\"..\""],
     );
     std::fs::remove_dir_all(&s).unwrap();
+}
+
+/// A 24-byte GGUF header claiming huge counts at the start of a sparse
+/// 16 GiB file: a status in both modes, with nothing reserved for the counts
+/// (before, the parser reserved room for every entry the bytes left could
+/// hold at their smallest, 126 GB here, and aborted the process).
+#[test]
+fn huge_header_counts_reserve_nothing() {
+    let s = scratch("sparse");
+    // As many entries as the bytes left hold at the smallest encodings (13
+    // bytes a metadata entry, 32 a tensor entry): the counts pass that bound.
+    let left = (16u64 << 30) - 24;
+    let (kv_max, t_max) = (left / 13, left / 32);
+    for (n_tensors, n_kv) in [(t_max, kv_max), (1, kv_max), (t_max, 0)] {
+        let p = s.join("sparse.gguf");
+        let mut h = b"GGUF".to_vec();
+        h.extend_from_slice(&3u32.to_le_bytes());
+        h.extend_from_slice(&n_tensors.to_le_bytes());
+        h.extend_from_slice(&n_kv.to_le_bytes());
+        std::fs::write(&p, &h).unwrap();
+        let f = std::fs::File::options().write(true).open(&p).unwrap();
+        f.set_len(16 << 30).unwrap();
+        for mmap in [true, false] {
+            let o = LoadOptions {
+                mmap,
+                ..LoadOptions::default()
+            };
+            let e = GgufModel::open(&p, &o).err().unwrap();
+            assert_eq!(e.status, EngramStatus::ErrFormat, "{}", e.message);
+        }
+        // In memory: a small file's counts (as many as its bytes allow).
+        let mut b = h.clone();
+        b.resize(1 << 20, 0);
+        assert!(Gguf::parse(&b).is_err());
+    }
+    std::fs::remove_dir_all(&s).unwrap();
+}
+
+/// A metadata key with CR and ESC in it reaches the message escaped.
+#[test]
+fn control_characters_from_a_file_are_escaped_in_messages() {
+    let b = std::fs::read(dialects().join("tarruda.gguf")).unwrap();
+    let g = Gguf::parse(&b).unwrap();
+    let fake = "\r\x1b[2Kok";
+    let (k0, k1) = g
+        .kvs
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| {
+            g.kvs[i + 1..]
+                .iter()
+                .find(|b| b.key.len() == a.key.len() && a.key.len() >= fake.len())
+                .map(|b| (a, b))
+        })
+        .unwrap();
+    let new: String = fake.chars().chain(std::iter::repeat('x')).take(k0.key.len()).collect();
+    let mut m = b.clone();
+    for k in [k0, k1] {
+        m[k.type_at - k.key.len()..k.type_at].copy_from_slice(new.as_bytes());
+    }
+    let e = GgufModel::from_memory(vec![("c.gguf".into(), m)], &LoadOptions::default())
+        .err()
+        .unwrap();
+    assert!(e.message.contains("\\r\\u{1b}[2Kok"), "{}", e.message);
+    assert!(!e.message.chars().any(char::is_control), "{:?}", e.message);
 }
