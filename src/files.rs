@@ -189,6 +189,25 @@ pub fn read_small(path: &Path, what: &str, max: u64) -> Result<Vec<u8>> {
     Ok(v)
 }
 
+/// Make sure a parse whose peak is at most `per_byte` bytes of memory per
+/// byte of its `len`-byte input can run: that much is reserved, fallibly, and
+/// given back before the parse (which allocates infallibly, inside a library
+/// that is not ours). `ErrCapacity` naming `what` when it is not there, so a
+/// file too big for the memory left is a status, not an abort.
+pub fn parse_headroom(len: usize, per_byte: usize, what: &str) -> Result<()> {
+    let n = len.saturating_mul(per_byte);
+    let mut v: Vec<u8> = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        bail!(
+            ErrCapacity,
+            "{what}: parsing its {len} bytes takes up to {n} bytes of memory ({per_byte} per byte), \
+             which cannot be had"
+        );
+    }
+    drop(v);
+    Ok(())
+}
+
 /// Bytes held in 16-byte aligned memory (so that any element type of a
 /// weight can be read from it in place), allocated fallibly.
 pub struct AlignedBuf {
