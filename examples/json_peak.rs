@@ -25,8 +25,9 @@ fn main() {
                 engram::safetensors::parse_header(&f, len, file)
             })
             .map(|h| format!("{} tensors", h.tensors.len())),
-        "tokenizer" => engram::tables::tokenizer::load(p)
-            .map(|t| format!("{} tokens", t.get_vocab_size(true))),
+        "tokenizer" => {
+            engram::tables::tokenizer::load(p).map(|t| format!("{} tokens", t.get_vocab_size(true)))
+        }
         "config" => engram::tables::EngramConfig::from_file(p)
             .map(|c| format!("{} engram layers", c.layer_ids.len())),
         "index" => engram::safetensors::read(p, None, None).map(|_| "read".to_string()),

@@ -280,7 +280,10 @@ fn huge_header_counts_in_pread_mode_are_a_status() {
             .unwrap()
         });
         assert!(
-            matches!(e.status, EngramStatus::ErrFormat | EngramStatus::ErrCapacity),
+            matches!(
+                e.status,
+                EngramStatus::ErrFormat | EngramStatus::ErrCapacity
+            ),
             "{:?}: {}",
             e.status,
             e.message

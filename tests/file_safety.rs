@@ -86,7 +86,11 @@ fn refused(r: engram::Result<GgufModel>, status: EngramStatus, names: &[&str]) -
     let e = r.err().expect("the file must be refused");
     assert_eq!(e.status, status, "{}", e.message);
     for n in names {
-        assert!(e.message.contains(n), "the message does not name {n}: {}", e.message);
+        assert!(
+            e.message.contains(n),
+            "the message does not name {n}: {}",
+            e.message
+        );
     }
     e.message
 }
@@ -106,8 +110,15 @@ fn paths_from_a_model_file_stay_inside_the_model_directory() {
     // in the model's directory, where there is none.
     let abs = private.to_str().unwrap().to_string();
     let m = ds4gw_recording(&model, &abs);
-    let msg = refused(open(&m, None), EngramStatus::ErrIo, &[DS4GW_KEYS[0], "p.safetensors"]);
-    assert!(msg.contains(&model.join("p.safetensors").display().to_string()), "{msg}");
+    let msg = refused(
+        open(&m, None),
+        EngramStatus::ErrIo,
+        &[DS4GW_KEYS[0], "p.safetensors"],
+    );
+    assert!(
+        msg.contains(&model.join("p.safetensors").display().to_string()),
+        "{msg}"
+    );
     // ... and under tables_dir the same.
     let td = s.join("td");
     std::fs::create_dir_all(&td).unwrap();
@@ -124,18 +135,25 @@ fn paths_from_a_model_file_stay_inside_the_model_directory() {
 
     // Relative with "..", even one that leads to the file from the working
     // directory or from the model's: refused naming the key and the path.
-    let up = "../".repeat(
-        std::env::current_dir()
-            .unwrap()
-            .components()
-            .count()
-            .max(1),
-    ) + abs.trim_start_matches('/');
+    let up = "../".repeat(std::env::current_dir().unwrap().components().count().max(1))
+        + abs.trim_start_matches('/');
     let m = ds4gw_recording(&model, &up);
-    refused(open(&m, None), EngramStatus::ErrFormat, &[DS4GW_KEYS[0], "\"..\""]);
+    refused(
+        open(&m, None),
+        EngramStatus::ErrFormat,
+        &[DS4GW_KEYS[0], "\"..\""],
+    );
     let m = ds4gw_recording(&model, "../private/p.safetensors");
-    refused(open(&m, None), EngramStatus::ErrFormat, &[DS4GW_KEYS[0], "private/p.safetensors"]);
-    refused(open(&m, Some(&td)), EngramStatus::ErrFormat, &[DS4GW_KEYS[0]]);
+    refused(
+        open(&m, None),
+        EngramStatus::ErrFormat,
+        &[DS4GW_KEYS[0], "private/p.safetensors"],
+    );
+    refused(
+        open(&m, Some(&td)),
+        EngramStatus::ErrFormat,
+        &[DS4GW_KEYS[0]],
+    );
 
     // A link in the model's directory that points outside it.
     std::os::unix::fs::symlink(&private, model.join("link.safetensors")).unwrap();
@@ -148,7 +166,11 @@ fn paths_from_a_model_file_stay_inside_the_model_directory() {
     // A directory link that leads outside, with a good-looking relative path.
     std::os::unix::fs::symlink(private.parent().unwrap(), model.join("sub")).unwrap();
     let m = ds4gw_recording(&model, "sub/p.safetensors");
-    refused(open(&m, None), EngramStatus::ErrFormat, &[DS4GW_KEYS[0], "outside"]);
+    refused(
+        open(&m, None),
+        EngramStatus::ErrFormat,
+        &[DS4GW_KEYS[0], "outside"],
+    );
     std::fs::remove_file(model.join("sub")).unwrap();
 
     // Good: a relative path inside, and a link that stays inside.
@@ -269,7 +291,11 @@ fn control_characters_from_a_file_are_escaped_in_messages() {
                 .map(|b| (a, b))
         })
         .unwrap();
-    let new: String = fake.chars().chain(std::iter::repeat('x')).take(k0.key.len()).collect();
+    let new: String = fake
+        .chars()
+        .chain(std::iter::repeat('x'))
+        .take(k0.key.len())
+        .collect();
     let mut m = b.clone();
     for k in [k0, k1] {
         m[k.type_at - k.key.len()..k.type_at].copy_from_slice(new.as_bytes());

@@ -676,7 +676,11 @@ fn a_prefix_file_with_its_tables_inside_reads_a_compressed_pad() {
         .unwrap();
     assert_eq!(m.model.pad_id, 7);
     assert_eq!(m.model.pad.reading, engram::gguf::PadReading::Compressed);
-    assert!(m.model.pad.how.contains("compressed"), "{}", m.model.pad.how);
+    assert!(
+        m.model.pad.how.contains("compressed"),
+        "{}",
+        m.model.pad.how
+    );
     // The fixture's stored 2 (both readings agree) opens as before.
     let m = GgufModel::open(&src, &LoadOptions::default()).unwrap();
     assert_eq!(m.model.pad_id, 2);

@@ -140,7 +140,10 @@ pub(crate) mod json {
     }
 
     fn oom(what: &str) -> Error {
-        Error::new(EngramStatus::ErrCapacity, format!("out of memory for {what}"))
+        Error::new(
+            EngramStatus::ErrCapacity,
+            format!("out of memory for {what}"),
+        )
     }
 
     /// A copy of `s`, allocated fallibly.
@@ -158,14 +161,20 @@ pub(crate) mod json {
 
     impl<'de> DeserializeSeed<'de> for StrSeed<'_> {
         type Value = Str<'de>;
-        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Str<'de>, D::Error> {
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Str<'de>, D::Error> {
             struct V<'s>(&'s Slot);
             impl<'de> Visitor<'de> for V<'_> {
                 type Value = Str<'de>;
                 fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                     f.write_str("a string")
                 }
-                fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> std::result::Result<Str<'de>, E> {
+                fn visit_borrowed_str<E: de::Error>(
+                    self,
+                    v: &'de str,
+                ) -> std::result::Result<Str<'de>, E> {
                     Ok(Str(std::borrow::Cow::Borrowed(v)))
                 }
                 fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Str<'de>, E> {
@@ -202,7 +211,10 @@ pub(crate) mod json {
 
     impl<'de> DeserializeSeed<'de> for Entry<'_> {
         type Value = StTensor;
-        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<StTensor, D::Error> {
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<StTensor, D::Error> {
             d.deserialize_map(self)
         }
     }
@@ -222,16 +234,20 @@ pub(crate) mod json {
                     "dtype" => {
                         let v = m.next_value_seed(MaybeStr(self.slot))?;
                         dtype = match v {
-                            Some(v) => Some(owned(&v.0, "a dtype").map_err(|e| fail(self.slot, e))?),
+                            Some(v) => {
+                                Some(owned(&v.0, "a dtype").map_err(|e| fail(self.slot, e))?)
+                            }
                             None => None,
                         };
                     }
                     "shape" => shape = m.next_value_seed(Uints(self.slot))?,
                     "data_offsets" => {
-                        offs = Some(m.next_value_seed(Uints(self.slot))?.and_then(|o| match o[..] {
-                            [b, e] if b <= e => Some((b, e)),
-                            _ => None,
-                        }))
+                        offs = Some(m.next_value_seed(Uints(self.slot))?.and_then(
+                            |o| match o[..] {
+                                [b, e] if b <= e => Some((b, e)),
+                                _ => None,
+                            },
+                        ))
                     }
                     _ => {
                         m.next_value::<IgnoredAny>()?;
@@ -240,10 +256,13 @@ pub(crate) mod json {
             }
             let out = (|| -> Result<StTensor> {
                 let dtype = dtype.ok_or_else(|| bad("no dtype"))?;
-                let shape = shape.ok_or_else(|| bad("no shape (an array of non-negative integers)"))?;
+                let shape =
+                    shape.ok_or_else(|| bad("no shape (an array of non-negative integers)"))?;
                 let (b, e) = match offs {
                     None => return Err(bad("no data_offsets [begin, end]")),
-                    Some(None) => return Err(bad("data_offsets are not [begin, end] with begin <= end")),
+                    Some(None) => {
+                        return Err(bad("data_offsets are not [begin, end] with begin <= end"))
+                    }
                     Some(Some(o)) => o,
                 };
                 if e > self.data_len {
@@ -256,7 +275,11 @@ pub(crate) mod json {
                     let want = shape
                         .iter()
                         .try_fold(sz, |a, &d| a.checked_mul(d))
-                        .ok_or_else(|| bad(&format!("shape {shape:?} of {dtype} overflows a 64-bit size")))?;
+                        .ok_or_else(|| {
+                            bad(&format!(
+                                "shape {shape:?} of {dtype} overflows a 64-bit size"
+                            ))
+                        })?;
                     if want != e - b {
                         return Err(bad(&format!(
                             "shape {shape:?} of {dtype} is {want} bytes, but data_offsets [{b}, {e}] hold {}",
@@ -281,7 +304,10 @@ pub(crate) mod json {
 
     impl<'de> DeserializeSeed<'de> for MaybeStr<'_> {
         type Value = Option<Str<'de>>;
-        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Self::Value, D::Error> {
             d.deserialize_any(self)
         }
     }
@@ -291,7 +317,10 @@ pub(crate) mod json {
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("a string")
         }
-        fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> std::result::Result<Self::Value, E> {
+        fn visit_borrowed_str<E: de::Error>(
+            self,
+            v: &'de str,
+        ) -> std::result::Result<Self::Value, E> {
             Ok(Some(Str(std::borrow::Cow::Borrowed(v))))
         }
         fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Self::Value, E> {
@@ -314,11 +343,17 @@ pub(crate) mod json {
         fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
             Ok(None)
         }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> std::result::Result<Self::Value, A::Error> {
+        fn visit_seq<A: SeqAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
             while a.next_element::<IgnoredAny>()?.is_some() {}
             Ok(None)
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> std::result::Result<Self::Value, A::Error> {
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
             while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
             Ok(None)
         }
@@ -330,7 +365,10 @@ pub(crate) mod json {
 
     impl<'de> DeserializeSeed<'de> for Uints<'_> {
         type Value = Option<Vec<u64>>;
-        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Self::Value, D::Error> {
             d.deserialize_any(self)
         }
     }
@@ -364,11 +402,17 @@ pub(crate) mod json {
                 fn visit_unit<E>(self) -> std::result::Result<Uint, E> {
                     Ok(Uint(None))
                 }
-                fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> std::result::Result<Uint, A::Error> {
+                fn visit_seq<A: SeqAccess<'de>>(
+                    self,
+                    mut a: A,
+                ) -> std::result::Result<Uint, A::Error> {
                     while a.next_element::<IgnoredAny>()?.is_some() {}
                     Ok(Uint(None))
                 }
-                fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> std::result::Result<Uint, A::Error> {
+                fn visit_map<A: MapAccess<'de>>(
+                    self,
+                    mut a: A,
+                ) -> std::result::Result<Uint, A::Error> {
                     while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
                     Ok(Uint(None))
                 }
@@ -382,13 +426,17 @@ pub(crate) mod json {
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("an array of non-negative integers")
         }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> std::result::Result<Self::Value, A::Error> {
+        fn visit_seq<A: SeqAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
             let mut v: Vec<u64> = Vec::new();
             let mut ok = true;
             while let Some(x) = a.next_element::<Uint>()? {
                 match x.0 {
                     Some(x) if ok => {
-                        v.try_reserve(1).map_err(|_| fail(self.0, oom("a JSON array")))?;
+                        v.try_reserve(1)
+                            .map_err(|_| fail(self.0, oom("a JSON array")))?;
                         v.push(x);
                     }
                     _ => ok = false,
@@ -414,7 +462,10 @@ pub(crate) mod json {
         fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
             Ok(None)
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> std::result::Result<Self::Value, A::Error> {
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
             while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
             Ok(None)
         }
@@ -430,7 +481,10 @@ pub(crate) mod json {
 
     impl<'de> DeserializeSeed<'de> for Header<'_> {
         type Value = HashMap<String, StTensor>;
-        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Self::Value, D::Error> {
             d.deserialize_any(self)
         }
     }
@@ -440,7 +494,10 @@ pub(crate) mod json {
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("a JSON object")
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut m: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
             let mut out: HashMap<String, StTensor> = HashMap::new();
             while let Some(k) = m.next_key_seed(StrSeed(self.slot))? {
                 if k.0 == "__metadata__" {
@@ -512,7 +569,9 @@ pub(crate) mod json {
             data_len,
         };
         run(json, seed, &slot, &|e| {
-            fmt(format!("{file}: the safetensors header is not valid JSON: {e}"))
+            fmt(format!(
+                "{file}: the safetensors header is not valid JSON: {e}"
+            ))
         })
     }
 
@@ -524,7 +583,10 @@ pub(crate) mod json {
 
     impl<'de> DeserializeSeed<'de> for Index<'_> {
         type Value = Option<HashMap<String, String>>;
-        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Self::Value, D::Error> {
             d.deserialize_map(self)
         }
     }
@@ -534,7 +596,10 @@ pub(crate) mod json {
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("a JSON object with a weight_map")
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut m: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
             let mut out = None;
             while let Some(k) = m.next_key_seed(StrSeed(self.slot))? {
                 if k.0 == "weight_map" {
@@ -557,7 +622,10 @@ pub(crate) mod json {
 
     impl<'de> DeserializeSeed<'de> for WeightMap<'_> {
         type Value = HashMap<String, String>;
-        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Self::Value, D::Error> {
             d.deserialize_map(self)
         }
     }
@@ -567,13 +635,19 @@ pub(crate) mod json {
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("a weight_map object")
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Self::Value, A::Error> {
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut m: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
             let mut out: HashMap<String, String> = HashMap::new();
             while let Some(k) = m.next_key_seed(StrSeed(self.slot))? {
                 let Some(f) = m.next_value_seed(MaybeStr(self.slot))? else {
                     return Err(fail(
                         self.slot,
-                        fmt(format!("{}: weight_map[{}] is not a file name", self.file, k.0)),
+                        fmt(format!(
+                            "{}: weight_map[{}] is not a file name",
+                            self.file, k.0
+                        )),
                     ));
                 };
                 out.try_reserve(1)

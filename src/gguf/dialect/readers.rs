@@ -152,8 +152,10 @@ pub(super) fn vcruz305(m: &Meta<'_>, dialect: Dialect) -> Result<Partial> {
     // files never do): its pad is vcruz305's compressed id. Only a file
     // without that evidence would be ambiguous (refused where the two
     // readings differ and nothing else decides).
-    let tables_inside =
-        !layers.is_empty() && layers.iter().all(|l| matches!(l.table, TableSpec::InFile(_)));
+    let tables_inside = !layers.is_empty()
+        && layers
+            .iter()
+            .all(|l| matches!(l.table, TableSpec::InFile(_)));
     let pad = m.uint(&key("pad_id")?)?.map(|v| {
         let r = if dialect == Dialect::Vcruz305 || tables_inside {
             PadReading::Compressed

@@ -88,7 +88,10 @@ fn main() -> ExitCode {
             }
         },
         Err(e) => {
-            eprintln!("engram-inspect: {}\n{USAGE}", escape_text(&format!("{e:#}")));
+            eprintln!(
+                "engram-inspect: {}\n{USAGE}",
+                escape_text(&format!("{e:#}"))
+            );
             ExitCode::from(2)
         }
     }
@@ -184,7 +187,11 @@ fn run(a: &Args) -> Result<bool> {
     );
     say!(
         "hash:     constants from {} ({}, {}, {}, {})",
-        m.hash_source, m.keys.multipliers, m.keys.primes, m.keys.offsets, m.keys.token_map
+        m.hash_source,
+        m.keys.multipliers,
+        m.keys.primes,
+        m.keys.offsets,
+        m.keys.token_map
     );
     let dead = m.token_map.iter().filter(|&&x| x < 0).count();
     let distinct = {
@@ -206,7 +213,10 @@ fn run(a: &Args) -> Result<bool> {
     };
     say!(
         "pad:      {} = {} ({reading}) -> compressed pad {}: {}",
-        m.pad.key, m.pad.stored, m.pad_id, m.pad.how
+        m.pad.key,
+        m.pad.stored,
+        m.pad_id,
+        m.pad.how
     );
     for l in &m.layers {
         let t = &l.table;

@@ -38,7 +38,10 @@ fn text(o: &Output) -> String {
 fn fails(o: &Output, names: &[&str]) {
     let t = text(o);
     assert_eq!(o.status.code(), Some(1), "{t}");
-    let fail = t.lines().find(|l| l.contains("FAIL")).unwrap_or_else(|| panic!("{t}"));
+    let fail = t
+        .lines()
+        .find(|l| l.contains("FAIL"))
+        .unwrap_or_else(|| panic!("{t}"));
     for n in names {
         assert!(fail.contains(n), "the FAIL line does not name {n}: {t}");
     }
