@@ -128,12 +128,56 @@ pub struct Error {
 }
 
 impl Error {
+    /// An error with `message`, its control characters escaped
+    /// ([`escape_text`]): messages carry text from model files (key names,
+    /// strings, paths), and no byte of a file reaches a log or a terminal as
+    /// a control character.
     pub fn new(status: EngramStatus, message: impl Into<String>) -> Error {
-        Error {
-            status,
-            message: message.into(),
+        let message = message.into();
+        let message = match escape_text(&message) {
+            std::borrow::Cow::Borrowed(_) => message,
+            std::borrow::Cow::Owned(e) => e,
+        };
+        Error { status, message }
+    }
+}
+
+/// Whether `c` must not reach a message raw: C0 and C1 controls, DEL, and
+/// the characters that move or reorder text on a terminal or in a log viewer
+/// (line and paragraph separators, bidirectional marks, embeddings, overrides
+/// and isolates).
+fn must_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}'
+                | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// `s` with every character [`must_escape`] names written as an escape:
+/// `\t`, `\n`, `\r`, else `\u{XX}` (hex). Every other character, the
+/// backslash included, is kept, so escaping twice changes nothing. The one
+/// function the library and its tools use for text from a file that goes
+/// into a message or onto a terminal (every [`Error::new`] applies it).
+pub fn escape_text(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(must_escape) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut o = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        match c {
+            '\t' => o.push_str("\\t"),
+            '\n' => o.push_str("\\n"),
+            '\r' => o.push_str("\\r"),
+            c if must_escape(c) => {
+                use std::fmt::Write;
+                let _ = write!(o, "\\u{{{:x}}}", c as u32);
+            }
+            c => o.push(c),
         }
     }
+    std::borrow::Cow::Owned(o)
 }
 
 impl fmt::Display for Error {
@@ -156,3 +200,22 @@ macro_rules! bail {
     };
 }
 pub(crate) use bail;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_once() {
+        let raw = "key\r\x1b[2K  ok\u{202E}\u{85}\0\\t";
+        let e = Error::new(EngramStatus::ErrFormat, raw);
+        assert_eq!(e.message, "key\\r\\u{1b}[2K  ok\\u{202e}\\u{85}\\u{0}\\t");
+        assert!(!e.message.chars().any(must_escape), "{}", e.message);
+        // Escaping twice changes nothing; plain text is kept as it is.
+        assert_eq!(escape_text(&e.message), e.message);
+        assert!(matches!(
+            escape_text("tensor blk.0 é"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
+}

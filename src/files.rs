@@ -14,7 +14,7 @@
 use crate::error::{bail, Error, Result};
 use crate::EngramStatus;
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Open `path` for reading, refusing anything but a regular file (named
 /// `what` in messages). Returns the file and its length at open time.
@@ -71,6 +71,88 @@ fn file_kind(m: &std::fs::Metadata) -> &'static str {
     }
 }
 
+/// Where a path recorded in a model file (`what`, the key that holds it,
+/// named in messages) lies: always inside `base` (the model's own directory
+/// or `tables_dir`), never where the file says if that is elsewhere.
+///
+/// The rule (one for every loader and for `engram-inspect`):
+/// - an absolute path keeps only its file name: its directory is the one on
+///   the machine that wrote the file (the deepstrix and "ds4gw" converters
+///   record the checkpoint's absolute path there), and is never opened;
+/// - a relative path is taken under `base`, and may hold only plain names
+///   (no `..`, no root, no `\\`, not empty);
+/// - the result is resolved, symlinks included, and must stay inside the
+///   resolved `base`: a link that points elsewhere is refused.
+///
+/// `Ok(Some(path))`: the resolved file; `Ok(None)`: nothing is there (the
+/// caller says what it looked for, [`confined_candidate`]); `ErrFormat`
+/// naming the key and the path for a path the rule refuses.
+pub fn confine(base: &Path, recorded: &str, what: &str) -> Result<Option<PathBuf>> {
+    let rel = confined_candidate(recorded, what)?;
+    let base = if base.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        base
+    };
+    let Ok(root) = base.canonicalize() else {
+        return Ok(None);
+    };
+    let Ok(p) = base.join(&rel).canonicalize() else {
+        return Ok(None);
+    };
+    if !p.starts_with(&root) {
+        bail!(
+            ErrFormat,
+            "{what} is {recorded:?}: {} resolves to {}, outside {} (a path from a model file must stay \
+             inside the model's directory or tables_dir)",
+            base.join(&rel).display(),
+            p.display(),
+            root.display()
+        );
+    }
+    Ok(Some(p))
+}
+
+/// The relative path [`confine`] looks for under its base, for `recorded`
+/// (the value of key `what`), or `ErrFormat` naming both when the rule
+/// refuses it.
+pub fn confined_candidate(recorded: &str, what: &str) -> Result<PathBuf> {
+    use std::path::Component;
+    let refuse = |why: &str| -> Result<PathBuf> {
+        bail!(
+            ErrFormat,
+            "{what} is {recorded:?}: {why}; a path from a model file must be a file name or a relative \
+             path without \"..\" inside the model's directory or tables_dir"
+        )
+    };
+    if recorded.is_empty() {
+        return refuse("empty");
+    }
+    if recorded.contains('\\') || recorded.contains('\0') {
+        return refuse("it holds a backslash or a NUL");
+    }
+    let p = Path::new(recorded);
+    if p.is_absolute() {
+        return match p.file_name() {
+            Some(n) => Ok(PathBuf::from(n)),
+            None => refuse("an absolute path that names no file"),
+        };
+    }
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::CurDir => {}
+            Component::ParentDir => return refuse("it climbs out with \"..\""),
+            Component::RootDir | Component::Prefix(_) => return refuse("not a relative path"),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        return refuse("it names no file");
+    }
+    Ok(out)
+}
+
 /// The whole of a small file (JSON): at most `max` bytes, allocated fallibly.
 pub fn read_small(path: &Path, what: &str, max: u64) -> Result<Vec<u8>> {
     use std::io::Read;
@@ -105,6 +187,25 @@ pub fn read_small(path: &Path, what: &str, max: u64) -> Result<Vec<u8>> {
         );
     }
     Ok(v)
+}
+
+/// Make sure a parse whose peak is at most `per_byte` bytes of memory per
+/// byte of its `len`-byte input can run: that much is reserved, fallibly, and
+/// given back before the parse (which allocates infallibly, inside a library
+/// that is not ours). `ErrCapacity` naming `what` when it is not there, so a
+/// file too big for the memory left is a status, not an abort.
+pub fn parse_headroom(len: usize, per_byte: usize, what: &str) -> Result<()> {
+    let n = len.saturating_mul(per_byte);
+    let mut v: Vec<u8> = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        bail!(
+            ErrCapacity,
+            "{what}: parsing its {len} bytes takes up to {n} bytes of memory ({per_byte} per byte), \
+             which cannot be had"
+        );
+    }
+    drop(v);
+    Ok(())
 }
 
 /// Bytes held in 16-byte aligned memory (so that any element type of a

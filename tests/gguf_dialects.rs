@@ -663,30 +663,30 @@ fn every_mutation_is_refused_naming_its_keys() {
     assert_eq!(n, 45, "every mutation of expected.json");
 }
 
-/// A file whose pad key is ambiguous in its dialect (the early deepseek4.
-/// prefix) and whose two readings differ is refused, naming both values;
-/// the config + tokenizer decide.
+/// The early deepseek4.-prefix converter's pad key shares its name with
+/// deepstrix's raw pad, but such a file carries its tables inside, which a
+/// deepstrix file never does: its pad is the compressed id, even where the
+/// two readings differ (issue 21.10; it was refused as ambiguous before).
 #[test]
-fn an_ambiguous_pad_is_never_guessed() {
+fn a_prefix_file_with_its_tables_inside_reads_a_compressed_pad() {
     let src = dir().join("vcruz305_deepseek4_prefix.gguf");
     let mut b = std::fs::read(&src).unwrap();
     let g = Gguf::parse(&b).unwrap();
     let kv = g.get("deepseek4.engram.pad_id").unwrap();
     // Raw token 7 maps to 2; as a compressed id it is 7.
     b[kv.type_at + 4..kv.type_at + 8].copy_from_slice(&7u32.to_le_bytes());
-    let e = GgufModel::from_memory(vec![("p.gguf".into(), b.clone())], &LoadOptions::default())
-        .err()
+    let m = GgufModel::from_memory(vec![("p.gguf".into(), b.clone())], &LoadOptions::default())
         .unwrap();
-    assert_eq!(e.status, EngramStatus::ErrInvalidConfig, "{}", e.message);
+    assert_eq!(m.model.pad_id, 7);
+    assert_eq!(m.model.pad.reading, engram::gguf::PadReading::Compressed);
     assert!(
-        e.message.contains("deepseek4.engram.pad_id")
-            && e.message.contains("the pad is 7")
-            && e.message.contains("token_map[7] = 2"),
+        m.model.pad.how.contains("compressed"),
         "{}",
-        e.message
+        m.model.pad.how
     );
-    // Both readings agree for the stored 2: opens (the fixture).
-    assert!(GgufModel::open(&src, &LoadOptions::default()).is_ok());
+    // The fixture's stored 2 (both readings agree) opens as before.
+    let m = GgufModel::open(&src, &LoadOptions::default()).unwrap();
+    assert_eq!(m.model.pad_id, 2);
 }
 
 /// A config + tokenizer given with a file that has its own constants must

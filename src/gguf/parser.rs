@@ -237,6 +237,48 @@ pub fn tensor_bytes(name: &str, dims: &[u64], ty: u32) -> Result<Option<u64>> {
     }
 }
 
+/// Entries reserved before any is parsed: the rest grow as they are parsed.
+const FIRST_RESERVE: u64 = 1024;
+
+fn oom(what: &str) -> Error {
+    Error::new(
+        EngramStatus::ErrCapacity,
+        format!("out of memory for the GGUF header's {what}"),
+    )
+}
+
+/// An empty vector with room for the first entries of a count (fallible).
+fn room<T>(n: u64, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n.min(FIRST_RESERVE) as usize)
+        .map_err(|_| oom(what))?;
+    Ok(v)
+}
+
+fn map_room<V>(n: u64, what: &str) -> Result<HashMap<String, V>> {
+    let mut m = HashMap::new();
+    m.try_reserve(n.min(FIRST_RESERVE) as usize)
+        .map_err(|_| oom(what))?;
+    Ok(m)
+}
+
+/// Room for one more entry, fallibly (amortised doubling).
+fn grow<T>(v: &mut Vec<T>, what: &str) -> Result<()> {
+    v.try_reserve(1).map_err(|_| oom(what))
+}
+
+fn grow_map<V>(m: &mut HashMap<String, V>, what: &str) -> Result<()> {
+    m.try_reserve(1).map_err(|_| oom(what))
+}
+
+/// A string read from the file, copied fallibly.
+fn try_clone(s: &str) -> Result<String> {
+    let mut o = String::new();
+    o.try_reserve_exact(s.len()).map_err(|_| oom("strings"))?;
+    o.push_str(s);
+    Ok(o)
+}
+
 pub(crate) fn fmt_err(msg: String) -> Error {
     Error::new(EngramStatus::ErrFormat, msg)
 }
@@ -301,7 +343,7 @@ impl<'a> Cur<'a> {
     }
 
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String> {
-        Ok(self.str_bytes(what)?.to_string())
+        try_clone(self.str_bytes(what)?)
     }
 
     /// Smallest encoding of one value of type `t` (to bound array counts).
@@ -491,14 +533,20 @@ impl Gguf {
             );
             return Err(c.short(msg));
         }
-        let mut kvs = Vec::with_capacity(n_kv as usize);
-        let mut keys = HashMap::with_capacity(n_kv as usize);
+        // The counts bound the entries by the bytes left, but an entry held in
+        // memory is larger than its smallest encoding: reserve a little up
+        // front and grow, fallibly, as entries are parsed (so memory follows
+        // the bytes actually parsed, never a count).
+        let mut kvs: Vec<Kv> = room(n_kv, "metadata entries")?;
+        let mut keys: HashMap<String, usize> = map_room(n_kv, "metadata keys")?;
         for i in 0..n_kv {
             let key = c.string(&|| format!("metadata entry {i}'s key"))?;
             let type_at = c.pos;
             let ty = c.u32(&|| format!("metadata {key}'s type"))?;
             let value = c.value(ty, &|| format!("metadata {key}"))?;
-            if keys.insert(key.clone(), kvs.len()).is_some() {
+            grow(&mut kvs, "metadata entries")?;
+            grow_map(&mut keys, "metadata keys")?;
+            if keys.insert(try_clone(&key)?, kvs.len()).is_some() {
                 bail!(ErrFormat, "metadata key {key} appears twice");
             }
             kvs.push(Kv {
@@ -518,8 +566,8 @@ impl Gguf {
                 ref v => bail!(ErrFormat, "general.alignment is {v:?}, not a power of two"),
             }
         }
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
-        let mut index = HashMap::with_capacity(n_tensors as usize);
+        let mut tensors: Vec<TensorInfo> = room(n_tensors, "tensor entries")?;
+        let mut index: HashMap<String, usize> = map_room(n_tensors, "tensor names")?;
         for i in 0..n_tensors {
             let name = c.string(&|| format!("tensor {i}'s name"))?;
             let entry_at = c.pos;
@@ -536,7 +584,9 @@ impl Gguf {
             }
             let ty = c.u32(&|| format!("tensor {name}'s type"))?;
             let offset = c.u64(&|| format!("tensor {name}'s offset"))?;
-            if index.insert(name.clone(), tensors.len()).is_some() {
+            grow(&mut tensors, "tensor entries")?;
+            grow_map(&mut index, "tensor names")?;
+            if index.insert(try_clone(&name)?, tensors.len()).is_some() {
                 bail!(ErrFormat, "tensor {name} appears twice");
             }
             let bytes = tensor_bytes(&name, &dims, ty)?;

@@ -91,6 +91,11 @@ fn fmt(msg: String) -> Error {
 
 /// Parse the header of a safetensors file (`len` bytes, named `name`) from
 /// its bytes `head` (at least the 8-byte length and the JSON).
+///
+/// The JSON is parsed in one streaming pass ([`json`]) that keeps only each
+/// tensor's dtype, shape and range, checked as it is read, and allocates
+/// fallibly: a header costs about its tensors' entries in memory, not a
+/// tree of JSON values (docs/file-safety.md gives the figures).
 pub fn parse_header_bytes(head: &[u8], len: u64, name: &str) -> Result<StHeader> {
     if len < 8 || head.len() < 8 {
         bail!(
@@ -106,83 +111,563 @@ pub fn parse_header_bytes(head: &[u8], len: u64, name: &str) -> Result<StHeader>
     let json = head
         .get(8..data_offset as usize)
         .ok_or_else(|| fmt(format!("{name}: the header was not read whole")))?;
-    let root: serde_json::Value = serde_json::from_slice(json).map_err(|e| {
-        fmt(format!(
-            "{name}: the safetensors header is not valid JSON: {e}"
-        ))
-    })?;
-    let obj = root.as_object().ok_or_else(|| {
-        fmt(format!(
-            "{name}: the safetensors header is not a JSON object"
-        ))
-    })?;
-    let data_len = len - data_offset;
-    let mut tensors = HashMap::with_capacity(obj.len());
-    for (k, v) in obj {
-        if k == "__metadata__" {
-            continue;
-        }
-        let bad = |what: &str| fmt(format!("{name}: tensor {k}: {what}"));
-        let dtype = v
-            .get("dtype")
-            .and_then(|d| d.as_str())
-            .ok_or_else(|| bad("no dtype"))?
-            .to_string();
-        let shape: Vec<u64> = v
-            .get("shape")
-            .and_then(|s| s.as_array())
-            .ok_or_else(|| bad("no shape"))?
-            .iter()
-            .map(|x| {
-                x.as_u64()
-                    .ok_or_else(|| bad("a shape entry is not a non-negative integer"))
-            })
-            .collect::<Result<_>>()?;
-        let offs = v
-            .get("data_offsets")
-            .and_then(|o| o.as_array())
-            .filter(|o| o.len() == 2)
-            .ok_or_else(|| bad("no data_offsets [begin, end]"))?;
-        let (b, e) = match (offs[0].as_u64(), offs[1].as_u64()) {
-            (Some(b), Some(e)) if b <= e => (b, e),
-            _ => return Err(bad("data_offsets are not [begin, end] with begin <= end")),
-        };
-        if e > data_len {
-            return Err(bad(&format!(
-                "data_offsets [{b}, {e}] run past the data section ({data_len} bytes): truncated?"
-            )));
-        }
-        if let Some(sz) = dtype_size(&dtype) {
-            let want = shape
-                .iter()
-                .try_fold(sz, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| {
-                    bad(&format!(
-                        "shape {shape:?} of {dtype} overflows a 64-bit size"
-                    ))
-                })?;
-            if want != e - b {
-                return Err(bad(&format!(
-                    "shape {shape:?} of {dtype} is {want} bytes, but data_offsets [{b}, {e}] hold {}",
-                    e - b
-                )));
-            }
-        }
-        tensors.insert(
-            k.clone(),
-            StTensor {
-                name: k.clone(),
-                dtype,
-                shape,
-                offset: data_offset + b,
-                bytes: e - b,
-            },
-        );
-    }
+    let tensors = json::header(json, name, data_offset, len - data_offset)?;
     Ok(StHeader {
         tensors,
         data_offset,
     })
+}
+
+/// Streaming JSON readers for the safetensors header and the index: serde
+/// visitors that keep only what the loader uses, check it as it comes, and
+/// allocate fallibly. A failure of our own is kept beside the parse (serde's
+/// error type carries only text) and returned as it is.
+pub(crate) mod json {
+    use super::{dtype_size, fmt, StTensor};
+    use crate::error::{Error, Result};
+    use crate::EngramStatus;
+    use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    /// Our error, when the parse failed for a reason of ours.
+    type Slot = RefCell<Option<Error>>;
+
+    fn fail<E: de::Error>(slot: &Slot, e: Error) -> E {
+        let m = E::custom(&e.message);
+        *slot.borrow_mut() = Some(e);
+        m
+    }
+
+    fn oom(what: &str) -> Error {
+        Error::new(
+            EngramStatus::ErrCapacity,
+            format!("out of memory for {what}"),
+        )
+    }
+
+    /// A copy of `s`, allocated fallibly.
+    fn owned(s: &str, what: &str) -> Result<String> {
+        let mut o = String::new();
+        o.try_reserve_exact(s.len()).map_err(|_| oom(what))?;
+        o.push_str(s);
+        Ok(o)
+    }
+
+    /// A JSON string, borrowed from the input when it has no escapes.
+    struct Str<'a>(std::borrow::Cow<'a, str>);
+
+    struct StrSeed<'s>(&'s Slot);
+
+    impl<'de> DeserializeSeed<'de> for StrSeed<'_> {
+        type Value = Str<'de>;
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Str<'de>, D::Error> {
+            struct V<'s>(&'s Slot);
+            impl<'de> Visitor<'de> for V<'_> {
+                type Value = Str<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a string")
+                }
+                fn visit_borrowed_str<E: de::Error>(
+                    self,
+                    v: &'de str,
+                ) -> std::result::Result<Str<'de>, E> {
+                    Ok(Str(std::borrow::Cow::Borrowed(v)))
+                }
+                fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Str<'de>, E> {
+                    owned(v, "a JSON string")
+                        .map(|s| Str(std::borrow::Cow::Owned(s)))
+                        .map_err(|e| fail(self.0, e))
+                }
+            }
+            d.deserialize_str(V(self.0))
+        }
+    }
+
+    /// Parse `json` with `seed`; our error when the seed set one, else the
+    /// JSON error in `what`'s words.
+    fn run<'de, S: DeserializeSeed<'de>>(
+        json: &'de [u8],
+        seed: S,
+        slot: &Slot,
+        what: &dyn Fn(&serde_json::Error) -> Error,
+    ) -> Result<S::Value> {
+        let mut d = serde_json::Deserializer::from_slice(json);
+        let r = seed.deserialize(&mut d).and_then(|v| d.end().map(|_| v));
+        r.map_err(|e| slot.borrow_mut().take().unwrap_or_else(|| what(&e)))
+    }
+
+    /// One tensor entry, checked against the data section.
+    struct Entry<'a> {
+        slot: &'a Slot,
+        file: &'a str,
+        tensor: &'a str,
+        data_offset: u64,
+        data_len: u64,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Entry<'_> {
+        type Value = StTensor;
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<StTensor, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Entry<'_> {
+        type Value = StTensor;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a tensor entry {dtype, shape, data_offsets}")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<StTensor, A::Error> {
+            let bad = |what: &str| fmt(format!("{}: tensor {}: {what}", self.file, self.tensor));
+            let mut dtype: Option<String> = None;
+            let mut shape: Option<Vec<u64>> = None;
+            let mut offs: Option<Option<(u64, u64)>> = None;
+            while let Some(k) = m.next_key_seed(StrSeed(self.slot))? {
+                match &*k.0 {
+                    "dtype" => {
+                        let v = m.next_value_seed(MaybeStr(self.slot))?;
+                        dtype = match v {
+                            Some(v) => {
+                                Some(owned(&v.0, "a dtype").map_err(|e| fail(self.slot, e))?)
+                            }
+                            None => None,
+                        };
+                    }
+                    "shape" => shape = m.next_value_seed(Uints(self.slot))?,
+                    "data_offsets" => {
+                        offs = Some(m.next_value_seed(Uints(self.slot))?.and_then(
+                            |o| match o[..] {
+                                [b, e] if b <= e => Some((b, e)),
+                                _ => None,
+                            },
+                        ))
+                    }
+                    _ => {
+                        m.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            let out = (|| -> Result<StTensor> {
+                let dtype = dtype.ok_or_else(|| bad("no dtype"))?;
+                let shape =
+                    shape.ok_or_else(|| bad("no shape (an array of non-negative integers)"))?;
+                let (b, e) = match offs {
+                    None => return Err(bad("no data_offsets [begin, end]")),
+                    Some(None) => {
+                        return Err(bad("data_offsets are not [begin, end] with begin <= end"))
+                    }
+                    Some(Some(o)) => o,
+                };
+                if e > self.data_len {
+                    return Err(bad(&format!(
+                        "data_offsets [{b}, {e}] run past the data section ({} bytes): truncated?",
+                        self.data_len
+                    )));
+                }
+                if let Some(sz) = dtype_size(&dtype) {
+                    let want = shape
+                        .iter()
+                        .try_fold(sz, |a, &d| a.checked_mul(d))
+                        .ok_or_else(|| {
+                            bad(&format!(
+                                "shape {shape:?} of {dtype} overflows a 64-bit size"
+                            ))
+                        })?;
+                    if want != e - b {
+                        return Err(bad(&format!(
+                            "shape {shape:?} of {dtype} is {want} bytes, but data_offsets [{b}, {e}] hold {}",
+                            e - b
+                        )));
+                    }
+                }
+                Ok(StTensor {
+                    name: owned(self.tensor, "a tensor name")?,
+                    dtype,
+                    shape,
+                    offset: self.data_offset + b,
+                    bytes: e - b,
+                })
+            })();
+            out.map_err(|e| fail(self.slot, e))
+        }
+    }
+
+    /// A string, or `None` for any other JSON value (skipped).
+    struct MaybeStr<'s>(&'s Slot);
+
+    impl<'de> DeserializeSeed<'de> for MaybeStr<'_> {
+        type Value = Option<Str<'de>>;
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for MaybeStr<'_> {
+        type Value = Option<Str<'de>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_borrowed_str<E: de::Error>(
+            self,
+            v: &'de str,
+        ) -> std::result::Result<Self::Value, E> {
+            Ok(Some(Str(std::borrow::Cow::Borrowed(v))))
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Self::Value, E> {
+            owned(v, "a JSON string")
+                .map(|s| Some(Str(std::borrow::Cow::Owned(s))))
+                .map_err(|e| fail(self.0, e))
+        }
+        fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            while a.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+    }
+
+    /// An array of non-negative integers (grown fallibly), or `None` for
+    /// anything else (skipped).
+    struct Uints<'s>(&'s Slot);
+
+    impl<'de> DeserializeSeed<'de> for Uints<'_> {
+        type Value = Option<Vec<u64>>;
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    /// One array element: `Some` for a non-negative integer.
+    struct Uint(Option<u64>);
+
+    impl<'de> de::Deserialize<'de> for Uint {
+        fn deserialize<D: de::Deserializer<'de>>(d: D) -> std::result::Result<Uint, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Uint;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a non-negative integer")
+                }
+                fn visit_u64<E>(self, v: u64) -> std::result::Result<Uint, E> {
+                    Ok(Uint(Some(v)))
+                }
+                fn visit_i64<E>(self, _: i64) -> std::result::Result<Uint, E> {
+                    Ok(Uint(None))
+                }
+                fn visit_f64<E>(self, _: f64) -> std::result::Result<Uint, E> {
+                    Ok(Uint(None))
+                }
+                fn visit_bool<E>(self, _: bool) -> std::result::Result<Uint, E> {
+                    Ok(Uint(None))
+                }
+                fn visit_str<E>(self, _: &str) -> std::result::Result<Uint, E> {
+                    Ok(Uint(None))
+                }
+                fn visit_unit<E>(self) -> std::result::Result<Uint, E> {
+                    Ok(Uint(None))
+                }
+                fn visit_seq<A: SeqAccess<'de>>(
+                    self,
+                    mut a: A,
+                ) -> std::result::Result<Uint, A::Error> {
+                    while a.next_element::<IgnoredAny>()?.is_some() {}
+                    Ok(Uint(None))
+                }
+                fn visit_map<A: MapAccess<'de>>(
+                    self,
+                    mut a: A,
+                ) -> std::result::Result<Uint, A::Error> {
+                    while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                    Ok(Uint(None))
+                }
+            }
+            d.deserialize_any(V)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Uints<'_> {
+        type Value = Option<Vec<u64>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an array of non-negative integers")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut v: Vec<u64> = Vec::new();
+            let mut ok = true;
+            while let Some(x) = a.next_element::<Uint>()? {
+                match x.0 {
+                    Some(x) if ok => {
+                        v.try_reserve(1)
+                            .map_err(|_| fail(self.0, oom("a JSON array")))?;
+                        v.push(x);
+                    }
+                    _ => ok = false,
+                }
+            }
+            Ok(ok.then_some(v))
+        }
+        fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_str<E>(self, _: &str) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+    }
+
+    /// The header object: every tensor checked, `__metadata__` skipped.
+    struct Header<'a> {
+        slot: &'a Slot,
+        file: &'a str,
+        data_offset: u64,
+        data_len: u64,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Header<'_> {
+        type Value = HashMap<String, StTensor>;
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Header<'_> {
+        type Value = HashMap<String, StTensor>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut m: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut out: HashMap<String, StTensor> = HashMap::new();
+            while let Some(k) = m.next_key_seed(StrSeed(self.slot))? {
+                if k.0 == "__metadata__" {
+                    m.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+                let t = m.next_value_seed(Entry {
+                    slot: self.slot,
+                    file: self.file,
+                    tensor: &k.0,
+                    data_offset: self.data_offset,
+                    data_len: self.data_len,
+                })?;
+                out.try_reserve(1)
+                    .map_err(|_| fail(self.slot, oom("the safetensors header's tensors")))?;
+                let key = owned(&k.0, "a tensor name").map_err(|e| fail(self.slot, e))?;
+                out.insert(key, t);
+            }
+            Ok(out)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> std::result::Result<Self::Value, A::Error> {
+            Err(self.not_object())
+        }
+        fn visit_str<E: de::Error>(self, _: &str) -> std::result::Result<Self::Value, E> {
+            Err(self.not_object())
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<Self::Value, E> {
+            Err(self.not_object())
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<Self::Value, E> {
+            Err(self.not_object())
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<Self::Value, E> {
+            Err(self.not_object())
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<Self::Value, E> {
+            Err(self.not_object())
+        }
+        fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
+            Err(self.not_object())
+        }
+    }
+
+    impl Header<'_> {
+        fn not_object<E: de::Error>(&self) -> E {
+            fail(
+                self.slot,
+                fmt(format!(
+                    "{}: the safetensors header is not a JSON object",
+                    self.file
+                )),
+            )
+        }
+    }
+
+    /// The tensors of a safetensors header `json` (of file `file`, whose data
+    /// section is `data_len` bytes at `data_offset`).
+    pub(crate) fn header(
+        json: &[u8],
+        file: &str,
+        data_offset: u64,
+        data_len: u64,
+    ) -> Result<HashMap<String, StTensor>> {
+        let slot = Slot::default();
+        let seed = Header {
+            slot: &slot,
+            file,
+            data_offset,
+            data_len,
+        };
+        run(json, seed, &slot, &|e| {
+            fmt(format!(
+                "{file}: the safetensors header is not valid JSON: {e}"
+            ))
+        })
+    }
+
+    /// `weight_map` of a `model.safetensors.index.json`: tensor name to shard.
+    struct Index<'a> {
+        slot: &'a Slot,
+        file: &'a str,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Index<'_> {
+        type Value = Option<HashMap<String, String>>;
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Index<'_> {
+        type Value = Option<HashMap<String, String>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object with a weight_map")
+        }
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut m: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut out = None;
+            while let Some(k) = m.next_key_seed(StrSeed(self.slot))? {
+                if k.0 == "weight_map" {
+                    out = Some(m.next_value_seed(WeightMap {
+                        slot: self.slot,
+                        file: self.file,
+                    })?);
+                } else {
+                    m.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    struct WeightMap<'a> {
+        slot: &'a Slot,
+        file: &'a str,
+    }
+
+    impl<'de> DeserializeSeed<'de> for WeightMap<'_> {
+        type Value = HashMap<String, String>;
+        fn deserialize<D: de::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for WeightMap<'_> {
+        type Value = HashMap<String, String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a weight_map object")
+        }
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut m: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut out: HashMap<String, String> = HashMap::new();
+            while let Some(k) = m.next_key_seed(StrSeed(self.slot))? {
+                let Some(f) = m.next_value_seed(MaybeStr(self.slot))? else {
+                    return Err(fail(
+                        self.slot,
+                        fmt(format!(
+                            "{}: weight_map[{}] is not a file name",
+                            self.file, k.0
+                        )),
+                    ));
+                };
+                out.try_reserve(1)
+                    .map_err(|_| fail(self.slot, oom("the index's weight_map")))?;
+                let key = owned(&k.0, "a tensor name").map_err(|e| fail(self.slot, e))?;
+                let f = owned(&f.0, "a shard name").map_err(|e| fail(self.slot, e))?;
+                out.insert(key, f);
+            }
+            Ok(out)
+        }
+    }
+
+    /// The `weight_map` of an index file's `json` (named `file`).
+    pub(crate) fn index(json: &[u8], file: &str) -> Result<HashMap<String, String>> {
+        let slot = Slot::default();
+        let m = run(json, Index { slot: &slot, file }, &slot, &|e| {
+            fmt(format!("{file}: not valid JSON: {e}"))
+        })?;
+        m.ok_or_else(|| fmt(format!("{file}: no weight_map object")))
+    }
 }
 
 /// Read and parse the header of an open safetensors file with `pread`.
@@ -347,27 +832,11 @@ pub fn read(
     let index_path = dir.join("model.safetensors.index.json");
     let weight_map: Option<HashMap<String, String>> = if index_path.exists() {
         let bytes = files::read_small(&index_path, "safetensors index", MAX_INDEX_BYTES)?;
-        let v: serde_json::Value = serde_json::from_slice(&bytes)
-            .map_err(|e| fmt(format!("{}: not valid JSON: {e}", index_path.display())))?;
-        let wm = v
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| fmt(format!("{}: no weight_map object", index_path.display())))?;
-        let mut out = HashMap::with_capacity(wm.len());
-        for (k, f) in wm {
-            let f = f.as_str().ok_or_else(|| {
-                fmt(format!(
-                    "{}: weight_map[{k}] is not a file name",
-                    index_path.display()
-                ))
-            })?;
-            out.insert(k.clone(), f.to_string());
-        }
-        Some(out)
+        Some(json::index(&bytes, &index_path.display().to_string())?)
     } else {
         None
     };
-    let shard_of = |name: &str| -> Result<String> {
+    let shard_of = |name: &str| -> Result<(String, PathBuf)> {
         let f = match &weight_map {
             Some(m) => m.get(name).cloned().ok_or_else(|| {
                 fmt(format!(
@@ -377,22 +846,25 @@ pub fn read(
             })?,
             None => "model.safetensors".to_string(),
         };
-        // A shard is a file of the directory, nothing else.
-        if f.is_empty() || f.contains('/') || f.contains('\\') || f == "." || f == ".." {
-            bail!(
-                ErrFormat,
-                "{}: tensor {name} is in {f:?}, not a file name in the checkpoint directory",
-                index_path.display()
-            );
+        // A shard lies inside the checkpoint directory, by the one rule for
+        // paths from a model file.
+        let key = format!("{}: weight_map[{name}]", index_path.display());
+        match files::confine(dir, &f, &key)? {
+            Some(p) => Ok((f, p)),
+            None => bail!(
+                ErrIo,
+                "checkpoint shard {f} (named in {} for tensor {name}): {}: no such file",
+                index_path.display(),
+                dir.join(files::confined_candidate(&f, &key)?).display()
+            ),
         }
-        Ok(f)
     };
     let mut shards: Vec<StFile> = Vec::new();
-    let open_shard = |f: &str, shards: &mut Vec<StFile>| -> Result<usize> {
-        if let Some(i) = shards.iter().position(|s| s.name == f) {
+    let open_shard = |(f, p): (String, PathBuf), shards: &mut Vec<StFile>| -> Result<usize> {
+        if let Some(i) = shards.iter().position(|s| s.path == p) {
             return Ok(i);
         }
-        let s = StFile::open(&dir.join(f)).map_err(|e| {
+        let s = StFile::open(&p).map_err(|e| {
             Error::new(
                 e.status,
                 format!(
@@ -411,8 +883,9 @@ pub fn read(
         let n = |s: &str| format!("layers.{lid}.engram.{s}");
         // A tensor: its shard (opened once) and its header entry.
         let get = |name: &str, shards: &mut Vec<StFile>| -> Result<(usize, StTensor)> {
-            let f = shard_of(name)?;
-            let i = open_shard(&f, shards)?;
+            let fp = shard_of(name)?;
+            let f = fp.0.clone();
+            let i = open_shard(fp, shards)?;
             let t = shards[i].header.tensors.get(name).cloned().ok_or_else(|| {
                 fmt(format!(
                     "{} names {f} for tensor {name}, but {f} has no such tensor",

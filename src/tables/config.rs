@@ -39,7 +39,11 @@ pub struct EngramConfig {
 }
 
 /// Largest `config.json` read (the released one is a few KB).
-pub(crate) const MAX_CONFIG_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Peak memory of parsing a `config.json` into JSON values, per byte of
+/// text, with margin over the worst shape measured (docs/file-safety.md).
+pub(crate) const CONFIG_PEAK_PER_BYTE: usize = 64;
 
 /// Accepted names, first match wins: `(field, [V4.1 name, Engram demo name, ...])`.
 pub const FIELD_NAMES: &[(&str, &[&str])] = &[
@@ -185,6 +189,9 @@ pub fn rms_norm_eps(text: &str) -> Result<Option<f32>> {
 impl EngramConfig {
     /// Parse the engram fields of a `config.json` text.
     pub fn from_json(text: &str) -> Result<EngramConfig> {
+        // A tree of JSON values costs up to CONFIG_PEAK_PER_BYTE per byte of
+        // text, infallibly: reserve that fallibly first.
+        crate::files::parse_headroom(text.len(), CONFIG_PEAK_PER_BYTE, "config.json")?;
         let root: Value = serde_json::from_str(text)
             .map_err(|e| bad(format!("config.json is not valid JSON: {e}")))?;
         if !root.is_object() {

@@ -65,13 +65,27 @@ pub fn normalizer() -> Result<Sequence> {
     Ok(Sequence::new(chain))
 }
 
-/// Largest `tokenizer.json` read (the DeepSeek one is about 8 MB).
-pub(crate) const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
+/// Largest `tokenizer.json` read (the DeepSeek one is about 8 MB; the
+/// largest public ones about 35 MB).
+pub(crate) const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
+
+/// Peak memory of the `tokenizers` library's parse, per byte of
+/// `tokenizer.json`, with margin over the worst shape measured
+/// (docs/file-safety.md).
+pub(crate) const TOKENIZER_PEAK_PER_BYTE: usize = 48;
 
 /// Load a `tokenizer.json` (at most [`MAX_TOKENIZER_BYTES`], read into a
 /// fallibly reserved buffer; a FIFO or device is refused before any read).
+/// The parse is the `tokenizers` library's, which allocates infallibly:
+/// its worst case ([`TOKENIZER_PEAK_PER_BYTE`] per byte) is reserved
+/// fallibly first, so a file too big for the memory left is `ErrCapacity`.
 pub fn load(path: &std::path::Path) -> Result<Tokenizer> {
     let bytes = crate::files::read_small(path, "tokenizer", MAX_TOKENIZER_BYTES)?;
+    crate::files::parse_headroom(
+        bytes.len(),
+        TOKENIZER_PEAK_PER_BYTE,
+        &format!("tokenizer {}", path.display()),
+    )?;
     Tokenizer::from_bytes(&bytes).map_err(|e| {
         Error::new(
             EngramStatus::ErrInvalidConfig,

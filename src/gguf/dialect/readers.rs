@@ -135,16 +135,6 @@ pub(super) fn vcruz305(m: &Meta<'_>, dialect: Dialect) -> Result<Partial> {
         "deepseek4.engram.".to_string()
     };
     let layer_ids = layer_ids(m, &key("layer_ids")?)?;
-    let pad = m.uint(&key("pad_id")?)?.map(|v| {
-        // The early prefix converter's pad key shares its name with
-        // deepstrix's raw pad: where the two readings differ, refuse.
-        let r = if dialect == Dialect::Vcruz305 {
-            PadReading::Compressed
-        } else {
-            PadReading::Ambiguous
-        };
-        (v, r)
-    });
     let mut layers = Vec::new();
     for &lid in &layer_ids.value {
         let t = |n: &str| format!("blk.{lid}.{n}");
@@ -157,6 +147,23 @@ pub(super) fn vcruz305(m: &Meta<'_>, dialect: Dialect) -> Result<Partial> {
             k: w("engram_k")?,
         });
     }
+    // The early prefix converter's pad key shares its name with deepstrix's
+    // raw pad. A file that carries its tables is not deepstrix's (deepstrix
+    // files never do): its pad is vcruz305's compressed id. Only a file
+    // without that evidence would be ambiguous (refused where the two
+    // readings differ and nothing else decides).
+    let tables_inside = !layers.is_empty()
+        && layers
+            .iter()
+            .all(|l| matches!(l.table, TableSpec::InFile(_)));
+    let pad = m.uint(&key("pad_id")?)?.map(|v| {
+        let r = if dialect == Dialect::Vcruz305 || tables_inside {
+            PadReading::Compressed
+        } else {
+            PadReading::Ambiguous
+        };
+        (v, r)
+    });
     Ok(Partial {
         dialect,
         n_heads: m.uint(&key("head_count")?)?,

@@ -34,33 +34,22 @@ impl ExtFile {
     }
 }
 
-/// Where a table outside the GGUF file is: `tables_dir` + its recorded file
-/// name, else the recorded path, else the GGUF's directory + the file name.
+/// Where a table outside the GGUF file is: the recorded path under
+/// `tables_dir` when given, else under the GGUF's own directory, by the one
+/// rule for paths from a model file ([`files::confine`]: an absolute path
+/// keeps only its file name; `..` and links that lead outside are refused).
 pub(super) fn find_external(
     x: &External,
     tables_dir: Option<&Path>,
     gguf_dir: &Path,
 ) -> Result<PathBuf> {
-    let recorded = Path::new(x.recorded());
-    let Some(fname) = recorded.file_name() else {
-        bail!(
-            ErrFormat,
-            "{} is {:?}, not a path to a file",
-            x.key(),
-            x.recorded()
-        );
-    };
-    let mut tried = Vec::new();
-    let cands: Vec<PathBuf> = match tables_dir {
-        Some(d) => vec![d.join(fname)],
-        None => vec![recorded.to_path_buf(), gguf_dir.join(fname)],
-    };
-    for c in cands {
-        if c.is_file() {
-            return Ok(c);
+    let base = tables_dir.unwrap_or(gguf_dir);
+    if let Some(p) = files::confine(base, x.recorded(), x.key())? {
+        if p.is_file() {
+            return Ok(p);
         }
-        tried.push(c.display().to_string());
     }
+    let looked = base.join(files::confined_candidate(x.recorded(), x.key())?);
     let lid = match x {
         External::Shard { layer_id, .. } | External::Offsets { layer_id, .. } => *layer_id,
     };
@@ -72,7 +61,7 @@ pub(super) fn find_external(
          with engram_create_from_safetensors",
         x.key(),
         x.recorded(),
-        tried.join(", ")
+        looked.display()
     )
 }
 

@@ -130,7 +130,8 @@ pub struct LoadedModel {
 
 /// A model's files read but not checked ([`LoadedModel::inspect`]).
 pub struct Inspected {
-    pub model: EngramModel,
+    /// The model as read, its files open, its weights not yet loaded.
+    pub loaded: LoadedModel,
     /// The files the model's blobs point into (`Blob::file` indexes them).
     pub files: Vec<PathBuf>,
     /// How many of them are GGUF shards (0 for a checkpoint).
@@ -163,6 +164,54 @@ fn gguf_eps(set: &GgufSet) -> Result<Option<f32>> {
         bail!(ErrFormat, "{key} = {v} is not a finite epsilon >= 0");
     }
     Ok(Some(v))
+}
+
+impl Inspected {
+    pub fn model(&self) -> &EngramModel {
+        &self.loaded.model
+    }
+
+    /// Every check the loaders make, in their order: the hash layout's
+    /// ([`super::meta::validate`]), then the weights loaded exactly as the
+    /// loaders load them (a NaN or infinity in an f16 weight, an e4m3 NaN
+    /// code or e8m0 NaN scale in an fp8 one), then a context given every
+    /// layer (the geometry and the tables' sizes), each failure with the
+    /// status and message `engram_create_*` would return. The later checks
+    /// run only when the earlier ones pass, as in the loaders.
+    pub fn checks(&mut self) -> Vec<super::meta::Check> {
+        use super::meta::Check;
+        let mut out = super::meta::validate(&self.loaded.model);
+        if out.iter().any(|c| c.problem.is_some()) {
+            return out;
+        }
+        let why = |e: Error| Some(format!("{:?}: {}", e.status, e.message));
+        let w = self.loaded.load_weights();
+        let loaded = w.is_ok();
+        out.push(Check {
+            what: "every layer's wkv, q and k load as the loaders load them (finite values; valid fp8 codes \
+                   and scales)",
+            problem: w.err().and_then(why),
+        });
+        if loaded {
+            let c = self.loaded.context(&GgufOptions {
+                limits: Limits {
+                    max_tokens: 1,
+                    max_seqs: 1,
+                    max_positions: 1,
+                },
+                n_threads: 1,
+                backend: crate::EngramBackend::Cpu as u32,
+                device: 0,
+                eps: 1e-6,
+                tuning: Tuning::default(),
+            });
+            out.push(Check {
+                what: "a CPU context takes every layer (geometry, table and weight sizes)",
+                problem: c.err().and_then(why),
+            });
+        }
+        out
+    }
 }
 
 /// The name a loader's GGUF entry points use; the same type.
@@ -213,21 +262,53 @@ impl LoadedModel {
     ) -> Result<Inspected> {
         if path.is_dir() {
             let ck = crate::safetensors::read(path, tokenizer_json, o.tokenizer)?;
+            let files = ck.files.iter().map(|f| f.path.clone()).collect();
             return Ok(Inspected {
-                files: ck.files.iter().map(|f| f.path.clone()).collect(),
+                files,
                 shards: 0,
-                model: ck.model,
+                loaded: Self::from_checkpoint(path, ck, o)?,
             });
         }
         let set = GgufSet::open(path, o.mmap)?;
         let at = |e: Error| Error::new(e.status, format!("{}: {}", path.display(), e.message));
         let (set, ext, model) = Self::resolve(set, path, o).map_err(at)?;
+        let eps = gguf_eps(&set).map_err(at)?;
         let mut files: Vec<PathBuf> = set.shards.iter().map(|s| s.path.clone()).collect();
         files.extend(ext.iter().map(|f| f.path.clone()));
         Ok(Inspected {
             shards: set.shards.len(),
             files,
-            model,
+            loaded: LoadedModel {
+                path: path.to_path_buf(),
+                mmap: o.mmap,
+                gguf: Some(set),
+                ext,
+                model,
+                layers: Vec::new(),
+                eps,
+            },
+        })
+    }
+
+    /// A checkpoint read ([`crate::safetensors::read`]) with its files
+    /// opened for loading, its weights not yet loaded.
+    fn from_checkpoint(
+        dir: &Path,
+        ck: crate::safetensors::Checkpoint,
+        o: &LoadOptions<'_>,
+    ) -> Result<LoadedModel> {
+        let mut ext = Vec::with_capacity(ck.files.len());
+        for f in ck.files {
+            ext.push(ExtFile::from_st(f, o.mmap)?);
+        }
+        Ok(LoadedModel {
+            path: dir.to_path_buf(),
+            mmap: o.mmap,
+            gguf: None,
+            ext,
+            model: ck.model,
+            layers: Vec::new(),
+            eps: ck.eps,
         })
     }
 
@@ -294,19 +375,7 @@ impl LoadedModel {
         o: &LoadOptions<'_>,
     ) -> Result<LoadedModel> {
         let ck = crate::safetensors::open(dir, tokenizer_json, o.tokenizer)?;
-        let mut ext = Vec::with_capacity(ck.files.len());
-        for f in ck.files {
-            ext.push(ExtFile::from_st(f, o.mmap)?);
-        }
-        let mut m = LoadedModel {
-            path: dir.to_path_buf(),
-            mmap: o.mmap,
-            gguf: None,
-            ext,
-            model: ck.model,
-            layers: Vec::new(),
-            eps: ck.eps,
-        };
+        let mut m = Self::from_checkpoint(dir, ck, o)?;
         m.load_weights()?;
         Ok(m)
     }

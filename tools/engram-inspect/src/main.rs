@@ -15,7 +15,8 @@
 //! names its keys), 2 for bad usage or a file that cannot be read at all.
 
 use anyhow::{bail, Context, Result};
-use engram::gguf::{validate, LoadOptions, LoadedModel, PadReading};
+use engram::error::escape_text;
+use engram::gguf::{LoadOptions, LoadedModel, PadReading};
 use engram::tables::{tokenizer, EngramTables, TokenMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -82,12 +83,15 @@ fn main() -> ExitCode {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
             Err(e) => {
-                eprintln!("engram-inspect: {e:#}");
+                eprintln!("engram-inspect: {}", escape_text(&format!("{e:#}")));
                 ExitCode::from(2)
             }
         },
         Err(e) => {
-            eprintln!("engram-inspect: {e:#}\n{USAGE}");
+            eprintln!(
+                "engram-inspect: {}\n{USAGE}",
+                escape_text(&format!("{e:#}"))
+            );
             ExitCode::from(2)
         }
     }
@@ -111,6 +115,15 @@ fn mb(b: u64) -> String {
 }
 
 /// Inspect; `Ok(true)` when every check passes.
+/// `println!` with every control character of the line escaped: the line
+/// carries text from the model's files (key and tensor names, paths), which
+/// must not move the cursor or fake lines on a terminal.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        println!("{}", escape_text(&format!($($arg)*)))
+    };
+}
+
 fn run(a: &Args) -> Result<bool> {
     // The companion files, if given.
     let (mut companion, mut tm): (Option<EngramTables>, Option<TokenMap>) = (None, None);
@@ -134,14 +147,15 @@ fn run(a: &Args) -> Result<bool> {
     } else {
         None
     };
-    let ins = LoadedModel::inspect(&a.model, tok_path, &o)
+    let mut ins = LoadedModel::inspect(&a.model, tok_path, &o)
         .map_err(lib)
         .with_context(|| format!("reading {}", a.model.display()))?;
-    let m = &ins.model;
-    println!("model:    {}", a.model.display());
-    println!("dialect:  {}", m.dialect.name());
+    let checks = ins.checks();
+    let m = ins.model();
+    say!("model:    {}", a.model.display());
+    say!("dialect:  {}", m.dialect.name());
     if ins.shards > 1 {
-        println!(
+        say!(
             "files:    split set of {} shards: {}",
             ins.shards,
             ins.files[..ins.shards]
@@ -152,7 +166,7 @@ fn run(a: &Args) -> Result<bool> {
         );
     }
     if ins.files.len() > ins.shards && ins.shards > 0 {
-        println!(
+        say!(
             "external: {}",
             ins.files[ins.shards..]
                 .iter()
@@ -161,7 +175,7 @@ fn run(a: &Args) -> Result<bool> {
                 .join(", ")
         );
     }
-    println!(
+    say!(
         "geometry: D = {}, hc = {}, Hd = {}, H = {}, N = {}, C = {}, engram layers {:?}",
         m.d,
         m.hc,
@@ -171,9 +185,13 @@ fn run(a: &Args) -> Result<bool> {
         m.cols(),
         m.layer_ids
     );
-    println!(
+    say!(
         "hash:     constants from {} ({}, {}, {}, {})",
-        m.hash_source, m.keys.multipliers, m.keys.primes, m.keys.offsets, m.keys.token_map
+        m.hash_source,
+        m.keys.multipliers,
+        m.keys.primes,
+        m.keys.offsets,
+        m.keys.token_map
     );
     let dead = m.token_map.iter().filter(|&&x| x < 0).count();
     let distinct = {
@@ -182,7 +200,7 @@ fn run(a: &Args) -> Result<bool> {
         v.dedup();
         v.len()
     };
-    println!(
+    say!(
         "tokens:   {} raw ids -> {distinct} compressed ids ({dead} dead){}",
         m.token_map.len(),
         m.compressed_vocab
@@ -193,9 +211,12 @@ fn run(a: &Args) -> Result<bool> {
         PadReading::Raw => "raw",
         PadReading::Ambiguous => "ambiguous",
     };
-    println!(
+    say!(
         "pad:      {} = {} ({reading}) -> compressed pad {}: {}",
-        m.pad.key, m.pad.stored, m.pad_id, m.pad.how
+        m.pad.key,
+        m.pad.stored,
+        m.pad_id,
+        m.pad.how
     );
     for l in &m.layers {
         let t = &l.table;
@@ -205,7 +226,7 @@ fn run(a: &Args) -> Result<bool> {
         let scales = t.scales.as_ref().map_or(String::new(), |s| {
             format!(" + {} ({})", s.name, file(s.file))
         });
-        println!(
+        say!(
             "layer {}:  table {} x {} {} ({}), {} ({}){scales}; wkv {} ({}), q/k {}",
             l.layer_id,
             t.rows,
@@ -220,13 +241,13 @@ fn run(a: &Args) -> Result<bool> {
         );
     }
     let mut ok = true;
-    println!("checks:");
-    for c in validate(m) {
+    say!("checks:");
+    for c in checks {
         match &c.problem {
-            None => println!("  ok    {}", c.what),
+            None => say!("  ok    {}", c.what),
             Some(p) => {
                 ok = false;
-                println!("  FAIL  {}: {p}", c.what);
+                say!("  FAIL  {}: {p}", c.what);
             }
         }
     }
@@ -285,7 +306,7 @@ fn hash_text(m: &engram::gguf::EngramModel, tok_path: &Path, text: &str) -> Resu
     let mut out = vec![0i64; n * ctx.ids_per_token()];
     let pos: Vec<i32> = (0..n as i32).collect();
     ctx.hash(&ids, &vec![0; n], &pos, &mut out).map_err(lib)?;
-    println!(
+    say!(
         "text:     {n} tokens; row ids per token, per layer ({} columns):",
         m.cols()
     );
@@ -302,7 +323,7 @@ fn hash_text(m: &engram::gguf::EngramModel, tok_path: &Path, text: &str) -> Resu
                 format!("L{lid} {s:?}")
             })
             .collect();
-        println!("  {t:>3} {id:>6} {piece:?} -> {c}: {}", rows.join("  "));
+        say!("  {t:>3} {id:>6} {piece:?} -> {c}: {}", rows.join("  "));
     }
     Ok(())
 }
