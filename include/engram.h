@@ -7,9 +7,9 @@
 #include <stdint.h>
 
 #define ENGRAM_VERSION_MAJOR 0
-#define ENGRAM_VERSION_MINOR 2
+#define ENGRAM_VERSION_MINOR 3
 #define ENGRAM_VERSION_PATCH 0
-#define ENGRAM_VERSION_STRING "0.2.0"
+#define ENGRAM_VERSION_STRING "0.3.0"
 
 
 /*
@@ -234,6 +234,9 @@ typedef struct engram_tables engram_tables;
  widened), so the caller may free them afterwards. Every field is plain
  data; a struct from an older header (a smaller `struct_size`) is read as
  far as it goes, the rest taking the defaults.
+
+ Layouts accepted (`struct_size`): only this one, unchanged since 0.1
+ (the 0.1, 0.2 and 0.3 headers all have it).
  */
 typedef struct engram_config {
   /*
@@ -323,7 +326,8 @@ typedef struct engram_config {
    */
   uint32_t max_positions;
   /*
-   Threads the CPU backend may use in one call (0 or 1: the calling thread only).
+   Threads the CPU backend may use in one call (0 or 1: the calling thread
+   only). At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
    */
   uint32_t n_threads;
 } engram_config;
@@ -338,6 +342,10 @@ typedef struct engram_config {
  device memory, or host memory that is copied to the device once, here (any
  `wkv_type`); `q` and `k` are device or host memory, read here. Every field
  is plain data.
+
+ Layouts accepted (`struct_size`): the 0.2 layout, which ends after
+ `qk_type` (the fields after it read as NULL), and the 0.3 layout of this
+ header.
  */
 typedef struct engram_layer_weights {
   /*
@@ -385,6 +393,10 @@ typedef struct engram_layer_weights {
 /*
  Options of `engram_create_from_gguf`. Fill with `engram_gguf_options_init`.
  Every field is plain data.
+
+ Layouts accepted (`struct_size`): the 0.2 layout, which ends after
+ `mmap_tables` (`tables_dir` reads as NULL), and the 0.3 layout of this
+ header.
  */
 typedef struct engram_gguf_options {
   /*
@@ -413,6 +425,7 @@ typedef struct engram_gguf_options {
   uint32_t max_positions;
   /*
    Threads of one call; the prefetch gathers use `max(2, n_threads)`.
+   At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
    */
   uint32_t n_threads;
   /*
@@ -448,6 +461,9 @@ typedef struct engram_gguf_options {
 /*
  Options of `engram_create_from_safetensors`. Fill with
  `engram_safetensors_options_init`. Every field is plain data.
+
+ Layouts accepted (`struct_size`): only the 0.3 layout of this header
+ (the struct is new in 0.3).
  */
 typedef struct engram_safetensors_options {
   /*
@@ -478,6 +494,7 @@ typedef struct engram_safetensors_options {
   uint32_t max_positions;
   /*
    Threads of one call; the prefetch gathers use `max(2, n_threads)`.
+   At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
    */
   uint32_t n_threads;
   /*
@@ -854,7 +871,9 @@ enum engram_status engram_tables_from_files(const char *config_json,
  `layer_ids`/`n_layers`, `token_map`/`token_map_len`, `pad_id`,
  `multipliers`, `primes`, `offsets` and their counts) and set
  `hidden_size`, `hc` and `head_dim` where the config.json gave them (the
- other fields are left as they are). The pointers stay valid until
+ other fields are left as they are). A `hidden_size`, `hc` or `head_dim`
+ above 2^32 - 1, which the 32-bit fields cannot hold, is
+ `ENGRAM_STATUS_ERR_INVALID_CONFIG` and `cfg` is left as it was. The pointers stay valid until
  `engram_tables_free`; `engram_create` copies them, so the tables may be
  freed once the context exists.
 

@@ -10,6 +10,9 @@ use std::ffi::c_char;
 
 /// Options of `engram_create_from_safetensors`. Fill with
 /// `engram_safetensors_options_init`. Every field is plain data.
+///
+/// Layouts accepted (`struct_size`): only the 0.3 layout of this header
+/// (the struct is new in 0.3).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramSafetensorsOptions {
@@ -30,6 +33,7 @@ pub struct EngramSafetensorsOptions {
     pub max_seqs: u32,
     pub max_positions: u32,
     /// Threads of one call; the prefetch gathers use `max(2, n_threads)`.
+    /// At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
     pub n_threads: u32,
     /// The model's `tokenizer.json` (NULL: `tokenizer.json` in the checkpoint
     /// directory). The hash constants are derived from it and `config.json`.

@@ -399,11 +399,19 @@ mod tests {
         // first: before the fix this one derived two primes, then refused).
         let err = derive_primes(1, &[1 << 62, 1 << 62], 1).unwrap_err();
         assert_eq!(err.status, crate::EngramStatus::ErrInvalidConfig);
-        assert_eq!(started(), before, "a prime cursor started for a refused geometry");
+        assert_eq!(
+            started(),
+            before,
+            "a prime cursor started for a refused geometry"
+        );
         let err = derive_primes_uniform(64, 64, 1024, 1 << 62).unwrap_err();
         assert_eq!(err.status, crate::EngramStatus::ErrInvalidConfig);
         assert!(err.message.contains("2^63 rows"), "{}", err.message);
-        assert_eq!(started(), before, "a prime cursor started for a refused geometry");
+        assert_eq!(
+            started(),
+            before,
+            "a prime cursor started for a refused geometry"
+        );
         // The floor is only a floor: 2 heads of size 2^61 - 1 still derive
         // (primes just above 2^61, the sum below 2^63).
         let p = derive_primes(1, &[(1 << 61) - 1], 2).unwrap();
