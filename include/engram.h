@@ -280,7 +280,8 @@ typedef struct engram_config {
    */
   uint32_t max_ngram;
   /*
-   RMS epsilon of the gate.
+   RMS epsilon of the gate: finite and > 0 (0, a negative value, an
+   infinity or a NaN is `ENGRAM_STATUS_ERR_INVALID_CONFIG`).
    */
   float eps;
   /*
@@ -414,7 +415,8 @@ typedef struct engram_gguf_options {
    */
   int32_t device;
   /*
-   RMS epsilon of the gate (default 1e-6).
+   RMS epsilon of the gate (default 1e-6): finite and > 0, as in
+   `engram_config`.
    */
   float eps;
   /*
@@ -483,7 +485,8 @@ typedef struct engram_safetensors_options {
    */
   int32_t device;
   /*
-   RMS epsilon of the gate (default 1e-6).
+   RMS epsilon of the gate (default 1e-6): finite and > 0, as in
+   `engram_config`.
    */
   float eps;
   /*

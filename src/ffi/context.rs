@@ -55,7 +55,8 @@ pub struct EngramConfig {
     pub n_heads: u32,
     /// Max n-gram size `N`; `C = (N-1)*H` row ids per token per layer.
     pub max_ngram: u32,
-    /// RMS epsilon of the gate.
+    /// RMS epsilon of the gate: finite and > 0 (0, a negative value, an
+    /// infinity or a NaN is `ENGRAM_STATUS_ERR_INVALID_CONFIG`).
     pub eps: f32,
     /// Model layer ids of the engram layers, `[n_layers]`; row ids come out in this order.
     pub layer_ids: *const u32,

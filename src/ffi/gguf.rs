@@ -26,7 +26,8 @@ pub struct EngramGgufOptions {
     pub backend: u32,
     /// CUDA device ordinal (ignored by the CPU backend).
     pub device: i32,
-    /// RMS epsilon of the gate (default 1e-6).
+    /// RMS epsilon of the gate (default 1e-6): finite and > 0, as in
+    /// `engram_config`.
     pub eps: f32,
     /// As in `engram_config`.
     pub max_tokens: u32,
