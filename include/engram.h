@@ -7,26 +7,15 @@
 #include <stdint.h>
 
 #define ENGRAM_VERSION_MAJOR 0
-#define ENGRAM_VERSION_MINOR 2
+#define ENGRAM_VERSION_MINOR 3
 #define ENGRAM_VERSION_PATCH 0
-#define ENGRAM_VERSION_STRING "0.2.0"
+#define ENGRAM_VERSION_STRING "0.3.0"
 
-
-/*
- Written as a layer's `table_types`, `wkv_types` and `qk_types` entry
- while its weights were never set (its `table_rows` entry is then 0).
- */
-#define ENGRAM_INFO_NO_TYPE 4294967295
 
 /*
  Values per e8m0 scale in the fp8 row format.
  */
 #define ENGRAM_FP8_SCALE_BLOCK 32
-
-/*
- The epsilon of a model whose files do not state one.
- */
-#define DEFAULT_EPS 1e-6
 
 /*
  Token id that marks a dead position explicitly (a position fed by an
@@ -101,9 +90,7 @@ typedef enum engram_status {
   ENGRAM_STATUS_ERR_INVALID_ROW_ID = 7011,
   /*
    A sequence id outside `[0, max_seqs)`, a position outside
-   `[0, max_positions)`, the same (sequence, position) twice in one batch,
-   or a position range of an `engram_seq_*` call outside
-   `[0, max_positions]` or ending before it starts.
+   `[0, max_positions)`, or the same (sequence, position) twice in one batch.
    */
   ENGRAM_STATUS_ERR_INVALID_SEQUENCE = 7012,
   /*
@@ -247,6 +234,9 @@ typedef struct engram_tables engram_tables;
  widened), so the caller may free them afterwards. Every field is plain
  data; a struct from an older header (a smaller `struct_size`) is read as
  far as it goes, the rest taking the defaults.
+
+ Layouts accepted (`struct_size`): only this one, unchanged since 0.1
+ (the 0.1, 0.2 and 0.3 headers all have it).
  */
 typedef struct engram_config {
   /*
@@ -290,7 +280,8 @@ typedef struct engram_config {
    */
   uint32_t max_ngram;
   /*
-   RMS epsilon of the gate.
+   RMS epsilon of the gate: finite and > 0 (0, a negative value, an
+   infinity or a NaN is `ENGRAM_STATUS_ERR_INVALID_CONFIG`).
    */
   float eps;
   /*
@@ -336,7 +327,8 @@ typedef struct engram_config {
    */
   uint32_t max_positions;
   /*
-   Threads the CPU backend may use in one call (0 or 1: the calling thread only).
+   Threads the CPU backend may use in one call (0 or 1: the calling thread
+   only). At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
    */
   uint32_t n_threads;
 } engram_config;
@@ -351,6 +343,10 @@ typedef struct engram_config {
  device memory, or host memory that is copied to the device once, here (any
  `wkv_type`); `q` and `k` are device or host memory, read here. Every field
  is plain data.
+
+ Layouts accepted (`struct_size`): the 0.2 layout, which ends after
+ `qk_type` (the fields after it read as NULL), and the 0.3 layout of this
+ header.
  */
 typedef struct engram_layer_weights {
   /*
@@ -398,6 +394,10 @@ typedef struct engram_layer_weights {
 /*
  Options of `engram_create_from_gguf`. Fill with `engram_gguf_options_init`.
  Every field is plain data.
+
+ Layouts accepted (`struct_size`): the 0.2 layout, which ends after
+ `mmap_tables` (`tables_dir` reads as NULL), and the 0.3 layout of this
+ header.
  */
 typedef struct engram_gguf_options {
   /*
@@ -415,11 +415,8 @@ typedef struct engram_gguf_options {
    */
   int32_t device;
   /*
-   RMS epsilon of the gate. 0 (the default): the file's, else 1e-6
-   (GGUF, any dialect: `{general.architecture}.attention.layer_norm_rms_epsilon`,
-   that is `deepseek41.` or `deepseek4.`; the checkpoint:
-   `config.json`'s `rms_norm_eps`, in `text_config` or at the top level).
-   `engram_context_info` reports the value in use.
+   RMS epsilon of the gate (default 1e-6): finite and > 0, as in
+   `engram_config`.
    */
   float eps;
   /*
@@ -430,6 +427,7 @@ typedef struct engram_gguf_options {
   uint32_t max_positions;
   /*
    Threads of one call; the prefetch gathers use `max(2, n_threads)`.
+   At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
    */
   uint32_t n_threads;
   /*
@@ -463,122 +461,11 @@ typedef struct engram_gguf_options {
 } engram_gguf_options;
 
 /*
- What `engram_context_info` reports. Fill it with `engram_info_init`, which
- sets `struct_size` and leaves every array NULL; to read the layers too, set
- the arrays you want (each `layers_cap` elements, or NULL to skip it) and
- `layers_cap`. Every other field is written by the call. A struct from an
- older header (a smaller `struct_size`) is read and written only as far as
- it goes.
- */
-typedef struct engram_info {
-  /*
-   `sizeof(engram_info)` of the caller's header (set by `engram_info_init`).
-   */
-  size_t struct_size;
-  /*
-   In: per engram layer, in row-id order: the model layer id.
-   */
-  uint32_t *layer_ids;
-  /*
-   In: the table's `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: weights never set).
-   */
-  uint32_t *table_types;
-  /*
-   In: the table's rows as set (0: weights never set).
-   */
-  uint64_t *table_rows;
-  /*
-   In: the rows the layer's hash reaches (the largest `offset + prime`):
-   the smallest table `engram_set_layer` accepts.
-   */
-  uint64_t *rows_needed;
-  /*
-   In: `wkv`'s `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: never set).
-   */
-  uint32_t *wkv_types;
-  /*
-   In: `q` and `k`'s `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: never set).
-   */
-  uint32_t *qk_types;
-  /*
-   In: the elements each non-NULL array above holds; below `n_layers` is
-   `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` (nothing written).
-   */
-  uint32_t layers_cap;
-  /*
-   `ENGRAM_BACKEND_CPU` or `ENGRAM_BACKEND_CUDA`.
-   */
-  uint32_t backend;
-  /*
-   Hidden size `D`.
-   */
-  uint32_t hidden_size;
-  /*
-   Hyper-connection streams `hc`.
-   */
-  uint32_t hc;
-  /*
-   Row width `Hd`.
-   */
-  uint32_t head_dim;
-  /*
-   Hash heads per n-gram size `H`.
-   */
-  uint32_t n_heads;
-  /*
-   Max n-gram size `N`.
-   */
-  uint32_t max_ngram;
-  /*
-   Row ids per token per layer, `C = (N-1)*H`.
-   */
-  uint32_t cols;
-  /*
-   Engram layers.
-   */
-  uint32_t n_layers;
-  /*
-   RMS epsilon of the gate, as the context uses it.
-   */
-  float eps;
-  /*
-   Most tokens in one call.
-   */
-  uint32_t max_tokens;
-  /*
-   Sequence ids run over `[0, max_seqs)`.
-   */
-  uint32_t max_seqs;
-  /*
-   Positions run over `[0, max_positions)`.
-   */
-  uint32_t max_positions;
-  /*
-   Threads the backend uses for one call (`engram_set_threads`).
-   */
-  uint32_t n_threads;
-  /*
-   Entries of the token map (the vocabulary the hash accepts).
-   */
-  size_t token_map_len;
-  /*
-   The pad token's compressed id.
-   */
-  int64_t pad_id;
-  /*
-   Row ids per token, `n_layers * C` (`engram_row_ids_per_token`).
-   */
-  size_t row_ids_per_token;
-  /*
-   The fingerprint of the hash tables that a saved sequence state carries
-   (`engram_seq_state_write`): equal for contexts of the same model.
-   */
-  uint64_t table_fingerprint;
-} engram_info;
-
-/*
  Options of `engram_create_from_safetensors`. Fill with
  `engram_safetensors_options_init`. Every field is plain data.
+
+ Layouts accepted (`struct_size`): only the 0.3 layout of this header
+ (the struct is new in 0.3).
  */
 typedef struct engram_safetensors_options {
   /*
@@ -598,11 +485,8 @@ typedef struct engram_safetensors_options {
    */
   int32_t device;
   /*
-   RMS epsilon of the gate. 0 (the default): the file's, else 1e-6
-   (GGUF, any dialect: `{general.architecture}.attention.layer_norm_rms_epsilon`,
-   that is `deepseek41.` or `deepseek4.`; the checkpoint:
-   `config.json`'s `rms_norm_eps`, in `text_config` or at the top level).
-   `engram_context_info` reports the value in use.
+   RMS epsilon of the gate (default 1e-6): finite and > 0, as in
+   `engram_config`.
    */
   float eps;
   /*
@@ -613,6 +497,7 @@ typedef struct engram_safetensors_options {
   uint32_t max_positions;
   /*
    Threads of one call; the prefetch gathers use `max(2, n_threads)`.
+   At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
    */
   uint32_t n_threads;
   /*
@@ -890,7 +775,7 @@ enum engram_status engram_stage(struct engram_context *ctx,
 
 /*
  Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
- `eps = 0` (the file's), `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
+ `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
  131072`, one thread, no config/tokenizer, `pread` tables, no tables
  directory. NULL is ignored.
  Call it through the header's `engram_gguf_options_init(o)`.
@@ -933,185 +818,8 @@ enum engram_status engram_create_from_gguf(const char *path,
                                            struct engram_context **out);
 
 /*
- Forget the positions `[p0, p1)` of sequence `seq`, as
- `llama_memory_seq_rm` removes them from the KV cache (a rejected draft, an
- edited prompt): a later token whose look-back reaches one of them is
- `ENGRAM_STATUS_ERR_MISSING_HISTORY` until it is hashed again. `seq = -1`:
- every sequence. `p0 < 0` is 0, `p1 < 0` is the end. A sequence outside
- `[0, max_seqs)` (other than -1), a range outside `[0, max_positions]` or
- one with `p0 > p1` is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE`, and nothing
- changes. Serialised with `engram_hash` and the other `engram_seq_*` calls.
-
- `ctx` as in `engram_free`.
- */
-enum engram_status engram_seq_rm(struct engram_context *ctx, int32_t seq, int32_t p0, int32_t p1);
-
-/*
- Copy sequence `src`'s positions `[p0, p1)` over `dst`'s, as
- `llama_memory_seq_cp` (a shared prompt, a forked draft): afterwards `dst`
- holds exactly what `src` holds in that range (a position `src` never
- hashed is forgotten in `dst`); `dst`'s other positions stay. `p0 < 0` is 0,
- `p1 < 0` the end; `src == dst` changes nothing. Checked as
- `engram_seq_rm` (no -1 here); out of memory is
- `ENGRAM_STATUS_ERR_CAPACITY`; on error nothing changes. The whole-sequence
- `engram_seq_copy` is this call with `p0 = p1 = -1`.
-
- `ctx` as in `engram_free`.
- */
-enum engram_status engram_seq_cp(struct engram_context *ctx,
-                                 int32_t src,
-                                 int32_t dst,
-                                 int32_t p0,
-                                 int32_t p1);
-
-/*
- Forget every sequence but `seq`, as `llama_memory_seq_keep`. A sequence
- outside `[0, max_seqs)` is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE` (nothing
- changes).
-
- `ctx` as in `engram_free`.
- */
-enum engram_status engram_seq_keep(struct engram_context *ctx, int32_t seq);
-
-/*
- Move sequence `seq`'s positions in `[p0, p1)` by `delta`, as
- `llama_memory_seq_add` (the context shift: remove `[n_keep, n_keep + n)`
- with `engram_seq_rm`, then move `[n_keep + n, -1)` by `-n`). The range
- moves as a block: a position that lands below 0 is forgotten; a hashed
- position that lands on a position outside the range replaces what that
- position held (the moved token wins); positions of the range nothing
- lands on are forgotten; positions outside the range nothing lands on
- keep theirs. A hashed position that would land at `max_positions` or
- beyond is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE` and nothing moves. `p0 < 0`
- is 0, `p1 < 0` the end; `delta = 0` or an empty range changes nothing.
- Checked as `engram_seq_rm` (no -1 here); out of memory is
- `ENGRAM_STATUS_ERR_CAPACITY`; on error nothing changes.
-
- `ctx` as in `engram_free`.
- */
-enum engram_status engram_seq_add(struct engram_context *ctx,
-                                  int32_t seq,
-                                  int32_t p0,
-                                  int32_t p1,
-                                  int32_t delta);
-
-/*
- `llama_memory_seq_div` (self-extend) has no meaning for an n-gram history
- and is refused: `d > 1` is `ENGRAM_STATUS_ERR_UNSUPPORTED`. Dividing
- positions puts `d` tokens on each position, while the history holds one
- token per position and a later token's n-gram is over the tokens that
- precede it in the text. An engine using self-extend keeps passing
- `engram_hash` each token's undivided position (its index in the
- sequence), which needs no division. `d = 1` changes nothing
- (`ENGRAM_STATUS_OK`); `d < 1` is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`;
- `seq` and the range are checked first, as `engram_seq_add`. Nothing ever
- changes.
-
- `ctx` as in `engram_free`.
- */
-enum engram_status engram_seq_div(struct engram_context *ctx,
-                                  int32_t seq,
-                                  int32_t p0,
-                                  int32_t p1,
-                                  int32_t d);
-
-/*
- Bytes `engram_seq_state_write` writes for sequence `seq` now, into
- `*size` (left as it was on error).
-
- `ctx` as in `engram_free`; `size` writable or NULL.
- */
-enum engram_status engram_seq_state_size(struct engram_context *ctx, int32_t seq, size_t *size);
-
-/*
- Save sequence `seq`'s history into `buf` (`cap` bytes) and the bytes
- written into `*written`: a prompt cache keeps it and restores it later,
- into any sequence of a context of the same model, with
- `engram_seq_state_read`. The format is versioned and checks itself (see
- docs/history.md): a magic, a version, the fingerprint of the context's
- hash tables, the lengths, the positions hashed and a checksum. A `cap`
- below `engram_seq_state_size` is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` and
- nothing is written. Serialised with `engram_hash`.
-
- `ctx` as in `engram_free`; `buf` must hold `cap` bytes; `written`
- writable or NULL.
- */
-enum engram_status engram_seq_state_write(struct engram_context *ctx,
-                                          int32_t seq,
-                                          void *buf,
-                                          size_t cap,
-                                          size_t *written);
-
-/*
- Replace sequence `seq`'s history with a state `engram_seq_state_write`
- saved (`len` bytes at `buf`), from any sequence of a context of the same
- model. A truncated, corrupted or foreign buffer (another model's: its hash
- tables' fingerprint differs) is `ENGRAM_STATUS_ERR_FORMAT`, and so is a
- state holding a position outside `[0, max_positions)`; everything is
- checked before `seq` changes, and on error nothing changes. Serialised
- with `engram_hash`.
-
- `ctx` as in `engram_free`; `buf` must hold `len` bytes.
- */
-enum engram_status engram_seq_state_read(struct engram_context *ctx,
-                                         int32_t seq,
-                                         const void *buf,
-                                         size_t len);
-
-/*
- Fill `info`'s first `struct_size` bytes with the defaults (NULL arrays,
- `struct_size` set). NULL is ignored. Call it through the header's
- `engram_info_init(info)`.
- */
-void engram_info_init_sized(struct engram_info *info, size_t struct_size);
-
-/*
- Describe the context: its geometry, engram layers (ids, table and weight
- types, rows), limits, token map, `eps`, backend and thread count, into
- `*info` (see `engram_info`), for an engine that opened it from a file and
- must size its buffers. On error nothing is written.
-
- `ctx` as in `engram_free`; `info` NULL or an `engram_info` whose non-NULL
- arrays hold `layers_cap` elements.
- */
-enum engram_status engram_context_info(struct engram_context *ctx, struct engram_info *info);
-
-/*
- Layer `layer_id`'s gate weights, the product `q * k` (`[hc, D]` f32, the
- only form of them the context keeps), into `out` (capacity `cap` floats):
- with `engram_read_back`'s `kv`, an engine can recompute a whole gate. A
- `cap` below `hc * D` is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`; an unknown
- layer `ENGRAM_STATUS_ERR_UNKNOWN_LAYER`; a layer never set
- `ENGRAM_STATUS_ERR_NO_WEIGHTS`. On error nothing is written. CUDA backend:
- copied back from the device (synchronously).
-
- `ctx` as in `engram_free`; `out` must hold `cap` floats.
- */
-enum engram_status engram_layer_gate_weights(struct engram_context *ctx,
-                                             uint32_t layer_id,
-                                             float *out,
-                                             size_t cap);
-
-/*
- Use at most `n_threads` threads for each later call (0 or 1: the calling
- thread only; at most 1024), as `llama_set_n_threads` changes an engine's.
- CPU backend: the projection's worker pool is replaced; the call waits for
- the projections in flight on other threads (they finish on the old
- pool), then joins the old pool's threads before it returns, and the calls
- after it use the new pool. A thread that cannot be started is
- `ENGRAM_STATUS_ERR_CAPACITY` and the old pool stays in use. The prefetch
- workers (`engram_prefetch`) keep the count the context was created with.
- CUDA backend: the work runs on the device; the count is recorded (and
- reported by `engram_context_info`) and changes nothing. More than 1024 is
- `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`.
-
- `ctx` as in `engram_free`.
- */
-enum engram_status engram_set_threads(struct engram_context *ctx, uint32_t n_threads);
-
-/*
  Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
- `eps = 0` (the file's), `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
+ `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
  131072`, one thread, the directory's tokenizer.json, `pread` tables. NULL
  is ignored. Call it through the header's `engram_safetensors_options_init(o)`.
  */
@@ -1166,7 +874,9 @@ enum engram_status engram_tables_from_files(const char *config_json,
  `layer_ids`/`n_layers`, `token_map`/`token_map_len`, `pad_id`,
  `multipliers`, `primes`, `offsets` and their counts) and set
  `hidden_size`, `hc` and `head_dim` where the config.json gave them (the
- other fields are left as they are). The pointers stay valid until
+ other fields are left as they are). A `hidden_size`, `hc` or `head_dim`
+ above 2^32 - 1, which the 32-bit fields cannot hold, is
+ `ENGRAM_STATUS_ERR_INVALID_CONFIG` and `cfg` is left as it was. The pointers stay valid until
  `engram_tables_free`; `engram_create` copies them, so the tables may be
  freed once the context exists.
 
@@ -1227,9 +937,6 @@ static inline void engram_gguf_options_init(engram_gguf_options *o) {
 static inline void engram_safetensors_options_init(engram_safetensors_options *o) {
     engram_safetensors_options_init_sized(o, sizeof *o);
 }
-
-/** Fill `*info` with the defaults for this header's `engram_info`. */
-static inline void engram_info_init(engram_info *info) { engram_info_init_sized(info, sizeof *info); }
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,11 @@
 // While the mirror holds an error the host has not reported yet, the errors
 // of later calls are dropped: the host reports the first error until then.
 //
+// Numeric edges (docs/numerics.md): where the f32 sums cannot be trusted
+// (an overflow, e.g. a stream of +-1e20 or a bf16 value near 3e38; values so
+// small they underflow; a NaN or infinity), the block sums the stream again
+// in f64, as the CPU backend does; normal-range streams never take that path.
+//
 // Bits: the sums run in a different order than the CPU backend's, and NVRTC
 // contracts products and sums into FMAs (--fmad=true) and uses its own
 // expf, so the gate's bits may differ from the CPU's in the last places;
@@ -50,6 +55,40 @@ __device__ __forceinline__ float eng_warp_sum(float v) {
     return v;
 }
 
+__device__ __forceinline__ double eng_warp_sum64(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+
+// The smallest x.x, key.key and |x.qk.key| the f32 sums are trusted at
+// (2^-60), as src/cpu/gate.rs SAFE_SUM_MIN.
+#define ENG_SAFE_SUM_MIN 0x1p-60f
+
+// Whether the f32 sums and their dot can be trusted (src/cpu/gate.rs
+// f32_sums_hold): each sum in [2^-60, FLT_MAX] (no overflow, no underflow
+// that matters), the dot finite and not zero. False for any NaN.
+__device__ __forceinline__ bool eng_sum_ok(float v) { return v >= ENG_SAFE_SUM_MIN && v <= 3.40282347e38f; }
+__device__ __forceinline__ bool eng_f32_sums_hold(float hh, float kk, float dt, float dot) {
+    return eng_sum_ok(hh) && eng_sum_ok(kk) && eng_sum_ok(fabsf(dt)) && fabsf(dot) <= 3.40282347e38f &&
+           dot != 0.f;
+}
+
+// sigmoid(sign(dot) * sqrt(max(|dot|, 1e-6))) with sign(0) = 0; NaN for a NaN dot.
+__device__ __forceinline__ float eng_gate_of(float dot) {
+    float sign;
+    if (dot > 0.f) {
+        sign = 1.f;
+    } else if (dot < 0.f) {
+        sign = -1.f;
+    } else if (dot == 0.f) {
+        sign = 0.f;
+    } else {
+        sign = dot; // NaN
+    }
+    const float g = sign * sqrtf(fmaxf(fabsf(dot), 1e-6f));
+    return 1.0f / (1.0f + expf(-g));
+}
+
 __device__ __forceinline__ void eng_move_latch(eng_u32 *latch, volatile eng_u32 *mirror) {
     if (latch[0] != 0u) {
         if (mirror[0] == 0u) {
@@ -73,7 +112,9 @@ __device__ __forceinline__ void eng_gate(HW *highway, const KV *__restrict__ kv,
                                          eng_u32 d, float eps, float inv_sqrt_d, eng_u32 *latch,
                                          eng_u32 *mirror) {
     __shared__ float s_red[3][ENG_GATE_THREADS / 32];
+    __shared__ double s_red64[3][ENG_GATE_THREADS / 32];
     __shared__ float s_gate;
+    __shared__ int s_wide;
     // Block b is (token b / hc, stream b % hc): a token's streams are
     // neighbours, so its value row is read from memory once and then from L2.
     const eng_u32 t = blockIdx.x / hc, s = blockIdx.x % hc;
@@ -130,20 +171,47 @@ __device__ __forceinline__ void eng_gate(HW *highway, const KV *__restrict__ kv,
         const float rx = 1.0f / sqrtf(a / (float)d + eps);
         const float rk = 1.0f / sqrtf(b / (float)d + eps);
         const float dot = c * rx * rk * inv_sqrt_d;
-        float sign;
-        if (dot > 0.f) {
-            sign = 1.f;
-        } else if (dot < 0.f) {
-            sign = -1.f;
-        } else if (dot == 0.f) {
-            sign = 0.f;
-        } else {
-            sign = dot; // NaN
-        }
-        const float g = sign * sqrtf(fmaxf(fabsf(dot), 1e-6f));
-        s_gate = 1.0f / (1.0f + expf(-g));
+        const int wide = !eng_f32_sums_hold(a, b, c, dot);
+        s_wide = wide;
+        if (!wide) s_gate = eng_gate_of(dot);
     }
     __syncthreads();
+    if (s_wide) {
+        // The f32 sums overflowed, underflowed or met a NaN/infinity: the
+        // stream's sums again in f64, which holds every finite input
+        // (src/cpu/gate.rs dot_wide; docs/numerics.md). Rare: normal-range
+        // streams never come here.
+        double h2 = 0.0, k2 = 0.0, d2 = 0.0;
+        for (eng_u32 j = threadIdx.x; j < d; j += blockDim.x) {
+            const double x = (double)eng_load(highway, xo + j);
+            const double key = (double)eng_load_kv(kv, ko + j);
+            h2 += x * x;
+            k2 += key * key;
+            d2 += x * (double)q[j] * key;
+        }
+        h2 = eng_warp_sum64(h2);
+        k2 = eng_warp_sum64(k2);
+        d2 = eng_warp_sum64(d2);
+        if (lane == 0) {
+            s_red64[0][warp] = h2;
+            s_red64[1][warp] = k2;
+            s_red64[2][warp] = d2;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double a = 0.0, b = 0.0, c = 0.0;
+            for (int w = 0; w < nw; w++) {
+                a += s_red64[0][w];
+                b += s_red64[1][w];
+                c += s_red64[2][w];
+            }
+            const double n = (double)d;
+            const double rx = 1.0 / sqrt(a / n + (double)eps);
+            const double rk = 1.0 / sqrt(b / n + (double)eps);
+            s_gate = eng_gate_of((float)(c * rx * rk / sqrt(n)));
+        }
+        __syncthreads();
+    }
     const float gate = s_gate;
 #pragma unroll
     for (int i = 0; i < ENG_GATE_CACHE; i++) {

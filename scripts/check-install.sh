@@ -47,7 +47,7 @@ cat >"$WORK/version/CMakeLists.txt" <<'CMAKE'
 cmake_minimum_required(VERSION 3.17)
 project(engram_version_check LANGUAGES NONE)
 # request -> expected: a 0.x release satisfies only its own minor version.
-foreach(req_want IN ITEMS "0.2=1" "0.2.0=1" "0=0" "0.1=0" "0.3=0" "1=0" "0.2.99=0")
+foreach(req_want IN ITEMS "0.3=1" "0.3.0=1" "0=0" "0.2=0" "0.4=0" "1=0" "0.3.99=0")
   string(REPLACE "=" ";" rw "${req_want}")
   list(GET rw 0 req)
   list(GET rw 1 want)
@@ -62,7 +62,7 @@ foreach(req_want IN ITEMS "0.2=1" "0.2.0=1" "0=0" "0.1=0" "0.3=0" "1=0" "0.2.99=
     message(FATAL_ERROR "find_package(engram ${req}): found=${got}, expected ${want}")
   endif()
 endforeach()
-find_package(engram 0.2.0 EXACT REQUIRED)
+find_package(engram 0.3.0 EXACT REQUIRED)
 if(NOT TARGET engram::engram OR NOT TARGET engram::engram_static)
   message(FATAL_ERROR "engram::engram / engram::engram_static missing")
 endif()

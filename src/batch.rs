@@ -47,8 +47,13 @@ impl Geometry {
                 g.hd
             );
         }
-        if !(g.eps.is_finite() && g.eps >= 0.0) {
-            bail!(ErrInvalidConfig, "eps = {} must be finite and >= 0", g.eps);
+        // eps = 0 would make a zero stream's gate 0/0 (NaN in all D values).
+        if !(g.eps.is_finite() && g.eps > 0.0) {
+            bail!(
+                ErrInvalidConfig,
+                "eps = {} must be finite and > 0 (docs/numerics.md)",
+                g.eps
+            );
         }
         Ok(())
     }

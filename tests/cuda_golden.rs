@@ -348,6 +348,98 @@ fn every_golden_regime_on_the_device() {
     );
 }
 
+/// The gate at numeric edges on the device (docs/numerics.md; the CPU side
+/// is tests/gate_edges.rs): streams whose f32 sums overflow (+-1e20, +-3e38)
+/// or underflow (1e-30), a zero stream and normal ones, f32 and bf16
+/// highways, each value within `gate_reference`'s bound of the f64 reference
+/// on the device's own kv (before the fix: 0.5 or NaN gates), and equal to
+/// the CPU backend's within the same bound.
+#[test]
+fn the_gate_at_numeric_edges_on_the_device() {
+    let Some(dev) = device() else { return };
+    let tiny = Tiny::load();
+    let m = dev_model(&dev, &tiny);
+    let (ids, n) = prefill(&tiny);
+    let gpu = cuda_context(&dev, &tiny, &m, None);
+    let (hc, d) = (tiny.hc, tiny.d);
+    let k_out = d * (hc + 1);
+    let per = gpu.ids_per_token();
+    let live: Vec<usize> = (0..n)
+        .filter(|&t| ids[t * per] != engram::ROW_ID_DEAD)
+        .collect();
+    assert!(live.len() * hc >= 12, "every edge kind on a live token");
+    let hw_in = edge_highway(n, hc, d);
+    let hb_in: Vec<u16> = hw_in.iter().map(|&v| f32_to_bf16(v)).collect();
+    let hb_f: Vec<f32> = hb_in.iter().map(|&b| bf16_to_f32(b)).collect();
+    for layer in &tiny.layers {
+        let lid = layer.layer_id;
+        let (_, kv) = gpu.stages_device(lid, RowIds::Host(&ids), n).unwrap();
+        let kv_f: Vec<f32> = kv.iter().map(|&b| bf16_to_f32(b)).collect();
+        let qk: Vec<f32> = layer
+            .q
+            .f32()
+            .iter()
+            .zip(layer.k.f32())
+            .map(|(a, b)| a * b)
+            .collect();
+        let h32d = dev.upload(&hw_in);
+        let hbd = dev.upload(&hb_in);
+        let null = std::ptr::null_mut();
+        gpu.apply_device(lid, RowIds::Host(&ids), n, h32d.ptr, 0, null)
+            .unwrap();
+        gpu.apply_device(lid, RowIds::Host(&ids), n, hbd.ptr, 30, null)
+            .unwrap();
+        gpu.check_device(null).unwrap();
+        let h32: Vec<f32> = h32d.read(n * hc * d).unwrap();
+        let hb: Vec<u16> = hbd.read(n * hc * d).unwrap();
+        for &t in &live {
+            let sl = t * hc * d..(t + 1) * hc * d;
+            let kvt = &kv_f[t * k_out..(t + 1) * k_out];
+            let at = format!(
+                "{} layer {lid} token {t} (streams: {})",
+                if dev.is_real() { "GPU" } else { "emulation" },
+                (0..hc)
+                    .map(|s| EDGE_KINDS[(t * hc + s) % 6])
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+            let got: Vec<f64> = h32[sl.clone()].iter().map(|&v| v as f64).collect();
+            assert!(
+                got.iter().all(|v| v.is_finite()),
+                "{at}: a non-finite value"
+            );
+            check_highway(
+                &hw_in[sl.clone()],
+                kvt,
+                &qk,
+                hc,
+                d,
+                tiny.eps,
+                &got,
+                None,
+                false,
+                &at,
+            );
+            let got: Vec<f64> = hb[sl.clone()]
+                .iter()
+                .map(|&b| bf16_to_f32(b) as f64)
+                .collect();
+            check_highway(
+                &hb_f[sl.clone()],
+                kvt,
+                &qk,
+                hc,
+                d,
+                tiny.eps,
+                &got,
+                None,
+                true,
+                &at,
+            );
+        }
+    }
+}
+
 /// A prefill call and its row ids, for the tests below.
 fn prefill(tiny: &Tiny) -> (Vec<i64>, usize) {
     let c = &calls(tiny, "prefill")[0];

@@ -96,7 +96,7 @@ fn layer_in(tiny: &Tiny, li: usize, b: &[DevBuf; 4]) -> DeviceLayerIn {
 fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny, m: &[[DevBuf; 4]]) -> Context<'a> {
     let mut cfg = tiny.config(Tiny::limits());
     cfg.backend = EngramBackend::Cuda as u32;
-    cfg.tuning.cuda_device = Some(dev.gpu.clone());
+    cfg.tuning.cuda.device = Some(dev.gpu.clone());
     let ctx = Context::new(&cfg).expect("create a CUDA context");
     for (li, b) in m.iter().enumerate() {
         ctx.set_layer_device(&layer_in(tiny, li, b))
@@ -325,7 +325,7 @@ fn a_token_gets_the_same_bits_in_every_batch_up_to_the_gemv_bound() {
     m[li][3] = dev.upload(&qk);
     let mut cfg = tiny.config(Tiny::limits());
     cfg.backend = EngramBackend::Cuda as u32;
-    cfg.tuning.cuda_device = Some(dev.gpu.clone());
+    cfg.tuning.cuda.device = Some(dev.gpu.clone());
     let ctx = Context::new(&cfg).expect("create a CUDA context");
     let mut l = layer_in(&tiny, li, &m[li]);
     l.wkv_type = EngramType::Bf16 as u32;

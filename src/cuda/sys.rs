@@ -8,8 +8,10 @@
 //! driver keeps every older entry point for compatibility; none of the
 //! NVRTC and cuBLAS calls here changed between 12 and 13).
 //!
-//! Where a library is looked for, in order (first match wins, per major
-//! version, newest major first, and never a major newer than the driver's):
+//! Where a library is looked for, in order (first match wins; for NVRTC and
+//! cuBLAS per major version, newest major first, and never a major newer
+//! than the driver's). The driver (`libcuda.so.1`) is looked for the same
+//! way:
 //!
 //! 1. the directories in `ENGRAM_CUDA_LIB_DIR` (colon-separated);
 //! 2. a copy the process has already loaded (PyTorch's, the engine's own);
@@ -476,8 +478,11 @@ unsafe impl<T> Sync for Loaded<T> {}
 pub fn driver() -> Result<&'static Loaded<DriverApi>, String> {
     static D: OnceLock<Result<Loaded<DriverApi>, String>> = OnceLock::new();
     D.get_or_init(|| {
-        let lib = dlopen("libcuda.so.1", libc::RTLD_NOW | libc::RTLD_LOCAL).map_err(|e| {
-            format!("no CUDA driver: libcuda.so.1 cannot be loaded ({e}); the CUDA backend needs the NVIDIA driver")
+        // Looked for like the toolkit libraries (ENGRAM_CUDA_LIB_DIR first);
+        // a library found there that lacks a driver function is an error
+        // naming its path, not a silent fall back to another driver.
+        let lib = find(&["libcuda.so.1".to_string()]).map_err(|e| {
+            format!("no CUDA driver: {e}; the CUDA backend needs the NVIDIA driver")
         })?;
         let mut api = DriverApi::load(&lib)?;
         if api.cuEventElapsedTime.is_none() {

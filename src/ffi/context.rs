@@ -25,6 +25,9 @@ pub struct EngramContext {
 /// widened), so the caller may free them afterwards. Every field is plain
 /// data; a struct from an older header (a smaller `struct_size`) is read as
 /// far as it goes, the rest taking the defaults.
+///
+/// Layouts accepted (`struct_size`): only this one, unchanged since 0.1
+/// (the 0.1, 0.2 and 0.3 headers all have it).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramConfig {
@@ -52,7 +55,8 @@ pub struct EngramConfig {
     pub n_heads: u32,
     /// Max n-gram size `N`; `C = (N-1)*H` row ids per token per layer.
     pub max_ngram: u32,
-    /// RMS epsilon of the gate.
+    /// RMS epsilon of the gate: finite and > 0 (0, a negative value, an
+    /// infinity or a NaN is `ENGRAM_STATUS_ERR_INVALID_CONFIG`).
     pub eps: f32,
     /// Model layer ids of the engram layers, `[n_layers]`; row ids come out in this order.
     pub layer_ids: *const u32,
@@ -78,11 +82,13 @@ pub struct EngramConfig {
     pub max_seqs: u32,
     /// Positions run over `[0, max_positions)`.
     pub max_positions: u32,
-    /// Threads the CPU backend may use in one call (0 or 1: the calling thread only).
+    /// Threads the CPU backend may use in one call (0 or 1: the calling thread
+    /// only). At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
     pub n_threads: u32,
 }
 
-/// The `engram_config` layouts this library reads: only its 0.1 layout.
+/// The `engram_config` layouts this library reads: only its 0.1 layout
+/// (unchanged through 0.3).
 const CONFIG_LAYOUTS: &[usize] = &[size_of::<EngramConfig>()];
 
 impl Default for EngramConfig {
@@ -132,6 +138,10 @@ impl EngramConfig {
 /// device memory, or host memory that is copied to the device once, here (any
 /// `wkv_type`); `q` and `k` are device or host memory, read here. Every field
 /// is plain data.
+///
+/// Layouts accepted (`struct_size`): the 0.2 layout, which ends after
+/// `qk_type` (the fields after it read as NULL), and the 0.3 layout of this
+/// header.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramLayerWeights {
@@ -164,7 +174,7 @@ pub struct EngramLayerWeights {
 }
 
 /// The `engram_layer_weights` layouts this library reads: the 0.2 one, which
-/// ends before `table_scales`, and today's.
+/// ends before `table_scales`, and today's (0.3).
 const LAYER_WEIGHTS_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramLayerWeights, table_scales),
     size_of::<EngramLayerWeights>(),

@@ -11,6 +11,10 @@ use std::ffi::c_char;
 
 /// Options of `engram_create_from_gguf`. Fill with `engram_gguf_options_init`.
 /// Every field is plain data.
+///
+/// Layouts accepted (`struct_size`): the 0.2 layout, which ends after
+/// `mmap_tables` (`tables_dir` reads as NULL), and the 0.3 layout of this
+/// header.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramGgufOptions {
@@ -26,6 +30,7 @@ pub struct EngramGgufOptions {
     /// (GGUF, any dialect: `{general.architecture}.attention.layer_norm_rms_epsilon`,
     /// that is `deepseek41.` or `deepseek4.`; the checkpoint:
     /// `config.json`'s `rms_norm_eps`, in `text_config` or at the top level).
+    /// Any other value must be finite and > 0, as in `engram_config`.
     /// `engram_context_info` reports the value in use.
     pub eps: f32,
     /// As in `engram_config`.
@@ -33,6 +38,7 @@ pub struct EngramGgufOptions {
     pub max_seqs: u32,
     pub max_positions: u32,
     /// Threads of one call; the prefetch gathers use `max(2, n_threads)`.
+    /// At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
     pub n_threads: u32,
     /// For a file without the hash constants: the model's `config.json` and
     /// `tokenizer.json` to derive them from (NULL otherwise). When given, they
@@ -59,7 +65,7 @@ pub struct EngramGgufOptions {
 }
 
 /// The `engram_gguf_options` layouts this library reads: the 0.2 one, which
-/// ends before `tables_dir`, and today's.
+/// ends before `tables_dir`, and today's (0.3).
 const GGUF_OPTIONS_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramGgufOptions, tables_dir),
     size_of::<EngramGgufOptions>(),

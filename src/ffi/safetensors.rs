@@ -10,6 +10,9 @@ use std::ffi::c_char;
 
 /// Options of `engram_create_from_safetensors`. Fill with
 /// `engram_safetensors_options_init`. Every field is plain data.
+///
+/// Layouts accepted (`struct_size`): only the 0.3 layout of this header
+/// (the struct is new in 0.3).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramSafetensorsOptions {
@@ -27,6 +30,7 @@ pub struct EngramSafetensorsOptions {
     /// (GGUF, any dialect: `{general.architecture}.attention.layer_norm_rms_epsilon`,
     /// that is `deepseek41.` or `deepseek4.`; the checkpoint:
     /// `config.json`'s `rms_norm_eps`, in `text_config` or at the top level).
+    /// Any other value must be finite and > 0, as in `engram_config`.
     /// `engram_context_info` reports the value in use.
     pub eps: f32,
     /// As in `engram_config`.
@@ -34,6 +38,7 @@ pub struct EngramSafetensorsOptions {
     pub max_seqs: u32,
     pub max_positions: u32,
     /// Threads of one call; the prefetch gathers use `max(2, n_threads)`.
+    /// At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
     pub n_threads: u32,
     /// The model's `tokenizer.json` (NULL: `tokenizer.json` in the checkpoint
     /// directory). The hash constants are derived from it and `config.json`.

@@ -42,7 +42,9 @@ pub extern "C" fn engram_tables_from_files(
 /// `layer_ids`/`n_layers`, `token_map`/`token_map_len`, `pad_id`,
 /// `multipliers`, `primes`, `offsets` and their counts) and set
 /// `hidden_size`, `hc` and `head_dim` where the config.json gave them (the
-/// other fields are left as they are). The pointers stay valid until
+/// other fields are left as they are). A `hidden_size`, `hc` or `head_dim`
+/// above 2^32 - 1, which the 32-bit fields cannot hold, is
+/// `ENGRAM_STATUS_ERR_INVALID_CONFIG` and `cfg` is left as it was. The pointers stay valid until
 /// `engram_tables_free`; `engram_create` copies them, so the tables may be
 /// freed once the context exists.
 ///
@@ -56,6 +58,24 @@ pub extern "C" fn engram_tables_fill_config(
     ffi_boundary!({
         let t = &object(tables, "tables")?.inner;
         let mut c = EngramConfig::read(cfg)?;
+        // The config's sizes must fit the struct's u32 fields: one that does
+        // not is refused (nothing written), never skipped.
+        let small = |v: Option<usize>, name: &str| -> crate::error::Result<Option<u32>> {
+            v.map(|x| {
+                u32::try_from(x).map_err(|_| {
+                    crate::error::Error::new(
+                        EngramStatus::ErrInvalidConfig,
+                        format!(
+                            "config.json: {name} = {x} does not fit engram_config's 32-bit field"
+                        ),
+                    )
+                })
+            })
+            .transpose()
+        };
+        let hidden_size = small(t.config.hidden_size, "hidden size")?;
+        let hc = small(t.config.hc, "hc_mult")?;
+        let head_dim = small(t.config.head_dim, "head dim")?;
         c.n_heads = t.config.n_heads as u32;
         c.max_ngram = t.config.max_ngram as u32;
         c.layer_ids = t.config.layer_ids.as_ptr();
@@ -69,14 +89,13 @@ pub extern "C" fn engram_tables_fill_config(
         c.n_primes = t.primes.len();
         c.offsets = t.offsets.as_ptr();
         c.n_offsets = t.offsets.len();
-        let small = |v: Option<usize>| v.and_then(|x| u32::try_from(x).ok());
-        if let Some(d) = small(t.config.hidden_size) {
+        if let Some(d) = hidden_size {
             c.hidden_size = d;
         }
-        if let Some(h) = small(t.config.hc) {
+        if let Some(h) = hc {
             c.hc = h;
         }
-        if let Some(h) = small(t.config.head_dim) {
+        if let Some(h) = head_dim {
             c.head_dim = h;
         }
         super::boundary::write_options(cfg, c, c.struct_size);

@@ -563,7 +563,16 @@ impl Gguf {
                 Value::Int(a) if a > 0 && a <= 1 << 30 && (a as u64).is_power_of_two() => {
                     alignment = a as u64
                 }
-                ref v => bail!(ErrFormat, "general.alignment is {v:?}, not a power of two"),
+                Value::Int(a) if a > 0 && a <= u64::MAX as i128 && (a as u64).is_power_of_two() => {
+                    bail!(
+                        ErrFormat,
+                        "general.alignment is {a}, a power of two above the largest accepted (2^30)"
+                    )
+                }
+                ref v => bail!(
+                    ErrFormat,
+                    "general.alignment is {v:?}, not a positive power of two"
+                ),
             }
         }
         let mut tensors: Vec<TensorInfo> = room(n_tensors, "tensor entries")?;
@@ -710,5 +719,49 @@ mod tests {
         assert_eq!(tensor_bytes("t", &[4, 2], 27).unwrap(), Some(64));
         assert_eq!(tensor_bytes("t", &[4, 2], 9999).unwrap(), None);
         assert!(tensor_bytes("t", &[u64::MAX, 2], 0).is_err());
+    }
+
+    /// A GGUF v3 header with no tensors and one u64 `general.alignment`.
+    fn with_alignment(a: u64) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        let key = b"general.alignment";
+        b.extend((key.len() as u64).to_le_bytes());
+        b.extend(key);
+        b.extend(10u32.to_le_bytes()); // UINT64
+        b.extend(a.to_le_bytes());
+        b
+    }
+
+    /// A power of two above 2^30 is refused as too large, not as "not a
+    /// power of two" (2^31 was); a non-power is still named as one.
+    #[test]
+    fn alignment_messages_say_what_is_wrong() {
+        assert_eq!(Gguf::parse(&with_alignment(64)).unwrap().alignment, 64);
+        assert_eq!(
+            Gguf::parse(&with_alignment(1 << 30)).unwrap().alignment,
+            1 << 30
+        );
+        for big in [1u64 << 31, 1 << 63] {
+            let e = Gguf::parse(&with_alignment(big)).unwrap_err();
+            assert_eq!(e.status, EngramStatus::ErrFormat);
+            assert!(
+                e.message.contains("above the largest accepted (2^30)")
+                    && !e.message.contains("not a"),
+                "{}",
+                e.message
+            );
+        }
+        for bad in [0u64, 3, 96, u64::MAX] {
+            let e = Gguf::parse(&with_alignment(bad)).unwrap_err();
+            assert_eq!(e.status, EngramStatus::ErrFormat);
+            assert!(
+                e.message.contains("not a positive power of two"),
+                "{}",
+                e.message
+            );
+        }
     }
 }

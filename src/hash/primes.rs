@@ -31,6 +31,20 @@ pub fn derive_primes(n_layers: usize, sizes: &[u64], n_heads: usize) -> Result<V
             sizes.len()
         );
     };
+    // Refuse from the geometry alone what cannot fit, before deriving a
+    // prime: the primes for table size `s` are distinct and at least `s`, so
+    // a layer has at least `H * sum(sizes)` rows (each layer, the same sizes).
+    let floor = sizes
+        .iter()
+        .fold(0u128, |a, &s| a + s as u128 * n_heads as u128);
+    if n_layers > 0 && floor > i64::MAX as u128 {
+        bail!(
+            ErrInvalidConfig,
+            "the table sizes give a layer more than 2^63 rows: {n_heads} heads x table sizes summing to {} \
+             is at least {floor} rows",
+            sizes.iter().fold(0u128, |a, &s| a + s as u128)
+        );
+    }
     let mut out = Vec::new();
     if out.try_reserve_exact(total).is_err() {
         bail!(ErrCapacity, "out of memory for {total} primes");
@@ -102,6 +116,13 @@ pub struct PrimeCursor {
     exhausted: bool,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Prime cursors started on this thread (tests check that a refused
+    /// geometry derived nothing).
+    static CURSORS_STARTED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// The primes below 2^16.
 fn small_primes() -> &'static [u32] {
     static P: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
@@ -124,6 +145,8 @@ fn small_primes() -> &'static [u32] {
 impl PrimeCursor {
     /// The primes greater than `x`.
     pub fn above(x: u64) -> PrimeCursor {
+        #[cfg(test)]
+        CURSORS_STARTED.with(|c| c.set(c.get() + 1));
         PrimeCursor {
             next: x.saturating_add(1),
             lo: 0,
@@ -362,6 +385,38 @@ mod tests {
         assert!(took.as_secs_f64() < 2.0, "took {took:?}");
         let err = derive_primes_uniform(MAX_PRIMES / 63 + 1, 64, 64, 100).unwrap_err();
         assert_eq!(err.status, crate::EngramStatus::ErrInvalidConfig);
+    }
+
+    /// A geometry whose layer cannot have fewer than 2^63 rows (table size
+    /// 2^62, N = 64, H = 1024: 64,512 primes above 2^62 per layer, about a
+    /// second each layer) is refused before a single prime is searched: no
+    /// prime cursor starts. One that fits only just is still derived.
+    #[test]
+    fn an_unfittable_geometry_is_refused_before_any_prime() {
+        let started = || CURSORS_STARTED.with(|c| c.get());
+        let before = started();
+        // Two sizes whose sum alone passes 2^63 with one head (checked
+        // first: before the fix this one derived two primes, then refused).
+        let err = derive_primes(1, &[1 << 62, 1 << 62], 1).unwrap_err();
+        assert_eq!(err.status, crate::EngramStatus::ErrInvalidConfig);
+        assert_eq!(
+            started(),
+            before,
+            "a prime cursor started for a refused geometry"
+        );
+        let err = derive_primes_uniform(64, 64, 1024, 1 << 62).unwrap_err();
+        assert_eq!(err.status, crate::EngramStatus::ErrInvalidConfig);
+        assert!(err.message.contains("2^63 rows"), "{}", err.message);
+        assert_eq!(
+            started(),
+            before,
+            "a prime cursor started for a refused geometry"
+        );
+        // The floor is only a floor: 2 heads of size 2^61 - 1 still derive
+        // (primes just above 2^61, the sum below 2^63).
+        let p = derive_primes(1, &[(1 << 61) - 1], 2).unwrap();
+        assert!(p.iter().all(|&x| x >= (1 << 61) - 1));
+        assert!(started() > before);
     }
 
     #[test]

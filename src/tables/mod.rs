@@ -20,7 +20,8 @@ const LAYER_SEED_STEP: u64 = 10007;
 #[derive(Clone, Debug)]
 pub struct EngramTables {
     pub config: EngramConfig,
-    /// Raw token id -> compressed id (`-1`: no token).
+    /// Raw token id -> compressed id, over the ids below the tokenizer's
+    /// length (an id without a token has the compressed id of the empty key).
     pub token_map: Vec<i32>,
     /// Distinct compressed ids.
     pub compressed_vocab: usize,

@@ -10,8 +10,11 @@
 //!   sentinel through strip; an empty normalisation keys on the decode itself.
 //!
 //! Keys are interned in first-seen order: the map sends each id to its key's
-//! index. An id the tokenizer has no token for (a gap in the vocabulary) maps
-//! to `-1` (dead).
+//! index. The ids mapped are those below the tokenizer's length as
+//! `transformers` counts it (`len(tokenizer)`), as the reference, vLLM and
+//! SGLang map them: an id there without a token (a hole) decodes to the
+//! empty string and is keyed like any other id; an id at or beyond the
+//! length is refused. docs/tokenizers.md states the rule.
 
 use crate::error::{bail, Error, Result};
 use crate::EngramStatus;
@@ -29,7 +32,8 @@ pub struct TokenMapStats {
     pub fffd_raw: usize,
     /// Ids whose normalisation was empty, keyed on the decode.
     pub empty_norm: usize,
-    /// Ids with no token in the tokenizer (mapped to -1).
+    /// Ids below the tokenizer's length with no token (keyed on their
+    /// empty decode, as the reference keys them).
     pub no_token: usize,
 }
 
@@ -97,20 +101,34 @@ pub fn load(path: &std::path::Path) -> Result<Tokenizer> {
     })
 }
 
-/// Most ids a token map spans (`max id + 1`): 2^24 = 16,777,216 ids, a
-/// 64 MiB map, 130 times DeepSeek-V4.1's 129,280.
+/// Most ids a token map spans (the tokenizer's length): 2^24 = 16,777,216
+/// ids, a 64 MiB map, 130 times DeepSeek-V4.1's 129,280.
 pub(crate) const MAX_TOKEN_IDS: usize = 1 << 24;
 
-/// Most ids a token map spans beyond the tokens the file holds (holes, which
-/// map to -1): as many as it holds, plus this many.
+/// Most ids below the tokenizer's length without a token (holes, decoded
+/// and keyed like any other id): as many as it holds, plus this many.
 pub(crate) const MAX_EXTRA_HOLES: usize = 1 << 16;
 
-/// The token map of `tok` over ids `0..n` with `n` one past its largest id.
+/// The tokenizer's length as `transformers` counts it (`len(tokenizer)`, the
+/// count the reference, vLLM and SGLang derive the map over): the model's
+/// vocabulary plus the added tokens whose content is not in it
+/// (`tokenizers`' `get_vocab_size(true)`).
+pub fn reference_len(tok: &Tokenizer) -> usize {
+    tok.get_vocab_size(true)
+}
+
+/// The token map of `tok` over ids `0..n`, `n` its length as the reference
+/// counts it ([`reference_len`]).
+///
+/// Every id below `n` is decoded and keyed, an id without a token (a hole)
+/// included: its decode is empty, so it takes the key of the empty string,
+/// counts in the compressed vocabulary and shares its id with any token
+/// whose decode is empty. An id at or beyond `n` that the tokenizer names is
+/// outside the reference's map: `ErrInvalidConfig` naming the id.
 ///
 /// The map is bounded by what the file holds: `n` may be at most
-/// [`MAX_TOKEN_IDS`], and the holes (ids the file names no token for) at
-/// most as many as its tokens plus [`MAX_EXTRA_HOLES`]. Only the held ids
-/// are decoded; every allocation is fallible (`ErrCapacity`).
+/// [`MAX_TOKEN_IDS`], and the holes at most as many as its tokens plus
+/// [`MAX_EXTRA_HOLES`]. Every allocation is fallible (`ErrCapacity`).
 pub fn token_map(tok: &Tokenizer) -> Result<TokenMap> {
     let vocab = tok.get_vocab(true);
     let mut held: Vec<u32> = Vec::new();
@@ -120,27 +138,31 @@ pub fn token_map(tok: &Tokenizer) -> Result<TokenMap> {
     drop(vocab);
     held.sort_unstable();
     held.dedup();
-    let n = held
-        .last()
-        .map_or(0, |&i| i as usize + 1)
-        .max(tok.get_vocab_size(true));
+    let n = reference_len(tok);
     if n == 0 {
         bail!(ErrInvalidConfig, "the tokenizer has no tokens");
     }
     if n > MAX_TOKEN_IDS {
         bail!(
             ErrInvalidConfig,
-            "the tokenizer's ids run to {} (at most {MAX_TOKEN_IDS} ids, 2^24)",
-            n - 1
+            "the tokenizer's length is {n} ids (at most {MAX_TOKEN_IDS}, 2^24)"
+        );
+    }
+    if let Some(&id) = held.iter().find(|&&id| id as usize >= n) {
+        bail!(
+            ErrInvalidConfig,
+            "the tokenizer names token id {id}, at or beyond its length {n} (the model's {} tokens \
+             plus the added tokens not among them, as transformers' len(tokenizer) counts): \
+             the reference's token map stops below {n} and cannot hash id {id}",
+            tok.get_vocab_size(false)
         );
     }
     let holes = n - held.len();
     if holes > held.len() + MAX_EXTRA_HOLES {
         bail!(
             ErrInvalidConfig,
-            "the tokenizer's ids run to {} but it holds {} tokens: {holes} ids without a token \
+            "the tokenizer's length is {n} but it holds {} token ids: {holes} ids without a token \
              (at most as many as its tokens plus {MAX_EXTRA_HOLES})",
-            n - 1,
             held.len()
         );
     }
@@ -151,8 +173,8 @@ pub fn token_map(tok: &Tokenizer) -> Result<TokenMap> {
     use rayon::prelude::*;
     let mut keyed: Vec<Result<Key>> = Vec::new();
     keyed
-        .try_reserve_exact(held.len())
-        .map_err(|_| oom(held.len(), "token keys"))?;
+        .try_reserve_exact(n)
+        .map_err(|_| oom(n, "token keys"))?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(64));
     let pool = crate::cpu::pool::Pool::new(threads).map_err(|e| {
         Error::new(
@@ -163,25 +185,25 @@ pub fn token_map(tok: &Tokenizer) -> Result<TokenMap> {
     // The capacity is reserved: `par_extend` of an exact-length iterator does not grow it.
     pool.install(|| {
         keyed.par_extend(
-            held.par_iter()
+            (0..n as u32)
+                .into_par_iter()
                 .with_min_len(1024)
-                .map(|&id| key(tok, &norm, id)),
+                .map(|id| key(tok, &norm, id)),
         )
     });
     drop(pool);
     let mut keys: HashMap<String, i32> = HashMap::new();
-    keys.try_reserve(held.len())
-        .map_err(|_| oom(held.len(), "distinct token keys"))?;
-    let mut map = crate::batch::try_vec(n, -1i32, "the token map")?;
-    let mut stats = TokenMapStats {
-        no_token: holes,
-        ..TokenMapStats::default()
-    };
-    for (&id, k) in held.iter().zip(keyed) {
+    keys.try_reserve(n)
+        .map_err(|_| oom(n, "distinct token keys"))?;
+    let mut map: Vec<i32> = Vec::new();
+    map.try_reserve_exact(n)
+        .map_err(|_| oom(n, "token map entries"))?;
+    let mut stats = TokenMapStats::default();
+    for k in keyed {
         let k = match k? {
-            Key::NoToken => {
+            Key::NoToken(k) => {
                 stats.no_token += 1;
-                continue;
+                k
             }
             Key::Raw(k) => {
                 stats.fffd_raw += 1;
@@ -194,7 +216,7 @@ pub fn token_map(tok: &Tokenizer) -> Result<TokenMap> {
             Key::Normalised(k) => k,
         };
         let next = keys.len() as i32;
-        map[id as usize] = *keys.entry(k).or_insert(next);
+        map.push(*keys.entry(k).or_insert(next));
     }
     Ok(TokenMap {
         compressed: keys.len(),
@@ -212,7 +234,8 @@ fn oom(n: usize, what: &str) -> Error {
 
 /// One id's key and how it was found.
 enum Key {
-    NoToken,
+    /// An id without a token: the key of its (empty) decode.
+    NoToken(String),
     /// The raw token string (the decode held U+FFFD).
     Raw(String),
     /// The decode itself (its normalisation was empty).
@@ -220,10 +243,12 @@ enum Key {
     Normalised(String),
 }
 
+/// The reference's key of one id: its decode (special tokens kept), the raw
+/// token where that holds U+FFFD, else the normalised decode, or the decode
+/// itself where that normalises to nothing. An id without a token decodes
+/// like any other (to the empty string here) and is keyed the same way.
 fn key(tok: &Tokenizer, norm: &Sequence, id: u32) -> Result<Key> {
-    let Some(raw) = tok.id_to_token(id) else {
-        return Ok(Key::NoToken);
-    };
+    let raw = tok.id_to_token(id);
     let text = tok.decode(&[id], false).map_err(|e| {
         Error::new(
             EngramStatus::ErrInvalidConfig,
@@ -231,7 +256,9 @@ fn key(tok: &Tokenizer, norm: &Sequence, id: u32) -> Result<Key> {
         )
     })?;
     if text.contains('\u{FFFD}') {
-        return Ok(Key::Raw(raw));
+        if let Some(raw) = raw {
+            return Ok(Key::Raw(raw));
+        }
     }
     let mut s = NormalizedString::from(text.as_str());
     norm.normalize(&mut s).map_err(|e| {
@@ -240,7 +267,9 @@ fn key(tok: &Tokenizer, norm: &Sequence, id: u32) -> Result<Key> {
             format!("tokenizer: normalising id {id}: {e}"),
         )
     })?;
-    Ok(if s.get().is_empty() {
+    Ok(if raw.is_none() && s.get().is_empty() {
+        Key::NoToken(text)
+    } else if s.get().is_empty() {
         Key::Decoded(text)
     } else {
         Key::Normalised(s.get().to_owned())

@@ -132,3 +132,41 @@ pub fn check_highway(
     }
     worst
 }
+
+/// The stream kinds of [`edge_highway`], by `(t * hc + s) % 6`.
+pub const EDGE_KINDS: [&str; 6] = [
+    "a zero stream",
+    "every fourth value +-1e20 (x.x overflows f32)",
+    "one value +3e38 and one -3e38, bf16-exact (x.x and x.qk.key overflow)",
+    "values near 1e-30 (x.x underflows f32)",
+    "normal values",
+    "every value +-1e20",
+];
+
+/// A highway `[n, hc, d]` whose streams sit at the numeric edges of the gate
+/// (kind `(t * hc + s) % 6`, [`EDGE_KINDS`]): each stream with huge values
+/// keeps normal values beside them, whose update shows the gate.
+pub fn edge_highway(n: usize, hc: usize, d: usize) -> Vec<f32> {
+    let normal = super::values("edge.highway", n * hc * d, 1.0, 0.0);
+    let big = f32::from_bits((3.0e38f32.to_bits() + 0x8000) & 0xFFFF_0000);
+    let mut out = vec![0f32; n * hc * d];
+    for t in 0..n {
+        for s in 0..hc {
+            let o = (t * hc + s) * d;
+            for j in 0..d {
+                let v = normal[o + j];
+                let sign = if j % 2 == 0 { 1.0 } else { -1.0 };
+                out[o + j] = match (t * hc + s) % 6 {
+                    0 => 0.0,
+                    1 if j % 4 == 0 => sign * 1e20,
+                    2 if j == 1 => big,
+                    2 if j == 2 => -big,
+                    3 => v * 1e-30,
+                    5 => sign * 1e20,
+                    _ => v,
+                };
+            }
+        }
+    }
+    out
+}

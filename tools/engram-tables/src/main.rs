@@ -5,9 +5,11 @@
 //!
 //! writes `DIR/engram_tables.json` (layer ids, N, H, pad ids, multipliers,
 //! primes, offsets, rows per layer, compressed vocabulary, how the map was
-//! built) and `DIR/token_map.i32` (little-endian i32 per raw token id, -1 for
-//! an id without a token), and prints the figures and timings. The arrays are
-//! in the GGUF flat layout `engram_config` takes.
+//! built) and `DIR/token_map.i32` (little-endian i32 per raw token id below
+//! the tokenizer's length, `len(tokenizer)`; an id without a token has the
+//! compressed id of the empty key, as in the reference), and prints the
+//! figures and timings. The arrays are in the GGUF flat layout
+//! `engram_config` takes.
 
 use anyhow::{bail, Context, Result};
 use engram::tables::{tokenizer, EngramConfig, EngramTables};
