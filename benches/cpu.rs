@@ -355,9 +355,7 @@ fn main() {
 fn bench_ggml(threads: usize) {
     let driver = root().join("target/ggml-peer/ggml_peer");
     if !driver.exists() {
-        println!(
-            "\n(ggml peer missing: run `bash bench/setup.sh` to build it; skipping it)"
-        );
+        println!("\n(ggml peer missing: run `bash bench/setup.sh` to build it; skipping it)");
         return;
     }
     if let Ok(v) = std::fs::read_to_string(root().join("target/ggml-peer/GGML_VERSION")) {
@@ -370,7 +368,9 @@ fn bench_ggml(threads: usize) {
     }
     match cmd.status() {
         Ok(s) if s.success() => {}
-        Ok(s) => panic!("ggml peer failed ({s}): its results disagree with libengram's or it could not run"),
+        Ok(s) => panic!(
+            "ggml peer failed ({s}): its results disagree with libengram's or it could not run"
+        ),
         Err(e) => panic!("ggml peer {}: {e}", driver.display()),
     }
 }
