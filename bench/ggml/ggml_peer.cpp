@@ -21,8 +21,19 @@
 // libengram dequantises to bf16, ggml to f32), kv (ggml keeps it in f32, and
 // for the block formats quantises the rows to Q8_0 / Q8_K before the dot
 // products; libengram rounds kv to bf16) and the highway. Tolerances:
-// max |kv_ggml - kv_engram| <= 2^-5 * max |kv_engram|, and
-// max |out_ggml - out_engram| <= 2^-5 * max |out_engram - x| (the engram term).
+//   kv:      max |kv_ggml - kv_engram| <= 2^-7 * max |kv_engram| with a bf16
+//            wkv (ours rounds kv to bf16: 2^-9; the sums' order), 2^-5 with a
+//            block format (ggml quantises the rows to Q8_0 / Q8_K, one scale
+//            per 32 / 256 values, so small values of an fp8 row with a wide
+//            range lose bits: measured up to 1.4e-2);
+//   highway: max |out_ggml - out_engram| <= 2^-3 * max |out_engram - x| (the
+//            engram term). Looser, because the gate's signed square root has
+//            an unbounded slope at dot = 0: a kv difference that moves a dot
+//            of a few thousandths across zero moves that stream's gate by up
+//            to 0.25 * sqrt(2 |d dot|), a few hundredths (measured: up to
+//            6.3e-2 of the largest term with Q4_K wkv and the fp8 table).
+// A wrong formula (a missing sigmoid, sqrt, 1/sqrt(D) or rstd, key and value
+// swapped) moves the highway by the order of the term itself.
 //
 // Timing: the layers (enough of them to exceed 2.4 GB of wkv, so wkv comes
 // from memory as in a model) are visited in turn; each repetition runs one
@@ -427,16 +438,16 @@ int main(int argc, char **argv) {
                 }
                 Cell cell{f.name, tname, n, 0, 0, rows_err / rows_max, kv_err / kv_max, out_err / term_max,
                           rows_exact};
-                const double tol = 1.0 / 32;
-                bool ok = (is_fp8 ? rows_exact : cell.rows_err <= 1.0 / 256) && cell.kv_err <= tol &&
-                          cell.out_err <= tol && term_max > 0;
+                const double tol_kv = f.gtype == GGML_TYPE_BF16 ? 1.0 / 128 : 1.0 / 32, tol_out = 1.0 / 8;
+                bool ok = (is_fp8 ? rows_exact : cell.rows_err <= 1.0 / 256) && cell.kv_err <= tol_kv &&
+                          cell.out_err <= tol_out && term_max > 0;
                 if (!ok) {
                     all_ok = false;
                     std::printf("DISAGREE wkv %s table %s n %lld: rows %.3g%s, kv %.3g, out %.3g (bounds: rows %s, "
-                                "kv and out %.3g)\n",
+                                "kv %.3g, out %.3g)\n",
                                 f.name.c_str(), tname.c_str(), (long long)n, cell.rows_err,
                                 rows_exact ? " (exact)" : "", cell.kv_err, cell.out_err,
-                                is_fp8 ? "exact" : "1/256", tol);
+                                is_fp8 ? "exact" : "1/256", tol_kv, tol_out);
                 }
 
                 // --- timing: layers in turn, ggml and engram alternating ---
@@ -505,9 +516,9 @@ int main(int argc, char **argv) {
         worst_kv = std::max(worst_kv, c.kv_err);
         worst_out = std::max(worst_out, c.out_err);
     }
-    std::printf("\nagreement: %s; worst kv %.2e of max |kv|, worst highway %.2e of max |engram term| "
-                "(bounds 2^-5 = %.2e; fp8 rows bit-identical, q8_0 rows within 2^-8)\n",
-                all_ok ? "every cell within the bounds" : "SOME CELLS DISAGREE", worst_kv, worst_out, 1.0 / 32);
+    std::printf("\nagreement: %s; worst kv %.2e of max |kv| (bound 2^-7 bf16 wkv, 2^-5 block formats), worst "
+                "highway %.2e of max |engram term| (bound 2^-3); fp8 rows bit-identical, q8_0 rows within 2^-8\n",
+                all_ok ? "every cell within the bounds" : "SOME CELLS DISAGREE", worst_kv, worst_out);
     std::free(fp8);
     std::free(fp8_bf16);
     std::free(q8);
