@@ -1,19 +1,21 @@
 //! CPU benchmark: hash throughput against DeepSeek's numpy approach, and
-//! `apply` at the DeepSeek-V4.1 geometry against PyTorch on the CPU and
-//! against the roofline, all measured in this one run.
+//! `apply` at the DeepSeek-V4.1 geometry against PyTorch on the CPU, against
+//! the roofline and against ggml's CPU backend (llama.cpp's engram op chain,
+//! bench/ggml/ggml_peer.cpp), all measured in this one run.
 //!
-//!     bash bench/setup.sh            # once: numpy + torch in bench/.venv
+//!     bash bench/setup.sh            # once: numpy + torch in bench/.venv, the ggml peer
 //!     cargo bench --bench cpu
 //!
 //! Environment: `ENGRAM_BENCH_THREADS=N` (threads; default all),
 //! `ENGRAM_CPU_KERNEL=portable|avx2|avx512` (force a projection kernel, e.g.
-//! the AVX2 fallback on an AVX-512 machine), `ENGRAM_BENCH_ONLY=hash|apply|formats`,
+//! the AVX2 fallback on an AVX-512 machine), `ENGRAM_BENCH_ONLY=hash|apply|formats|ggml`,
 //! `ENGRAM_BENCH_REPS=N` (repetitions of each timing; the median is printed
 //! with the spread min-max), `ENGRAM_BENCH_PYTHON` (a Python with numpy and
 //! torch other than bench/.venv's), `ENGRAM_ROOT` (the source tree, for a
 //! binary run away from it: scripts/cpu-kernels-check.sh).
 //!
-//! Without bench/.venv the Python peers are skipped and said to be.
+//! Without bench/.venv the Python peers are skipped and said to be; without
+//! target/ggml-peer/ggml_peer, the ggml peer.
 
 use engram::cpu::projection::{Kernel, Projection};
 use engram::formats::f32_to_bf16;
@@ -337,6 +339,39 @@ fn main() {
     }
     if only.is_empty() || only == "apply" || only == "formats" {
         bench_apply(threads, only != "formats");
+    }
+    if only.is_empty() || only == "ggml" {
+        bench_ggml(threads);
+    }
+}
+
+/// The ggml peer: llama.cpp's DeepSeek-V4.1 engram op chain on ggml's CPU
+/// backend against `engram_apply`, same weights, row ids and threads, in one
+/// C++ process (bench/ggml/ggml_peer.cpp; built by `bash bench/setup.sh`). It
+/// links target/release/libengram.so, the library this bench also builds.
+/// `ENGRAM_BENCH_NS`, `ENGRAM_BENCH_FORMATS` (bf16,q8_0,q4_K,q2_K) and
+/// `ENGRAM_BENCH_TABLES` (q8_0,fp8) narrow it; `ENGRAM_BENCH_REPS` sets the
+/// repetitions.
+fn bench_ggml(threads: usize) {
+    let driver = root().join("target/ggml-peer/ggml_peer");
+    if !driver.exists() {
+        println!("\n(ggml peer missing: run `bash bench/setup.sh` to build it; skipping it)");
+        return;
+    }
+    if let Ok(v) = std::fs::read_to_string(root().join("target/ggml-peer/GGML_VERSION")) {
+        println!("\n## ggml peer: {}", v.trim());
+    }
+    let mut cmd = std::process::Command::new(&driver);
+    cmd.arg(threads.to_string());
+    if let Ok(r) = std::env::var("ENGRAM_BENCH_REPS") {
+        cmd.arg(r);
+    }
+    match cmd.status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => panic!(
+            "ggml peer failed ({s}): its results disagree with libengram's or it could not run"
+        ),
+        Err(e) => panic!("ggml peer {}: {e}", driver.display()),
     }
 }
 

@@ -2,8 +2,9 @@
 # Every test: formatting, clippy, the Rust tests (golden, properties, header freshness,
 # unit tests), the C ABI tests under AddressSanitizer, and the demo.
 # Needs only what a fresh machine of this project has: cargo, gcc/g++.
-# The install check at the end also needs cmake and pkg-config; it installs
-# them with apt-get when they are missing (scripts/ensure-tools.sh).
+# The install check at the end also needs cmake and pkg-config, and the ggml
+# integration test python3's venv (pip fetches ggml's sources once); they are
+# installed with apt-get when missing (scripts/ensure-tools.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +30,9 @@ cargo test --quiet --lib --features loom-model cpu::stager::model 2>&1 | tail -n
 
 echo "== C ABI tests (C and C++, AddressSanitizer + UBSan)"
 bash c_tests/run.sh
+
+echo "== ggml: libengram as a ggml custom op, bit-identical to engram_apply (ggml built once from llama-cpp-python 0.3.36's sources, cached)"
+bash integrations/ggml/test.sh
 
 echo "== demo"
 cargo run --quiet --example demo > target/demo.log
