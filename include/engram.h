@@ -182,6 +182,16 @@ enum engram_type
    for bit as the packed format (`ENGRAM_TYPE_FP8_E4M3_E8M0`).
    */
   ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT = 1001,
+  /*
+   A weight format (`wkv` only, not a table format): the released
+   checkpoint's `wkv.weight` as it is stored, `[rows, K]` e4m3 codes
+   row-major (one byte a value), with one e8m0 scale per block of
+   `block_rows x block_cols` values in a second array
+   (`[ceil(rows / block_rows), ceil(K / block_cols)]` row-major, the
+   checkpoint's `wkv.scale`). Value `(o, i)` is
+   `e4m3(code) * 2^(scale - 127)`, exact in f32 and bf16.
+   */
+  ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK = 1002,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -358,9 +368,11 @@ typedef struct engram_layer_weights {
   const void *table;
   uint64_t table_rows;
   /*
-   `[D*(hc+1), C*Hd]` row-major; `wkv_type` f32, bf16, or a GGUF block
+   `[D*(hc+1), C*Hd]` row-major; `wkv_type` f32, bf16, a GGUF block
    format (`ENGRAM_TYPE_Q8_0`, `Q4_0`, `Q2_K` ... `Q6_K`, each row whole
-   blocks), read in place and dequantised on the fly.
+   blocks), or `ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK` (one e4m3 code byte a
+   value, its scales in `wkv_scales`), read in place and dequantised on
+   the fly.
    */
   const void *wkv;
   uint32_t wkv_type;
@@ -380,6 +392,34 @@ typedef struct engram_layer_weights {
    before this field, is read with it NULL.)
    */
   const void *table_scales;
+  /*
+   With `wkv_type = ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK` (the released
+   checkpoint's `wkv.weight` and `wkv.scale` as stored): the e8m0 scales,
+   one byte per block of `wkv_block_rows x wkv_block_cols` values,
+   `[ceil(D*(hc+1) / wkv_block_rows), ceil(C*Hd / wkv_block_cols)]`
+   row-major (edge blocks may be partial); `wkv` holds the e4m3 codes.
+   Both block sizes must be positive (the checkpoint's are its
+   `quantization_config.weight_block_size`, 128 x 128). NULL and 0 for
+   every other `wkv_type`. Borrowed like `wkv`.
+
+   `engram_set_layer` checks every code and scale before it changes
+   anything, one pass over `wkv` and its scales (about the time of one
+   read of `wkv` from memory, a few ms per 100 MB; with the CUDA backend
+   and `wkv` in device memory it is copied to the host 16 MB at a time
+   for the check): an e4m3 NaN code, the e8m0 NaN scale 255, a value
+   that overflows (an e4m3 value times its scale beyond f32's range) or
+   one that is not exact in bf16 (below `2^-133` precision, only
+   possible with scales below `2^-124`) is `ENGRAM_STATUS_ERR_INVALID_DATA`
+   naming the first bad block (in row-major block order), its rows and
+   columns and the element, and the layer is left as it was. So every
+   value is exact in f32 and bf16, and `kv` equals, bit for bit, that of
+   the same weights widened to bf16 and given as `ENGRAM_TYPE_BF16`.
+   (A struct from a header that ends before these fields reads them as
+   NULL and 0.)
+   */
+  const void *wkv_scales;
+  uint32_t wkv_block_rows;
+  uint32_t wkv_block_cols;
 } engram_layer_weights;
 
 /*

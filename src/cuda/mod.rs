@@ -457,6 +457,11 @@ impl<'w> Backend<'w> for CudaBackend {
         let wkv_kind = match l.wkv_type {
             EngramType::Bf16 => WkvKind::Bf16,
             EngramType::F32 => WkvKind::F32,
+            EngramType::Fp8E4m3E8m0Block => bail!(
+                ErrUnsupported,
+                "layer {}: a block-scaled fp8 wkv is not read by the CUDA backend yet",
+                l.layer_id
+            ),
             t => WkvKind::Quant(t),
         };
         let rb = l.format.row_bytes(s.geo.hd);

@@ -524,6 +524,8 @@ impl LoadedModel {
                 },
                 wkv: self.weight_region(&w.wkv).map_err(at)?,
                 wkv_type: w.wkv.ty,
+                wkv_scales: None,
+                wkv_block: (0, 0),
                 q: self.weight_region(&w.q).map_err(at)?,
                 k: self.weight_region(&w.k).map_err(at)?,
                 qk_type: w.q.ty,
