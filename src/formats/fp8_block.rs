@@ -227,25 +227,43 @@ impl<'a> Fp8Blocks<'a> {
     /// [`Fp8Blocks::check`] as the library's error: `ERR_INVALID_DATA`
     /// naming `what`, the block (its rows and columns) and the element.
     pub fn check_err(&self, what: &str) -> Result<()> {
+        self.check_err_from(0, what)
+    }
+
+    /// As [`Fp8Blocks::check_err`] for a band of a larger matrix that starts
+    /// at its row `row0` (a multiple of `br`): blocks and elements are named
+    /// by their place in the whole matrix.
+    pub fn check_err_from(&self, row0: usize, what: &str) -> Result<()> {
         let Err(b) = self.check() else {
             return Ok(());
         };
         let (br, bc) = (self.br, self.bc);
-        let (r0, c0) = (b.block_row * br, b.block_col * bc);
-        let (r1, c1) = ((r0 + br).min(self.rows()), (c0 + bc).min(self.k));
         let s = self.scales[b.block_row * self.block_cols() + b.block_col];
+        let (r0, c0) = (row0 + b.block_row * br, b.block_col * bc);
+        let (r1, c1) = ((r0 + br).min(row0 + self.rows()), (c0 + bc).min(self.k));
+        let code = |r: usize, c: usize| self.codes[(r - row0) * self.k + c];
+        let b = BadBlock {
+            block_row: b.block_row + row0 / br,
+            fault: match b.fault {
+                BlockFault::NanCode(r, c) => BlockFault::NanCode(r + row0, c),
+                BlockFault::Overflow(r, c) => BlockFault::Overflow(r + row0, c),
+                BlockFault::Inexact(r, c) => BlockFault::Inexact(r + row0, c),
+                f => f,
+            },
+            ..b
+        };
         let detail = match b.fault {
             BlockFault::NanScale => "its e8m0 scale is the NaN code 255".to_string(),
             BlockFault::NanCode(r, c) => format!("element ({r}, {c}) is an e4m3 NaN code"),
             BlockFault::Overflow(r, c) => format!(
                 "element ({r}, {c}) (e4m3 code {:#04x} times 2^{}) overflows f32 and bf16",
-                self.codes[r * self.k + c],
+                code(r, c),
                 s as i32 - 127
             ),
             BlockFault::Inexact(r, c) => format!(
                 "element ({r}, {c}) (e4m3 code {:#04x} times 2^{}) is below bf16's precision \
                  (not exactly representable in bf16)",
-                self.codes[r * self.k + c],
+                code(r, c),
                 s as i32 - 127
             ),
         };
