@@ -384,6 +384,21 @@ mod tests {
         );
     }
 
+    /// A band of a larger matrix names blocks and elements as the whole does.
+    #[test]
+    fn bands_name_blocks_in_the_whole_matrix() {
+        // 8 rows of 4, blocks of 2 x 2; a NaN code at (5, 3): block (2, 1).
+        let mut codes = vec![0x38u8; 32];
+        codes[5 * 4 + 3] = 0x7F;
+        let scales = vec![127u8; 8];
+        let whole = m(&codes, &scales, 4, 2, 2).check_err("w").unwrap_err();
+        let band = m(&codes[16..], &scales[4..], 4, 2, 2)
+            .check_err_from(4, "w")
+            .unwrap_err();
+        assert_eq!(whole.message, band.message);
+        assert!(whole.message.contains("block (2, 1) (rows 4..6, columns 2..4): element (5, 3)"));
+    }
+
     /// The exactness claim: every code with every scale is exact in f32 (or
     /// overflows), and exact in bf16 unless `check` refuses it.
     #[test]

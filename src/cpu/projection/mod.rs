@@ -19,6 +19,13 @@
 //!
 //! No packed copy of `wkv` is kept: the GEMM packs 16 rows at a time into a
 //! per-task panel (`V * K` floats, 393 KB at the V4.1 geometry) during the call.
+//!
+//! The checkpoint's block-scaled fp8 `wkv` (`Weights::Fp8Block`) is read in
+//! place by every kernel: its values are exact in bf16 (`set_layer` refuses
+//! any other), and each kernel converts codes and scales in registers (AVX2,
+//! AVX-512) or into a row buffer (portable) and keeps its bf16 order, so
+//! `kv` is bit-identical to the bf16 path on the widened weights
+//! (`tests/fp8_wkv.rs`; docs/fp8-wkv.md).
 
 use crate::batch::try_vec;
 use crate::error::Result;
