@@ -403,10 +403,11 @@ typedef struct engram_layer_weights {
    every other `wkv_type`. Borrowed like `wkv`.
 
    `engram_set_layer` checks every code and scale before it changes
-   anything, one pass over `wkv` and its scales (about the time of one
-   read of `wkv` from memory, a few ms per 100 MB; with the CUDA backend
-   and `wkv` in device memory it is copied to the host 16 MB at a time
-   for the check): an e4m3 NaN code, the e8m0 NaN scale 255, a value
+   anything: one pass over `wkv` and its scales on the calling thread (a
+   byte maximum per block; 0.18 s for a 157 MB layer of the released
+   model measured on a heavily loaded 2-core machine); with the CUDA
+   backend and `wkv` in device memory it is copied to the host 16 MB at
+   a time for the check. An e4m3 NaN code, the e8m0 NaN scale 255, a value
    that overflows (an e4m3 value times its scale beyond f32's range) or
    one that is not exact in bf16 (below `2^-133` precision, only
    possible with scales below `2^-124`) is `ENGRAM_STATUS_ERR_INVALID_DATA`
@@ -527,10 +528,11 @@ typedef struct engram_safetensors_options {
   const char *tokenizer_json;
   /*
    0 (default): nothing is mapped: table rows are read with `pread` when
-   gathered, `q`, `k` and a bf16 `wkv` are read into memory the context
-   owns; 1: the shards are mapped and read in place (a file truncated
-   while mapped raises SIGBUS). An fp8 `wkv` is converted to bf16 at load
-   in both modes (2 bytes a weight: 315 MB per layer of the released model).
+   gathered, `q`, `k` and `wkv` are read as stored into memory the context
+   owns (an fp8 `wkv`: its codes and block scales, 1 byte a weight, 157 MB
+   per layer of the released model); 1: the shards are mapped and
+   everything is read in place (a file truncated while mapped raises
+   SIGBUS).
    */
   uint32_t mmap_tables;
 } engram_safetensors_options;
@@ -854,8 +856,10 @@ void engram_safetensors_options_init_sized(struct engram_safetensors_options *o,
  opened once. Per engram layer: the table from `layers.{L}.engram.embed.weight`
  (F8_E4M3) and `.embed.scale` (F8_E8M0) in place
  (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`); `q_weight`, `k_weight` (BF16); `wkv`
- (F8_E4M3 with 32x32 block scales: converted once to bf16 in memory the
- context owns, exact; or BF16/F32). The hash constants are derived from the
+ (F8_E4M3 `wkv.weight` with its F8_E8M0 `wkv.scale`, one scale per
+ `quantization_config.weight_block_size` block: kept as stored,
+ `ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK`, read in place by the kernels; or
+ BF16/F32). The hash constants are derived from the
  config and the tokenizer, as SPEC section 3 states. Statuses: `ERR_IO` (the
  directory, a file or a shard cannot be opened, or is not a regular file),
  `ERR_FORMAT` (a safetensors header that is not valid or disagrees with its
@@ -863,7 +867,8 @@ void engram_safetensors_options_init_sized(struct engram_safetensors_options *o,
  disagrees with the tensors), `ERR_INVALID_CONFIG` (missing config fields,
  a tokenizer that does not fit the config), `ERR_UNSUPPORTED` (a dtype this
  build does not read, an unknown backend), `ERR_DEVICE` (the CUDA backend
- without a usable driver or device), `ERR_INVALID_DATA` (a NaN in the fp8 `wkv`). On
+ without a usable driver or device), `ERR_INVALID_DATA` (a NaN code or scale in the fp8 `wkv`, or a block
+ that overflows: see `engram_layer_weights.wkv_scales`). On
  failure `*out` is left as it was.
 
  `model_dir` must be NULL or a NUL-terminated path; `options` NULL or
