@@ -522,10 +522,7 @@ fn main() {
             bytes / 1e6,
             t1 / roof1
         ));
-        let bf16_4096 = results
-            .iter()
-            .find(|r| r.0 == 4096)
-            .map(|r| r.1.min(r.2));
+        let bf16_4096 = results.iter().find(|r| r.0 == 4096).map(|r| r.1.min(r.2));
         quant_lines.push(format!(
             "\nfp8 (checkpoint) at 4096 tokens: {t4096:.3} ms; bf16 wkv: {} ms",
             bf16_4096.map_or("-".into(), |t| format!("{t:.3}"))

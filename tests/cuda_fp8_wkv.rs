@@ -99,6 +99,7 @@ fn fp8_wkv_on_the_device_is_bit_identical_to_bf16() {
                 // SAFETY: device buffers of the sizes the geometry implies,
                 // alive for the test.
                 let r = |a: u64| unsafe { Region::from_raw(a as usize, None) };
+                // SAFETY: as above.
                 let mut l = unsafe {
                     LayerIn::raw(
                         1,

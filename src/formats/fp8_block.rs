@@ -396,7 +396,9 @@ mod tests {
             .check_err_from(4, "w")
             .unwrap_err();
         assert_eq!(whole.message, band.message);
-        assert!(whole.message.contains("block (2, 1) (rows 4..6, columns 2..4): element (5, 3)"));
+        assert!(whole
+            .message
+            .contains("block (2, 1) (rows 4..6, columns 2..4): element (5, 3)"));
     }
 
     /// The exactness claim: every code with every scale is exact in f32 (or
