@@ -838,22 +838,42 @@ fn bench_bf16(threads: usize, bw: f64, rng: &mut Rng) {
     );
 }
 
-/// `wkv` in bf16 and GGUF Q8_0, Q4_K and Q2_K: decode (one token) time and
+/// `wkv` in bf16, the checkpoint's block-scaled fp8 (codes + 128 x 128
+/// e8m0 scales, read in place) and GGUF Q8_0, Q4_K and Q2_K: decode (one token) time and
 /// bytes read against the memory roofline (the bandwidth probed again after
 /// each format's decode timing, the larger figure kept), and 64 and 512 tokens.
 fn bench_wkv_formats(threads: usize, bw: f64, rng: &mut Rng) {
     println!("\n## apply by wkv format (V4.1 geometry; decode against each format's bytes over the bandwidth)");
     println!("| wkv | bytes per token | 1 token ms (min-max) | GB/s | roofline ms | engram/roofline | 64 tokens ms | 512 tokens ms |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    // `ENGRAM_BENCH_WKV=bf16,fp8,...`: only those rows (default: all).
+    let only_wkv = std::env::var("ENGRAM_BENCH_WKV").unwrap_or_default();
     for (name, ty) in [
         ("bf16", EngramType::Bf16),
+        ("fp8 (checkpoint)", EngramType::Fp8E4m3E8m0Block),
         ("q8_0", EngramType::Q8_0),
         ("q4_K", EngramType::Q4_K),
         ("q2_K", EngramType::Q2_K),
     ] {
-        let fmt = EngramType::row_format(ty as u32, K_IN).unwrap();
-        let row_bytes = fmt.row_bytes(K_IN);
-        let layer_bytes = row_bytes * K_OUT;
+        let short = name.split(' ').next().unwrap();
+        if !only_wkv.is_empty() && !only_wkv.split(',').any(|w| w == short) {
+            continue;
+        }
+        let fp8 = ty == EngramType::Fp8E4m3E8m0Block;
+        // The checkpoint's fp8 wkv: codes, then its 128 x 128 block scales.
+        let (br, bc) = (128, 128);
+        let n_codes = K_OUT * K_IN;
+        let n_scales = K_OUT.div_ceil(br) * K_IN.div_ceil(bc);
+        let fmt = if fp8 {
+            ty
+        } else {
+            EngramType::row_format(ty as u32, K_IN).unwrap()
+        };
+        let layer_bytes = if fp8 {
+            n_codes + n_scales
+        } else {
+            fmt.row_bytes(K_IN) * K_OUT
+        };
         let nl = layers_for(layer_bytes);
         let model = Model::new(nl, rng);
         let mut data = vec![0u8; nl * layer_bytes];
@@ -867,6 +887,14 @@ fn bench_wkv_formats(threads: usize, bw: f64, rng: &mut Rng) {
                 EngramType::Q2_K if at >= 80 => *b = [0x00, 0x1c, 0x00, 0x18][at - 80],
                 EngramType::Q4_K if at < 4 => *b = [0x00, 0x1c, 0x00, 0x18][at],
                 EngramType::Bf16 if at == 1 => *b = 0x3c + (*b & 1),
+                // No NaN codes; scales 2^-16 .. 2^-9 (as the checkpoint's).
+                EngramType::Fp8E4m3E8m0Block => {
+                    if i % layer_bytes >= n_codes {
+                        *b = 111 + *b % 8;
+                    } else if *b & 0x7F == 0x7F {
+                        *b ^= 1;
+                    }
+                }
                 _ => {}
             }
         }
@@ -874,10 +902,24 @@ fn bench_wkv_formats(threads: usize, bw: f64, rng: &mut Rng) {
             .chunks(layer_bytes)
             .map(|c| match ty {
                 EngramType::Bf16 => Weights::Bf16(bytemuck_u16(c)),
+                EngramType::Fp8E4m3E8m0Block => Weights::Fp8Block(
+                    engram::formats::Fp8Blocks::new(&c[..n_codes], &c[n_codes..], K_IN, br, bc)
+                        .unwrap(),
+                ),
                 _ => Weights::quant(fmt, c, K_IN).unwrap(),
             })
             .collect();
+        let t0 = Instant::now();
         let ctx = model.context(threads, &ws);
+        if fp8 {
+            // set_layer's check of every code and scale, per layer.
+            let s = t0.elapsed().as_secs_f64() / nl as f64;
+            println!(
+                "(fp8 set_layer, its check of every code and scale included: {:.1} ms a layer, {:.1} GB/s)",
+                s * 1e3,
+                layer_bytes as f64 / s / 1e9
+            );
+        }
         let t = model.time_apply(&ctx, 1, rng);
         let bw = bw.max(memory_bandwidth(threads));
         let t64 = model.time_apply(&ctx, 64, rng);

@@ -736,6 +736,74 @@ fn main() {
         }
     }
 
+    // The checkpoint's block-scaled fp8 wkv (codes + 128 x 128 e8m0 scales)
+    // read in place: its GEMV at 1 token (and at 8 with the GEMV limit
+    // raised), exact bf16 tiles + cuBLAS beyond, against its own roofline
+    // (codes plus scales over the copy bandwidth); 4096 tokens against the
+    // bf16 wkv's apply of this run.
+    {
+        let (br, bc) = (128usize, 128usize);
+        let codes: Vec<u8> = (0..K_OUT * K_IN)
+            .map(|_| {
+                let c = rng.next() as u8;
+                if c & 0x7F == 0x7F {
+                    c ^ 1
+                } else {
+                    c
+                }
+            })
+            .collect();
+        let scales: Vec<u8> = (0..K_OUT.div_ceil(br) * K_IN.div_ceil(bc))
+            .map(|_| 111 + (rng.next() % 8) as u8)
+            .collect();
+        let (d_codes, d_scales) = (upload(&gpu, &codes), upload(&gpu, &scales));
+        let set_fp8 = |ctx: &Context<'_>| {
+            // SAFETY: device buffers of the sizes the geometry implies.
+            let mut l = unsafe {
+                LayerIn::raw(
+                    1,
+                    d_table.ptr,
+                    EngramType::Fp8E4m3E8m0 as u32,
+                    rows,
+                    d_codes.ptr,
+                    EngramType::Fp8E4m3E8m0Block as u32,
+                    d_q.ptr,
+                    d_k.ptr,
+                    EngramType::Bf16 as u32,
+                )
+            };
+            // SAFETY: as above.
+            l.wkv_scales = Some(unsafe { engram::Region::from_raw(d_scales.ptr as usize, None) });
+            l.wkv_block = (br as u32, bc as u32);
+            ctx.set_layer(l).unwrap();
+        };
+        let fctx = Context::new(&cfg_for(None)).expect("CUDA context");
+        set_fp8(&fctx);
+        let t1 = time_ms(stream, 50, || apply_with(&fctx, 1, false));
+        let t8_tiles = time_ms(stream, 50, || apply_with(&fctx, 8, false));
+        let t512 = time_ms(stream, 10, || apply_with(&fctx, 512, false));
+        let t4096 = time_ms(stream, 5, || apply_with(&fctx, 4096, false));
+        fctx.check(s).unwrap();
+        drop(fctx);
+        let gctx = Context::new(&cfg_for(Some(8))).expect("CUDA context");
+        set_fp8(&gctx);
+        let t8 = time_ms(stream, 50, || apply_with(&gctx, 8, false));
+        gctx.check(s).unwrap();
+        drop(gctx);
+        let bytes = (codes.len() + scales.len()) as f64;
+        let roof1 = bytes / bw * 1e3;
+        quant_lines.push(format!(
+            "| fp8 (checkpoint) | {:.0} | {t1:.4} | {roof1:.4} | {:.2} | {t8:.4} | {t8_tiles:.4} | {t512:.4} |",
+            bytes / 1e6,
+            t1 / roof1
+        ));
+        let bf16_4096 = results.iter().find(|r| r.0 == 4096).map(|r| r.1.min(r.2));
+        quant_lines.push(format!(
+            "\nfp8 (checkpoint) at 4096 tokens: {t4096:.3} ms; bf16 wkv: {} ms",
+            bf16_4096.map_or("-".into(), |t| format!("{t:.3}"))
+        ));
+    }
+
     // Host tables: the same fp8 table in pageable host memory; rows gathered
     // on the host (prefetch worker threads, or the apply), copied through
     // pinned staging to the device, then the same kernels.

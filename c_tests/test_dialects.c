@@ -435,6 +435,83 @@ static void test_struct_sizes(void) {
 
 #define ROWS1 420
 
+
+/* The value of an e4m3 code (not NaN) times 2^(scale - 127), as f32 bits. */
+static float fp8_value(uint8_t code, uint8_t scale) {
+    int e = (code >> 3) & 15, m = code & 7;
+    float v = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + (float)m / 8.0f, e - 7);
+    v = ldexpf(v, (int)scale - 127);
+    return (code & 0x80) ? -v : v;
+}
+
+/* wkv as block-scaled fp8 (codes + 16 x 32 block scales) gives the highway of
+   the same weights widened to bf16, bit for bit; a NaN code is refused naming
+   its block, a block size of 0 naming the field, and neither changes the layer. */
+static void fp8_wkv_matches_bf16(engram_context *c, const engram_layer_weights *base, const int64_t *ids) {
+    const size_t m = TINY_KV_OUT, k = TINY_KV_IN, br = 16, bc = 32;
+    const size_t nsc = ((m + br - 1) / br) * ((k + bc - 1) / bc);
+    uint8_t *codes = (uint8_t *)malloc(m * k);
+    uint8_t *sc = (uint8_t *)malloc(nsc);
+    uint16_t *wide = (uint16_t *)malloc(m * k * 2);
+    if (!check(codes && sc && wide, "fp8 wkv buffers")) return;
+    for (size_t i = 0; i < m * k; i++) {
+        uint8_t b = (uint8_t)(i * 2654435761u >> 13);
+        codes[i] = (b & 0x7F) == 0x7F ? (uint8_t)(b ^ 1) : b;
+    }
+    for (size_t i = 0; i < nsc; i++) sc[i] = (uint8_t)(118 + i % 12);
+    for (size_t o = 0; o < m; o++)
+        for (size_t i = 0; i < k; i++) {
+            float v = fp8_value(codes[o * k + i], sc[(o / br) * ((k + bc - 1) / bc) + i / bc]);
+            uint32_t bits;
+            memcpy(&bits, &v, 4);
+            wide[o * k + i] = (uint16_t)(bits >> 16); /* exact: the low half is zero */
+        }
+    size_t nh = (size_t)6 * TINY_HC * TINY_D;
+    float *h1 = (float *)build_values("c.fp8wkv.h", nh, 1.0, 0.0, 0);
+    float *h2 = (float *)build_values("c.fp8wkv.h", nh, 1.0, 0.0, 0);
+    float *h3 = (float *)build_values("c.fp8wkv.h", nh, 1.0, 0.0, 0);
+    engram_layer_weights w = *base;
+    w.wkv = wide;
+    w.wkv_type = ENGRAM_TYPE_BF16;
+    check(engram_set_layer(c, &w) == ENGRAM_STATUS_OK && engram_apply(c, 1, ids, 6, h1, ENGRAM_TYPE_F32, NULL) == ENGRAM_STATUS_OK,
+          "the widened bf16 wkv");
+    w.wkv = codes;
+    w.wkv_type = ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK;
+    w.wkv_scales = sc;
+    w.wkv_block_rows = (uint32_t)br;
+    w.wkv_block_cols = (uint32_t)bc;
+    check(engram_set_layer(c, &w) == ENGRAM_STATUS_OK && engram_apply(c, 1, ids, 6, h2, ENGRAM_TYPE_F32, NULL) == ENGRAM_STATUS_OK &&
+              memcmp(h1, h2, nh * sizeof(float)) == 0,
+          "ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK wkv: the highway of the widened bf16 wkv, bit for bit");
+    engram_layer_weights bad = w;
+    bad.wkv_block_rows = 0;
+    check(engram_set_layer(c, &bad) == ENGRAM_STATUS_ERR_INVALID_ARGUMENT && last_error_has("wkv_block_rows"),
+          "fp8 wkv with a block size of 0: ERR_INVALID_ARGUMENT naming it");
+    bad = w;
+    bad.wkv_scales = NULL;
+    check(engram_set_layer(c, &bad) == ENGRAM_STATUS_ERR_NULL_ARGUMENT && last_error_has("wkv_scales"),
+          "fp8 wkv without scales: ERR_NULL_ARGUMENT naming wkv_scales");
+    /* A copy with a NaN code (the layer set borrows `codes`: never modify it). */
+    uint8_t *nan_codes = (uint8_t *)malloc(m * k);
+    if (!check(nan_codes != NULL, "a copy of the codes")) return;
+    memcpy(nan_codes, codes, m * k);
+    nan_codes[(br + 1) * k + bc + 2] = 0xFF;
+    bad = w;
+    bad.wkv = nan_codes;
+    check(engram_set_layer(c, &bad) == ENGRAM_STATUS_ERR_INVALID_DATA && last_error_has("fp8 block (1, 1)"),
+          "a NaN code: ERR_INVALID_DATA naming its block (%s)", engram_last_error());
+    check(engram_apply(c, 1, ids, 6, h3, ENGRAM_TYPE_F32, NULL) == ENGRAM_STATUS_OK && memcmp(h1, h3, nh * sizeof(float)) == 0,
+          "the refused fp8 set_layer calls changed nothing");
+    check(engram_set_layer(c, base) == ENGRAM_STATUS_OK, "the layer back as it was");
+    free(nan_codes);
+    free(h1);
+    free(h2);
+    free(h3);
+    free(codes);
+    free(sc);
+    free(wide);
+}
+
 static void test_split_layer(void) {
     engram_gguf_options go;
     engram_gguf_options_init(&go);
@@ -499,6 +576,13 @@ static void test_split_layer(void) {
     check(engram_apply(c, 1, ids, 6, hc, ENGRAM_TYPE_F32, NULL) == ENGRAM_STATUS_OK &&
               memcmp(ha, hc, nh * sizeof(float)) == 0,
           "the refused set_layer calls changed nothing");
+    /* A caller of the layout that ends before wkv_scales: those fields are never read. */
+    engram_layer_weights mid = s;
+    mid.struct_size = offsetof(engram_layer_weights, wkv_scales);
+    mid.wkv_scales = codes;
+    mid.wkv_block_rows = 7;
+    check(engram_set_layer(c, &mid) == ENGRAM_STATUS_OK, "engram_layer_weights of the layout before wkv_scales");
+    fp8_wkv_matches_bf16(c, &s, ids);
     bad = w;
     bad.struct_size = sizeof w + 8;
     char a[32], b[32];

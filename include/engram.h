@@ -182,6 +182,16 @@ enum engram_type
    for bit as the packed format (`ENGRAM_TYPE_FP8_E4M3_E8M0`).
    */
   ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT = 1001,
+  /*
+   A weight format (`wkv` only, not a table format): the released
+   checkpoint's `wkv.weight` as it is stored, `[rows, K]` e4m3 codes
+   row-major (one byte a value), with one e8m0 scale per block of
+   `block_rows x block_cols` values in a second array
+   (`[ceil(rows / block_rows), ceil(K / block_cols)]` row-major, the
+   checkpoint's `wkv.scale`). Value `(o, i)` is
+   `e4m3(code) * 2^(scale - 127)`, exact in f32 and bf16.
+   */
+  ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK = 1002,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -367,9 +377,11 @@ typedef struct engram_layer_weights {
   const void *table;
   uint64_t table_rows;
   /*
-   `[D*(hc+1), C*Hd]` row-major; `wkv_type` f32, bf16, or a GGUF block
+   `[D*(hc+1), C*Hd]` row-major; `wkv_type` f32, bf16, a GGUF block
    format (`ENGRAM_TYPE_Q8_0`, `Q4_0`, `Q2_K` ... `Q6_K`, each row whole
-   blocks), read in place and dequantised on the fly.
+   blocks), or `ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK` (one e4m3 code byte a
+   value, its scales in `wkv_scales`), read in place and dequantised on
+   the fly.
    */
   const void *wkv;
   uint32_t wkv_type;
@@ -389,6 +401,35 @@ typedef struct engram_layer_weights {
    before this field, is read with it NULL.)
    */
   const void *table_scales;
+  /*
+   With `wkv_type = ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK` (the released
+   checkpoint's `wkv.weight` and `wkv.scale` as stored): the e8m0 scales,
+   one byte per block of `wkv_block_rows x wkv_block_cols` values,
+   `[ceil(D*(hc+1) / wkv_block_rows), ceil(C*Hd / wkv_block_cols)]`
+   row-major (edge blocks may be partial); `wkv` holds the e4m3 codes.
+   Both block sizes must be positive (the checkpoint's are its
+   `quantization_config.weight_block_size`, 128 x 128). NULL and 0 for
+   every other `wkv_type`. Borrowed like `wkv`.
+
+   `engram_set_layer` checks every code and scale before it changes
+   anything: one pass over `wkv` and its scales on the calling thread (a
+   byte maximum per block; 0.18 s for a 157 MB layer of the released
+   model measured on a heavily loaded 2-core machine); with the CUDA
+   backend and `wkv` in device memory it is copied to the host 16 MB at
+   a time for the check. An e4m3 NaN code, the e8m0 NaN scale 255, a value
+   that overflows (an e4m3 value times its scale beyond f32's range) or
+   one that is not exact in bf16 (below `2^-133` precision, only
+   possible with scales below `2^-124`) is `ENGRAM_STATUS_ERR_INVALID_DATA`
+   naming the first bad block (in row-major block order), its rows and
+   columns and the element, and the layer is left as it was. So every
+   value is exact in f32 and bf16, and `kv` equals, bit for bit, that of
+   the same weights widened to bf16 and given as `ENGRAM_TYPE_BF16`.
+   (A struct from a header that ends before these fields reads them as
+   NULL and 0.)
+   */
+  const void *wkv_scales;
+  uint32_t wkv_block_rows;
+  uint32_t wkv_block_cols;
 } engram_layer_weights;
 
 /*
@@ -507,10 +548,11 @@ typedef struct engram_safetensors_options {
   const char *tokenizer_json;
   /*
    0 (default): nothing is mapped: table rows are read with `pread` when
-   gathered, `q`, `k` and a bf16 `wkv` are read into memory the context
-   owns; 1: the shards are mapped and read in place (a file truncated
-   while mapped raises SIGBUS). An fp8 `wkv` is converted to bf16 at load
-   in both modes (2 bytes a weight: 315 MB per layer of the released model).
+   gathered, `q`, `k` and `wkv` are read as stored into memory the context
+   owns (an fp8 `wkv`: its codes and block scales, 1 byte a weight, 157 MB
+   per layer of the released model); 1: the shards are mapped and
+   everything is read in place (a file truncated while mapped raises
+   SIGBUS).
    */
   uint32_t mmap_tables;
 } engram_safetensors_options;
@@ -834,8 +876,10 @@ void engram_safetensors_options_init_sized(struct engram_safetensors_options *o,
  opened once. Per engram layer: the table from `layers.{L}.engram.embed.weight`
  (F8_E4M3) and `.embed.scale` (F8_E8M0) in place
  (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`); `q_weight`, `k_weight` (BF16); `wkv`
- (F8_E4M3 with 32x32 block scales: converted once to bf16 in memory the
- context owns, exact; or BF16/F32). The hash constants are derived from the
+ (F8_E4M3 `wkv.weight` with its F8_E8M0 `wkv.scale`, one scale per
+ `quantization_config.weight_block_size` block: kept as stored,
+ `ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK`, read in place by the kernels; or
+ BF16/F32). The hash constants are derived from the
  config and the tokenizer, as SPEC section 3 states. Statuses: `ERR_IO` (the
  directory, a file or a shard cannot be opened, or is not a regular file),
  `ERR_FORMAT` (a safetensors header that is not valid or disagrees with its
@@ -843,7 +887,8 @@ void engram_safetensors_options_init_sized(struct engram_safetensors_options *o,
  disagrees with the tensors), `ERR_INVALID_CONFIG` (missing config fields,
  a tokenizer that does not fit the config), `ERR_UNSUPPORTED` (a dtype this
  build does not read, an unknown backend), `ERR_DEVICE` (the CUDA backend
- without a usable driver or device), `ERR_INVALID_DATA` (a NaN in the fp8 `wkv`). On
+ without a usable driver or device), `ERR_INVALID_DATA` (a NaN code or scale in the fp8 `wkv`, or a block
+ that overflows: see `engram_layer_weights.wkv_scales`). On
  failure `*out` is left as it was.
 
  `model_dir` must be NULL or a NUL-terminated path; `options` NULL or

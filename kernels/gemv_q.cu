@@ -169,3 +169,103 @@ extern "C" __global__ void __launch_bounds__(ENG_DEQUANT_THREADS)
     const eng_u32 r = (eng_u32)(i / k), e = (eng_u32)(i % k);
     out[i] = eng_f32_to_bf16(eng_wkv_value(fmt, w + (eng_u64)(row0 + r) * row_bytes, e));
 }
+
+// ---------------------------------------------------------------------------
+// The checkpoint's block-scaled fp8 wkv (ENG_FP8_E4M3_E8M0_BLOCK), read in
+// place: e4m3 codes [n_out, k] (one byte a value) and one e8m0 scale per
+// br x bc block, scales [ceil(n_out / br), nbc = ceil(k / bc)]. Every value
+// code * 2^(scale - 127) is exact in f32 and in bf16 (the host refuses any
+// other at set_layer), so these kernels hold the very weights of the bf16
+// path on the widened matrix:
+//
+// - engram_gemv_fp8_block (up to ENG_GEMV_MAX tokens, `nt` at run time): the
+//   bf16 GEMV of gemv.cu, lane for lane and product for product (each lane
+//   takes 8 values per step, element 2i then 2i + 1, acc += w * x), with each
+//   weight converted in registers from its code and its block's scale: the
+//   same sums, the same bits. Needs k % 8 == 0 and the codes 8-byte aligned
+//   (the host checks).
+// - engram_dequant_fp8_block: rows row0 .. row0 + n_rows to bf16 (exact) into
+//   a tile for cuBLAS (larger batches), as the quantised formats do.
+
+// Value j of the 8 at column 8c of code row `codes` (row o).
+__device__ __forceinline__ float eng_fp8_block_value(eng_u8 code, const eng_u8 *srow, eng_u32 col, eng_u32 bc) {
+    return ENG_MUL(eng_e4m3_to_f32(code), eng_e8m0_to_f32(srow[col / bc]));
+}
+
+extern "C" __global__ void __launch_bounds__(ENG_GEMV_THREADS)
+    engram_gemv_fp8_block(const eng_u8 *__restrict__ w, const eng_u8 *__restrict__ scales, eng_u32 br,
+                          eng_u32 bc, eng_u32 nbc, const uint4 *__restrict__ rows, eng_u16 *__restrict__ kv,
+                          eng_u32 n_out, eng_u32 k, eng_u32 nt) {
+    const eng_u32 k8 = k / 8u;
+    const eng_u64 warp = (eng_u64)blockIdx.x * (blockDim.x / 32u) + threadIdx.x / 32u;
+    const eng_u32 lane = threadIdx.x % 32u;
+    if (warp * ENG_GEMV_ROWS >= n_out) return;
+    const eng_u32 o0 = (eng_u32)(warp * ENG_GEMV_ROWS);
+    float acc[ENG_GEMV_ROWS][ENG_GEMV_MAX];
+#pragma unroll
+    for (int r = 0; r < ENG_GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < ENG_GEMV_MAX; t++) acc[r][t] = 0.f;
+    for (eng_u32 c = lane; c < k8; c += 32u) {
+        float wv[ENG_GEMV_ROWS][8];
+#pragma unroll
+        for (int r = 0; r < ENG_GEMV_ROWS; r++) {
+            const eng_u32 o = o0 + r < n_out ? o0 + r : n_out - 1u;
+            const uint2 q = ((const uint2 *)(w + (eng_u64)o * k))[c];
+            const eng_u8 *srow = scales + (eng_u64)(o / br) * nbc;
+            const eng_u32 qv[2] = {q.x, q.y};
+            if (bc % 8u == 0u) {
+                // One block holds the 8 values.
+                const float s = eng_e8m0_to_f32(srow[(8u * c) / bc]);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    wv[r][j] = ENG_MUL(eng_e4m3_to_f32((eng_u8)(qv[j / 4] >> (8 * (j % 4)))), s);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    wv[r][j] = eng_fp8_block_value((eng_u8)(qv[j / 4] >> (8 * (j % 4))), srow, 8u * c + (eng_u32)j, bc);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < ENG_GEMV_MAX; t++) {
+            if ((eng_u32)t < nt) { // uniform across the warp
+                const uint4 rv = rows[(eng_u64)t * k8 + c];
+                const eng_u32 xv[4] = {rv.x, rv.y, rv.z, rv.w};
+#pragma unroll
+                for (int r = 0; r < ENG_GEMV_ROWS; r++) {
+                    float a = acc[r][t];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        a += wv[r][2 * i] * eng_f32_from_bits(xv[i] << 16);
+                        a += wv[r][2 * i + 1] * eng_f32_from_bits(xv[i] & 0xFFFF0000u);
+                    }
+                    acc[r][t] = a;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ENG_GEMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < ENG_GEMV_MAX; t++) {
+            if ((eng_u32)t < nt) { // uniform across the warp
+                float v = acc[r][t];
+                for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+                if (lane == 0u && o0 + r < n_out) kv[(eng_u64)t * n_out + o0 + r] = eng_f32_to_bf16(v);
+            }
+        }
+}
+
+// Grid: ceil(n_rows * k / ENG_DEQUANT_THREADS) blocks of ENG_DEQUANT_THREADS;
+// out[r][i] = bf16(value i of row row0 + r), r < n_rows (exact).
+extern "C" __global__ void __launch_bounds__(ENG_DEQUANT_THREADS)
+    engram_dequant_fp8_block(const eng_u8 *__restrict__ w, const eng_u8 *__restrict__ scales, eng_u32 br,
+                             eng_u32 bc, eng_u32 nbc, eng_u32 k, eng_u32 row0, eng_u32 n_rows,
+                             eng_u16 *__restrict__ out) {
+    const eng_u64 i = (eng_u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (eng_u64)n_rows * k) return;
+    const eng_u32 r = (eng_u32)(i / k), e = (eng_u32)(i % k);
+    const eng_u32 o = row0 + r;
+    const eng_u8 *srow = scales + (eng_u64)(o / br) * nbc;
+    out[i] = eng_f32_to_bf16(eng_fp8_block_value(w[(eng_u64)o * k + e], srow, e, bc));
+}

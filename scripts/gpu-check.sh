@@ -28,6 +28,9 @@
 #   gpu-streams  tests/cuda_streams.rs: misaligned device pointers refused with
 #                nothing queued, a token's bits the same in every batch of 1-8
 #                tokens, a graph re-captured after set_layer uses the new weights
+#   gpu-fp8-wkv  tests/cuda_fp8_wkv.rs: the checkpoint's block-scaled fp8 wkv read
+#                in place (engram_gemv_fp8_block; exact bf16 tiles + cuBLAS) gives
+#                the bits of the same weights widened to bf16, 1..512 tokens
 #   c-cuda       c_tests/cuda/test_cuda_apply.c: the C ABI with the program's
 #                own stream and buffers; graph replay; host tables with
 #                engram_stage + graph replay; GGUF on CUDA (needs the toolkit)
@@ -142,6 +145,7 @@ step gpu-formats 90 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_formats" --test-threads=
 step host-tables 90 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_host_tables" --test-threads=1 --nocapture
 step gpu-split 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/fp8_split" --test-threads=1 --nocapture
 step gpu-streams 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_streams" --test-threads=1 --nocapture
+step gpu-fp8-wkv 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_fp8_wkv" --test-threads=1 --nocapture
 
 toolkit() { # a compiler and the CUDA runtime's header and library, or exit 77
     [ -f "$CUDA_HOME/include/cuda_runtime_api.h" ] || { echo "no CUDA toolkit headers in $CUDA_HOME/include"; exit 77; }

@@ -11,6 +11,7 @@
 #     cuda_streams      tests/cuda_streams.rs: misaligned pointers refused, batch
 #                       invariance up to 8 tokens, a graph re-captured after
 #                       set_layer (the stream-order tests are emulation-only)
+#     cuda_fp8_wkv      tests/cuda_fp8_wkv.rs: the block-scaled fp8 wkv against bf16
 #     cuda_nvrtc        tests/cuda_nvrtc.rs: every kernel compiles without a warning
 #     gpu_bench         benches/gpu.rs
 #     libengram.so      the library, for the C test and examples/cpp_host on CUDA
@@ -35,7 +36,7 @@ ROOT="$(pwd)"
 B=target/gpu-bundle
 rm -rf "$B"
 mkdir -p "$B"
-TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_nvrtc)
+TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv cuda_nvrtc)
 
 exe_of() { # the test/bench executable cargo built, from its JSON messages
     python3 -c '
@@ -81,7 +82,7 @@ fi
 
 if [ "${ENGRAM_PREBUILD_SMOKE:-1}" = 1 ]; then
     echo "== smoke: the bundled test binaries on the emulated device"
-    for t in cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams; do
+    for t in cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv; do
         ENGRAM_TEST_DEVICE=emulated "$B/$t" --test-threads=2 -q 2>&1 | tail -n 3
     done
     "$B/gpu_bench" --list >/dev/null

@@ -364,7 +364,7 @@ pub fn check_layer<'w>(
             let bytes = f.bytes(rows, row_len).ok_or_else(|| too_large(what))?;
             let align = match f {
                 WeightFormat::Dense(d) => d.size(),
-                WeightFormat::Quant(_) => 1,
+                WeightFormat::Quant(_) | WeightFormat::Fp8Block => 1,
             };
             let t = EngramType::from_u32(ty).expect("a weight format is a type");
             Ok::<_, Error>((t, bytes, r.sized(bytes, align, what)?))
@@ -377,6 +377,8 @@ pub fn check_layer<'w>(
         true,
         "weights.wkv",
     )?;
+    let (wkv_scales, wkv_block, wkv_scales_bytes) =
+        wkv_scales(wkv_type, w.wkv_scales, w.wkv_block, shape)?;
     let (qk_type, qk_bytes, q) = weight(w.q, w.qk_type, g.hc, g.d, false, "weights.q")?;
     let (_, _, k) = weight(w.k, w.qk_type, g.hc, g.d, false, "weights.k")?;
     if rows < rows_needed {
@@ -394,6 +396,8 @@ pub fn check_layer<'w>(
         rows,
         wkv,
         wkv_type,
+        wkv_scales,
+        wkv_block,
         q,
         k,
         qk_type,
@@ -401,7 +405,56 @@ pub fn check_layer<'w>(
             table,
             scales: scales_bytes,
             wkv: wkv_bytes,
+            wkv_scales: wkv_scales_bytes,
             qk: qk_bytes,
         },
     })
+}
+
+/// `wkv`'s block scales: required (non-NULL, a positive block shape, sized)
+/// for a block-scaled fp8 `wkv`, refused for every other format. Returns
+/// the sized region, the block shape and the scales' bytes.
+fn wkv_scales<'w>(
+    ty: EngramType,
+    scales: Option<Region<'w>>,
+    (br, bc): (u32, u32),
+    shape: &Shape,
+) -> Result<(Option<Region<'w>>, (usize, usize), usize)> {
+    let fp8 = EngramType::Fp8E4m3E8m0Block;
+    if ty != fp8 {
+        if scales.is_some_and(|r| !r.is_null()) || br != 0 || bc != 0 {
+            bail!(
+                ErrInvalidArgument,
+                "weights.wkv_scales / wkv_block_rows / wkv_block_cols are set, but a {} wkv \
+                 takes no block scales (only {} does)",
+                ty.name(),
+                fp8.name()
+            );
+        }
+        return Ok((None, (0, 0), 0));
+    }
+    let (br, bc) = (br as usize, bc as usize);
+    if br == 0 || bc == 0 {
+        bail!(
+            ErrInvalidArgument,
+            "weights.wkv_block_rows and wkv_block_cols must be positive for a {} wkv, got {br} x {bc}",
+            fp8.name()
+        );
+    }
+    let r = match scales {
+        Some(r) if !r.is_null() => r,
+        _ => bail!(
+            ErrNullArgument,
+            "weights.wkv_scales is NULL: a {} wkv needs its e8m0 block scales",
+            fp8.name()
+        ),
+    };
+    let n = crate::formats::fp8_block::fp8_block_scale_len(shape.k_out, shape.k_in, br, bc)
+        .ok_or_else(|| {
+            Error::new(
+                EngramStatus::ErrInvalidArgument,
+                "weights.wkv_scales is too large".to_string(),
+            )
+        })?;
+    Ok((Some(r.sized(n, 1, "weights.wkv_scales")?), (br, bc), n))
 }

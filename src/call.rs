@@ -65,6 +65,11 @@ pub struct LayerIn<'w> {
     /// `[D*(hc+1), C*Hd]` row-major, `wkv_type`.
     pub wkv: Region<'w>,
     pub wkv_type: u32,
+    /// With `wkv_type` `Fp8E4m3E8m0Block`: the e8m0 block scales
+    /// (`[ceil(rows / br), ceil(C*Hd / bc)]`) and the block shape `(br, bc)`;
+    /// `None` and `(0, 0)` for every other format.
+    pub wkv_scales: Option<Region<'w>>,
+    pub wkv_block: (u32, u32),
     /// `[hc, D]` each, `qk_type` (f32 or bf16).
     pub q: Region<'w>,
     pub k: Region<'w>,
@@ -77,6 +82,7 @@ fn weight_region<'w>(w: Weights<'w>) -> (Region<'w>, u32) {
         Weights::F32(v) => (Region::of(v), EngramType::F32 as u32),
         Weights::Bf16(v) => (Region::of(v), EngramType::Bf16 as u32),
         Weights::Quant { format, data, .. } => (Region::of(data), format as u32),
+        Weights::Fp8Block(b) => (Region::of(b.codes), EngramType::Fp8E4m3E8m0Block as u32),
     }
 }
 
@@ -91,6 +97,10 @@ impl<'w> LayerIn<'w> {
         q: Weights<'w>,
         k: Weights<'w>,
     ) -> LayerIn<'w> {
+        let (wkv_scales, wkv_block) = match wkv {
+            Weights::Fp8Block(b) => (Some(Region::of(b.scales)), (b.br as u32, b.bc as u32)),
+            _ => (None, (0, 0)),
+        };
         let (wkv, wkv_type) = weight_region(wkv);
         let (q, qk_type) = weight_region(q);
         let (k, _) = weight_region(k);
@@ -104,6 +114,8 @@ impl<'w> LayerIn<'w> {
             },
             wkv,
             wkv_type,
+            wkv_scales,
+            wkv_block,
             q,
             k,
             qk_type,
@@ -141,6 +153,8 @@ impl<'w> LayerIn<'w> {
             },
             wkv: r(wkv),
             wkv_type,
+            wkv_scales: None,
+            wkv_block: (0, 0),
             q: r(q),
             k: r(k),
             qk_type,
@@ -161,6 +175,10 @@ pub struct CheckedLayer<'w> {
     pub rows: u64,
     pub wkv: Region<'w>,
     pub wkv_type: EngramType,
+    /// A block-scaled fp8 `wkv`'s scales (sized) and block shape; `None`
+    /// and `(0, 0)` otherwise. Their values are checked by the backend.
+    pub wkv_scales: Option<Region<'w>>,
+    pub wkv_block: (usize, usize),
     pub q: Region<'w>,
     pub k: Region<'w>,
     pub qk_type: EngramType,
@@ -316,6 +334,8 @@ pub struct LayerBytes {
     /// The split fp8 format's scale array (0 for every other format).
     pub scales: u64,
     pub wkv: usize,
+    /// A block-scaled fp8 `wkv`'s scale array (0 for every other format).
+    pub wkv_scales: usize,
     /// Each of `q` and `k`.
     pub qk: usize,
 }

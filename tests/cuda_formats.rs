@@ -52,6 +52,7 @@ fn table(fmt: EngramType, rows: usize) -> Vec<u8> {
         EngramType::Fp8E4m3E8m0 => return table_bytes("cuda.formats.fp8", "fp8", rows, HD, true),
         // Two arrays: tests/fp8_split.rs checks it on the GPU.
         EngramType::Fp8E4m3E8m0Split => unreachable!("the split fp8 format has its own test"),
+        EngramType::Fp8E4m3E8m0Block => unreachable!("a wkv format only: tests/cuda_fp8_wkv.rs"),
         EngramType::Bf16 => return table_bytes("cuda.formats.bf16", "bf16", rows, HD, false),
         EngramType::F32 => return table_bytes("cuda.formats.f32", "f32", rows, HD, false),
         EngramType::F16 => {

@@ -73,6 +73,8 @@ fn layer_with<'w>(l: &LayerData, source: TableSource<'w>, w: &DevWeights) -> Lay
         },
         wkv: r(w.wkv.ptr),
         wkv_type: dense_type(&l.wkv),
+        wkv_scales: None,
+        wkv_block: (0, 0),
         q: r(w.q.ptr),
         k: r(w.k.ptr),
         qk_type: dense_type(&l.q),

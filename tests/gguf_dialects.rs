@@ -111,6 +111,12 @@ fn layer_values(m: &GgufModel, li: usize) -> (Vec<f32>, Vec<f32>) {
                 .chunks_exact(2)
                 .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
                 .collect(),
+            EngramType::Fp8E4m3E8m0Block => {
+                let w = m.layer_wkv(li).unwrap();
+                let mut out = vec![0f32; w.len()];
+                w.to_f32(0, &mut out);
+                out
+            }
             f => {
                 let w = Weights::quant(f, b, row).unwrap();
                 let mut out = vec![0f32; w.len()];
@@ -508,11 +514,32 @@ fn the_safetensors_checkpoint_read_in_place() {
             b.table_rows(li, &ids).unwrap()
         );
     }
-    // The fp8 wkv (layer 3) was converted to bf16, owned: 2 bytes a weight.
-    let [(wt, wb), _, _] = a.layer_weights(1).unwrap();
-    assert_eq!(wt, EngramType::Bf16 as u32);
-    assert_eq!(wb.len(), 320 * 256 * 2);
-    assert!(a.owned_bytes() >= 320 * 256 * 2);
+    // The fp8 wkv (layer 3) is kept as stored, codes and 32x32 block scales:
+    // read into owned memory without mmap (1 byte a weight and the scales,
+    // half the bf16 figure), read in place from the mapped shard with it.
+    let [(wt, wb), (_, qb), (_, kb)] = a.layer_weights(1).unwrap();
+    assert_eq!(wt, EngramType::Fp8E4m3E8m0Block as u32);
+    assert_eq!(wb.len(), 320 * 256);
+    let Weights::Fp8Block(w) = a.layer_wkv(1).unwrap() else {
+        panic!("an fp8 wkv")
+    };
+    assert_eq!((w.br, w.bc, w.scales.len()), (32, 32, 10 * 8));
+    let [(_, wb0), (_, qb0), (_, kb0)] = a.layer_weights(0).unwrap();
+    let weights = |w: &[u8], q: &[u8], k: &[u8]| w.len() + q.len() + k.len();
+    let fp8 = weights(wb0, qb0, kb0) + weights(wb, qb, kb) + 10 * 8;
+    let mapped = open_fixture("checkpoint", &dir(), true).unwrap();
+    assert_eq!(
+        a.owned_bytes() - mapped.owned_bytes(),
+        fp8,
+        "without mmap the weights are read as stored; mapped, in place"
+    );
+    // Its context keeps no widened copy: it holds what the same model's
+    // context with the deepstrix file's wkv holds, byte for byte.
+    let (ca, cb) = (
+        a.context(&options()).unwrap(),
+        b.context(&options()).unwrap(),
+    );
+    assert_eq!(ca.memory_bytes(), cb.memory_bytes());
 }
 
 // ---- bad input: expected.json's mutations ----

@@ -20,7 +20,7 @@ use crate::backend::{
 };
 use crate::batch::{invalid_row, try_vec, try_vec_with, HighwayType, LiveIds, Shape};
 use crate::error::{bail, Error, Result};
-use crate::formats::{f32_to_bf16, EngramType, Weights};
+use crate::formats::{f32_to_bf16, EngramType, Fp8Blocks, Weights};
 use gate::HostHighway;
 use projection::{Kernel, Projection};
 use stager::{Source, Stager};
@@ -164,7 +164,18 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
 
     fn set_layer(&self, li: usize, l: CheckedLayer<'w>) -> Result<()> {
         let s = &self.shape;
-        let wkv = host_weights(l.wkv, l.wkv_type, s.k_in)?;
+        let wkv = match (l.wkv_type, l.wkv_scales) {
+            (EngramType::Fp8E4m3E8m0Block, Some(sc)) => {
+                // SAFETY: as `host_weights`: host memory sized by the context.
+                let (codes, scales) = unsafe { (l.wkv.host(), sc.host()) };
+                let (br, bc) = l.wkv_block;
+                let b = Fp8Blocks::new(codes, scales, s.k_in, br, bc)?;
+                // Every code and scale, before anything changes.
+                b.check_err(&format!("layer {}: weights.wkv", l.layer_id))?;
+                Weights::Fp8Block(b)
+            }
+            (t, _) => host_weights(l.wkv, t, s.k_in)?,
+        };
         let q = host_weights(l.q, l.qk_type, s.geo.d)?;
         let k = host_weights(l.k, l.qk_type, s.geo.d)?;
         let n_qk = s.hw_per_token();

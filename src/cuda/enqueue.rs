@@ -298,6 +298,70 @@ impl CudaBackend {
                         )?;
                     }
                 }
+                WkvKind::Fp8Block { scales, br, bc }
+                    if n <= st.gemv_max_bf16 && k_in % 8 == 0 && layer.wkv % 8 == 0 =>
+                {
+                    // Where the bf16 path runs its GEMV: the same sums.
+                    let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
+                    let nbc = (k_in as u32).div_ceil(bc);
+                    let (n_out, k, nt) = (k_out as u32, k_in as u32, n as u32);
+                    let a = args![w, scales, br, bc, nbc, rows, kv, n_out, k, nt];
+                    // SAFETY: arguments match engram_gemv_fp8_block; the codes are
+                    // 8-byte aligned, k % 8 == 0, `rows` is our aligned workspace,
+                    // n <= GEMV_MAX; codes and scales were sized at set_layer.
+                    unsafe {
+                        self.gpu.launch(
+                            Kernel::GemvFp8,
+                            gemv_blocks,
+                            kernels::GEMV_THREADS,
+                            stream,
+                            &a,
+                        )?;
+                    }
+                }
+                WkvKind::Fp8Block { scales, br, bc } => {
+                    // bf16 tiles (exact) and cuBLAS, as the bf16 path's GEMM.
+                    let (tile, tile_rows) = {
+                        let t = st.tile.as_ref().expect("allocated by set_layer");
+                        (t.0.ptr, t.1)
+                    };
+                    let nbc = (k_in as u32).div_ceil(bc);
+                    let (k, w) = (k_in as u32, layer.wkv);
+                    let mut o0 = 0usize;
+                    while o0 < k_out {
+                        let m = tile_rows.min(k_out - o0);
+                        let (row0, n_rows) = (o0 as u32, m as u32);
+                        let a = args![w, scales, br, bc, nbc, k, row0, n_rows, tile];
+                        let blocks = ((m * k_in) as u64).div_ceil(kernels::DEQUANT_THREADS as u64);
+                        // SAFETY: arguments match engram_dequant_fp8_block; the tile
+                        // holds tile_rows >= m rows of k_in bf16; wkv has k_out rows.
+                        unsafe {
+                            self.gpu.launch(
+                                Kernel::DequantFp8,
+                                blocks as u32,
+                                kernels::DEQUANT_THREADS,
+                                stream,
+                                &a,
+                            )?;
+                            st.blas.gemm(
+                                stream,
+                                &Gemm {
+                                    f32: false,
+                                    w: tile,
+                                    ldw: k_in,
+                                    rows: rows_buf,
+                                    ldr: k_in,
+                                    kv: kv_buf + (o0 * 2) as u64,
+                                    ldc: k_out,
+                                    m,
+                                    n,
+                                    k: k_in,
+                                },
+                            )?;
+                        }
+                        o0 += m;
+                    }
+                }
                 WkvKind::Quant(fmt) => {
                     let (tile, tile_rows) = {
                         let t = st.tile.as_ref().expect("allocated by set_layer");

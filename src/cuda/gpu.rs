@@ -80,10 +80,15 @@ pub enum Kernel {
     GemvQ(crate::formats::EngramType),
     /// `engram_dequant_bf16`: rows of a quantised `wkv` to bf16 (a GEMM tile).
     Dequant,
+    /// `engram_gemv_fp8_block`: the bf16 GEMV's sums over a block-scaled fp8
+    /// `wkv` converted in registers, for up to GEMV_MAX tokens.
+    GemvFp8,
+    /// `engram_dequant_fp8_block`: rows of a block-scaled fp8 `wkv` to bf16.
+    DequantFp8,
 }
 
 /// Every kernel's name, in [`Kernel::index`] order.
-pub const KERNEL_NAMES: [&str; 23] = [
+pub const KERNEL_NAMES: [&str; 25] = [
     "engram_gather",
     "engram_gate_f32_bf16",
     "engram_gate_f32_f32",
@@ -107,6 +112,8 @@ pub const KERNEL_NAMES: [&str; 23] = [
     "engram_gemv_q_q6_k",
     "engram_dequant_bf16",
     "engram_gather_split",
+    "engram_gemv_fp8_block",
+    "engram_dequant_fp8_block",
 ];
 
 /// The `wkv` formats of [`Kernel::GemvQ`], in [`KERNEL_NAMES`] order.
@@ -119,7 +126,7 @@ impl Kernel {
     /// Which of [`super::kernels::MODULES`] holds it.
     pub fn module(self) -> usize {
         match self {
-            Kernel::GemvQ(_) | Kernel::Dequant => 1,
+            Kernel::GemvQ(_) | Kernel::Dequant | Kernel::GemvFp8 | Kernel::DequantFp8 => 1,
             _ => 0,
         }
     }
@@ -137,6 +144,8 @@ impl Kernel {
         v.extend(GEMV_Q_FORMATS.map(Kernel::GemvQ));
         v.push(Kernel::Dequant);
         v.push(Kernel::GatherSplit);
+        v.push(Kernel::GemvFp8);
+        v.push(Kernel::DequantFp8);
         v
     }
 
@@ -159,6 +168,8 @@ impl Kernel {
             }
             Kernel::Dequant => 5 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::GatherSplit => 6 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::GemvFp8 => 7 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::DequantFp8 => 8 + GEMV_MAX + GEMV_Q_FORMATS.len(),
         }
     }
 
@@ -565,6 +576,7 @@ mod tests {
             assert_eq!(
                 k.module(),
                 k.name().starts_with("engram_gemv_q_") as usize
+                    | k.name().ends_with("fp8_block") as usize
                     | (k.name() == "engram_dequant_bf16") as usize,
                 "{k:?}"
             );

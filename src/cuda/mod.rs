@@ -48,7 +48,7 @@ use crate::backend::{
 use crate::batch::{try_map, try_room, try_vec_with, LiveIds, Shape};
 use crate::cpu::stager::{Source, Stager};
 use crate::error::{bail, EngramStatus, Error, Result};
-use crate::formats::{bf16_to_f32, EngramType};
+use crate::formats::{bf16_to_f32, EngramType, Fp8Blocks};
 use gpu::{DevBuf, Event, Gpu, MemKind, PinnedBuf};
 use std::sync::{Arc, Mutex};
 
@@ -108,6 +108,14 @@ enum WkvKind {
     F32,
     /// Read in place: the fused GEMV for few tokens, bf16 tiles + cuBLAS else.
     Quant(EngramType),
+    /// Block-scaled fp8 read in place (`scales`: the device address of its
+    /// e8m0 scales, blocks of `br x bc`): the bf16 path's algorithms (its
+    /// GEMV up to the bf16 limit, else bf16 tiles + cuBLAS), so its bits.
+    Fp8Block {
+        scales: u64,
+        br: u32,
+        bc: u32,
+    },
 }
 
 /// Where a layer's table rows are read.
@@ -131,6 +139,9 @@ struct DevLayer {
     wkv_kind: WkvKind,
     /// The device copy of a `wkv` given in host memory.
     wkv_copy: Option<DevBuf>,
+    /// The device copy of a block-scaled fp8 `wkv`'s scales given in host
+    /// memory.
+    wkv_scales_copy: Option<DevBuf>,
 }
 
 /// A pinned staging slot and the event recorded after its last copy.
@@ -409,6 +420,70 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `set_layer`'s check of a block-scaled fp8 `wkv`'s codes and scales
+    /// ([`Fp8Blocks::check`]): host arrays in place; device arrays copied to
+    /// the host, the scales whole and the codes 16 MB at a time (whole rows
+    /// of blocks).
+    fn check_fp8_wkv(&self, l: &CheckedLayer<'_>) -> Result<()> {
+        let (k, rows) = (self.shape.k_in, self.shape.k_out);
+        let (br, bc) = l.wkv_block;
+        let what = format!("layer {}: weights.wkv", l.layer_id);
+        let Some(sr) = l.wkv_scales else {
+            bail!(
+                ErrInternal,
+                "a block-scaled fp8 wkv reached the backend without scales"
+            );
+        };
+        let get = |addr: usize, bytes: usize, what: &str| -> Result<Vec<u8>> {
+            let mut v = crate::batch::try_vec(bytes, 0u8, what)?;
+            // SAFETY: device memory of the context's device holding `bytes`
+            // (checked by the caller); `v` holds as many.
+            unsafe { self.gpu.download(v.as_mut_ptr(), addr as u64, bytes)? };
+            Ok(v)
+        };
+        let owned;
+        let scales: &[u8] = match self.place(sr.addr()) {
+            // SAFETY: host memory the context lends, sized by its checks.
+            Place::Host => unsafe { sr.host() },
+            Place::Device => {
+                let n = l.bytes.wkv_scales;
+                gpu::check_device_range(&*self.gpu, sr.addr() as u64, n, "weights.wkv_scales")?;
+                owned = get(sr.addr(), n, "the copy of weights.wkv_scales checked")?;
+                &owned
+            }
+        };
+        match self.place(l.wkv.addr()) {
+            Place::Host => {
+                // SAFETY: as above.
+                let codes = unsafe { l.wkv.host() };
+                Fp8Blocks::new(codes, scales, k, br, bc)?.check_err(&what)
+            }
+            Place::Device => {
+                gpu::check_device_range(
+                    &*self.gpu,
+                    l.wkv.addr() as u64,
+                    l.bytes.wkv,
+                    "weights.wkv",
+                )?;
+                let nbc = k.div_ceil(bc);
+                let band = ((16usize << 20) / k.max(1) / br).max(1) * br;
+                let mut r0 = 0;
+                while r0 < rows {
+                    let r1 = (r0 + band).min(rows);
+                    let codes = get(
+                        l.wkv.addr() + r0 * k,
+                        (r1 - r0) * k,
+                        "the wkv codes checked",
+                    )?;
+                    let sc = &scales[(r0 / br) * nbc..r1.div_ceil(br) * nbc];
+                    Fp8Blocks::new(&codes, sc, k, br, bc)?.check_err_from(r0, &what)?;
+                    r0 = r1;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Device bytes this backend allocated.
     pub fn device_bytes(&self) -> usize {
         let s = self.state();
@@ -419,6 +494,7 @@ impl CudaBackend {
             .flatten()
             .map(|l| {
                 l.wkv_copy.as_ref().map_or(0, |b| b.bytes)
+                    + l.wkv_scales_copy.as_ref().map_or(0, |b| b.bytes)
                     + match &l.table {
                         TableLoc::Host { rows, ids, .. } => rows.bytes + ids.bytes,
                         TableLoc::Device { .. } => 0,
@@ -560,11 +636,20 @@ impl<'w> Backend<'w> for CudaBackend {
     /// queued call may still read.
     fn set_layer(&self, li: usize, l: CheckedLayer<'w>) -> Result<()> {
         let s = self.shape;
-        let wkv_kind = match l.wkv_type {
+        let mut wkv_kind = match l.wkv_type {
             EngramType::Bf16 => WkvKind::Bf16,
             EngramType::F32 => WkvKind::F32,
+            EngramType::Fp8E4m3E8m0Block => WkvKind::Fp8Block {
+                scales: 0,
+                br: u32::try_from(l.wkv_block.0).map_err(|_| overflow("wkv_block_rows"))?,
+                bc: u32::try_from(l.wkv_block.1).map_err(|_| overflow("wkv_block_cols"))?,
+            },
             t => WkvKind::Quant(t),
         };
+        if matches!(wkv_kind, WkvKind::Fp8Block { .. }) {
+            // Every code and scale, before anything changes.
+            self.check_fp8_wkv(&l)?;
+        }
         let rb = l.format.row_bytes(s.geo.hd);
         // The table (and, for a split fp8 table, its scales): device memory,
         // or a host source the stager reads.
@@ -612,10 +697,32 @@ impl<'w> Backend<'w> for CudaBackend {
                 (b.ptr, Some(b))
             }
         };
+        // A block-scaled fp8 wkv's scales: in place, or copied there.
+        let mut wkv_scales_copy = None;
+        if let (WkvKind::Fp8Block { scales, .. }, Some(r)) = (&mut wkv_kind, l.wkv_scales) {
+            let n = l.bytes.wkv_scales;
+            *scales = match self.place(r.addr()) {
+                Place::Device => {
+                    gpu::check_device_range(&*self.gpu, r.addr() as u64, n, "weights.wkv_scales")?;
+                    r.addr() as u64
+                }
+                Place::Host => {
+                    let b = DevBuf::new(&self.gpu, n, "the device copy of weights.wkv_scales")?;
+                    // SAFETY: host memory the context lends, sized by its
+                    // checks; `b` holds as many bytes.
+                    unsafe { self.gpu.upload(b.ptr, r.host().as_ptr(), n)? };
+                    let p = b.ptr;
+                    wkv_scales_copy = Some(b);
+                    p
+                }
+            };
+        }
         let qk = self.qk_of(&l)?;
-        if let WkvKind::Quant(f) = wkv_kind {
+        match wkv_kind {
             // Compile the quantised-wkv kernels now, not in the first apply.
-            self.gpu.preload(gpu::Kernel::GemvQ(f))?;
+            WkvKind::Quant(f) => self.gpu.preload(gpu::Kernel::GemvQ(f))?,
+            WkvKind::Fp8Block { .. } => self.gpu.preload(gpu::Kernel::GemvFp8)?,
+            _ => {}
         }
         let mut st = self.state();
         let (m, k_in, k_out) = (self.max_tokens, s.k_in, s.k_out);
@@ -632,7 +739,7 @@ impl<'w> Backend<'w> for CudaBackend {
                 "f32 kv",
             )?);
         }
-        if matches!(wkv_kind, WkvKind::Quant(_)) && st.tile.is_none() {
+        if matches!(wkv_kind, WkvKind::Quant(_) | WkvKind::Fp8Block { .. }) && st.tile.is_none() {
             // A multiple of 8 rows, so that each tile's kv columns start
             // 16-byte aligned for cuBLAS.
             let rows = (TILE_BYTES / (2 * k_in) / 8 * 8).clamp(8.min(k_out), k_out);
@@ -690,6 +797,7 @@ impl<'w> Backend<'w> for CudaBackend {
             wkv,
             wkv_kind,
             wkv_copy,
+            wkv_scales_copy,
         }));
         Ok(())
     }

@@ -44,10 +44,11 @@ pub struct EngramSafetensorsOptions {
     /// directory). The hash constants are derived from it and `config.json`.
     pub tokenizer_json: *const c_char,
     /// 0 (default): nothing is mapped: table rows are read with `pread` when
-    /// gathered, `q`, `k` and a bf16 `wkv` are read into memory the context
-    /// owns; 1: the shards are mapped and read in place (a file truncated
-    /// while mapped raises SIGBUS). An fp8 `wkv` is converted to bf16 at load
-    /// in both modes (2 bytes a weight: 315 MB per layer of the released model).
+    /// gathered, `q`, `k` and `wkv` are read as stored into memory the context
+    /// owns (an fp8 `wkv`: its codes and block scales, 1 byte a weight, 157 MB
+    /// per layer of the released model); 1: the shards are mapped and
+    /// everything is read in place (a file truncated while mapped raises
+    /// SIGBUS).
     pub mmap_tables: u32,
 }
 
@@ -90,8 +91,10 @@ pub extern "C" fn engram_safetensors_options_init_sized(
 /// opened once. Per engram layer: the table from `layers.{L}.engram.embed.weight`
 /// (F8_E4M3) and `.embed.scale` (F8_E8M0) in place
 /// (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`); `q_weight`, `k_weight` (BF16); `wkv`
-/// (F8_E4M3 with 32x32 block scales: converted once to bf16 in memory the
-/// context owns, exact; or BF16/F32). The hash constants are derived from the
+/// (F8_E4M3 `wkv.weight` with its F8_E8M0 `wkv.scale`, one scale per
+/// `quantization_config.weight_block_size` block: kept as stored,
+/// `ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK`, read in place by the kernels; or
+/// BF16/F32). The hash constants are derived from the
 /// config and the tokenizer, as docs/math.md states. Statuses: `ERR_IO` (the
 /// directory, a file or a shard cannot be opened, or is not a regular file),
 /// `ERR_FORMAT` (a safetensors header that is not valid or disagrees with its
@@ -99,7 +102,8 @@ pub extern "C" fn engram_safetensors_options_init_sized(
 /// disagrees with the tensors), `ERR_INVALID_CONFIG` (missing config fields,
 /// a tokenizer that does not fit the config), `ERR_UNSUPPORTED` (a dtype this
 /// build does not read, an unknown backend), `ERR_DEVICE` (the CUDA backend
-/// without a usable driver or device), `ERR_INVALID_DATA` (a NaN in the fp8 `wkv`). On
+/// without a usable driver or device), `ERR_INVALID_DATA` (a NaN code or scale in the fp8 `wkv`, or a block
+/// that overflows: see `engram_layer_weights.wkv_scales`). On
 /// failure `*out` is left as it was.
 ///
 /// `model_dir` must be NULL or a NUL-terminated path; `options` NULL or

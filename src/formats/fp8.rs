@@ -12,7 +12,7 @@ pub fn e4m3_to_f32(code: u8) -> f32 {
     e4m3_table()[code as usize]
 }
 
-fn e4m3_table() -> &'static [f32; 256] {
+pub(super) fn e4m3_table() -> &'static [f32; 256] {
     static T: OnceLock<[f32; 256]> = OnceLock::new();
     T.get_or_init(|| {
         let mut t = [0f32; 256];

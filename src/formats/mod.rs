@@ -28,10 +28,12 @@
 //! CPU differ only in the payloads of NaNs, and no NaN gets out.)
 
 pub mod fp8;
+pub mod fp8_block;
 pub mod ggml;
 pub mod weights;
 
 pub use fp8::{e4m3_to_f32, e8m0_to_f32, FP8_SCALE_BLOCK};
+pub use fp8_block::Fp8Blocks;
 pub use ggml::dequant_block_f32;
 pub use weights::{WeightDtype, WeightFormat, Weights};
 
@@ -77,6 +79,14 @@ pub enum EngramType {
     /// per row, `table_scales` `Hd / 32` scale bytes per row. Dequantises bit
     /// for bit as the packed format (`ENGRAM_TYPE_FP8_E4M3_E8M0`).
     Fp8E4m3E8m0Split = 1001,
+    /// A weight format (`wkv` only, not a table format): the released
+    /// checkpoint's `wkv.weight` as it is stored, `[rows, K]` e4m3 codes
+    /// row-major (one byte a value), with one e8m0 scale per block of
+    /// `block_rows x block_cols` values in a second array
+    /// (`[ceil(rows / block_rows), ceil(K / block_cols)]` row-major, the
+    /// checkpoint's `wkv.scale`). Value `(o, i)` is
+    /// `e4m3(code) * 2^(scale - 127)`, exact in f32 and bf16.
+    Fp8E4m3E8m0Block = 1002,
 }
 
 /// `(ggml_type, name, values per block, bytes per block)` of every ggml type
@@ -127,7 +137,7 @@ pub fn ggml_block(t: u32) -> Option<(usize, usize)> {
 }
 
 impl EngramType {
-    pub(crate) const ALL: [EngramType; 12] = [
+    pub(crate) const ALL: [EngramType; 13] = [
         EngramType::F32,
         EngramType::F16,
         EngramType::Q4_0,
@@ -140,6 +150,7 @@ impl EngramType {
         EngramType::Bf16,
         EngramType::Fp8E4m3E8m0,
         EngramType::Fp8E4m3E8m0Split,
+        EngramType::Fp8E4m3E8m0Block,
     ];
 
     pub fn from_u32(v: u32) -> Option<EngramType> {
@@ -150,6 +161,7 @@ impl EngramType {
         match self {
             EngramType::Fp8E4m3E8m0 => "fp8_e4m3_e8m0",
             EngramType::Fp8E4m3E8m0Split => "fp8_e4m3_e8m0_split",
+            EngramType::Fp8E4m3E8m0Block => "fp8_e4m3_e8m0_block",
             t => GGML_BLOCKS
                 .iter()
                 .find(|e| e.0 == t as u32)
@@ -164,6 +176,13 @@ impl EngramType {
         let Some(f) = EngramType::from_u32(ty) else {
             bail!(ErrUnsupported, "unknown table format {ty}");
         };
+        if f == EngramType::Fp8E4m3E8m0Block {
+            bail!(
+                ErrUnsupported,
+                "{} is a weight format (wkv), not a table row format",
+                f.name()
+            );
+        }
         if f.is_fp8() && !width.is_multiple_of(FP8_SCALE_BLOCK) {
             bail!(
                 ErrUnsupported,
@@ -188,6 +207,7 @@ impl EngramType {
     pub fn block(self) -> Option<(usize, usize)> {
         match self {
             EngramType::Fp8E4m3E8m0 | EngramType::Fp8E4m3E8m0Split => None,
+            EngramType::Fp8E4m3E8m0Block => None,
             t => ggml_block(t as u32).filter(|&(v, _)| v > 1),
         }
     }
@@ -222,6 +242,8 @@ impl EngramType {
             EngramType::Fp8E4m3E8m0 | EngramType::Fp8E4m3E8m0Split => {
                 width + width / FP8_SCALE_BLOCK
             }
+            // The codes; the block scales are a separate array.
+            EngramType::Fp8E4m3E8m0Block => width,
             t => {
                 let (bl, bb) = ggml_block(t as u32).expect("every EngramType is in GGML_BLOCKS");
                 width / bl * bb
@@ -320,6 +342,7 @@ pub fn dequant_row_f32(
             let (codes, scales) = row.split_at(w);
             return fp8::row(codes, scales, out, |x| x, |x| x.is_finite());
         }
+        EngramType::Fp8E4m3E8m0Block => panic!("block-scaled fp8 has no rows of its own"),
         _ => {
             let (bl, bb) = fmt.block().expect("block format");
             for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(bl)) {
@@ -363,6 +386,7 @@ pub fn dequant_row_bf16(
             let (codes, scales) = row.split_at(w);
             return fp8_split_bf16(codes, scales, out);
         }
+        EngramType::Fp8E4m3E8m0Block => panic!("block-scaled fp8 has no rows of its own"),
         _ => {
             let (bl, bb) = fmt.block().expect("block format");
             let mut tmp = [0f32; 256];
@@ -455,6 +479,11 @@ mod tests {
     #[test]
     fn every_type_is_a_row_format_with_a_name() {
         for t in EngramType::ALL {
+            if t == EngramType::Fp8E4m3E8m0Block {
+                // A weight format only.
+                assert!(EngramType::row_format(t as u32, 256).is_err());
+                continue;
+            }
             let f = EngramType::row_format(t as u32, 256).unwrap();
             assert_eq!(f, t);
             assert_ne!(f.name(), "?");

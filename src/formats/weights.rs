@@ -1,7 +1,7 @@
 //! How a weight matrix (`wkv`, `q`, `k`) is held: dense f32 or bf16 values,
 //! or quantised rows in a ggml block format, read in place.
 
-use super::{bf16_to_f32, dequant_row_f32, EngramType};
+use super::{bf16_to_f32, dequant_row_f32, EngramType, Fp8Blocks};
 use crate::error::{bail, Result};
 
 /// A weight dtype (`wkv`, `q`, `k`) this build reads as dense values.
@@ -42,6 +42,9 @@ impl WeightDtype {
 pub enum WeightFormat {
     Dense(WeightDtype),
     Quant(EngramType),
+    /// `ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK`: one code byte a value here, the
+    /// block scales in a second array ([`Fp8Blocks`]).
+    Fp8Block,
 }
 
 impl WeightFormat {
@@ -70,9 +73,11 @@ impl WeightFormat {
                 })?;
                 Ok(WeightFormat::Quant(f))
             }
+            EngramType::Fp8E4m3E8m0Block => Ok(WeightFormat::Fp8Block),
             EngramType::Fp8E4m3E8m0 | EngramType::Fp8E4m3E8m0Split => bail!(
                 ErrUnsupported,
-                "{what} dtype {} ({ty}) is not supported (f32, bf16, f16, q8_0, q4_0 or q2_K..q6_K)",
+                "{what} dtype {} ({ty}) is not supported (f32, bf16, f16, q8_0, q4_0, q2_K..q6_K \
+                 or fp8_e4m3_e8m0_block)",
                 t.name()
             ),
         }
@@ -83,6 +88,7 @@ impl WeightFormat {
         let per_row = match self {
             WeightFormat::Dense(d) => d.size().checked_mul(row_len)?,
             WeightFormat::Quant(f) => f.row_bytes(row_len),
+            WeightFormat::Fp8Block => row_len,
         };
         rows.checked_mul(per_row)
     }
@@ -104,6 +110,9 @@ pub enum Weights<'a> {
         data: &'a [u8],
         row_len: usize,
     },
+    /// Block-scaled fp8 (the checkpoint's `wkv` as stored): e4m3 codes and
+    /// one e8m0 scale per block, read in place (see [`Fp8Blocks`]).
+    Fp8Block(Fp8Blocks<'a>),
 }
 
 impl<'a> Weights<'a> {
@@ -156,6 +165,7 @@ impl<'a> Weights<'a> {
                 let rb = format.row_bytes(*row_len);
                 data.len().checked_div(rb).map_or(0, |r| r * row_len)
             }
+            Weights::Fp8Block(b) => b.codes.len(),
         }
     }
 
@@ -171,6 +181,7 @@ impl<'a> Weights<'a> {
         match self {
             Weights::F32(v) => v[i],
             Weights::Bf16(v) => bf16_to_f32(v[i]),
+            Weights::Fp8Block(b) => b.value(i / b.k, i % b.k),
             Weights::Quant { .. } => {
                 let mut x = [0f32];
                 self.to_f32(i, &mut x);
@@ -199,6 +210,7 @@ impl<'a> Weights<'a> {
                 data,
                 row_len,
             } => quant_to_f32(format, data, row_len, start, out, self.len()),
+            Weights::Fp8Block(b) => b.to_f32(start, out),
         }
     }
 }

@@ -15,9 +15,9 @@
 //! (F8_E4M3 `[rows, Hd]`) and `.embed.scale` (F8_E8M0 `[rows, Hd/32]`): the
 //! table in the split fp8 format, read in place; `wkv.weight` (F8_E4M3
 //! `[(hc+1)*D, C*Hd]` with `wkv.scale` F8_E8M0, one scale per block of
-//! `quantization_config.weight_block_size`, or BF16/F32/F16): converted once
-//! at load to bf16 when it is fp8 (the context has no fp8 weight format; the
-//! conversion is exact); `q_weight` and `k_weight` (BF16 `[hc, D]`).
+//! `quantization_config.weight_block_size`, or BF16/F32/F16): an fp8 one is
+//! kept as stored (`ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK`, read in place by the
+//! kernels); `q_weight` and `k_weight` (BF16 `[hc, D]`).
 
 use crate::error::{bail, Error, Result};
 use crate::files;

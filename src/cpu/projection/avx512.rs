@@ -388,8 +388,154 @@ pub unsafe fn range_bf16(
     // SAFETY: the caller upholds this function's `# Safety` contract
     // (the CPU features it is compiled for, and the sizes it reads and writes).
     unsafe {
+        assert!(w.len() >= hi * k);
+        range_pairs(Bf16W { w: w.as_ptr(), k }, xs, n, k, lo, hi, out)
+    }
+}
+
+/// As [`range_bf16`] for block-scaled fp8 weights `w` (`Fp8E4m3E8m0Block`)
+/// converted in registers: the same values (exact in bf16 and f32, see
+/// `formats::fp8_block`) in the same order, so the same bits as
+/// [`range_bf16`] on the weights widened to bf16.
+///
+/// # Safety
+/// The CPU must have avx512f, avx512bw and f16c; `k` is a multiple of 32,
+/// `w.bc` a power of two of at least 32, `w.k == k`; `xs` and `out` as
+/// for [`range_bf16`], `w` has at least `hi` rows.
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+pub unsafe fn range_fp8(
+    xs: &[f32],
+    n: usize,
+    k: usize,
+    w: &crate::formats::Fp8Blocks<'_>,
+    lo: usize,
+    hi: usize,
+    out: &mut [f32],
+) -> crate::error::Result<()> {
+    // SAFETY: the caller upholds this function's `# Safety` contract
+    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    unsafe {
+        assert!(w.k == k && k.is_multiple_of(32) && w.bc.is_power_of_two() && w.bc >= 32);
+        assert!(w.rows() >= hi);
+        let src = Fp8W {
+            codes: w.codes.as_ptr(),
+            scales: w.scales.as_ptr(),
+            k,
+            br: w.br,
+            nbc: w.block_cols(),
+            shift: w.bc.trailing_zeros(),
+        };
+        range_pairs(src, xs, n, k, lo, hi, out)
+    }
+}
+
+/// How [`pairs`] reads a weight row: per chunk of 32 values, its 16 odd
+/// elements (`half == 0`) or its 16 even ones, as f32.
+trait PairW: Copy {
+    /// What a row tile keeps of row `o`.
+    type Row: Copy;
+    fn row(self, o: usize) -> Self::Row;
+    /// # Safety
+    /// avx512f, avx512bw, f16c; the chunk at `kk` lies in the row (a tail
+    /// past `k` only for formats that mask it).
+    unsafe fn half(row: Self::Row, kk: usize, k: usize, half: usize) -> __m512;
+}
+
+/// bf16 rows: a mask keeps the odd elements, a shift moves up the even ones.
+#[derive(Clone, Copy)]
+struct Bf16W {
+    w: *const u16,
+    k: usize,
+}
+
+impl PairW for Bf16W {
+    type Row = *const u16;
+    #[inline(always)]
+    fn row(self, o: usize) -> *const u16 {
+        self.w.wrapping_add(o * self.k)
+    }
+    #[inline(always)]
+    unsafe fn half(row: *const u16, kk: usize, k: usize, half: usize) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            // 32 bf16 as 16 words: element 2j in the low half, 2j+1 in the high.
+            let v = if kk + 32 <= k {
+                _mm512_loadu_si512(row.add(kk) as *const _)
+            } else {
+                let m: __mmask32 = ((1u64 << (k - kk)) - 1) as u32;
+                _mm512_maskz_loadu_epi16(m, row.add(kk) as *const i16)
+            };
+            if half == 0 {
+                _mm512_castsi512_ps(_mm512_and_si512(
+                    v,
+                    _mm512_set1_epi32(0xFFFF_0000u32 as i32),
+                ))
+            } else {
+                _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+            }
+        }
+    }
+}
+
+/// Block-scaled fp8 rows, converted as the AVX2 kernel's `Fp8` source does:
+/// the codes as f16 bit patterns (the value times `2^-8`), widened by F16C,
+/// times `2^8` and the block's scale (exact).
+#[derive(Clone, Copy)]
+struct Fp8W {
+    codes: *const u8,
+    scales: *const u8,
+    k: usize,
+    br: usize,
+    nbc: usize,
+    shift: u32,
+}
+
+impl PairW for Fp8W {
+    /// The row's codes and its blocks' scales, and the block shift.
+    type Row = (*const u8, *const u8, u32);
+    #[inline(always)]
+    fn row(self, o: usize) -> Self::Row {
+        (
+            self.codes.wrapping_add(o * self.k),
+            self.scales.wrapping_add((o / self.br) * self.nbc),
+            self.shift,
+        )
+    }
+    #[inline(always)]
+    unsafe fn half(row: Self::Row, kk: usize, _k: usize, half: usize) -> __m512 {
+        // SAFETY: the caller's contract: `kk + 32 <= k`, the row and its
+        // scale row are in the matrix.
+        unsafe {
+            let (codes, srow, shift) = row;
+            // 16-bit lane j: code 2j in the low byte, 2j + 1 in the high.
+            let x = _mm256_loadu_si256(codes.add(kk) as *const __m256i);
+            let m = _mm256_set1_epi16(0xBF80u16 as i16);
+            let h = if half == 0 {
+                _mm256_and_si256(_mm256_srai_epi16(x, 1), m)
+            } else {
+                _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(x, 8), 1), m)
+            };
+            let s = _mm512_set1_ps(super::e8m0_scale(*srow.add(kk >> shift)));
+            _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0)), s)
+        }
+    }
+}
+
+/// [`range_bf16`]'s loops over any [`PairW`] weights.
+#[inline(always)]
+unsafe fn range_pairs<W: PairW>(
+    w: W,
+    xs: &[f32],
+    n: usize,
+    k: usize,
+    lo: usize,
+    hi: usize,
+    out: &mut [f32],
+) -> crate::error::Result<()> {
+    // SAFETY: the callers' contracts (`range_bf16`, `range_fp8`).
+    unsafe {
         let chunks = k.div_ceil(32);
-        assert!(w.len() >= hi * k && xs.len() == n * chunks * 32 && out.len() == (hi - lo) * n);
+        assert!(xs.len() == n * chunks * 32 && out.len() == (hi - lo) * n);
         // Accumulators of one row tile against one token block: [row][token][16].
         let mut accs = crate::batch::try_vec(RB * TB, _mm512_setzero_ps(), "accumulators")?;
         let mut tb = 0;
@@ -401,9 +547,9 @@ pub unsafe fn range_bf16(
                 for a in accs.iter_mut() {
                     *a = _mm512_setzero_ps();
                 }
-                let mut wp = [w.as_ptr(); RB];
+                let mut wp = [w.row(o); RB];
                 for (i, p) in wp.iter_mut().enumerate().take(r) {
-                    *p = w.as_ptr().add((o + i) * k);
+                    *p = w.row(o + i);
                 }
                 let mut c0 = 0;
                 while c0 < chunks {
@@ -419,10 +565,10 @@ pub unsafe fn range_bf16(
                         macro_rules! tile {
                             ($($rr:literal);*) => {
                                 match (r, tt) {
-                                    $(($rr, 4) => pairs::<$rr, 4>(&wp, &xp, k, c0, c1, acc),
-                                      ($rr, 3) => pairs::<$rr, 3>(&wp, &xp, k, c0, c1, acc),
-                                      ($rr, 2) => pairs::<$rr, 2>(&wp, &xp, k, c0, c1, acc),
-                                      ($rr, 1) => pairs::<$rr, 1>(&wp, &xp, k, c0, c1, acc),)*
+                                    $(($rr, 4) => pairs::<W, $rr, 4>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 3) => pairs::<W, $rr, 3>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 2) => pairs::<W, $rr, 2>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 1) => pairs::<W, $rr, 1>(&wp, &xp, k, c0, c1, acc),)*
                                     _ => unreachable!("tiles are at most {RB} x {T}"),
                                 }
                             };
@@ -446,13 +592,12 @@ pub unsafe fn range_bf16(
     }
 }
 
-/// Chunks `c0..c1` of an `RR x TT` tile of bf16-weight dot products (see
+/// Chunks `c0..c1` of an `RR x TT` tile of dot products (see
 /// [`range_bf16`]); the accumulators live at `acc` as `[TT][RB]`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
+#[inline(always)]
 #[allow(clippy::needless_range_loop)] // register tiles indexed as in the math
-unsafe fn pairs<const RR: usize, const TT: usize>(
-    wp: &[*const u16; RB],
+unsafe fn pairs<W: PairW, const RR: usize, const TT: usize>(
+    wp: &[W::Row; RB],
     xp: &[*const f32; T],
     k: usize,
     c0: usize,
@@ -462,7 +607,6 @@ unsafe fn pairs<const RR: usize, const TT: usize>(
     // SAFETY: the caller upholds this function's `# Safety` contract
     // (the CPU features it is compiled for, and the sizes it reads and writes).
     unsafe {
-        let hi_mask = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
         let mut a = [[_mm512_setzero_ps(); TT]; RR];
         for i in 0..RR {
             for j in 0..TT {
@@ -481,18 +625,7 @@ unsafe fn pairs<const RR: usize, const TT: usize>(
                     x[j] = _mm512_loadu_ps(xp[j].add((c - c0) * 32 + 16 * half));
                 }
                 for i in 0..RR {
-                    // 32 bf16 as 16 words: element 2j in the low half, 2j+1 in the high.
-                    let v = if kk + 32 <= k {
-                        _mm512_loadu_si512(wp[i].add(kk) as *const _)
-                    } else {
-                        let m: __mmask32 = ((1u64 << (k - kk)) - 1) as u32;
-                        _mm512_maskz_loadu_epi16(m, wp[i].add(kk) as *const i16)
-                    };
-                    let wv = if half == 0 {
-                        _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask))
-                    } else {
-                        _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
-                    };
+                    let wv = W::half(wp[i], kk, k, half);
                     for j in 0..TT {
                         a[i][j] = _mm512_fmadd_ps(wv, x[j], a[i][j]);
                     }

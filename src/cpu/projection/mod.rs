@@ -19,6 +19,13 @@
 //!
 //! No packed copy of `wkv` is kept: the GEMM packs 16 rows at a time into a
 //! per-task panel (`V * K` floats, 393 KB at the V4.1 geometry) during the call.
+//!
+//! The checkpoint's block-scaled fp8 `wkv` (`Weights::Fp8Block`) is read in
+//! place by every kernel: its values are exact in bf16 (`set_layer` refuses
+//! any other), and each kernel converts codes and scales in registers (AVX2,
+//! AVX-512) or into a row buffer (portable) and keeps its bf16 order, so
+//! `kv` is bit-identical to the bf16 path on the widened weights
+//! (`tests/fp8_wkv.rs`; docs/fp8-wkv.md).
 
 use crate::batch::try_vec;
 use crate::error::Result;
@@ -276,7 +283,7 @@ impl Projection {
         w: Weights<'_>,
         kvt: &mut [f32],
     ) -> Result<()> {
-        use avx2::{Bf16, CH, F32, NR, Q2K, Q4K, Q4_0, Q8_0};
+        use avx2::{Bf16, Fp8, CH, F32, MR, NR, Q2K, Q4K, Q4_0, Q8_0};
         let kp = k.div_ceil(CH) * CH;
         let mut xs = try_vec(n * kp, 0f32, "the token rows")?;
         avx2::split_tokens(rows, n, k, &mut xs);
@@ -341,6 +348,33 @@ impl Projection {
                     out
                 )
             }
+            Weights::Fp8Block(b) if fast && b.bc.is_power_of_two() && b.bc >= CH && b.br >= MR => {
+                // Rows of one row of blocks at a time (one scale row each);
+                // a block holds whole chunks.
+                let shift = b.bc.trailing_zeros();
+                let mut a = lo;
+                while a < hi {
+                    let e = ((a / b.br + 1) * b.br).min(hi);
+                    let src = Fp8 {
+                        srow: b.scale_row(a).as_ptr(),
+                        shift,
+                    };
+                    let sub = &mut out[(a - lo) * n..(e - lo) * n];
+                    go!(
+                        dot_fp8,
+                        gemm_fp8,
+                        src,
+                        b.codes.as_ptr(),
+                        k,
+                        k / CH,
+                        a,
+                        e,
+                        sub
+                    )?;
+                    a = e;
+                }
+                Ok(())
+            }
             Weights::Quant {
                 format,
                 data,
@@ -393,7 +427,7 @@ impl Projection {
     ) -> Result<()> {
         // The bf16 kernel reads tokens as f32 split into odd and even elements
         // of each 32-value chunk; the others as plain f32 rows.
-        let xs = if matches!(w, Weights::Bf16(_)) {
+        let xs = if matches!(w, Weights::Bf16(_) | Weights::Fp8Block(_)) {
             pair_split(rows, n, k)?
         } else {
             let mut xs = try_vec(n * k, 0f32, "the token rows")?;
@@ -409,6 +443,28 @@ impl Projection {
                     // SAFETY: `Kernel::Avx512` is only selected when the CPU
                     // has avx512f and avx512bw; sizes are asserted by `run`.
                     unsafe { avx512::range_bf16(&xs, n, k, wb, lo, hi, out)? }
+                }
+                Weights::Fp8Block(b)
+                    if k.is_multiple_of(32) && b.bc.is_power_of_two() && b.bc >= 32 && fused_ok =>
+                {
+                    // Converted in registers, in the bf16 kernel's order.
+                    // SAFETY: avx512f, avx512bw (`Kernel::Avx512`) and f16c
+                    // (`fused_ok`); the shape conditions of the guard.
+                    unsafe { avx512::range_fp8(&xs, n, k, &b, lo, hi, out)? }
+                }
+                Weights::Fp8Block(b) => {
+                    // Other shapes: this task's rows widened to bf16 (exact),
+                    // then the bf16 kernel (the same order, so the same bits).
+                    let mut wb = try_vec((hi - lo) * k, 0u16, "the widened weight rows")?;
+                    let mut row = try_vec(k, 0f32, "a weight row")?;
+                    for (r, o) in wb.chunks_exact_mut(k).enumerate() {
+                        b.to_f32((lo + r) * k, &mut row);
+                        for (o, &v) in o.iter_mut().zip(&row) {
+                            *o = (v.to_bits() >> 16) as u16;
+                        }
+                    }
+                    // SAFETY: as the bf16 arm; `wb` holds rows 0..hi-lo.
+                    unsafe { avx512::range_bf16(&xs, n, k, &wb, 0, hi - lo, out)? }
                 }
                 Weights::Quant {
                     format: f @ (EngramType::Q8_0 | EngramType::Q2_K),
@@ -503,6 +559,17 @@ fn pair_offset(n: usize, chunks: usize, t: usize, c: usize) -> usize {
     let (b, within) = (c / KBC, c % KBC);
     let in_block = KBC.min(chunks - b * KBC);
     (b * KBC * n + t * in_block + within) * 32
+}
+
+/// An e8m0 scale code (not the NaN code 255: `set_layer` refuses it) as
+/// f32, for the kernels that convert block-scaled fp8 in registers.
+#[inline(always)]
+pub(crate) fn e8m0_scale(c: u8) -> f32 {
+    f32::from_bits(if c == 0 {
+        0x0040_0000
+    } else {
+        (c as u32) << 23
+    })
 }
 
 /// Round an f32 sum to bf16, held as f32.

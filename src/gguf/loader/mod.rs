@@ -17,9 +17,10 @@
 //!
 //! In both modes a weight the context has no format for is converted once at
 //! load into owned memory: f16 `wkv`/`q`/`k` (ds4) to bf16 where every value
-//! is exact in bf16, else to f32; the checkpoint's fp8 `wkv` with 32x32 block
-//! scales to bf16 (exact). Owned bytes are reported by
-//! [`LoadedModel::owned_bytes`].
+//! is exact in bf16, else to f32. The checkpoint's fp8 `wkv` is kept as
+//! stored (e4m3 codes and e8m0 block scales, `Fp8E4m3E8m0Block`: read in
+//! place when mapped, else read into owned memory, 1 byte a weight). Owned
+//! bytes are reported by [`LoadedModel::owned_bytes`].
 //!
 //! Tables that live outside the GGUF file (deepstrix's `table_shards`, the
 //! "ds4gw" shard path and offsets) are looked for under
@@ -105,6 +106,9 @@ struct LoadedWeight {
     data: WeightData,
     /// `EngramType` number of the data.
     ty: u32,
+    /// A block-scaled fp8 weight's scales and block shape (read like the
+    /// codes: in place when mapped, else into owned memory).
+    scales: Option<(WeightData, (usize, usize))>,
 }
 
 struct LoadedLayer {
@@ -472,24 +476,10 @@ impl LoadedModel {
                     Some(EngramType::Bf16) => 2,
                     _ => 1,
                 };
-                // In place when mapped and aligned for its element type.
-                if self.mmap || self.file(b.file).is_none() {
-                    if let Some(s) = self.in_place(b.file, b.offset, b.bytes) {
-                        if (s.as_ptr() as usize).is_multiple_of(align) {
-                            return Ok(LoadedWeight {
-                                data: WeightData::InPlace {
-                                    file: b.file,
-                                    offset: b.offset,
-                                    bytes: b.bytes,
-                                },
-                                ty: *ty,
-                            });
-                        }
-                    }
-                }
                 Ok(LoadedWeight {
-                    data: WeightData::Owned(self.read_blob(b)?),
+                    data: self.place(b, align)?,
                     ty: *ty,
+                    scales: None,
                 })
             }
             WeightSource::F16 => {
@@ -498,30 +488,35 @@ impl LoadedModel {
                 Ok(LoadedWeight {
                     data: WeightData::Owned(data),
                     ty,
+                    scales: None,
                 })
             }
-            WeightSource::Fp8Block { scale, block } => {
-                let codes = self.read_blob(b)?;
-                let scales = self.read_blob(scale)?;
-                let (rows, cols) = (
-                    b.dims.get(1).copied().unwrap_or(1) as usize,
-                    b.dims.first().copied().unwrap_or(1) as usize,
-                );
-                let data = convert_fp8_block(
-                    codes.as_slice(),
-                    scales.as_slice(),
-                    rows,
-                    cols,
-                    *block,
-                    &b.name,
-                    &scale.name,
-                )?;
-                Ok(LoadedWeight {
-                    data: WeightData::Owned(data),
-                    ty: EngramType::Bf16 as u32,
-                })
+            // The checkpoint's fp8 wkv as stored: codes and block scales,
+            // read in place by the kernels (its values are checked by
+            // `set_layer`).
+            WeightSource::Fp8Block { scale, block } => Ok(LoadedWeight {
+                data: self.place(b, 1)?,
+                ty: EngramType::Fp8E4m3E8m0Block as u32,
+                scales: Some((self.place(scale, 1)?, *block)),
+            }),
+        }
+    }
+
+    /// A blob as a weight reads it: in place when mapped (or in memory) and
+    /// aligned to `align`, else read into owned memory.
+    fn place(&self, b: &Blob, align: usize) -> Result<WeightData> {
+        if self.mmap || self.file(b.file).is_none() {
+            if let Some(s) = self.in_place(b.file, b.offset, b.bytes) {
+                if (s.as_ptr() as usize).is_multiple_of(align) {
+                    return Ok(WeightData::InPlace {
+                        file: b.file,
+                        offset: b.offset,
+                        bytes: b.bytes,
+                    });
+                }
             }
         }
+        Ok(WeightData::Owned(self.read_blob(b)?))
     }
 
     /// Host bytes the model owns beyond its files (weights read or
@@ -531,7 +526,9 @@ impl LoadedModel {
             .layers
             .iter()
             .flat_map(|l| [&l.wkv, &l.q, &l.k])
-            .map(|w| match &w.data {
+            .flat_map(|w| [Some(&w.data), w.scales.as_ref().map(|s| &s.0)])
+            .flatten()
+            .map(|d| match d {
                 WeightData::Owned(b) => b.capacity_bytes(),
                 WeightData::InPlace { .. } => 0,
             })
@@ -547,7 +544,11 @@ impl LoadedModel {
     }
 
     fn weight_region<'a>(&'a self, w: &'a LoadedWeight) -> Result<Region<'a>> {
-        Ok(match &w.data {
+        self.data_region(&w.data)
+    }
+
+    fn data_region<'a>(&'a self, d: &'a WeightData) -> Result<Region<'a>> {
+        Ok(match d {
             WeightData::Owned(b) => Region::of(b.as_slice()),
             WeightData::InPlace {
                 file,
@@ -636,6 +637,17 @@ impl LoadedModel {
                 },
                 wkv: self.weight_region(&w.wkv).map_err(at)?,
                 wkv_type: w.wkv.ty,
+                wkv_scales: match &w.wkv.scales {
+                    Some((d, _)) => Some(self.data_region(d).map_err(at)?),
+                    None => None,
+                },
+                wkv_block: w.wkv.scales.as_ref().map_or((0, 0), |&(_, (br, bc))| {
+                    // A side past u32 reads as 0: refused by set_layer.
+                    (
+                        u32::try_from(br).unwrap_or(0),
+                        u32::try_from(bc).unwrap_or(0),
+                    )
+                }),
                 q: self.weight_region(&w.q).map_err(at)?,
                 k: self.weight_region(&w.k).map_err(at)?,
                 qk_type: w.q.ty,
@@ -660,6 +672,29 @@ impl LoadedModel {
             *o = (w.ty, unsafe { self.weight_region(w)?.host() });
         }
         Ok(out)
+    }
+
+    /// Layer `li`'s `wkv` as the context reads it when it is quantised or
+    /// block-scaled fp8 (with its scales): for tools and tests.
+    pub fn layer_wkv(&self, li: usize) -> Result<crate::formats::Weights<'_>> {
+        use crate::formats::{Fp8Blocks, Weights};
+        let w = &self.layers[li].wkv;
+        let k = self.model.cols() * self.model.hd;
+        // SAFETY: regions made from host slices of this model.
+        let bytes = unsafe { self.weight_region(w)?.host() };
+        Ok(match (EngramType::from_u32(w.ty), &w.scales) {
+            (Some(EngramType::Fp8E4m3E8m0Block), Some((d, (br, bc)))) => {
+                // SAFETY: as above.
+                let sc = unsafe { self.data_region(d)?.host() };
+                Weights::Fp8Block(Fp8Blocks::new(bytes, sc, k, *br, *bc)?)
+            }
+            (Some(EngramType::F32), _) | (Some(EngramType::Bf16), _) => bail!(
+                ErrUnsupported,
+                "layer_wkv: a dense wkv is read with layer_weights"
+            ),
+            (Some(f), _) => Weights::quant(f, bytes, k)?,
+            (None, _) => bail!(ErrInternal, "unknown wkv type {}", w.ty),
+        })
     }
 
     /// Layer `li`'s table rows `ids`, as the context would gather them

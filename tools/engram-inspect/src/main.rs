@@ -265,7 +265,7 @@ fn weight(s: &engram::gguf::meta::WeightSource) -> String {
         WeightSource::F16 => "f16 (converted at load)".into(),
         WeightSource::Fp8Block { block, .. } => {
             format!(
-                "fp8 e4m3 with {}x{} e8m0 blocks (converted to bf16 at load)",
+                "fp8_e4m3_e8m0_block: e4m3 codes with one e8m0 scale per {}x{} block (read as stored)",
                 block.0, block.1
             )
         }

@@ -29,12 +29,13 @@
 //! Quantised weights enter both forms as their exact f32 values (`formats`:
 //! every product in a ggml dequantisation is exact, and `dl * q - ml` rounds
 //! once, as one `fmsub` does), so they give the bits of f32 weights holding
-//! the dequantised values.
+//! the dequantised values. The block-scaled fp8 `wkv` ([`Fp8`]) is exact in
+//! bf16 too, so it gives the bits of the bf16 path on the widened weights.
 
 use std::arch::x86_64::*;
 
 mod sources;
-pub use sources::{Bf16, Src, F32, Q2K, Q4K, Q4_0, Q8_0};
+pub use sources::{Bf16, Fp8, Src, F32, Q2K, Q4K, Q4_0, Q8_0};
 
 /// Lanes of a sum.
 pub(crate) const V: usize = 8;
@@ -461,3 +462,4 @@ entry!(dot_q8_0, gemm_q8_0, Q8_0);
 entry!(dot_q4_0, gemm_q4_0, Q4_0);
 entry!(dot_q2_k, gemm_q2_k, Q2K);
 entry!(dot_q4_k, gemm_q4_k, Q4K);
+entry!(dot_fp8, gemm_fp8, Fp8);

@@ -283,3 +283,48 @@ impl Src for Q4K {
         }
     }
 }
+
+/// The checkpoint's block-scaled fp8 (`Fp8E4m3E8m0Block`), rows of one
+/// row of blocks (`srow`: their scales; a block is `1 << shift` columns, a
+/// multiple of 16, so a chunk lies in one block). Each code becomes the f16
+/// bit pattern `s 0 eeee mmm 0000000` (two shifts and a mask on the byte
+/// pairs), whose value is the e4m3 value times `2^-8` exactly (e4m3
+/// subnormals land on f16 subnormals), widened by F16C (which reads f16
+/// subnormals whatever the MXCSR says), then multiplied by `2^8` and by the
+/// block's scale: both exact (see `formats::fp8_block`), so the weights are
+/// the very f32 values of the bf16 path on the widened matrix.
+#[derive(Clone, Copy)]
+pub struct Fp8 {
+    pub srow: *const u8,
+    pub shift: u32,
+}
+
+impl Src for Fp8 {
+    const UNIT: usize = 1;
+    type St = __m256;
+    #[inline(always)]
+    unsafe fn setup(self, _: *const u8, u: usize) -> __m256 {
+        // SAFETY: the chunk's block is in the scale row (the caller's contract).
+        unsafe {
+            _mm256_set1_ps(crate::cpu::projection::e8m0_scale(
+                *self.srow.add((u * CH) >> self.shift),
+            ))
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(self, s: &__m256, row: *const u8, u: usize, _: usize) -> (__m256, __m256) {
+        // SAFETY: the chunk lies inside the row (the caller's contract).
+        unsafe {
+            // 16-bit lane l: code 2l in the low byte, code 2l + 1 in the high.
+            let x = _mm_loadu_si128(row.add(u * CH) as *const __m128i);
+            let m = _mm_set1_epi16(0xBF80u16 as i16);
+            let odd = _mm_and_si128(_mm_srai_epi16(x, 1), m);
+            let even = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(x, 8), 1), m);
+            let k = _mm256_set1_ps(256.0);
+            (
+                _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(odd), k), *s),
+                _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(even), k), *s),
+            )
+        }
+    }
+}
