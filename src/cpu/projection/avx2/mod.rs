@@ -178,13 +178,7 @@ unsafe fn dot_range<S: Src>(
             }};
         }
         if n == 1 {
-            // One token: 8 rows a tile, so that 8 independent chains of FMAs
-            // hide the FMA's latency (each lane's sum is one chain, in order).
             let mut o = lo;
-            while o + 8 <= hi {
-                tile!(8, 1, o, 0);
-                o += 8;
-            }
             while o + 4 <= hi {
                 tile!(4, 1, o, 0);
                 o += 4;
