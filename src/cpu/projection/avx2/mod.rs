@@ -118,47 +118,19 @@ unsafe fn dot_tile<S: Src, const R: usize, const T: usize>(
             for r in 1..R {
                 st[r] = src.setup(rows[r], u);
             }
-            macro_rules! step {
-                ($j:expr) => {{
-                    let j = $j;
-                    let c = u * S::UNIT + j;
-                    let mut w = [(_mm256_setzero_ps(), _mm256_setzero_ps()); R];
+            for j in 0..S::UNIT {
+                let c = u * S::UNIT + j;
+                let mut w = [(_mm256_setzero_ps(), _mm256_setzero_ps()); R];
+                for r in 0..R {
+                    w[r] = src.chunk(&st[r], rows[r], u, j);
+                }
+                for t in 0..T {
+                    let xo = _mm256_loadu_ps(xs[t].add(c * CH));
+                    let xe = _mm256_loadu_ps(xs[t].add(c * CH + V));
                     for r in 0..R {
-                        w[r] = src.chunk(&st[r], rows[r], u, j);
+                        acc[r][t] = _mm256_fmadd_ps(w[r].0, xo, acc[r][t]);
+                        acc[r][t] = _mm256_fmadd_ps(w[r].1, xe, acc[r][t]);
                     }
-                    for t in 0..T {
-                        let xo = _mm256_loadu_ps(xs[t].add(c * CH));
-                        let xe = _mm256_loadu_ps(xs[t].add(c * CH + V));
-                        for r in 0..R {
-                            acc[r][t] = _mm256_fmadd_ps(w[r].0, xo, acc[r][t]);
-                            acc[r][t] = _mm256_fmadd_ps(w[r].1, xe, acc[r][t]);
-                        }
-                    }
-                }};
-            }
-            if S::UNIT == 16 {
-                // The K-quants' 16 chunks written out, so that each chunk's
-                // place in its block (masks, shifts, scale index) is a
-                // constant: as a loop, the compiler computed them per chunk.
-                step!(0);
-                step!(1);
-                step!(2);
-                step!(3);
-                step!(4);
-                step!(5);
-                step!(6);
-                step!(7);
-                step!(8);
-                step!(9);
-                step!(10);
-                step!(11);
-                step!(12);
-                step!(13);
-                step!(14);
-                step!(15);
-            } else {
-                for j in 0..S::UNIT {
-                    step!(j);
                 }
             }
         }
