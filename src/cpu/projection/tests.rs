@@ -316,8 +316,7 @@ fn quantised_decode_matches_f32_for_1_to_8_tokens_and_odd_sizes() {
             let data = random_blocks(f, n_out * f.row_bytes(k), 101 + i as u64);
             let mut deq = vec![0f32; n_out * k];
             for (o, r) in deq.chunks_mut(k).enumerate() {
-                dequant_row_f32(f, &data[o * f.row_bytes(k)..(o + 1) * f.row_bytes(k)], r)
-                    .unwrap();
+                dequant_row_f32(f, &data[o * f.row_bytes(k)..(o + 1) * f.row_bytes(k)], r).unwrap();
             }
             for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
                 let mut p = Projection::new(1).unwrap();
@@ -374,7 +373,11 @@ fn packed_k4_scales_unpack_as_the_reference() {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             // Cases 0..256 put every byte value in every position.
-            *b = if case < 256 { (case as u8).rotate_left(i as u32) } else { (z >> 56) as u8 };
+            *b = if case < 256 {
+                (case as u8).rotate_left(i as u32)
+            } else {
+                (z >> 56) as u8
+            };
         }
         let got = avx2::sources::unpack_scales_k4(&sc);
         for j in 0..8 {

@@ -279,9 +279,11 @@ impl Src for Q4K {
             let b = row.add(u * 144);
             let (d, dmin) = (f16x8(b), f16x8(b.add(2)));
             let sm = unpack_scales_k4(&*(b.add(4) as *const [u8; 12]));
-            let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sm.as_ptr() as *const _)));
+            let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                sm.as_ptr() as *const _
+            )));
             let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                sm.as_ptr().add(8) as *const _,
+                sm.as_ptr().add(8) as *const _
             )));
             // Sub-block sb's nibbles: odd elements at bit 16 + 4 (sb % 2),
             // even ones at bit 4 (sb % 2).
@@ -313,8 +315,16 @@ impl Src for Q4K {
             let even = _mm256_and_si256(v, _mm256_set1_epi32((0xFu32 << sh) as i32));
             let m1 = _mm256_broadcast_ss(&st.m1[sb]);
             (
-                _mm256_fmsub_ps(_mm256_broadcast_ss(&st.d_odd[sb]), _mm256_cvtepi32_ps(odd), m1),
-                _mm256_fmsub_ps(_mm256_broadcast_ss(&st.d_even[sb]), _mm256_cvtepi32_ps(even), m1),
+                _mm256_fmsub_ps(
+                    _mm256_broadcast_ss(&st.d_odd[sb]),
+                    _mm256_cvtepi32_ps(odd),
+                    m1,
+                ),
+                _mm256_fmsub_ps(
+                    _mm256_broadcast_ss(&st.d_even[sb]),
+                    _mm256_cvtepi32_ps(even),
+                    m1,
+                ),
             )
         }
     }
