@@ -677,9 +677,10 @@ fn bench_apply(threads: usize, main: bool) {
 
 /// Random `wkv` bytes of `layers` V4.1 layers in `ty`, each block's f16
 /// scales finite and small.
-fn wkv_bytes(ty: EngramType, layers: usize, rng: &mut Rng) -> Vec<u8> {
+/// `rows` rows of `K_IN` weights of format `ty`, random with finite scales.
+fn wkv_rows(ty: EngramType, rows: usize, rng: &mut Rng) -> Vec<u8> {
     let fmt = EngramType::row_format(ty as u32, K_IN).unwrap();
-    let mut data = vec![0u8; layers * fmt.row_bytes(K_IN) * K_OUT];
+    let mut data = vec![0u8; fmt.row_bytes(K_IN) * rows];
     let bb = fmt.block().map_or(2, |(_, bytes)| bytes);
     for (i, b) in data.iter_mut().enumerate() {
         *b = rng.next() as u8;
@@ -709,8 +710,10 @@ fn weights_of(ty: EngramType, layer: &[u8]) -> Weights<'_> {
 
 /// The projection alone (one V4.1 layer's wkv, bf16 and GGUF formats), for
 /// kernel work: `ENGRAM_BENCH_ONLY=projection` (`ENGRAM_BENCH_NS=1,8,...`,
-/// `ENGRAM_BENCH_FORMATS=bf16,q8_0,...`). Rates per CPU-second too: the
-/// machine is shared, and CPU time leaves out the time others took.
+/// `ENGRAM_BENCH_FORMATS=bf16,q8_0,...`, `ENGRAM_BENCH_ROWS=N`: output rows,
+/// default the layer's; a few hundred keep `wkv` in L2, which measures the
+/// kernel's decoding rate without the memory's). Rates per CPU-second too:
+/// the machine is shared, and CPU time leaves out the time others took.
 fn bench_projection(threads: usize) {
     let mut rng = Rng(3);
     let mut p = Projection::new(threads).unwrap();
@@ -721,6 +724,7 @@ fn bench_projection(threads: usize) {
         .map(|v| v.split(',').map(|x| x.parse().unwrap()).collect())
         .unwrap_or(vec![1, 8, 64, 512]);
     let formats = std::env::var("ENGRAM_BENCH_FORMATS").unwrap_or("bf16".into());
+    let rows: usize = std::env::var("ENGRAM_BENCH_ROWS").map_or(K_OUT, |v| v.parse().unwrap());
     for name in formats.split(',') {
         let ty = match name {
             "bf16" => EngramType::Bf16,
@@ -729,18 +733,18 @@ fn bench_projection(threads: usize) {
             "q2_K" => EngramType::Q2_K,
             _ => panic!("format {name}?"),
         };
-        let data = wkv_bytes(ty, 1, &mut rng);
+        let data = wkv_rows(ty, rows, &mut rng);
         let w = weights_of(ty, &data);
         for &n in &ns {
             let x: Vec<u16> = (0..n * K_IN).map(|_| f32_to_bf16(rng.f32())).collect();
-            let mut kv = vec![0f32; n * K_OUT];
+            let mut kv = vec![0f32; n * rows];
             let (mut calls, c0) = (0usize, cpu_seconds());
             let t = stats(3, 1.0, || {
                 calls += 1;
-                p.run(&x, n, K_IN, w, K_OUT, &mut kv).unwrap()
+                p.run(&x, n, K_IN, w, rows, &mut kv).unwrap()
             });
             let cpu = (cpu_seconds() - c0) / calls as f64;
-            let flop = 2.0 * (n * K_IN * K_OUT) as f64;
+            let flop = 2.0 * (n * K_IN * rows) as f64;
             println!(
                 "projection {name} {n} tokens: {} ms, {:.1} GFLOP/s, {:.2} GB/s of wkv; per CPU-second {:.1} GFLOP, {:.2} GB",
                 t.ms(),

@@ -96,7 +96,7 @@ fn q3_k(b: &[u8; 110], y: &mut [f32; 256]) {
 /// The packed 6-bit (scale, min) pair `j` of `q4_K` / `q5_K` (ggml's
 /// `get_scale_min_k4`).
 #[inline]
-fn scale_min_k4(sc: &[u8], j: usize) -> (u8, u8) {
+pub(crate) fn scale_min_k4(sc: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (sc[j] & 63, sc[j + 4] & 63)
     } else {

@@ -190,11 +190,17 @@ pub(crate) mod narrow {
         }
     }
 
-    /// Row ids of every window (as [`super::simd::windows`]) through [`columns`].
+    /// Row ids of every window (as [`super::simd::windows`]), with the
+    /// reduction of [`columns`] written out over each window's row: the
+    /// columns of a row are contiguous in the tables as in `out`, so one
+    /// running index walks both without slicing, and the `x as f64` of each
+    /// rolling hash starts from a zeroed register (no false dependency
+    /// chaining one look-back's conversion to the previous one's).
     ///
     /// # Safety
     /// As [`columns`]; `multipliers` is `[L*N]`, the column arrays `[L*C]` with
-    /// `C = (N-1)*H`, `H` a multiple of 4.
+    /// `C = (N-1)*H`, `H` a multiple of 4; `windows` is `[n, N]` and `out`
+    /// `[n, L*C]`.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn windows(
@@ -208,30 +214,52 @@ pub(crate) mod narrow {
         dead: i64,
         out: &mut [i64],
     ) {
-        // SAFETY: the contract above; the ranges are the tables' columns.
+        let cols = (nn - 1) * h;
+        let nl = multipliers.len() / nn;
+        let row = nl * cols;
+        assert!(h.is_multiple_of(4) && nn >= 2);
+        assert!(primes.len() == row && inv.len() == row && offsets.len() == row);
+        assert!(windows.len() / nn * row == out.len());
+        // SAFETY: the contract above and the lengths asserted here: column
+        // `c` runs over `0..row` in steps of 4 inside each window's row of
+        // `out` and inside the tables; `m` over the `L*N` multipliers.
         unsafe {
-            let cols = (nn - 1) * h;
-            let nl = multipliers.len() / nn;
-            let row = nl * cols;
+            let (pp, ip, op) = (primes.as_ptr(), inv.as_ptr(), offsets.as_ptr());
+            let magic = _mm256_set1_pd(MAGIC);
+            let zero = _mm256_setzero_si256();
             for (w, o) in windows.chunks_exact(nn).zip(out.chunks_exact_mut(row)) {
                 if w[0] == -1 {
                     o.fill(dead);
                     continue;
                 }
-                for l in 0..nl {
-                    let m = &multipliers[l * nn..(l + 1) * nn];
-                    let mut rolling = w[0].wrapping_mul(m[0]);
-                    for k in 1..nn {
-                        rolling ^= w[k].wrapping_mul(m[k]);
-                        let c = l * cols + (k - 1) * h..l * cols + k * h;
-                        columns(
-                            rolling,
-                            &primes[c.clone()],
-                            &inv[c.clone()],
-                            &offsets[c.clone()],
-                            &mut o[c],
-                        );
+                let dst = o.as_mut_ptr();
+                let mut c = 0usize;
+                let mut m = multipliers.as_ptr();
+                for _ in 0..nl {
+                    let mut rolling = w[0].wrapping_mul(*m);
+                    for &wk in &w[1..] {
+                        m = m.add(1);
+                        rolling ^= wk.wrapping_mul(*m);
+                        let xf = _mm256_broadcastsd_pd(_mm_cvtsi64_sd(_mm_setzero_pd(), rolling));
+                        let x = _mm256_set1_epi64x(rolling);
+                        let end = c + h;
+                        while c < end {
+                            let p = _mm256_loadu_si256(pp.add(c) as *const _);
+                            let iv = _mm256_loadu_pd(ip.add(c));
+                            let q = _mm256_castpd_si256(_mm256_fmadd_pd(xf, iv, magic));
+                            let r = _mm256_sub_epi32(x, _mm256_mul_epu32(q, p));
+                            // As in `columns`: the unsigned minimum is the
+                            // Euclidean remainder.
+                            let r = _mm256_min_epu32(r, _mm256_add_epi32(r, p));
+                            let off = _mm256_loadu_si256(op.add(c) as *const _);
+                            _mm256_storeu_si256(
+                                dst.add(c) as *mut _,
+                                _mm256_add_epi64(_mm256_blend_epi32::<0b1010_1010>(r, zero), off),
+                            );
+                            c += 4;
+                        }
                     }
+                    m = m.add(1);
                 }
             }
         }

@@ -298,3 +298,91 @@ fn kernels_agree_with_f64_on_all_tile_shapes() {
         }
     }
 }
+
+/// Decode-sized batches (1 to 8 tokens) and odd output counts (the dot
+/// products' row tiles of 4, 2 and 1, and their remainders), over 3 blocks of
+/// 256 values a row: each kernel gives quantised weights the bits of f32
+/// weights holding their dequantised values, and stays within the f64 bound
+/// of `kernels_agree_with_f64_on_all_tile_shapes` of the exact sum (as the
+/// portable kernel does).
+#[test]
+fn quantised_decode_matches_f32_for_1_to_8_tokens_and_odd_sizes() {
+    use crate::formats::dequant_row_f32;
+    let k = 768usize;
+    let (rows, _) = data(8, k, 1);
+    for (i, ty) in QUANT.iter().enumerate() {
+        let f = EngramType::row_format(*ty as u32, k).unwrap();
+        for n_out in [1usize, 3, 5, 6, 9, 67] {
+            let data = random_blocks(f, n_out * f.row_bytes(k), 101 + i as u64);
+            let mut deq = vec![0f32; n_out * k];
+            for (o, r) in deq.chunks_mut(k).enumerate() {
+                dequant_row_f32(f, &data[o * f.row_bytes(k)..(o + 1) * f.row_bytes(k)], r).unwrap();
+            }
+            for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
+                let mut p = Projection::new(1).unwrap();
+                p.set_kernel(kernel);
+                p.set_raw_sums(true);
+                for n in 1..=8usize {
+                    let x = &rows[..n * k];
+                    let mut a = vec![0f32; n * n_out];
+                    let mut b = a.clone();
+                    let w = Weights::quant(f, &data, k).unwrap();
+                    p.run(x, n, k, w, n_out, &mut a).unwrap();
+                    p.run(x, n, k, Weights::F32(&deq), n_out, &mut b).unwrap();
+                    let name = f.name();
+                    for (j, (ga, gb)) in a.iter().zip(&b).enumerate() {
+                        assert_eq!(
+                            ga.to_bits(),
+                            gb.to_bits(),
+                            "{name} {kernel:?} n {n} n_out {n_out} output {j}"
+                        );
+                    }
+                    for t in 0..n {
+                        for o in 0..n_out {
+                            let (mut s, mut abs) = (0f64, 0f64);
+                            for e in 0..k {
+                                let v = bf16_to_f32(x[t * k + e]) as f64 * deq[o * k + e] as f64;
+                                s += v;
+                                abs += v.abs();
+                            }
+                            let got = a[t * n_out + o] as f64;
+                            let bound = (k as f64 + 2.0) * abs / (1u64 << 24) as f64;
+                            assert!(
+                                (got - s).abs() <= bound,
+                                "{name} {kernel:?} n {n} t {t} o {o}: {got} vs {s}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The AVX2 kernel's word-at-a-time unpacking of q4_K / q5_K's 6-bit scales
+/// and mins equals the reference one (`formats::ggml::scale_min_k4`) on
+/// every byte value in every position.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn packed_k4_scales_unpack_as_the_reference() {
+    let mut z = 7u64;
+    for case in 0..4096u32 {
+        let mut sc = [0u8; 12];
+        for (i, b) in sc.iter_mut().enumerate() {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // Cases 0..256 put every byte value in every position.
+            *b = if case < 256 {
+                (case as u8).rotate_left(i as u32)
+            } else {
+                (z >> 56) as u8
+            };
+        }
+        let got = avx2::sources::unpack_scales_k4(&sc);
+        for j in 0..8 {
+            let (s, m) = crate::formats::ggml::scale_min_k4(&sc, j);
+            assert_eq!((got[j], got[8 + j]), (s, m), "case {case} {sc:?} pair {j}");
+        }
+    }
+}

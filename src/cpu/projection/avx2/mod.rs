@@ -34,7 +34,7 @@
 
 use std::arch::x86_64::*;
 
-mod sources;
+pub(crate) mod sources;
 pub use sources::{Bf16, Fp8, Src, F32, Q2K, Q4K, Q4_0, Q8_0};
 
 /// Lanes of a sum.

@@ -163,8 +163,8 @@ impl Src for Q4_0 {
 /// `block_q2_K` (84 bytes, 256 values, 16 groups of 16: one chunk a group).
 /// The unit's 16 `d * sc` and `dmin * m` are formed once; each group's four
 /// possible values `dl * q - ml` (q = 0..3) are one `fmsub`, and its 16
-/// weights two table look-ups (`vpermps` reads the low 3 bits of each index:
-/// the table repeats, so the bit above the 2-bit field does not matter).
+/// weights two table look-ups within each 128-bit half (`vpermilps` reads the
+/// low 2 bits of each index, the 2-bit field; the table is in both halves).
 #[derive(Clone, Copy)]
 pub struct Q2K;
 
@@ -214,23 +214,59 @@ impl Src for Q2K {
             let v = pairs16(b.add(16 + 32 * (g / 8) + 16 * (g % 2)));
             let sh = (2 * ((g % 8) / 2)) as i32;
             (
-                _mm256_permutevar8x32_ps(table, _mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + sh))),
-                _mm256_permutevar8x32_ps(table, _mm256_srl_epi32(v, _mm_cvtsi32_si128(sh))),
+                _mm256_permutevar_ps(table, _mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + sh))),
+                _mm256_permutevar_ps(table, _mm256_srl_epi32(v, _mm_cvtsi32_si128(sh))),
             )
         }
     }
 }
 
 /// `block_q4_K` (144 bytes, 256 values, 8 sub-blocks of 32 with 6-bit scales
-/// and mins): `(d * sc) * q - dmin * m`; the unit's 8 scale pairs are formed
-/// once, chunk `j` is half of sub-block `j / 2`.
+/// and mins): `(d * sc) * q - dmin * m`; chunk `j` is half of sub-block
+/// `j / 2`.
+///
+/// The nibbles are not shifted down: a mask leaves `q << s` (`s` = 0, 4, 16
+/// or 20 by the nibble's place in its dword), converted exactly, and the
+/// `fmsub` takes `(d * sc) * 2^-s` instead of `d * sc`. Both products are
+/// exact (`d * sc` has at most 17 significant bits, `q` 4, and `2^-s` keeps
+/// every f16 scale a normal f32), so `fmsub` rounds the same value once, as
+/// the reference does. The unit's 8 scale pairs are unpacked with 32-bit
+/// masks and converted 8 at a time.
 #[derive(Clone, Copy)]
 pub struct Q4K;
 
 #[derive(Clone, Copy)]
 pub struct Q4KSt {
-    d1: [f32; 8],
+    /// `d * sc * 2^-s` for the odd (high-word) elements of sub-block `sb`.
+    d_odd: [f32; 8],
+    /// The same for the even (low-word) elements.
+    d_even: [f32; 8],
     m1: [f32; 8],
+}
+
+/// The 8 six-bit scales (bytes 0..8) and mins (bytes 8..16) of a q4_K / q5_K
+/// block's 12 packed scale bytes, unpacked a 32-bit word at a time (the
+/// layout `formats::ggml::scale_min_k4` reads one at a time).
+#[inline(always)]
+pub(crate) fn unpack_scales_k4(sc: &[u8; 12]) -> [u8; 16] {
+    let w = |i: usize| u32::from_le_bytes([sc[4 * i], sc[4 * i + 1], sc[4 * i + 2], sc[4 * i + 3]]);
+    let (w0, w1, w2) = (w(0), w(1), w(2));
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    // Scales 0..4: low 6 bits of bytes 0..4; 4..8: low nibbles of bytes
+    // 8..12 with the top 2 bits of bytes 0..4 above them. Mins likewise from
+    // bytes 4..8 and the high nibbles of bytes 8..12.
+    let s_lo = w0 & LOW6;
+    let s_hi = (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4);
+    let m_lo = w1 & LOW6;
+    let m_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
+    let mut out = [0u8; 16];
+    out[0..4].copy_from_slice(&s_lo.to_le_bytes());
+    out[4..8].copy_from_slice(&s_hi.to_le_bytes());
+    out[8..12].copy_from_slice(&m_lo.to_le_bytes());
+    out[12..16].copy_from_slice(&m_hi.to_le_bytes());
+    out
 }
 
 impl Src for Q4K {
@@ -241,24 +277,30 @@ impl Src for Q4K {
         // SAFETY: block `u` lies inside the row.
         unsafe {
             let b = row.add(u * 144);
-            let (d, dmin) = (f16(b), f16(b.add(2)));
-            let sc = std::slice::from_raw_parts(b.add(4), 12);
+            let (d, dmin) = (f16x8(b), f16x8(b.add(2)));
+            let sm = unpack_scales_k4(&*(b.add(4) as *const [u8; 12]));
+            let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                sm.as_ptr() as *const _
+            )));
+            let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                sm.as_ptr().add(8) as *const _
+            )));
+            // Sub-block sb's nibbles: odd elements at bit 16 + 4 (sb % 2),
+            // even ones at bit 4 (sb % 2).
+            const P16: f32 = 1.0 / 65536.0;
+            const P20: f32 = 1.0 / 1_048_576.0;
+            const P4: f32 = 1.0 / 16.0;
+            let d1 = _mm256_mul_ps(d, sc);
             let mut st = Q4KSt {
-                d1: [0.0; 8],
+                d_odd: [0.0; 8],
+                d_even: [0.0; 8],
                 m1: [0.0; 8],
             };
-            for j in 0..8 {
-                let (s, m) = if j < 4 {
-                    (sc[j] & 63, sc[j + 4] & 63)
-                } else {
-                    (
-                        (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4),
-                        (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4),
-                    )
-                };
-                st.d1[j] = d * s as f32;
-                st.m1[j] = dmin * m as f32;
-            }
+            let po = _mm256_setr_ps(P16, P20, P16, P20, P16, P20, P16, P20);
+            let pe = _mm256_setr_ps(1.0, P4, 1.0, P4, 1.0, P4, 1.0, P4);
+            _mm256_storeu_ps(st.d_odd.as_mut_ptr(), _mm256_mul_ps(d1, po));
+            _mm256_storeu_ps(st.d_even.as_mut_ptr(), _mm256_mul_ps(d1, pe));
+            _mm256_storeu_ps(st.m1.as_mut_ptr(), _mm256_mul_ps(dmin, mn));
             st
         }
     }
@@ -268,17 +310,21 @@ impl Src for Q4K {
         unsafe {
             let sb = j / 2;
             let v = pairs16(row.add(u * 144 + 16 + 32 * (sb / 2) + 16 * (j % 2)));
-            let sh = (4 * (sb % 2)) as i32;
-            let m = _mm256_set1_epi32(15);
-            let odd = _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + sh)), m);
-            let even = _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(sh)), m);
-            let (d1, m1) = (
-                _mm256_broadcast_ss(&st.d1[sb]),
-                _mm256_broadcast_ss(&st.m1[sb]),
-            );
+            let sh = 4 * (sb % 2) as u32;
+            let odd = _mm256_and_si256(v, _mm256_set1_epi32((0xF_0000u32 << sh) as i32));
+            let even = _mm256_and_si256(v, _mm256_set1_epi32((0xFu32 << sh) as i32));
+            let m1 = _mm256_broadcast_ss(&st.m1[sb]);
             (
-                _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(odd), m1),
-                _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(even), m1),
+                _mm256_fmsub_ps(
+                    _mm256_broadcast_ss(&st.d_odd[sb]),
+                    _mm256_cvtepi32_ps(odd),
+                    m1,
+                ),
+                _mm256_fmsub_ps(
+                    _mm256_broadcast_ss(&st.d_even[sb]),
+                    _mm256_cvtepi32_ps(even),
+                    m1,
+                ),
             )
         }
     }
