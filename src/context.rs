@@ -7,7 +7,7 @@
 use crate::backend::Backend;
 use crate::batch::{check_layer, layer_index, live_ids, Geometry, Limits, Shape};
 use crate::call::{
-    ApplyIn, BackendInfo, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds, Stream,
+    ApplyIn, BackendInfo, DeviceHashIn, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds, Stream,
 };
 use crate::cpu::{CpuBackend, CpuTuning};
 use crate::cuda::{CudaBackend, CudaTuning};
@@ -56,6 +56,9 @@ pub struct Context<'w> {
     /// by `set_layer`: a layer is never replaced under a call that uses it.
     layers: RwLock<Vec<Option<LayerInfo>>>,
     backend: Box<dyn Backend<'w> + 'w>,
+    /// The history is on the device (`with_device_history`): the host hash
+    /// and its sequence operations are refused.
+    device_history: bool,
 }
 
 /// The backend `kind` for a context of `shape`.
@@ -104,7 +107,49 @@ impl<'w> Context<'w> {
             layers: RwLock::new(try_vec_with(shape.n_layers, || None, "engram layers")?),
             tables,
             backend,
+            device_history: false,
         })
+    }
+
+    /// Keep this context's history on the device instead of the host,
+    /// `ring_len` positions per sequence (docs/device-hash.md): the CUDA
+    /// backend only, chosen at create (before any call).
+    pub fn with_device_history(mut self, ring_len: usize) -> Result<Context<'w>> {
+        self.backend
+            .enable_device_hash(&self.tables, self.limits, ring_len)?;
+        self.device_history = true;
+        Ok(self)
+    }
+
+    /// Whether the history is on the device.
+    pub fn has_device_history(&self) -> bool {
+        self.device_history
+    }
+
+    fn host_history_only(&self, what: &str) -> Result<()> {
+        if self.device_history {
+            bail!(
+                ErrUnsupported,
+                "{what}: this context's history is on the device (device_history > 0); use \
+                 engram_hash_device, engram_seq_copy_device and engram_seq_drop_device"
+            );
+        }
+        Ok(())
+    }
+
+    /// Queue the hash of a batch in device memory (see `engram_hash_device`).
+    pub fn hash_device(&self, call: &DeviceHashIn) -> Result<()> {
+        self.backend.hash_device(call)
+    }
+
+    /// Queue a fork of the device history: `dst` becomes a copy of `src`.
+    pub fn seq_copy_device(&self, src: i32, dst: i32, stream: Stream) -> Result<()> {
+        self.backend.seq_copy_device(Some(src), dst, stream)
+    }
+
+    /// Queue the drop of `seq`'s device history.
+    pub fn seq_drop_device(&self, seq: i32, stream: Stream) -> Result<()> {
+        self.backend.seq_copy_device(None, seq, stream)
     }
 
     pub fn geometry(&self) -> Geometry {
@@ -161,14 +206,17 @@ impl<'w> Context<'w> {
         pos: &[i32],
         out: &mut [i64],
     ) -> Result<()> {
+        self.host_history_only("engram_hash")?;
         self.history().hash(&self.tables, tokens, seq_ids, pos, out)
     }
 
     pub fn seq_copy(&self, src: i32, dst: i32) -> Result<()> {
+        self.host_history_only("engram_seq_copy")?;
         self.history().copy(src, dst)
     }
 
     pub fn seq_drop(&self, seq: i32) -> Result<()> {
+        self.host_history_only("engram_seq_drop")?;
         self.history().drop_seq(seq)
     }
 

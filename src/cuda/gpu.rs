@@ -80,10 +80,16 @@ pub enum Kernel {
     GemvQ(crate::formats::EngramType),
     /// `engram_dequant_bf16`: rows of a quantised `wkv` to bf16 (a GEMM tile).
     Dequant,
+    /// The device hash (`kernels/hash.cu`): the run check, the ids, the
+    /// commit to the ring, and fork/drop of a ring.
+    HashRuns,
+    HashIds,
+    HashCommit,
+    HashSeqCopy,
 }
 
 /// Every kernel's name, in [`Kernel::index`] order.
-pub const KERNEL_NAMES: [&str; 23] = [
+pub const KERNEL_NAMES: [&str; 27] = [
     "engram_gather",
     "engram_gate_f32_bf16",
     "engram_gate_f32_f32",
@@ -107,6 +113,10 @@ pub const KERNEL_NAMES: [&str; 23] = [
     "engram_gemv_q_q6_k",
     "engram_dequant_bf16",
     "engram_gather_split",
+    "engram_hash_runs",
+    "engram_hash_ids",
+    "engram_hash_commit",
+    "engram_hash_seq_copy",
 ];
 
 /// The `wkv` formats of [`Kernel::GemvQ`], in [`KERNEL_NAMES`] order.
@@ -137,6 +147,12 @@ impl Kernel {
         v.extend(GEMV_Q_FORMATS.map(Kernel::GemvQ));
         v.push(Kernel::Dequant);
         v.push(Kernel::GatherSplit);
+        v.extend([
+            Kernel::HashRuns,
+            Kernel::HashIds,
+            Kernel::HashCommit,
+            Kernel::HashSeqCopy,
+        ]);
         v
     }
 
@@ -159,6 +175,10 @@ impl Kernel {
             }
             Kernel::Dequant => 5 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::GatherSplit => 6 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashRuns => 7 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashIds => 8 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashCommit => 9 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashSeqCopy => 10 + GEMV_MAX + GEMV_Q_FORMATS.len(),
         }
     }
 
