@@ -25,6 +25,12 @@
 #                I/O errors
 #   gpu-split    tests/fp8_split.rs: a device table whose fp8 codes and scales
 #                are two arrays (engram_gather_split) gives the CPU's bits
+#   device-hash  tests/device_hash.rs on the GPU (engram_hash_device against the
+#                host hash: golden regimes, V4.1 texts, dead tokens, many sequences,
+#                errors, random steps) and tests/cuda_golden.rs's capture of the
+#                device hash + the apply of both layers in one CUDA graph,
+#                replayed for 64 decode steps against the host path; SKIP
+#                without a driver
 #   c-cuda       c_tests/cuda/test_cuda_apply.c: the C ABI with the program's
 #                own stream and buffers; graph replay; host tables with
 #                engram_stage + graph replay; GGUF on CUDA (needs the toolkit)
@@ -136,6 +142,19 @@ step gpu-tests 150 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_golden" --test-threads=1 
 step gpu-formats 90 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_formats" --test-threads=1 --nocapture
 step host-tables 90 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_host_tables" --test-threads=1 --nocapture
 step gpu-split 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/fp8_split" --test-threads=1 --nocapture
+
+# The device hash (issue 18, docs/device-hash.md); SKIP where no driver loads.
+device_hash() {
+    python3 -c 'import ctypes; ctypes.CDLL("libcuda.so.1")' 2>/dev/null ||
+        { echo "no CUDA driver (libcuda.so.1) here"; exit 77; }
+    [ -x "$BIN/device_hash" ] || { echo "the bundle has no device_hash: rerun scripts/gpu-prebuild.sh"; return 1; }
+    ENGRAM_REQUIRE_GPU=1 "$BIN/device_hash" --test-threads=1 --nocapture || return 1
+    ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_golden" --exact a_captured_device_hash_and_apply_replays_64_decode_steps \
+        --nocapture | tee "$OUT/device-hash-graph.out" || return 1
+    grep -q "64 replays of the captured hash" "$OUT/device-hash-graph.out"
+}
+export -f device_hash
+step device-hash 90 device_hash
 
 toolkit() { # a compiler and the CUDA runtime's header and library, or exit 77
     [ -f "$CUDA_HOME/include/cuda_runtime_api.h" ] || { echo "no CUDA toolkit headers in $CUDA_HOME/include"; exit 77; }

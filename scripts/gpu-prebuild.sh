@@ -9,6 +9,7 @@
 #     cuda_host_tables  tests/cuda_host_tables.rs: host and file tables, staging
 #     fp8_split         tests/fp8_split.rs: fp8 codes and scales in two arrays
 #     cuda_nvrtc        tests/cuda_nvrtc.rs: every kernel compiles without a warning
+#     device_hash       tests/device_hash.rs: engram_hash_device against the host hash
 #     gpu_bench         benches/gpu.rs
 #     libengram.so      the library, for the C test and examples/cpp_host on CUDA
 #     ROOT, COMMIT      where and from which commit it was built (on the GPU
@@ -32,7 +33,7 @@ ROOT="$(pwd)"
 B=target/gpu-bundle
 rm -rf "$B"
 mkdir -p "$B"
-TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_nvrtc)
+TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_nvrtc device_hash)
 
 exe_of() { # the test/bench executable cargo built, from its JSON messages
     python3 -c '
