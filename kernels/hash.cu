@@ -21,10 +21,11 @@
 // `serial` is a device word (u64) so that a replayed graph sees a new one.
 //
 // Errors (codes ENG_ERR_HASH_*, passed by src/cuda/latch.rs): recorded with
-// eng_latch (gather.cu) in the hash's own latch, ordered token errors before
+// eng_latch (latch.cuh) in the hash's own latch, ordered token errors before
 // look-back errors (the `data_error` bit), then by token. Word 2 carries a
 // limit or position, words 4-5 the offending value, word 6 a sequence id.
 #include "engram_common.cuh"
+#include "latch.cuh"
 
 #define ENG_HASH_OK 0u
 #define ENG_HASH_BAD 1u

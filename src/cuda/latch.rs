@@ -12,7 +12,7 @@
 //! row-id errors (partly dead, out of range, not staged) before row-data
 //! errors, then by token, then by column. The latch keeps an order key that
 //! every erroring block lowers atomically; the details are written under a
-//! lock by a block whose key is still the latch's (see `kernels/gather.cu`).
+//! lock by a block whose key is still the latch's (see `kernels/latch.cuh`).
 //!
 //! While the mirror holds an error the host has not reported, the errors of
 //! later calls are dropped: what is reported is the first error since the
