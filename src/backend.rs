@@ -7,9 +7,8 @@
 
 use crate::call::LiveIds;
 pub use crate::call::{
-    ApplyIn, BackendInfo, CheckedLayer, DeviceHashIn, EngramBackend, Highway, Ids, LayerIn, ReadBack,
-    RowIds,
-    StageStats, Stream, TableIn, TableSource,
+    ApplyIn, BackendInfo, CheckedLayer, DeviceHashIn, EngramBackend, Highway, Ids, LayerIn,
+    ReadBack, RowIds, StageStats, Stream, TableIn, TableSource,
 };
 use crate::error::{bail, Result};
 

@@ -7,7 +7,8 @@
 use crate::backend::Backend;
 use crate::batch::{check_layer, layer_index, live_ids, Geometry, Limits, Shape};
 use crate::call::{
-    ApplyIn, BackendInfo, DeviceHashIn, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds, Stream,
+    ApplyIn, BackendInfo, DeviceHashIn, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds,
+    Stream,
 };
 use crate::cpu::{CpuBackend, CpuTuning};
 use crate::cuda::{CudaBackend, CudaTuning};

@@ -1042,7 +1042,11 @@ fn a_captured_device_hash_and_apply_replays_64_decode_steps() {
     let stream = new_stream(&dev);
     let s = stream as *mut c_void;
     // The prefill, hashed on the device (not captured) and on the host.
-    let (t0, q0, p0) = (dev.upload(&c.tokens), dev.upload(&c.seq_ids), dev.upload(&c.pos));
+    let (t0, q0, p0) = (
+        dev.upload(&c.tokens),
+        dev.upload(&c.seq_ids),
+        dev.upload(&c.pos),
+    );
     let ids0 = dev.alloc(n0 * per * 8);
     graph_ctx
         .hash_device(&engram::call::DeviceHashIn {
@@ -1055,11 +1059,20 @@ fn a_captured_device_hash_and_apply_replays_64_decode_steps() {
         })
         .unwrap();
     let mut want_ids = vec![0i64; n0 * per];
-    cpu.hash(&c.tokens, &c.seq_ids, &c.pos, &mut want_ids).unwrap();
+    cpu.hash(&c.tokens, &c.seq_ids, &c.pos, &mut want_ids)
+        .unwrap();
     sync(&dev, stream);
-    assert_eq!(ids0.read::<i64>(n0 * per).unwrap(), want_ids, "the prefill's ids");
+    assert_eq!(
+        ids0.read::<i64>(n0 * per).unwrap(),
+        want_ids,
+        "the prefill's ids"
+    );
     // The step's buffers and the captured graph.
-    let (tok, seq, pos) = (dev.upload(&[0i32]), dev.upload(&[0i32]), dev.upload(&[0i32]));
+    let (tok, seq, pos) = (
+        dev.upload(&[0i32]),
+        dev.upload(&[0i32]),
+        dev.upload(&[0i32]),
+    );
     let ids = dev.alloc(per * 8);
     let hw_in = values("graph.decode.highway", hc * dd, 1.0, 0.0);
     let hw = dev.upload(&hw_in);
@@ -1090,14 +1103,20 @@ fn a_captured_device_hash_and_apply_replays_64_decode_steps() {
     }
     // SAFETY: ends the capture begun above and instantiates it.
     unsafe {
-        dcheck(d.cuStreamEndCapture.unwrap()(stream, &mut graph), "end capture");
-        dcheck(d.cuGraphInstantiateWithFlags.unwrap()(&mut exec, graph, 0), "instantiate");
+        dcheck(
+            d.cuStreamEndCapture.unwrap()(stream, &mut graph),
+            "end capture",
+        );
+        dcheck(
+            d.cuGraphInstantiateWithFlags.unwrap()(&mut exec, graph, 0),
+            "instantiate",
+        );
     }
     let host_hw = dev.alloc(hc * dd * 4);
     let mut z = 0x5eedu64;
     for step in 0..64 {
         z = mix64(z);
-        let t = if z % 13 == 0 {
+        let t = if z.is_multiple_of(13) {
             engram::TOKEN_DEAD
         } else {
             (z % tiny.token_map.len() as u64) as i32
@@ -1120,9 +1139,16 @@ fn a_captured_device_hash_and_apply_replays_64_decode_steps() {
         }
         sync(&dev, stream);
         let bits = |b: &DevBuf| -> Vec<u32> {
-            b.read::<f32>(hc * dd).unwrap().iter().map(|x| x.to_bits()).collect()
+            b.read::<f32>(hc * dd)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
         };
-        assert!(bits(&hw) == bits(&host_hw), "step {step}: the highway differs from the host path");
+        assert!(
+            bits(&hw) == bits(&host_hw),
+            "step {step}: the highway differs from the host path"
+        );
     }
     // SAFETY: the graph and stream made above, idle after the last sync.
     unsafe {

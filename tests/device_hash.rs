@@ -107,8 +107,15 @@ fn an_interleaved_batch_is_refused_not_misread() {
     let (got, r) = hash_dev(&ctx, &dev, &tokens, &seqs, &pos);
     let e = r.expect_err("two runs of a sequence");
     assert_eq!(e.status, EngramStatus::ErrInvalidSequence);
-    assert!(e.message.starts_with("token 0: sequence 0 is not one run"), "{}", e.message);
-    assert!(got.iter().all(|&x| x == -1), "every token of both sequences dead");
+    assert!(
+        e.message.starts_with("token 0: sequence 0 is not one run"),
+        "{}",
+        e.message
+    );
+    assert!(
+        got.iter().all(|&x| x == -1),
+        "every token of both sequences dead"
+    );
     // Nothing was recorded: position 0 of sequence 0 is still missing.
     let live = tiny.token_map.iter().position(|&m| m >= 0).unwrap() as i32;
     let (_, r) = hash_dev(&ctx, &dev, &[live], &[0], &[1]);
@@ -198,7 +205,11 @@ fn dead_tokens_many_sequences_and_the_last_positions() {
     };
     let host = Context::new(&tiny.config(limits)).unwrap();
     let ctx = device_context(tiny.config(limits), &dev, 4);
-    let dead_by_map = tiny.token_map.iter().position(|&m| m == -1).map(|t| t as i32);
+    let dead_by_map = tiny
+        .token_map
+        .iter()
+        .position(|&m| m == -1)
+        .map(|t| t as i32);
     let mut f = Rng(11);
     let mut len = [0i32; 32];
     for step in 0..40 {
@@ -234,14 +245,26 @@ fn dead_tokens_many_sequences_and_the_last_positions() {
         r.unwrap_or_else(|e| panic!("step {step}: {}", e.message));
         assert_eq!(got, want, "step {step}");
     }
-    assert!(len.iter().all(|&l| l == 40), "every sequence reached max_positions");
+    assert!(
+        len.iter().all(|&l| l == 40),
+        "every sequence reached max_positions"
+    );
     // One past the last position: refused on the device.
     let (got, r) = hash_dev(&ctx, &dev, &[1, 2], &[0, 1], &[39, 40]);
     let e = r.unwrap_err();
     assert_eq!(e.status, EngramStatus::ErrInvalidSequence);
-    assert!(e.message.starts_with("token 1: position 40 outside [0, max_positions = 40)"), "{}", e.message);
+    assert!(
+        e.message
+            .starts_with("token 1: position 40 outside [0, max_positions = 40)"),
+        "{}",
+        e.message
+    );
     let per = ctx.ids_per_token();
-    assert_eq!(got[..per], hash_host(&host, &[1], &[0], &[39])[..], "token 0 hashed");
+    assert_eq!(
+        got[..per],
+        hash_host(&host, &[1], &[0], &[39])[..],
+        "token 0 hashed"
+    );
     assert!(got[per..].iter().all(|&x| x == -1));
 }
 
@@ -259,22 +282,48 @@ fn errors_on_the_device() {
     let map_len = tiny.token_map.len() as i32;
     // A look-back never hashed (token 0) and a token outside the map (token
     // 2): the token error comes first, as on the host.
-    let (got, r) = hash_dev(&ctx, &dev, &[3, 4, map_len, 6], &[0, 1, 2, 3], &[5, 0, 0, 0]);
+    let (got, r) = hash_dev(
+        &ctx,
+        &dev,
+        &[3, 4, map_len, 6],
+        &[0, 1, 2, 3],
+        &[5, 0, 0, 0],
+    );
     let e = r.unwrap_err();
     let mut host_out = vec![0i64; 4 * per];
     let he = host
-        .hash(&[3, 4, map_len, 6], &[0, 1, 2, 3], &[5, 0, 0, 0], &mut host_out)
+        .hash(
+            &[3, 4, map_len, 6],
+            &[0, 1, 2, 3],
+            &[5, 0, 0, 0],
+            &mut host_out,
+        )
         .unwrap_err();
-    assert_eq!((e.status, he.status), (EngramStatus::ErrInvalidToken, EngramStatus::ErrInvalidToken));
-    assert!(e.message.starts_with(&he.message), "device: {}\nhost: {}", e.message, he.message);
+    assert_eq!(
+        (e.status, he.status),
+        (EngramStatus::ErrInvalidToken, EngramStatus::ErrInvalidToken)
+    );
+    assert!(
+        e.message.starts_with(&he.message),
+        "device: {}\nhost: {}",
+        e.message,
+        he.message
+    );
     assert!(got[..per].iter().all(|&x| x == -1), "missing history: dead");
-    assert!(got[2 * per..3 * per].iter().all(|&x| x == -1), "bad token: dead");
+    assert!(
+        got[2 * per..3 * per].iter().all(|&x| x == -1),
+        "bad token: dead"
+    );
     assert_eq!(got[per..2 * per], hash_host(&host, &[4], &[1], &[0])[..]);
     assert_eq!(got[3 * per..], hash_host(&host, &[6], &[3], &[0])[..]);
     // Reported once: check is clean now.
     ctx.check(std::ptr::null_mut()).unwrap();
     // A sequence outside max_seqs, then the report by the next call.
-    let (t, s, p) = (dev.upload(&[1i32]), dev.upload(&[limits.max_seqs as i32]), dev.upload(&[0i32]));
+    let (t, s, p) = (
+        dev.upload(&[1i32]),
+        dev.upload(&[limits.max_seqs as i32]),
+        dev.upload(&[0i32]),
+    );
     let out = dev.alloc(per * 8);
     let call = DeviceHashIn {
         tokens: t.ptr,
@@ -288,7 +337,12 @@ fn errors_on_the_device() {
     dev.gpu.synchronize().unwrap();
     let e = ctx.hash_device(&call).unwrap_err();
     assert_eq!(e.status, EngramStatus::ErrInvalidSequence);
-    assert!(e.message.starts_with("token 0: sequence id 4 outside [0, max_seqs = 4)"), "{}", e.message);
+    assert!(
+        e.message
+            .starts_with("token 0: sequence id 4 outside [0, max_seqs = 4)"),
+        "{}",
+        e.message
+    );
     assert!(e.message.contains("engram_hash_device"), "{}", e.message);
     ctx.check(std::ptr::null_mut()).unwrap();
     // A look-back evicted from the ring (4 positions kept, N = 3): refused,
@@ -300,16 +354,33 @@ fn errors_on_the_device() {
     let (got, r) = hash_dev(&ctx, &dev, &[7], &[0], &[3]);
     let e = r.unwrap_err();
     assert_eq!(e.status, EngramStatus::ErrMissingHistory);
-    assert!(e.message.starts_with("token 0: sequence 0 position 3 looks back to position 2"), "{}", e.message);
+    assert!(
+        e.message
+            .starts_with("token 0: sequence 0 position 3 looks back to position 2"),
+        "{}",
+        e.message
+    );
     assert!(got.iter().all(|&x| x == -1));
     // Host calls on a device-history context are refused.
     let e = ctx.hash(&[1], &[0], &[0], &mut vec![0; per]).unwrap_err();
     assert_eq!(e.status, EngramStatus::ErrUnsupported);
-    assert_eq!(ctx.seq_copy(0, 1).unwrap_err().status, EngramStatus::ErrUnsupported);
-    assert_eq!(ctx.seq_drop(0).unwrap_err().status, EngramStatus::ErrUnsupported);
+    assert_eq!(
+        ctx.seq_copy(0, 1).unwrap_err().status,
+        EngramStatus::ErrUnsupported
+    );
+    assert_eq!(
+        ctx.seq_drop(0).unwrap_err().status,
+        EngramStatus::ErrUnsupported
+    );
     // Too many tokens: refused at the call, nothing queued.
-    let call = DeviceHashIn { n: limits.max_tokens + 1, ..call };
-    assert_eq!(ctx.hash_device(&call).unwrap_err().status, EngramStatus::ErrCapacity);
+    let call = DeviceHashIn {
+        n: limits.max_tokens + 1,
+        ..call
+    };
+    assert_eq!(
+        ctx.hash_device(&call).unwrap_err().status,
+        EngramStatus::ErrCapacity
+    );
     // The CPU backend has no device history.
     let e = Context::new(&tiny.config(limits))
         .unwrap()
@@ -317,12 +388,19 @@ fn errors_on_the_device() {
         .err()
         .unwrap();
     assert_eq!(e.status, EngramStatus::ErrUnsupported);
-    assert_eq!(host.hash_device(&call).unwrap_err().status, EngramStatus::ErrUnsupported);
+    assert_eq!(
+        host.hash_device(&call).unwrap_err().status,
+        EngramStatus::ErrUnsupported
+    );
     // A ring shorter than the look-back.
     let mut cfg = tiny.config(limits);
     cfg.backend = engram::EngramBackend::Cuda as u32;
     cfg.tuning.cuda.device = Some(dev.gpu.clone());
-    let e = Context::new(&cfg).unwrap().with_device_history(1).err().unwrap();
+    let e = Context::new(&cfg)
+        .unwrap()
+        .with_device_history(1)
+        .err()
+        .unwrap();
     assert_eq!(e.status, EngramStatus::ErrInvalidConfig);
 }
 
@@ -393,7 +471,9 @@ fn random_steps_equal_the_host_hash() {
                     for &s in order.iter().take(m as usize) {
                         let k = if kind < 6 { 1 + f.next() % 10 } else { 1 };
                         for j in 0..k as i32 {
-                            if tokens.len() < 64 && len[s as usize] + j < limits.max_positions as i32 {
+                            if tokens.len() < 64
+                                && len[s as usize] + j < limits.max_positions as i32
+                            {
                                 tokens.push(tok(&mut f));
                                 seqs.push(s);
                                 pos.push(len[s as usize] + j);
@@ -411,7 +491,10 @@ fn random_steps_equal_the_host_hash() {
             let want = hash_host(&host, &tokens, &seqs, &pos);
             let (got, r) = hash_dev(&ctx, &dev, &tokens, &seqs, &pos);
             r.unwrap_or_else(|e| panic!("seed {seed} step {step}: {}", e.message));
-            assert_eq!(got, want, "seed {seed} step {step} ({tokens:?} {seqs:?} {pos:?})");
+            assert_eq!(
+                got, want,
+                "seed {seed} step {step} ({tokens:?} {seqs:?} {pos:?})"
+            );
             // Roll back: the first rejected position is re-hashed with
             // another token (the accepted prefix stays).
             if let Some((s, at)) = rollback {

@@ -180,7 +180,8 @@ impl CudaBackend {
         let max_positions = h.limits.max_positions as u32;
         let ring_len = h.ring_len as u32;
         let (tags, conflicts, serial) = (h.tags.ptr, h.conflicts.ptr, h.serial.ptr);
-        let (ring, status, hlatch, mirror) = (h.ring.ptr, h.status.ptr, h.latch.ptr, self.mirror.dev_ptr);
+        let (ring, status, hlatch, mirror) =
+            (h.ring.ptr, h.status.ptr, h.latch.ptr, self.mirror.dev_ptr);
         let a = args![seq_ids, pos, max_seqs, tags, conflicts, serial];
         // SAFETY: arguments match engram_hash_runs; the caller's arrays hold
         // `n` entries (the header's contract), our buffers max_seqs slots.

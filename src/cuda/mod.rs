@@ -53,8 +53,8 @@ use crate::formats::{bf16_to_f32, EngramType};
 use gpu::{DevBuf, Event, Gpu, MemKind, PinnedBuf};
 use std::sync::{Arc, Mutex};
 
-pub use driver::probe;
 pub use crate::call::DeviceHashIn;
+pub use driver::probe;
 pub use hash::MAX_RING;
 
 /// The CUDA backend's choices that tests and benchmarks make (its part of
