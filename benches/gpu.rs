@@ -940,7 +940,238 @@ fn main() {
             p["check_max_abs_update"].as_f64().unwrap_or(f64::NAN)
         );
     }
+    device_hash_rows(&gpu, stream, &|ctx| {
+        set(ctx, d_table.ptr, d_wkv.ptr, EngramType::Bf16)
+    });
     println!("\ncommand: cargo bench --bench gpu (or bash scripts/gpu-check.sh OUTDIR)");
+}
+
+/// The device hash (`engram_hash_device`, issue 18): its time for 1 to 4096
+/// tokens over 1 to 256 sequences (V4.1-sized tables: 4 look-backs, 8 heads,
+/// two layers, primes near 16M, a 129280-entry map), and one decode step of
+/// 1 token (device hash + two applies) captured in a CUDA graph against the
+/// same step with the host hash, the ids copied from the host and a sync.
+fn device_hash_rows(gpu: &Arc<dyn Gpu>, stream: sys::CUstream, set: &dyn Fn(&Context<'_>)) {
+    let s = stream as *mut c_void;
+    let layer_ids = [1u32, 2];
+    let primes = derive_primes_uniform(2, N, H, 16_000_000).unwrap();
+    let mut offsets = vec![0u64; 2 * C];
+    for l in 0..2 {
+        for c in 1..C {
+            offsets[l * C + c] = offsets[l * C + c - 1] + primes[l * C + c - 1];
+        }
+    }
+    let mut rng = Rng(99);
+    let token_map: Vec<i32> = (0..129_280).map(|i| i % 100_000).collect();
+    let mult: Vec<u64> = (0..2 * N).map(|_| rng.next() | 1).collect();
+    let max_seqs = 256;
+    let cfg = ContextConfig {
+        geometry: Geometry {
+            d: D,
+            hc: HC,
+            hd: HD,
+            eps: 1e-6,
+        },
+        tables: HashTablesIn {
+            layer_ids: &layer_ids,
+            max_ngram: N,
+            n_heads: H,
+            token_map: &token_map,
+            pad_id: 2,
+            multipliers: &mult,
+            primes: &primes,
+            offsets: &offsets,
+        },
+        limits: Limits {
+            max_tokens: 4096,
+            max_seqs,
+            max_positions: 1 << 20,
+        },
+        n_threads: 2,
+        backend: EngramBackend::Cuda as u32,
+        device: 0,
+        tuning: engram::Tuning {
+            cuda: engram::cuda::CudaTuning {
+                gemv_max_tokens: None,
+                device: Some(gpu.clone()),
+            },
+            ..Default::default()
+        },
+    };
+    let ctx = Context::new(&cfg)
+        .expect("CUDA context")
+        .with_device_history(64)
+        .expect("device history");
+    let per = ctx.ids_per_token();
+    let d_ids = DevBuf::new(gpu, 4096 * per * 8, "bench ids").unwrap();
+    println!("\n## device hash (engram_hash_device, ms per call, CUDA events, median of 3 runs)");
+    println!("| tokens | sequences | ms | ns per token |\n|---:|---:|---:|---:|");
+    let hash = |tokens: &[i32], sq: &[i32], ps: &[i32], reps: usize| -> f64 {
+        let (t, q, p) = (upload(gpu, tokens), upload(gpu, sq), upload(gpu, ps));
+        let call = engram::call::DeviceHashIn {
+            tokens: t.ptr,
+            seq_ids: q.ptr,
+            pos: p.ptr,
+            n: tokens.len(),
+            row_ids: d_ids.ptr,
+            stream: s,
+        };
+        let ms = time_ms(stream, reps, || ctx.hash_device(&call).unwrap());
+        ctx.check(s).unwrap();
+        ms
+    };
+    // Positions 0..8 of every sequence, so that a run from position 8 looks
+    // back into the ring (a run of up to 56 tokens re-hashed at every rep
+    // leaves positions 5..7 in it); longer runs start at 0.
+    let warm: Vec<i32> = (0..max_seqs * 8).map(|i| (i % 1000) as i32).collect();
+    let warm_s: Vec<i32> = (0..max_seqs * 8).map(|i| (i / 8) as i32).collect();
+    let warm_p: Vec<i32> = (0..max_seqs * 8).map(|i| (i % 8) as i32).collect();
+    hash(&warm, &warm_s, &warm_p, 1);
+    for (n, seqs) in [
+        (1usize, 1usize),
+        (64, 1),
+        (4096, 1),
+        (64, 64),
+        (256, 256),
+        (4096, 256),
+    ] {
+        // `seqs` runs of n / seqs tokens each.
+        let k = n / seqs;
+        let start = if k <= 56 { 8 } else { 0 };
+        let mut tokens = Vec::with_capacity(n);
+        let (mut sq, mut ps) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for q in 0..seqs {
+            for j in 0..k {
+                tokens.push((rng.next() % 129_280) as i32);
+                sq.push(q as i32);
+                ps.push(start + j as i32);
+            }
+        }
+        let ms = hash(&tokens, &sq, &ps, 20);
+        println!("| {n} | {seqs} | {ms:.4} | {:.1} |", ms * 1e6 / n as f64);
+    }
+    // One decode step: captured (hash + 2 applies) against the host path.
+    let layer_ctx = |device_history: bool| {
+        let mut c = cfg_clone(&cfg);
+        c.tables.layer_ids = &layer_ids[..1];
+        c.tables.multipliers = &mult[..N];
+        c.tables.primes = &primes[..C];
+        c.tables.offsets = &offsets[..C];
+        let ctx = Context::new(&c).expect("CUDA context");
+        let ctx = if device_history {
+            ctx.with_device_history(64).expect("device history")
+        } else {
+            ctx
+        };
+        set(&ctx);
+        ctx
+    };
+    let dev_ctx = layer_ctx(true);
+    let host_ctx = layer_ctx(false);
+    let mut cpu_cfg = cfg_clone(&cfg);
+    cpu_cfg.backend = EngramBackend::Cpu as u32;
+    cpu_cfg.tables.layer_ids = &layer_ids[..1];
+    cpu_cfg.tables.multipliers = &mult[..N];
+    cpu_cfg.tables.primes = &primes[..C];
+    cpu_cfg.tables.offsets = &offsets[..C];
+    let cpu = Context::new(&cpu_cfg).expect("CPU context for the host hash");
+    let per1 = dev_ctx.ids_per_token();
+    let (tok, sq, ps) = (
+        upload(gpu, &[5i32]),
+        upload(gpu, &[0i32]),
+        upload(gpu, &[0i32]),
+    );
+    let ids1 = DevBuf::new(gpu, per1 * 8, "bench step ids").unwrap();
+    let hw = upload(gpu, &vec![0.5f32; HC * D]);
+    // SAFETY: the device highway holds one token.
+    let hwr = || unsafe { Highway::raw(hw.ptr, HighwayType::F32) };
+    let d = drv();
+    let mut graph = std::ptr::null_mut();
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: a live stream of the current context; the capture ends below.
+    unsafe {
+        ok(
+            d.cuStreamBeginCapture_v2.unwrap()(stream, sys::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            "begin capture",
+        )
+    };
+    dev_ctx
+        .hash_device(&engram::call::DeviceHashIn {
+            tokens: tok.ptr,
+            seq_ids: sq.ptr,
+            pos: ps.ptr,
+            n: 1,
+            row_ids: ids1.ptr,
+            stream: s,
+        })
+        .unwrap();
+    for _ in 0..2 {
+        dev_ctx
+            .apply_on(1, RowIds::Device(ids1.ptr), 1, hwr(), s)
+            .unwrap();
+    }
+    // SAFETY: ends the capture begun above and instantiates it.
+    unsafe {
+        ok(
+            d.cuStreamEndCapture.unwrap()(stream, &mut graph),
+            "end capture",
+        );
+        ok(
+            d.cuGraphInstantiateWithFlags.unwrap()(&mut exec, graph, 0),
+            "instantiate",
+        );
+    }
+    let captured = wall_ms(stream, 200, |_| {
+        // SAFETY: the instantiated graph on its stream.
+        unsafe { ok(d.cuGraphLaunch.unwrap()(exec, stream), "graph launch") };
+        // SAFETY: a live stream (the step's sync, as the host path has).
+        unsafe { ok((d.cuStreamSynchronize)(stream), "sync") };
+    });
+    let mut host_ids = vec![0i64; per1];
+    let host = wall_ms(stream, 200, |i| {
+        // The token comes from the device: copy it back and wait, hash on
+        // the host, apply with host ids (staged and copied by the call).
+        let t = tok.read::<i32>(1).unwrap();
+        cpu.hash(&t, &[0], &[(i % 1000) as i32], &mut host_ids)
+            .unwrap();
+        for _ in 0..2 {
+            host_ctx
+                .apply_on(1, RowIds::Host(&host_ids), 1, hwr(), s)
+                .unwrap();
+        }
+        // SAFETY: a live stream.
+        unsafe { ok((d.cuStreamSynchronize)(stream), "sync") };
+    });
+    // SAFETY: the graph made above, idle after the last sync.
+    unsafe {
+        ok(d.cuGraphExecDestroy.unwrap()(exec), "destroy exec");
+        ok(d.cuGraphDestroy.unwrap()(graph), "destroy graph");
+    }
+    println!("\n## one decode step, 1 token: device hash + 2 applies in one CUDA graph, against the host hash (ms per step by the wall clock, median of 3 runs of 200)");
+    println!("| captured graph (hash on the device) | token read back + host hash + 2 applies with host ids + sync | host / graph |\n|---:|---:|---:|");
+    println!("| {captured:.4} | {host:.4} | {:.2} |", host / captured);
+}
+
+/// A copy of a context configuration (it borrows the same tables).
+fn cfg_clone<'a>(c: &ContextConfig<'a>) -> ContextConfig<'a> {
+    ContextConfig {
+        geometry: c.geometry,
+        tables: HashTablesIn {
+            layer_ids: c.tables.layer_ids,
+            max_ngram: c.tables.max_ngram,
+            n_heads: c.tables.n_heads,
+            token_map: c.tables.token_map,
+            pad_id: c.tables.pad_id,
+            multipliers: c.tables.multipliers,
+            primes: c.tables.primes,
+            offsets: c.tables.offsets,
+        },
+        limits: c.limits,
+        n_threads: c.n_threads,
+        backend: c.backend,
+        device: c.device,
+        tuning: c.tuning.clone(),
+    }
 }
 
 /// Run bench/gpu_peer.py on the same data; `None` (said why) without torch.

@@ -341,6 +341,18 @@ typedef struct engram_config {
    only). At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
    */
   uint32_t n_threads;
+  /*
+   0 (the default): the history is on the host (`engram_hash`). Else the
+   context's history is on the device (CUDA backend only; the CPU backend
+   returns `ENGRAM_STATUS_ERR_UNSUPPORTED`), keeping this many positions
+   per sequence, at least `max_ngram - 1` plus the longest draft the
+   engine rolls back (at most 2^20; `max_seqs * device_history * 8` bytes
+   of device memory): hash with `engram_hash_device`, fork and drop with
+   `engram_seq_copy_device` and `engram_seq_drop_device`; `engram_hash`,
+   `engram_seq_copy` and `engram_seq_drop` then return
+   `ENGRAM_STATUS_ERR_UNSUPPORTED` (see docs/device-hash.md).
+   */
+  uint32_t device_history;
 } engram_config;
 
 /*
@@ -662,6 +674,59 @@ enum engram_status engram_seq_copy(struct engram_context *ctx, int32_t src, int3
  Forget every position of sequence `seq`.
  */
 enum engram_status engram_seq_drop(struct engram_context *ctx, int32_t seq);
+
+/*
+ Hash a batch on the device, over the context's device history (a
+ context created with `device_history > 0`, CUDA backend): `tokens`,
+ `seq_ids` and `pos` are device pointers to `n_tokens` int32 each (raw
+ token ids or `ENGRAM_TOKEN_DEAD`, sequence ids, absolute positions), and
+ `row_ids` a device pointer to `[n_tokens, n_layers, C]` int64, which
+ `engram_apply_device_ids` reads. The row ids are those `engram_hash`
+ gives for the same history, bit for bit. Each sequence's tokens must be
+ one run: consecutive entries at consecutive positions.
+
+ The call queues three kernels on `stream` and returns: nothing is read on
+ the host and nothing is allocated, so it can be captured in a CUDA graph
+ with the applies (see docs/device-hash.md for the recipe). Errors found
+ on the device (a sequence id outside `[0, max_seqs)`, a position outside
+ `[0, max_positions)`, a token outside the token map, a sequence in two
+ runs, a look-back the device history does not hold:
+ `ENGRAM_STATUS_ERR_MISSING_HISTORY`) write that token's row ids
+ `ENGRAM_ROW_ID_DEAD` and leave its history entry unchanged; the first
+ one (token errors before look-back errors, then by token) is reported
+ once by the next `engram_hash_device` or `engram_apply*` on this context
+ (which then queues nothing) or by `engram_check`, like the kernels' other
+ errors. Checked here: `n_tokens <= max_tokens`, non-NULL pointers. The
+ CPU backend, or a context without a device history, returns
+ `ENGRAM_STATUS_ERR_UNSUPPORTED`.
+
+ `ctx` as in `engram_free`; the pointers device memory of the sizes above,
+ `stream` a stream of the context's device or NULL.
+ */
+enum engram_status engram_hash_device(struct engram_context *ctx,
+                                      const int32_t *tokens,
+                                      const int32_t *seq_ids,
+                                      const int32_t *pos,
+                                      uint32_t n_tokens,
+                                      int64_t *row_ids,
+                                      void *stream);
+
+/*
+ Make sequence `dst`'s device history a copy of `src`'s (a fork or a
+ shared prefix), queued on `stream` (capturable). A context with a device
+ history only (else `ENGRAM_STATUS_ERR_UNSUPPORTED`); the ids are checked
+ here.
+ */
+enum engram_status engram_seq_copy_device(struct engram_context *ctx,
+                                          int32_t src,
+                                          int32_t dst,
+                                          void *stream);
+
+/*
+ Forget every position of sequence `seq`'s device history, queued on
+ `stream` (capturable). As `engram_seq_copy_device`.
+ */
+enum engram_status engram_seq_drop_device(struct engram_context *ctx, int32_t seq, void *stream);
 
 /*
  Apply engram layer `layer_id` to `n_tokens` tokens: `row_ids` is the

@@ -27,6 +27,7 @@
 // highway gives a NaN gate on both backends, with the canonical NaN bits
 // (0x7FFFFFFF) on the GPU and x86's payload on the CPU.
 #include "engram_common.cuh"
+#include "latch.cuh"
 
 static_assert(ENG_GATE_THREADS % 32 == 0 && ENG_GATE_THREADS >= 32 && ENG_GATE_THREADS <= 1024,
               "the gate's reduction takes whole warps (ENG_GATE_THREADS, src/cuda/kernels.rs)");
@@ -87,19 +88,6 @@ __device__ __forceinline__ float eng_gate_of(float dot) {
     }
     const float g = sign * sqrtf(fmaxf(fabsf(dot), 1e-6f));
     return 1.0f / (1.0f + expf(-g));
-}
-
-__device__ __forceinline__ void eng_move_latch(eng_u32 *latch, volatile eng_u32 *mirror) {
-    if (latch[0] != 0u) {
-        if (mirror[0] == 0u) {
-            for (int i = 1; i < (int)ENG_LATCH_KEY; i++) mirror[i] = latch[i];
-            __threadfence_system();
-            mirror[0] = latch[0];
-        }
-        latch[0] = 0u;
-        latch[ENG_LATCH_KEY] = 0u;
-        latch[ENG_LATCH_KEY + 1] = 0u;
-    }
 }
 
 // Values of x each thread keeps in registers between the sums and the update

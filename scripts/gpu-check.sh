@@ -31,6 +31,12 @@
 #   gpu-fp8-wkv  tests/cuda_fp8_wkv.rs: the checkpoint's block-scaled fp8 wkv read
 #                in place (engram_gemv_fp8_block; exact bf16 tiles + cuBLAS) gives
 #                the bits of the same weights widened to bf16, 1..512 tokens
+#   device-hash  tests/device_hash.rs on the GPU (engram_hash_device against the
+#                host hash: golden regimes, V4.1 texts, dead tokens, many sequences,
+#                errors, random steps) and tests/cuda_golden.rs's capture of the
+#                device hash + the apply of both layers in one CUDA graph,
+#                replayed for 64 decode steps against the host path; SKIP
+#                without a driver
 #   c-cuda       c_tests/cuda/test_cuda_apply.c: the C ABI with the program's
 #                own stream and buffers; graph replay; host tables with
 #                engram_stage + graph replay; GGUF on CUDA (needs the toolkit)
@@ -146,6 +152,19 @@ step host-tables 90 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_host_tables" --test-thre
 step gpu-split 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/fp8_split" --test-threads=1 --nocapture
 step gpu-streams 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_streams" --test-threads=1 --nocapture
 step gpu-fp8-wkv 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_fp8_wkv" --test-threads=1 --nocapture
+
+# The device hash (issue 18, docs/device-hash.md); SKIP where no driver loads.
+device_hash() {
+    python3 -c 'import ctypes; ctypes.CDLL("libcuda.so.1")' 2>/dev/null ||
+        { echo "no CUDA driver (libcuda.so.1) here"; exit 77; }
+    [ -x "$BIN/device_hash" ] || { echo "the bundle has no device_hash: rerun scripts/gpu-prebuild.sh"; return 1; }
+    ENGRAM_REQUIRE_GPU=1 "$BIN/device_hash" --test-threads=1 --nocapture || return 1
+    ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_golden" --exact a_captured_device_hash_and_apply_replays_64_decode_steps \
+        --nocapture | tee "$OUT/device-hash-graph.out" || return 1
+    grep -q "64 replays of the captured hash" "$OUT/device-hash-graph.out"
+}
+export -f device_hash
+step device-hash 90 device_hash
 
 toolkit() { # a compiler and the CUDA runtime's header and library, or exit 77
     [ -f "$CUDA_HOME/include/cuda_runtime_api.h" ] || { echo "no CUDA toolkit headers in $CUDA_HOME/include"; exit 77; }

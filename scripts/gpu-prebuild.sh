@@ -13,6 +13,7 @@
 #                       set_layer (the stream-order tests are emulation-only)
 #     cuda_fp8_wkv      tests/cuda_fp8_wkv.rs: the block-scaled fp8 wkv against bf16
 #     cuda_nvrtc        tests/cuda_nvrtc.rs: every kernel compiles without a warning
+#     device_hash       tests/device_hash.rs: engram_hash_device against the host hash
 #     gpu_bench         benches/gpu.rs
 #     libengram.so      the library, for the C test and examples/cpp_host on CUDA
 #     ROOT, COMMIT      where and from which commit it was built (on the GPU
@@ -36,7 +37,7 @@ ROOT="$(pwd)"
 B=target/gpu-bundle
 rm -rf "$B"
 mkdir -p "$B"
-TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv cuda_nvrtc)
+TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv cuda_nvrtc device_hash)
 
 exe_of() { # the test/bench executable cargo built, from its JSON messages
     python3 -c '

@@ -7,10 +7,10 @@
 
 use crate::call::LiveIds;
 pub use crate::call::{
-    ApplyIn, BackendInfo, CheckedLayer, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds,
-    StageStats, Stream, TableIn, TableSource,
+    ApplyIn, BackendInfo, CheckedLayer, DeviceHashIn, EngramBackend, Highway, Ids, LayerIn,
+    ReadBack, RowIds, StageStats, Stream, TableIn, TableSource,
 };
-use crate::error::Result;
+use crate::error::{bail, Result};
 
 /// A backend: where `apply` runs. Every method gets inputs the context has
 /// checked; layers are numbered by their index among the engram layers.
@@ -65,5 +65,40 @@ pub trait Backend<'w>: Send + Sync {
     fn set_threads(&self, n: usize) -> Result<()> {
         let _ = n;
         Ok(())
+    }
+
+    /// Keep the context's history on the device, `ring_len` positions per
+    /// sequence (docs/device-hash.md); called once, at create.
+    fn enable_device_hash(
+        &mut self,
+        tables: &crate::hash::HashTables,
+        limits: crate::batch::Limits,
+        ring_len: usize,
+    ) -> Result<()> {
+        let _ = (tables, limits, ring_len);
+        bail!(
+            ErrUnsupported,
+            "a device history needs the CUDA backend (device_history = {ring_len})"
+        )
+    }
+
+    /// Queue the hash of a batch in device memory over the device history.
+    fn hash_device(&self, call: &DeviceHashIn) -> Result<()> {
+        let _ = call;
+        bail!(
+            ErrUnsupported,
+            "engram_hash_device needs the CUDA backend and a context created with device_history > 0"
+        )
+    }
+
+    /// Queue a fork (`src` `Some`) or a drop (`None`) of sequence `dst`'s
+    /// device history.
+    fn seq_copy_device(&self, src: Option<i32>, dst: i32, stream: Stream) -> Result<()> {
+        let _ = (src, dst, stream);
+        bail!(
+            ErrUnsupported,
+            "engram_seq_copy_device and engram_seq_drop_device need the CUDA backend and a context \
+             created with device_history > 0"
+        )
     }
 }

@@ -339,3 +339,15 @@ pub struct LayerBytes {
     /// Each of `q` and `k`.
     pub qk: usize,
 }
+
+/// One `engram_hash_device` call: device addresses of `n` tokens, sequence
+/// ids and positions (int32) and of `[n, n_layers, C]` row ids (int64).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceHashIn {
+    pub tokens: u64,
+    pub seq_ids: u64,
+    pub pos: u64,
+    pub n: usize,
+    pub row_ids: u64,
+    pub stream: Stream,
+}

@@ -7,7 +7,8 @@
 use crate::backend::Backend;
 use crate::batch::{check_layer, layer_index, live_ids, Geometry, Limits, Shape};
 use crate::call::{
-    ApplyIn, BackendInfo, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds, Stream,
+    ApplyIn, BackendInfo, DeviceHashIn, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds,
+    Stream,
 };
 use crate::cpu::{CpuBackend, CpuTuning};
 use crate::cuda::{CudaBackend, CudaTuning};
@@ -65,6 +66,9 @@ pub struct Context<'w> {
     state_key: StateKey,
     /// Threads the backend uses for one call, as last set.
     n_threads: Mutex<usize>,
+    /// The history is on the device (`with_device_history`): the host hash
+    /// and its sequence operations are refused.
+    device_history: bool,
 }
 
 /// The backend `kind` for a context of `shape`.
@@ -109,7 +113,49 @@ impl<'w> Context<'w> {
             tables,
             backend,
             n_threads: Mutex::new(cfg.n_threads.max(1)),
+            device_history: false,
         })
+    }
+
+    /// Keep this context's history on the device instead of the host,
+    /// `ring_len` positions per sequence (docs/device-hash.md): the CUDA
+    /// backend only, chosen at create (before any call).
+    pub fn with_device_history(mut self, ring_len: usize) -> Result<Context<'w>> {
+        self.backend
+            .enable_device_hash(&self.tables, self.limits, ring_len)?;
+        self.device_history = true;
+        Ok(self)
+    }
+
+    /// Whether the history is on the device.
+    pub fn has_device_history(&self) -> bool {
+        self.device_history
+    }
+
+    fn host_history_only(&self, what: &str) -> Result<()> {
+        if self.device_history {
+            bail!(
+                ErrUnsupported,
+                "{what}: this context's history is on the device (device_history > 0); use \
+                 engram_hash_device, engram_seq_copy_device and engram_seq_drop_device"
+            );
+        }
+        Ok(())
+    }
+
+    /// Queue the hash of a batch in device memory (see `engram_hash_device`).
+    pub fn hash_device(&self, call: &DeviceHashIn) -> Result<()> {
+        self.backend.hash_device(call)
+    }
+
+    /// Queue a fork of the device history: `dst` becomes a copy of `src`.
+    pub fn seq_copy_device(&self, src: i32, dst: i32, stream: Stream) -> Result<()> {
+        self.backend.seq_copy_device(Some(src), dst, stream)
+    }
+
+    /// Queue the drop of `seq`'s device history.
+    pub fn seq_drop_device(&self, seq: i32, stream: Stream) -> Result<()> {
+        self.backend.seq_copy_device(None, seq, stream)
     }
 
     pub fn geometry(&self) -> Geometry {
@@ -166,39 +212,47 @@ impl<'w> Context<'w> {
         pos: &[i32],
         out: &mut [i64],
     ) -> Result<()> {
+        self.host_history_only("engram_hash")?;
         self.history().hash(&self.tables, tokens, seq_ids, pos, out)
     }
 
     pub fn seq_copy(&self, src: i32, dst: i32) -> Result<()> {
+        self.host_history_only("engram_seq_copy")?;
         self.history().copy(src, dst)
     }
 
     pub fn seq_drop(&self, seq: i32) -> Result<()> {
+        self.host_history_only("engram_seq_drop")?;
         self.history().drop_seq(seq)
     }
 
     /// See [`History::seq_rm`].
     pub fn seq_rm(&self, seq: i32, p0: i32, p1: i32) -> Result<()> {
+        self.host_history_only("engram_seq_rm")?;
         self.history().seq_rm(seq, p0, p1)
     }
 
     /// See [`History::seq_cp`].
     pub fn seq_cp(&self, src: i32, dst: i32, p0: i32, p1: i32) -> Result<()> {
+        self.host_history_only("engram_seq_cp")?;
         self.history().seq_cp(src, dst, p0, p1)
     }
 
     /// See [`History::seq_keep`].
     pub fn seq_keep(&self, seq: i32) -> Result<()> {
+        self.host_history_only("engram_seq_keep")?;
         self.history().seq_keep(seq)
     }
 
     /// See [`History::seq_add`].
     pub fn seq_add(&self, seq: i32, p0: i32, p1: i32, delta: i32) -> Result<()> {
+        self.host_history_only("engram_seq_add")?;
         self.history().seq_add(seq, p0, p1, delta)
     }
 
     /// See [`History::seq_div`].
     pub fn seq_div(&self, seq: i32, p0: i32, p1: i32, d: i32) -> Result<()> {
+        self.host_history_only("engram_seq_div")?;
         self.history().seq_div(seq, p0, p1, d)
     }
 
@@ -212,16 +266,19 @@ impl<'w> Context<'w> {
 
     /// Bytes of `seq`'s saved state (see [`crate::hash::history::state`]).
     pub fn seq_state_size(&self, seq: i32) -> Result<usize> {
+        self.host_history_only("engram_seq_state_size")?;
         self.history().state_size(seq)
     }
 
     /// Save `seq`'s state into `buf`; returns the bytes written.
     pub fn seq_state_write(&self, seq: i32, buf: &mut [u8]) -> Result<usize> {
+        self.host_history_only("engram_seq_state_write")?;
         self.history().state_write(seq, self.state_key, buf)
     }
 
     /// Restore a saved state into `seq` (any slot).
     pub fn seq_state_read(&self, seq: i32, buf: &[u8]) -> Result<()> {
+        self.host_history_only("engram_seq_state_read")?;
         self.history().state_read(seq, self.state_key, buf)
     }
 

@@ -1102,3 +1102,152 @@ fn without_a_driver_create_says_so() {
     );
     println!("no driver: {}", e.message);
 }
+
+/// The whole decode step on the device (issue 18, docs/device-hash.md): the
+/// device hash over the device history plus the apply of both layers,
+/// captured in one CUDA graph and replayed for 64 decode steps, each step's
+/// token and position written into the graph's device buffers before its
+/// replay (as an engine's sampler would), against the host path (the host
+/// hash, a copy of its ids, the same applies) step by step: the same row ids
+/// and the same highway bits.
+#[test]
+fn a_captured_device_hash_and_apply_replays_64_decode_steps() {
+    let Some(dev) = device() else { return };
+    if !dev.is_real() {
+        println!(
+            "graph capture needs a GPU (the emulation has no streams): run scripts/gpu-check.sh"
+        );
+        return;
+    }
+    let d = drv();
+    let tiny = Tiny::load();
+    let m = dev_model(&dev, &tiny);
+    let graph_ctx = cuda_context(&dev, &tiny, &m, None)
+        .with_device_history(8)
+        .expect("a device history");
+    let host_ctx = cuda_context(&dev, &tiny, &m, None);
+    let cpu = tiny.context();
+    let per = graph_ctx.ids_per_token();
+    let (hc, dd) = (tiny.hc, tiny.d);
+    let c = &calls(&tiny, "prefill")[0];
+    let n0 = c.tokens.len();
+    let stream = new_stream(&dev);
+    let s = stream as *mut c_void;
+    // The prefill, hashed on the device (not captured) and on the host.
+    let (t0, q0, p0) = (
+        dev.upload(&c.tokens),
+        dev.upload(&c.seq_ids),
+        dev.upload(&c.pos),
+    );
+    let ids0 = dev.alloc(n0 * per * 8);
+    graph_ctx
+        .hash_device(&engram::call::DeviceHashIn {
+            tokens: t0.ptr,
+            seq_ids: q0.ptr,
+            pos: p0.ptr,
+            n: n0,
+            row_ids: ids0.ptr,
+            stream: s,
+        })
+        .unwrap();
+    let mut want_ids = vec![0i64; n0 * per];
+    cpu.hash(&c.tokens, &c.seq_ids, &c.pos, &mut want_ids)
+        .unwrap();
+    sync(&dev, stream);
+    assert_eq!(
+        ids0.read::<i64>(n0 * per).unwrap(),
+        want_ids,
+        "the prefill's ids"
+    );
+    // The step's buffers and the captured graph.
+    let (tok, seq, pos) = (
+        dev.upload(&[0i32]),
+        dev.upload(&[0i32]),
+        dev.upload(&[0i32]),
+    );
+    let ids = dev.alloc(per * 8);
+    let hw_in = values("graph.decode.highway", hc * dd, 1.0, 0.0);
+    let hw = dev.upload(&hw_in);
+    let _g = dev.gpu.enter().unwrap();
+    let mut graph = std::ptr::null_mut();
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: a live stream; thread-local capture mode; the capture ends below.
+    unsafe {
+        dcheck(
+            d.cuStreamBeginCapture_v2.unwrap()(stream, sys::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            "begin capture",
+        );
+    }
+    graph_ctx
+        .hash_device(&engram::call::DeviceHashIn {
+            tokens: tok.ptr,
+            seq_ids: seq.ptr,
+            pos: pos.ptr,
+            n: 1,
+            row_ids: ids.ptr,
+            stream: s,
+        })
+        .unwrap();
+    for l in &tiny.layers {
+        graph_ctx
+            .apply_device(l.layer_id, RowIds::Device(ids.ptr), 1, hw.ptr, 0, s)
+            .unwrap();
+    }
+    // SAFETY: ends the capture begun above and instantiates it.
+    unsafe {
+        dcheck(
+            d.cuStreamEndCapture.unwrap()(stream, &mut graph),
+            "end capture",
+        );
+        dcheck(
+            d.cuGraphInstantiateWithFlags.unwrap()(&mut exec, graph, 0),
+            "instantiate",
+        );
+    }
+    let host_hw = dev.alloc(hc * dd * 4);
+    let mut z = 0x5eedu64;
+    for step in 0..64 {
+        z = mix64(z);
+        let t = if z.is_multiple_of(13) {
+            engram::TOKEN_DEAD
+        } else {
+            (z % tiny.token_map.len() as u64) as i32
+        };
+        let p = (n0 + step) as i32;
+        tok.write(&[t]).unwrap();
+        pos.write(&[p]).unwrap();
+        hw.write(&hw_in).unwrap();
+        // SAFETY: the instantiated graph on its stream.
+        unsafe { dcheck(d.cuGraphLaunch.unwrap()(exec, stream), "graph launch") };
+        sync(&dev, stream);
+        let mut want = vec![0i64; per];
+        cpu.hash(&[t], &[0], &[p], &mut want).unwrap();
+        assert_eq!(ids.read::<i64>(per).unwrap(), want, "step {step}: row ids");
+        host_hw.write(&hw_in).unwrap();
+        for l in &tiny.layers {
+            host_ctx
+                .apply_device(l.layer_id, RowIds::Host(&want), 1, host_hw.ptr, 0, s)
+                .unwrap();
+        }
+        sync(&dev, stream);
+        let bits = |b: &DevBuf| -> Vec<u32> {
+            b.read::<f32>(hc * dd)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        assert!(
+            bits(&hw) == bits(&host_hw),
+            "step {step}: the highway differs from the host path"
+        );
+    }
+    // SAFETY: the graph and stream made above, idle after the last sync.
+    unsafe {
+        dcheck(d.cuGraphExecDestroy.unwrap()(exec), "destroy exec");
+        dcheck(d.cuGraphDestroy.unwrap()(graph), "destroy graph");
+        dcheck((d.cuStreamDestroy_v2)(stream), "destroy stream");
+    }
+    graph_ctx.check_device(std::ptr::null_mut()).unwrap();
+    println!("64 replays of the captured hash + 2 applies equal the host path");
+}

@@ -85,10 +85,16 @@ pub enum Kernel {
     GemvFp8,
     /// `engram_dequant_fp8_block`: rows of a block-scaled fp8 `wkv` to bf16.
     DequantFp8,
+    /// The device hash (`kernels/hash.cu`): the run check, the ids, the
+    /// commit to the ring, and fork/drop of a ring.
+    HashRuns,
+    HashIds,
+    HashCommit,
+    HashSeqCopy,
 }
 
 /// Every kernel's name, in [`Kernel::index`] order.
-pub const KERNEL_NAMES: [&str; 25] = [
+pub const KERNEL_NAMES: [&str; 29] = [
     "engram_gather",
     "engram_gate_f32_bf16",
     "engram_gate_f32_f32",
@@ -114,6 +120,10 @@ pub const KERNEL_NAMES: [&str; 25] = [
     "engram_gather_split",
     "engram_gemv_fp8_block",
     "engram_dequant_fp8_block",
+    "engram_hash_runs",
+    "engram_hash_ids",
+    "engram_hash_commit",
+    "engram_hash_seq_copy",
 ];
 
 /// The `wkv` formats of [`Kernel::GemvQ`], in [`KERNEL_NAMES`] order.
@@ -146,6 +156,12 @@ impl Kernel {
         v.push(Kernel::GatherSplit);
         v.push(Kernel::GemvFp8);
         v.push(Kernel::DequantFp8);
+        v.extend([
+            Kernel::HashRuns,
+            Kernel::HashIds,
+            Kernel::HashCommit,
+            Kernel::HashSeqCopy,
+        ]);
         v
     }
 
@@ -170,6 +186,10 @@ impl Kernel {
             Kernel::GatherSplit => 6 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::GemvFp8 => 7 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::DequantFp8 => 8 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashRuns => 9 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashIds => 10 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashCommit => 11 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashSeqCopy => 12 + GEMV_MAX + GEMV_Q_FORMATS.len(),
         }
     }
 

@@ -13,21 +13,23 @@ use std::ffi::{c_char, CStr, CString};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Every kernel source, as NVRTC sees it: `(include name, text)`.
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 7] = [
     (
         "engram_common.cuh",
         include_str!("../../kernels/engram_common.cuh"),
     ),
+    ("latch.cuh", include_str!("../../kernels/latch.cuh")),
     ("gather.cu", include_str!("../../kernels/gather.cu")),
     ("gate.cu", include_str!("../../kernels/gate.cu")),
     ("gemv.cu", include_str!("../../kernels/gemv.cu")),
     ("gemv_q.cu", include_str!("../../kernels/gemv_q.cu")),
+    ("hash.cu", include_str!("../../kernels/hash.cu")),
 ];
 
 /// Every kernel in one translation unit (the NVRTC check compiles it; the
 /// SIMT build checks its include order against tests/simt/kernels_host.cpp).
 pub const MODULE_MAIN: &str =
-    "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n#include \"gemv_q.cu\"\n";
+    "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n#include \"hash.cu\"\n#include \"gemv_q.cu\"\n";
 
 /// The modules the backend loads, `(name, translation unit)`: the one every
 /// context needs, and the quantised-`wkv` kernels, compiled and loaded the
@@ -36,7 +38,7 @@ pub const MODULE_MAIN: &str =
 pub const MODULES: [(&str, &str); 2] = [
     (
         "engram_kernels.cu",
-        "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n",
+        "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n#include \"hash.cu\"\n",
     ),
     ("engram_quant.cu", "#include \"gemv_q.cu\"\n"),
 ];

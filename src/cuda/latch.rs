@@ -12,7 +12,7 @@
 //! row-id errors (partly dead, out of range, not staged) before row-data
 //! errors, then by token, then by column. The latch keeps an order key that
 //! every erroring block lowers atomically; the details are written under a
-//! lock by a block whose key is still the latch's (see `kernels/gather.cu`).
+//! lock by a block whose key is still the latch's (see `kernels/latch.cuh`).
 //!
 //! While the mirror holds an error the host has not reported, the errors of
 //! later calls are dropped: what is reported is the first error since the
@@ -51,17 +51,38 @@ pub enum LatchCode {
     /// A host table's row was not staged for that position (a replayed
     /// graph without `engram_stage` of its step).
     NotStaged = 6,
+    /// The device hash (`kernels/hash.cu`): a sequence id outside
+    /// `[0, max_seqs)`.
+    HashSeq = 7,
+    /// The device hash: a position outside `[0, max_positions)`.
+    HashPos = 8,
+    /// The device hash: a token id outside the token map.
+    HashToken = 9,
+    /// The device hash: a sequence in two runs of one call.
+    HashRuns = 10,
+    /// The device hash: a look-back the device history cannot answer.
+    HashMissing = 11,
 }
 
 impl LatchCode {
-    const ALL: [(LatchCode, &'static str); 6] = [
+    const ALL: [(LatchCode, &'static str); 11] = [
         (LatchCode::RowRange, "ENG_ERR_ROW_RANGE"),
         (LatchCode::PartlyDead, "ENG_ERR_PARTLY_DEAD"),
         (LatchCode::NanScale, "ENG_ERR_NAN_SCALE"),
         (LatchCode::NanCode, "ENG_ERR_NAN_CODE"),
         (LatchCode::NonFinite, "ENG_ERR_NON_FINITE"),
         (LatchCode::NotStaged, "ENG_ERR_NOT_STAGED"),
+        (LatchCode::HashSeq, "ENG_ERR_HASH_SEQ"),
+        (LatchCode::HashPos, "ENG_ERR_HASH_POS"),
+        (LatchCode::HashToken, "ENG_ERR_HASH_TOKEN"),
+        (LatchCode::HashRuns, "ENG_ERR_HASH_RUNS"),
+        (LatchCode::HashMissing, "ENG_ERR_HASH_MISSING"),
     ];
+
+    /// Whether `code` is one the device hash records.
+    pub fn is_hash(code: u32) -> bool {
+        (LatchCode::HashSeq as u32..=LatchCode::HashMissing as u32).contains(&code)
+    }
 
     /// `-D` options for NVRTC (and the host build of the kernels).
     pub fn defines() -> Vec<String> {
@@ -103,6 +124,40 @@ pub fn error_of(rec: &[u32; LATCH_WORDS], rows: impl Fn(u32) -> u64, tail: &str)
                  replay) that reads device row ids"
             ),
         ),
+        // The device hash's (kernels/hash.cu): word 2 a limit (or the
+        // position), words 4-5 the value, word 6 a sequence id; the messages
+        // are the host hash's.
+        x if x == LatchCode::HashSeq as u32 => Error::new(
+            EngramStatus::ErrInvalidSequence,
+            format!("token {t}: sequence id {row} outside [0, max_seqs = {c})"),
+        ),
+        x if x == LatchCode::HashPos as u32 => Error::new(
+            EngramStatus::ErrInvalidSequence,
+            format!("token {t}: position {row} outside [0, max_positions = {c})"),
+        ),
+        x if x == LatchCode::HashToken as u32 => Error::new(
+            EngramStatus::ErrInvalidToken,
+            format!(
+                "token {t}: id {row} is outside token_map [0, {c}) (use {} to mark a dead position)",
+                crate::hash::TOKEN_DEAD
+            ),
+        ),
+        x if x == LatchCode::HashRuns as u32 => Error::new(
+            EngramStatus::ErrInvalidSequence,
+            format!(
+                "token {t}: sequence {row} is not one run of consecutive positions in this batch \
+                 (the device hash takes each sequence's tokens as consecutive entries at consecutive \
+                 positions)"
+            ),
+        ),
+        x if x == LatchCode::HashMissing as u32 => Error::new(
+            EngramStatus::ErrMissingHistory,
+            format!(
+                "token {t}: sequence {layer} position {c} looks back to position {row}, which the \
+                 device history does not hold (never hashed, evicted from the ring, or a token of \
+                 this call with an error)"
+            ),
+        ),
         x => Error::new(
             EngramStatus::ErrInternal,
             format!("unknown device error code {x}"),
@@ -140,9 +195,11 @@ pub unsafe fn take(mirror: *mut u32, rows: impl Fn(u32) -> u64) -> Result<()> {
     });
     // SAFETY: as above; clearing frees the mirror for the next error.
     unsafe { std::ptr::write_volatile(mirror, 0) };
-    Err(error_of(
-        &rec,
-        rows,
-        "(found on the device by an earlier engram_apply on this context; that token's streams were left untouched)",
-    ))
+    let tail = if LatchCode::is_hash(code) {
+        "(found on the device by an earlier engram_hash_device on this context; that token's row ids \
+         were written dead and it was not recorded)"
+    } else {
+        "(found on the device by an earlier engram_apply on this context; that token's streams were left untouched)"
+    };
+    Err(error_of(&rec, rows, tail))
 }

@@ -37,6 +37,7 @@ pub mod driver;
 pub mod emu;
 mod enqueue;
 pub mod gpu;
+mod hash;
 pub mod kernels;
 pub mod latch;
 mod status;
@@ -52,7 +53,9 @@ use crate::formats::{bf16_to_f32, EngramType, Fp8Blocks};
 use gpu::{DevBuf, Event, Gpu, MemKind, PinnedBuf};
 use std::sync::{Arc, Mutex};
 
+pub use crate::call::DeviceHashIn;
 pub use driver::probe;
+pub use hash::MAX_RING;
 
 /// The CUDA backend's choices that tests and benchmarks make (its part of
 /// [`crate::Tuning`]); engines keep the defaults.
@@ -222,6 +225,8 @@ pub struct CudaBackend {
     /// The error latch's host-mapped mirror (see [`latch`]).
     mirror: PinnedBuf,
     stager: Stager,
+    /// The device hash and history, for a context created with one.
+    hash: Option<hash::DeviceHash>,
     gpu: Arc<dyn Gpu>,
     shape: Shape,
     max_tokens: usize,
@@ -316,6 +321,7 @@ impl CudaBackend {
             qk,
             mirror,
             stager: Stager::new(n_layers, 2)?,
+            hash: None,
             gpu,
             shape,
             max_tokens,
@@ -511,6 +517,7 @@ impl CudaBackend {
             + s.latch.bytes
             + s.blas.device_bytes()
             + self.qk.iter().map(|b| b.bytes).sum::<usize>()
+            + self.hash.as_ref().map_or(0, |h| h.device_bytes())
             + layers
     }
 
@@ -615,6 +622,23 @@ impl CudaBackend {
 }
 
 impl<'w> Backend<'w> for CudaBackend {
+    fn enable_device_hash(
+        &mut self,
+        tables: &crate::hash::HashTables,
+        limits: crate::batch::Limits,
+        ring_len: usize,
+    ) -> Result<()> {
+        CudaBackend::enable_device_hash(self, tables, limits, ring_len)
+    }
+
+    fn hash_device(&self, call: &DeviceHashIn) -> Result<()> {
+        self.hash_on_device(call)
+    }
+
+    fn seq_copy_device(&self, src: Option<i32>, dst: i32, stream: Stream) -> Result<()> {
+        self.seq_copy_on_device(src, dst, stream)
+    }
+
     fn info(&self) -> BackendInfo {
         BackendInfo {
             kind: EngramBackend::Cuda,

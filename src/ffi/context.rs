@@ -3,7 +3,7 @@
 use super::boundary::{
     give_object, non_null, object, read_options, slice, slice_mut, take_object, write_options,
 };
-use crate::backend::{EngramBackend, Highway, LayerIn, RowIds, TableIn, TableSource};
+use crate::backend::{DeviceHashIn, EngramBackend, Highway, LayerIn, RowIds, TableIn, TableSource};
 use crate::batch::{Geometry, HighwayType, Limits};
 use crate::context::{Context, ContextConfig, Tuning};
 use crate::error::{bail, EngramStatus, Result};
@@ -26,8 +26,9 @@ pub struct EngramContext {
 /// data; a struct from an older header (a smaller `struct_size`) is read as
 /// far as it goes, the rest taking the defaults.
 ///
-/// Layouts accepted (`struct_size`): only this one, unchanged since 0.1
-/// (the 0.1, 0.2 and 0.3 headers all have it).
+/// Layouts accepted (`struct_size`): the 0.1 layout, which ends after
+/// `n_threads` (unchanged through 0.2; `device_history` reads as 0), and
+/// the 0.3 layout of this header.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramConfig {
@@ -85,11 +86,24 @@ pub struct EngramConfig {
     /// Threads the CPU backend may use in one call (0 or 1: the calling thread
     /// only). At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
     pub n_threads: u32,
+    /// 0 (the default): the history is on the host (`engram_hash`). Else the
+    /// context's history is on the device (CUDA backend only; the CPU backend
+    /// returns `ENGRAM_STATUS_ERR_UNSUPPORTED`), keeping this many positions
+    /// per sequence, at least `max_ngram - 1` plus the longest draft the
+    /// engine rolls back (at most 2^20; `max_seqs * device_history * 8` bytes
+    /// of device memory): hash with `engram_hash_device`, fork and drop with
+    /// `engram_seq_copy_device` and `engram_seq_drop_device`; `engram_hash`,
+    /// `engram_seq_copy` and `engram_seq_drop` then return
+    /// `ENGRAM_STATUS_ERR_UNSUPPORTED` (see docs/device-hash.md).
+    pub device_history: u32,
 }
 
-/// The `engram_config` layouts this library reads: only its 0.1 layout
-/// (unchanged through 0.3).
-const CONFIG_LAYOUTS: &[usize] = &[size_of::<EngramConfig>()];
+/// The `engram_config` layouts this library reads: its 0.1 layout (up to
+/// `n_threads`, unchanged through 0.2) and the 0.3 one (with `device_history`).
+const CONFIG_LAYOUTS: &[usize] = &[
+    std::mem::offset_of!(EngramConfig, device_history),
+    size_of::<EngramConfig>(),
+];
 
 impl Default for EngramConfig {
     fn default() -> Self {
@@ -118,6 +132,7 @@ impl Default for EngramConfig {
             max_seqs: 0,
             max_positions: 0,
             n_threads: 1,
+            device_history: 0,
         }
     }
 }
@@ -297,7 +312,10 @@ pub extern "C" fn engram_create(
             device: c.device,
             tuning: Tuning::default(),
         };
-        let inner = Context::new(&cc)?;
+        let mut inner = Context::new(&cc)?;
+        if c.device_history > 0 {
+            inner = inner.with_device_history(c.device_history as usize)?;
+        }
         give_object(
             out,
             EngramContext {
@@ -444,6 +462,80 @@ pub extern "C" fn engram_seq_copy(ctx: *mut EngramContext, src: i32, dst: i32) -
 #[no_mangle]
 pub extern "C" fn engram_seq_drop(ctx: *mut EngramContext, seq: i32) -> EngramStatus {
     ffi_boundary!({ self::ctx(ctx)?.seq_drop(seq) })
+}
+
+/// Hash a batch on the device, over the context's device history (a
+/// context created with `device_history > 0`, CUDA backend): `tokens`,
+/// `seq_ids` and `pos` are device pointers to `n_tokens` int32 each (raw
+/// token ids or `ENGRAM_TOKEN_DEAD`, sequence ids, absolute positions), and
+/// `row_ids` a device pointer to `[n_tokens, n_layers, C]` int64, which
+/// `engram_apply_device_ids` reads. The row ids are those `engram_hash`
+/// gives for the same history, bit for bit. Each sequence's tokens must be
+/// one run: consecutive entries at consecutive positions.
+///
+/// The call queues three kernels on `stream` and returns: nothing is read on
+/// the host and nothing is allocated, so it can be captured in a CUDA graph
+/// with the applies (see docs/device-hash.md for the recipe). Errors found
+/// on the device (a sequence id outside `[0, max_seqs)`, a position outside
+/// `[0, max_positions)`, a token outside the token map, a sequence in two
+/// runs, a look-back the device history does not hold:
+/// `ENGRAM_STATUS_ERR_MISSING_HISTORY`) write that token's row ids
+/// `ENGRAM_ROW_ID_DEAD` and leave its history entry unchanged; the first
+/// one (token errors before look-back errors, then by token) is reported
+/// once by the next `engram_hash_device` or `engram_apply*` on this context
+/// (which then queues nothing) or by `engram_check`, like the kernels' other
+/// errors. Checked here: `n_tokens <= max_tokens`, non-NULL pointers. The
+/// CPU backend, or a context without a device history, returns
+/// `ENGRAM_STATUS_ERR_UNSUPPORTED`.
+///
+/// `ctx` as in `engram_free`; the pointers device memory of the sizes above,
+/// `stream` a stream of the context's device or NULL.
+#[no_mangle]
+pub extern "C" fn engram_hash_device(
+    ctx: *mut EngramContext,
+    tokens: *const i32,
+    seq_ids: *const i32,
+    pos: *const i32,
+    n_tokens: u32,
+    row_ids: *mut i64,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        c.hash_device(&DeviceHashIn {
+            tokens: tokens as u64,
+            seq_ids: seq_ids as u64,
+            pos: pos as u64,
+            n: n_tokens as usize,
+            row_ids: row_ids as u64,
+            stream,
+        })
+    })
+}
+
+/// Make sequence `dst`'s device history a copy of `src`'s (a fork or a
+/// shared prefix), queued on `stream` (capturable). A context with a device
+/// history only (else `ENGRAM_STATUS_ERR_UNSUPPORTED`); the ids are checked
+/// here.
+#[no_mangle]
+pub extern "C" fn engram_seq_copy_device(
+    ctx: *mut EngramContext,
+    src: i32,
+    dst: i32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_copy_device(src, dst, stream) })
+}
+
+/// Forget every position of sequence `seq`'s device history, queued on
+/// `stream` (capturable). As `engram_seq_copy_device`.
+#[no_mangle]
+pub extern "C" fn engram_seq_drop_device(
+    ctx: *mut EngramContext,
+    seq: i32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_drop_device(seq, stream) })
 }
 
 /// The highway argument of `engram_apply*`: memory of the context's backend.

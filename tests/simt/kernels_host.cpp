@@ -1,6 +1,6 @@
 // The engram kernels, unmodified, as host C++: the translation unit the CUDA
 // backend hands NVRTC (src/cuda/kernels.rs MODULE_MAIN: gather.cu, gate.cu,
-// gemv.cu, gemv_q.cu, in that order; build.sh checks the list against it and against
+// gemv.cu, hash.cu, gemv_q.cu, in that order; build.sh checks the list against it and against
 // kernels/*.cu), preceded by the SIMT shim, followed by the kernel registry.
 //
 // Built by build.sh in two passes: the first (SIMT_REGISTRY_INC undefined)
@@ -20,6 +20,7 @@
 #include "gather.cu"
 #include "gate.cu"
 #include "gemv.cu"
+#include "hash.cu"
 #include "gemv_q.cu"
 #pragma GCC diagnostic pop
 

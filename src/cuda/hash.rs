@@ -1,0 +1,256 @@
+//! The hash on the device over a device-resident history (`kernels/hash.cu`,
+//! docs/device-hash.md): the tables copied to the device, a ring of
+//! `(position, compressed id)` entries per sequence slot, and the three
+//! launches of one call. Nothing is read back: a call only queues work, so
+//! it can be captured in a CUDA graph; errors go to the hash's latch, which
+//! the commit kernel moves to the context's host-mapped mirror.
+
+use super::gpu::{args, DevBuf, Gpu, Kernel};
+use super::{latch, CudaBackend};
+use crate::batch::Limits;
+use crate::call::{DeviceHashIn, Stream};
+use crate::error::{bail, Result};
+use crate::hash::HashTables;
+use std::sync::Arc;
+
+/// Most positions a ring may keep per sequence.
+pub const MAX_RING: usize = 1 << 20;
+
+/// Threads of an `engram_hash_ids` block (each computes columns of one token).
+const IDS_THREADS: u32 = 128;
+/// Threads of an `engram_hash_seq_copy` block.
+const COPY_THREADS: u32 = 256;
+
+/// The device hash's tables and history.
+pub(super) struct DeviceHash {
+    limits: Limits,
+    ring_len: usize,
+    map_len: u32,
+    pad_id: i64,
+    n_layers: u32,
+    max_ngram: u32,
+    n_heads: u32,
+    token_map: DevBuf,
+    multipliers: DevBuf,
+    primes: DevBuf,
+    offsets: DevBuf,
+    /// `[max_seqs, ring_len]` u64 entries.
+    ring: DevBuf,
+    /// Per slot: the (serial, first token) tag of its last run, and the
+    /// serial of the last call that gave it two runs.
+    tags: DevBuf,
+    conflicts: DevBuf,
+    /// The call counter (u64), advanced by the commit kernel.
+    serial: DevBuf,
+    /// Per token of the call: valid (0) or not, for the commit.
+    status: DevBuf,
+    /// The hash's own error latch (`LATCH_WORDS` u32).
+    latch: DevBuf,
+}
+
+impl DeviceHash {
+    pub(super) fn new(
+        gpu: &Arc<dyn Gpu>,
+        t: &HashTables,
+        limits: Limits,
+        ring_len: usize,
+    ) -> Result<DeviceHash> {
+        if ring_len < t.max_ngram.saturating_sub(1).max(1) || ring_len > MAX_RING {
+            bail!(
+                ErrInvalidConfig,
+                "device_history = {ring_len}: the device ring needs at least max_ngram - 1 = {} \
+                 positions (plus the longest draft rolled back), and at most {MAX_RING}",
+                t.max_ngram.saturating_sub(1).max(1)
+            );
+        }
+        let Ok(map_len) = u32::try_from(t.token_map.len()) else {
+            bail!(
+                ErrInvalidConfig,
+                "token_map of {} entries is too large for the device hash",
+                t.token_map.len()
+            );
+        };
+        let seqs = limits.max_seqs;
+        let ring_bytes = seqs
+            .checked_mul(ring_len)
+            .and_then(|x| x.checked_mul(8))
+            .ok_or_else(|| {
+                crate::error::Error::new(
+                    crate::EngramStatus::ErrInvalidConfig,
+                    format!("max_seqs {seqs} x device_history {ring_len} is too large"),
+                )
+            })?;
+        let h = DeviceHash {
+            limits,
+            ring_len,
+            map_len,
+            pad_id: t.pad_id,
+            n_layers: t.n_layers() as u32,
+            max_ngram: t.max_ngram as u32,
+            n_heads: t.n_heads as u32,
+            token_map: DevBuf::from_slice(gpu, &t.token_map, "the device hash's token map")?,
+            multipliers: DevBuf::from_slice(gpu, &t.multipliers, "the device hash's multipliers")?,
+            primes: DevBuf::from_slice(gpu, &t.primes, "the device hash's primes")?,
+            offsets: DevBuf::from_slice(gpu, &t.offsets, "the device hash's offsets")?,
+            ring: DevBuf::new(gpu, ring_bytes, "the device history")?,
+            tags: DevBuf::new(gpu, seqs * 8, "the device history's run tags")?,
+            conflicts: DevBuf::new(gpu, seqs * 8, "the device history's run tags")?,
+            serial: DevBuf::new(gpu, 8, "the device hash's call counter")?,
+            status: DevBuf::new(gpu, limits.max_tokens * 4, "the device hash's token status")?,
+            latch: DevBuf::new(gpu, latch::LATCH_WORDS * 4, "the device hash's error latch")?,
+        };
+        // SAFETY: our own allocations of these sizes. Empty entries are all
+        // ones (position -1); tags and conflicts start at serial 0, which no
+        // call has (the counter starts at 1).
+        unsafe {
+            gpu.memset(h.ring.ptr, 0xFF, ring_bytes)?;
+            gpu.memset(h.tags.ptr, 0, seqs * 8)?;
+            gpu.memset(h.conflicts.ptr, 0, seqs * 8)?;
+            gpu.memset(h.latch.ptr, 0, latch::LATCH_WORDS * 4)?;
+        }
+        h.serial.write(&[1u64])?;
+        Ok(h)
+    }
+
+    pub(super) fn device_bytes(&self) -> usize {
+        [
+            &self.token_map,
+            &self.multipliers,
+            &self.primes,
+            &self.offsets,
+            &self.ring,
+            &self.tags,
+            &self.conflicts,
+            &self.serial,
+            &self.status,
+            &self.latch,
+        ]
+        .iter()
+        .map(|b| b.bytes)
+        .sum()
+    }
+}
+
+impl CudaBackend {
+    /// Give this backend a device history of `ring_len` positions per
+    /// sequence (at create, before any call).
+    pub fn enable_device_hash(
+        &mut self,
+        t: &HashTables,
+        limits: Limits,
+        ring_len: usize,
+    ) -> Result<()> {
+        self.hash = Some(DeviceHash::new(&self.gpu, t, limits, ring_len)?);
+        Ok(())
+    }
+
+    fn device_hash(&self) -> Result<&DeviceHash> {
+        match &self.hash {
+            Some(h) => Ok(h),
+            None => bail!(
+                ErrUnsupported,
+                "this context has no device history (create it with device_history > 0 to hash on \
+                 the device)"
+            ),
+        }
+    }
+
+    /// Queue the hash of one batch on `call.stream` (see `engram_hash_device`).
+    pub(crate) fn hash_on_device(&self, call: &DeviceHashIn) -> Result<()> {
+        let h = self.device_hash()?;
+        h.limits.tokens(call.n)?;
+        for (what, p) in [
+            ("tokens", call.tokens),
+            ("seq_ids", call.seq_ids),
+            ("pos", call.pos),
+            ("row_ids", call.row_ids),
+        ] {
+            if p == 0 {
+                bail!(ErrNullArgument, "{what} is NULL");
+            }
+        }
+        let st = self.state();
+        self.take_device_error(&st)?;
+        if call.n == 0 {
+            return Ok(());
+        }
+        let n = call.n as u32;
+        let (tokens, seq_ids, pos, row_ids) = (call.tokens, call.seq_ids, call.pos, call.row_ids);
+        let max_seqs = h.limits.max_seqs as u32;
+        let max_positions = h.limits.max_positions as u32;
+        let ring_len = h.ring_len as u32;
+        let (tags, conflicts, serial) = (h.tags.ptr, h.conflicts.ptr, h.serial.ptr);
+        let (ring, status, hlatch, mirror) =
+            (h.ring.ptr, h.status.ptr, h.latch.ptr, self.mirror.dev_ptr);
+        let a = args![seq_ids, pos, max_seqs, tags, conflicts, serial];
+        // SAFETY: arguments match engram_hash_runs; the caller's arrays hold
+        // `n` entries (the header's contract), our buffers max_seqs slots.
+        unsafe { self.gpu.launch(Kernel::HashRuns, n, 32, call.stream, &a)? };
+        let (map, map_len, pad) = (h.token_map.ptr, h.map_len, h.pad_id);
+        let (mul, pr, off) = (h.multipliers.ptr, h.primes.ptr, h.offsets.ptr);
+        let (nl, nn, nh) = (h.n_layers, h.max_ngram, h.n_heads);
+        let a = args![
+            tokens,
+            seq_ids,
+            pos,
+            map,
+            map_len,
+            pad,
+            mul,
+            pr,
+            off,
+            nl,
+            nn,
+            nh,
+            max_seqs,
+            max_positions,
+            ring,
+            ring_len,
+            conflicts,
+            serial,
+            row_ids,
+            status,
+            hlatch
+        ];
+        // SAFETY: arguments match engram_hash_ids; the tables are the sizes
+        // their geometry says; `row_ids` holds `n * n_layers * C` (contract);
+        // `status` holds max_tokens >= n.
+        unsafe {
+            self.gpu
+                .launch(Kernel::HashIds, n, IDS_THREADS, call.stream, &a)?
+        };
+        let a = args![tokens, seq_ids, pos, map, n, ring, ring_len, status, serial, hlatch, mirror];
+        // SAFETY: arguments match engram_hash_commit; as above; the mirror
+        // is LATCH_WORDS of mapped pinned memory.
+        unsafe { self.gpu.launch(Kernel::HashCommit, n, 32, call.stream, &a) }
+    }
+
+    /// Queue a fork (`src` some sequence: `dst` becomes its copy) or a drop
+    /// (`src` `None`: `dst` is emptied) of the device history on `stream`.
+    pub(crate) fn seq_copy_on_device(
+        &self,
+        src: Option<i32>,
+        dst: i32,
+        stream: Stream,
+    ) -> Result<()> {
+        let h = self.device_hash()?;
+        let d = h.limits.seq(dst)? as i32;
+        let s = match src {
+            Some(s) => h.limits.seq(s)? as i32,
+            None => -1,
+        };
+        let _st = self.state();
+        if s == d {
+            return Ok(());
+        }
+        let (ring, ring_len) = (h.ring.ptr, h.ring_len as u32);
+        let a = args![ring, ring_len, s, d];
+        let blocks = ring_len.div_ceil(COPY_THREADS);
+        // SAFETY: arguments match engram_hash_seq_copy; both slots are below
+        // max_seqs, the ring's slot count.
+        unsafe {
+            self.gpu
+                .launch(Kernel::HashSeqCopy, blocks, COPY_THREADS, stream, &a)
+        }
+    }
+}
