@@ -288,6 +288,17 @@ pub fn value_of(code: u8, s: u8) -> f32 {
     e4m3_table()[code as usize] * scale_of(s)
 }
 
+/// An e8m0 scale code (not the NaN code 255: `set_layer` refuses it) as
+/// f32, for the CPU kernels that convert block-scaled fp8 in registers.
+#[inline(always)]
+pub(crate) fn e8m0_scale(c: u8) -> f32 {
+    f32::from_bits(if c == 0 {
+        0x0040_0000
+    } else {
+        (c as u32) << 23
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

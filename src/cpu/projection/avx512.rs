@@ -515,7 +515,9 @@ impl PairW for Fp8W {
             } else {
                 _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(x, 8), 1), m)
             };
-            let s = _mm512_set1_ps(super::e8m0_scale(*srow.add(kk >> shift)));
+            let s = _mm512_set1_ps(crate::formats::fp8_block::e8m0_scale(
+                *srow.add(kk >> shift),
+            ));
             _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0)), s)
         }
     }

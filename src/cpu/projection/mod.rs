@@ -561,17 +561,6 @@ fn pair_offset(n: usize, chunks: usize, t: usize, c: usize) -> usize {
     (b * KBC * n + t * in_block + within) * 32
 }
 
-/// An e8m0 scale code (not the NaN code 255: `set_layer` refuses it) as
-/// f32, for the kernels that convert block-scaled fp8 in registers.
-#[inline(always)]
-pub(crate) fn e8m0_scale(c: u8) -> f32 {
-    f32::from_bits(if c == 0 {
-        0x0040_0000
-    } else {
-        (c as u32) << 23
-    })
-}
-
 /// Round an f32 sum to bf16, held as f32.
 #[inline]
 fn to_bf16_value(x: f32) -> f32 {

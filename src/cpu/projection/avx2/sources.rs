@@ -352,7 +352,7 @@ impl Src for Fp8 {
     unsafe fn setup(self, _: *const u8, u: usize) -> __m256 {
         // SAFETY: the chunk's block is in the scale row (the caller's contract).
         unsafe {
-            _mm256_set1_ps(crate::cpu::projection::e8m0_scale(
+            _mm256_set1_ps(crate::formats::fp8_block::e8m0_scale(
                 *self.srow.add((u * CH) >> self.shift),
             ))
         }
