@@ -13,9 +13,26 @@
 
 
 /*
+ Row id written for every column of a dead token. `apply` leaves such
+ tokens untouched.
+ */
+#define ENGRAM_ROW_ID_DEAD -1
+
+/*
+ Written as a layer's `table_types`, `wkv_types` and `qk_types` entry
+ while its weights were never set (its `table_rows` entry is then 0).
+ */
+#define ENGRAM_INFO_NO_TYPE 4294967295
+
+/*
  Values per e8m0 scale in the fp8 row format.
  */
 #define ENGRAM_FP8_SCALE_BLOCK 32
+
+/*
+ The epsilon of a model whose files do not state one.
+ */
+#define DEFAULT_EPS 1e-6
 
 /*
  Token id that marks a dead position explicitly (a position fed by an
@@ -23,12 +40,6 @@
  token whose `token_map` entry is `-1`.
  */
 #define ENGRAM_TOKEN_DEAD -1
-
-/*
- Row id written for every column of a dead token. `apply` leaves such
- tokens untouched.
- */
-#define ENGRAM_ROW_ID_DEAD -1
 
 /*
  Status of every `engram_*` call. `ENGRAM_OK` is zero; every error code sits
@@ -65,8 +76,13 @@ typedef enum engram_status {
    */
   ENGRAM_STATUS_ERR_UNKNOWN_LAYER = 7006,
   /*
-   A call exceeds a capacity fixed at create time (tokens per call,
-   sequences, positions).
+   More tokens in one call than `max_tokens`, or no memory left: every
+   allocation whose size a caller or a file chooses (a call's working
+   buffers, a sequence's history and its copy, the histories of
+   `max_seqs` sequences, a token map) is fallible and fails with this.
+   A sequence id or position out of range is
+   `ENGRAM_STATUS_ERR_INVALID_SEQUENCE`, a `row_ids` buffer too small
+   `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`.
    */
   ENGRAM_STATUS_ERR_CAPACITY = 7007,
   /*
@@ -90,7 +106,9 @@ typedef enum engram_status {
   ENGRAM_STATUS_ERR_INVALID_ROW_ID = 7011,
   /*
    A sequence id outside `[0, max_seqs)`, a position outside
-   `[0, max_positions)`, or the same (sequence, position) twice in one batch.
+   `[0, max_positions)`, the same (sequence, position) twice in one batch,
+   or a position range of an `engram_seq_*` call outside
+   `[0, max_positions]` or ending before it starts.
    */
   ENGRAM_STATUS_ERR_INVALID_SEQUENCE = 7012,
   /*
@@ -245,8 +263,9 @@ typedef struct engram_tables engram_tables;
  data; a struct from an older header (a smaller `struct_size`) is read as
  far as it goes, the rest taking the defaults.
 
- Layouts accepted (`struct_size`): only this one, unchanged since 0.1
- (the 0.1, 0.2 and 0.3 headers all have it).
+ Layouts accepted (`struct_size`): the 0.1 layout, which ends after
+ `n_threads` (unchanged through 0.2; `device_history` reads as 0), and
+ the 0.3 layout of this header.
  */
 typedef struct engram_config {
   /*
@@ -259,8 +278,8 @@ typedef struct engram_config {
    `engram_set_layer`, `engram_apply`, `engram_apply_device_ids`,
    `engram_check`). `engram_create` with CUDA loads the driver (a machine
    without one gets `ENGRAM_STATUS_ERR_DEVICE`), loads NVRTC and cuBLAS of
-   CUDA 13 or 12 (whichever is there, never newer than the driver; see the
-   README for where they are looked for), compiles the kernels for the
+   CUDA 13 or 12 (whichever is there, never newer than the driver; see
+   docs/cuda.md, "Libraries", for where they are looked for), compiles the kernels for the
    device and allocates every device workspace for `max_tokens`.
    */
   uint32_t backend;
@@ -367,8 +386,10 @@ typedef struct engram_config {
  is plain data.
 
  Layouts accepted (`struct_size`): the 0.2 layout, which ends after
- `qk_type` (the fields after it read as NULL), and the 0.3 layout of this
- header.
+ `qk_type` (the fields after it read as NULL / 0); an early 0.3 layout,
+ which ends after `table_scales` (no block-scaled `wkv`: `wkv_scales`,
+ `wkv_block_rows`, `wkv_block_cols` read as NULL / 0); and the 0.3 layout
+ of this header.
  */
 typedef struct engram_layer_weights {
   /*
@@ -468,8 +489,12 @@ typedef struct engram_gguf_options {
    */
   int32_t device;
   /*
-   RMS epsilon of the gate (default 1e-6): finite and > 0, as in
-   `engram_config`.
+   RMS epsilon of the gate. 0 (the default): the file's, else 1e-6
+   (GGUF, any dialect: `{general.architecture}.attention.layer_norm_rms_epsilon`,
+   that is `deepseek41.` or `deepseek4.`; the checkpoint:
+   `config.json`'s `rms_norm_eps`, in `text_config` or at the top level).
+   Any other value must be finite and > 0, as in `engram_config`.
+   `engram_context_info` reports the value in use.
    */
   float eps;
   /*
@@ -514,6 +539,120 @@ typedef struct engram_gguf_options {
 } engram_gguf_options;
 
 /*
+ What `engram_context_info` reports. Fill it with `engram_info_init`, which
+ sets `struct_size` and leaves every array NULL; to read the layers too, set
+ the arrays you want (each `layers_cap` elements, or NULL to skip it) and
+ `layers_cap`. Every other field is written by the call. A struct from an
+ older header (a smaller `struct_size`) is read and written only as far as
+ it goes.
+ */
+typedef struct engram_info {
+  /*
+   `sizeof(engram_info)` of the caller's header (set by `engram_info_init`).
+   */
+  size_t struct_size;
+  /*
+   In: per engram layer, in row-id order: the model layer id.
+   */
+  uint32_t *layer_ids;
+  /*
+   In: the table's `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: weights never set).
+   */
+  uint32_t *table_types;
+  /*
+   In: the table's rows as set (0: weights never set).
+   */
+  uint64_t *table_rows;
+  /*
+   In: the rows the layer's hash reaches (the largest `offset + prime`):
+   the smallest table `engram_set_layer` accepts.
+   */
+  uint64_t *rows_needed;
+  /*
+   In: `wkv`'s `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: never set).
+   */
+  uint32_t *wkv_types;
+  /*
+   In: `q` and `k`'s `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: never set).
+   */
+  uint32_t *qk_types;
+  /*
+   In: the elements each non-NULL array above holds; below `n_layers` is
+   `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` (nothing written).
+   */
+  uint32_t layers_cap;
+  /*
+   `ENGRAM_BACKEND_CPU` or `ENGRAM_BACKEND_CUDA`.
+   */
+  uint32_t backend;
+  /*
+   Hidden size `D`.
+   */
+  uint32_t hidden_size;
+  /*
+   Hyper-connection streams `hc`.
+   */
+  uint32_t hc;
+  /*
+   Row width `Hd`.
+   */
+  uint32_t head_dim;
+  /*
+   Hash heads per n-gram size `H`.
+   */
+  uint32_t n_heads;
+  /*
+   Max n-gram size `N`.
+   */
+  uint32_t max_ngram;
+  /*
+   Row ids per token per layer, `C = (N-1)*H`.
+   */
+  uint32_t cols;
+  /*
+   Engram layers.
+   */
+  uint32_t n_layers;
+  /*
+   RMS epsilon of the gate, as the context uses it.
+   */
+  float eps;
+  /*
+   Most tokens in one call.
+   */
+  uint32_t max_tokens;
+  /*
+   Sequence ids run over `[0, max_seqs)`.
+   */
+  uint32_t max_seqs;
+  /*
+   Positions run over `[0, max_positions)`.
+   */
+  uint32_t max_positions;
+  /*
+   Threads the backend uses for one call (`engram_set_threads`).
+   */
+  uint32_t n_threads;
+  /*
+   Entries of the token map (the vocabulary the hash accepts).
+   */
+  size_t token_map_len;
+  /*
+   The pad token's compressed id.
+   */
+  int64_t pad_id;
+  /*
+   Row ids per token, `n_layers * C` (`engram_row_ids_per_token`).
+   */
+  size_t row_ids_per_token;
+  /*
+   The fingerprint of the hash tables that a saved sequence state carries
+   (`engram_seq_state_write`): equal for contexts of the same model.
+   */
+  uint64_t table_fingerprint;
+} engram_info;
+
+/*
  Options of `engram_create_from_safetensors`. Fill with
  `engram_safetensors_options_init`. Every field is plain data.
 
@@ -538,8 +677,12 @@ typedef struct engram_safetensors_options {
    */
   int32_t device;
   /*
-   RMS epsilon of the gate (default 1e-6): finite and > 0, as in
-   `engram_config`.
+   RMS epsilon of the gate. 0 (the default): the file's, else 1e-6
+   (GGUF, any dialect: `{general.architecture}.attention.layer_norm_rms_epsilon`,
+   that is `deepseek41.` or `deepseek4.`; the checkpoint:
+   `config.json`'s `rms_norm_eps`, in `text_config` or at the top level).
+   Any other value must be finite and > 0, as in `engram_config`.
+   `engram_context_info` reports the value in use.
    */
   float eps;
   /*
@@ -620,8 +763,12 @@ enum engram_status engram_create(const struct engram_config *cfg, struct engram_
 
 /*
  Free a context. NULL is a no-op. With the CUDA backend it first waits for
- the device to finish the work queued so far (`cuCtxSynchronize`), so that
- nothing queued still reads the workspaces it frees.
+ the work of the context's last call (an event recorded after it on its
+ stream), so that nothing queued still reads the workspaces it frees, and
+ then, before it unloads its kernels, for the device (`cuCtxSynchronize`):
+ not during another thread's graph capture in global mode. Replays of
+ captured graphs are not tracked: they must have finished (synchronise
+ their stream first).
 
  `ctx` must be NULL or a context from `engram_create` not yet freed, with
  no call on it in flight.
@@ -631,6 +778,18 @@ void engram_free(struct engram_context *ctx);
 /*
  Register (or replace) the weights of one engram layer. The pointers are
  borrowed (see `engram_layer_weights`).
+
+ CUDA backend: before it replaces anything it waits on the host for the
+ work of the context's last call queued outside a graph capture (an event
+ recorded on that call's stream; not `cuCtxSynchronize`, so it neither
+ waits for the engine's other work nor breaks a capture another thread
+ makes); its copies run on the context's own stream. When it returns,
+ nothing the library queued reads the replaced weights, so the engine may
+ free them. It does not wait for the engine's streams: `q` and `k`, read
+ during the call, must already hold their values (written by a finished
+ copy). A graph captured before the call holds the old weights' and
+ staging buffers' addresses: its replays must have finished before the
+ call, and it must be captured again after it (never replayed again).
 
  `ctx` as in `engram_free`; `w` must be NULL or a valid struct whose
  pointers hold the sizes the geometry implies and outlive their use by the
@@ -761,6 +920,16 @@ enum engram_status engram_seq_drop_device(struct engram_context *ctx, int32_t se
  address, ...) is reported as `ENGRAM_STATUS_ERR_DEVICE` by the next call
  that reaches the driver.
 
+ Batch invariance on CUDA: a token's result is the same bits in every
+ batch of 1 to 8 tokens with a bf16, f16 or GGUF-block `wkv` (GEMV
+ kernels, each token summed in one order whatever the batch; they need
+ `C*Hd` a multiple of 8, and for bf16 a 16-byte aligned `wkv`, for the
+ others a multiple of 32, else every size is cuBLAS's). Batches of 9
+ or more tokens go through cuBLAS (a quantised `wkv` as bf16 tiles), whose
+ algorithm depends on the batch size: within the stated bound, not bit for
+ bit, of the same token in another batch; an f32 `wkv` always uses cuBLAS.
+ The CPU backend is batch invariant for every size.
+
  `ctx` as in `engram_free`; `row_ids` and `highway` must hold the sizes above.
  */
 enum engram_status engram_apply(struct engram_context *ctx,
@@ -783,6 +952,12 @@ enum engram_status engram_apply(struct engram_context *ctx,
  errors the kernels find (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`). With a table
  in host memory the rows are read from the layer's device staging buffer,
  which `engram_stage` fills for the same ids before the call (or replay).
+ `row_ids` must be 8-byte aligned and `highway` aligned to its element
+ (4 bytes f32, 2 bf16): a misaligned pointer is
+ `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` and nothing is queued (on a GPU it
+ would be a fault that ends the whole CUDA context). A captured graph is
+ bound to the weights and staging buffers of the layers at capture: after
+ `engram_set_layer` of one of them, capture it again.
  The CPU backend returns `ENGRAM_STATUS_ERR_UNSUPPORTED`.
 
  `ctx` as in `engram_free`; `row_ids` and `highway` must be device memory of
@@ -803,8 +978,13 @@ enum engram_status engram_apply_device_ids(struct engram_context *ctx,
  `[n_tokens, C*Hd]` into `rows` (capacity `rows_cap` values), and the
  projection `kv` rounded to bf16, `[n_tokens, D*(hc+1)]` into `kv`
  (capacity `kv_cap`); a dead token's values are zero. Host buffers, on every
- backend. Slow (it allocates, and on CUDA it synchronises the device): not
- for the step loop. The highway is not touched. On error nothing is written.
+ backend. Slow (it allocates and waits): not for the step loop. The
+ highway is not touched. On error nothing is written. On CUDA it runs on
+ the context's own stream, after the work of the context's last call on
+ the engine's stream (it waits for that call's event; replays of captured
+ graphs must have finished), and waits for its own stream only, never the
+ whole device or the legacy stream; it replaces what `engram_stage` staged
+ for a host-table layer (stage again before a replay).
 
  `ctx` as in `engram_free`; the buffers must hold the capacities given.
  */
@@ -882,7 +1062,7 @@ enum engram_status engram_stage(struct engram_context *ctx,
 
 /*
  Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
- `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
+ `eps = 0` (the file's), `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
  131072`, one thread, no config/tokenizer, `pread` tables, no tables
  directory. NULL is ignored.
  Call it through the header's `engram_gguf_options_init(o)`.
@@ -891,7 +1071,7 @@ void engram_gguf_options_init_sized(struct engram_gguf_options *o, size_t struct
 
 /*
  Create a context straight from a GGUF file, in the dialect of any public
- DeepSeek-V4.1 converter (the README's table): llama.cpp's
+ DeepSeek-V4.1 converter (the table in docs/loading.md): llama.cpp's
  `deepseek41.engram.*` keys (also spelled `deepseek4.engram.*`), ds4,
  tarruda, JigSawPT, deepstrix and shard-path-plus-offsets files. The
  dialect is recognised from the keys that identify it; hash constants in
@@ -925,8 +1105,185 @@ enum engram_status engram_create_from_gguf(const char *path,
                                            struct engram_context **out);
 
 /*
+ Forget the positions `[p0, p1)` of sequence `seq`, as
+ `llama_memory_seq_rm` removes them from the KV cache (a rejected draft, an
+ edited prompt): a later token whose look-back reaches one of them is
+ `ENGRAM_STATUS_ERR_MISSING_HISTORY` until it is hashed again. `seq = -1`:
+ every sequence. `p0 < 0` is 0, `p1 < 0` is the end. A sequence outside
+ `[0, max_seqs)` (other than -1), a range outside `[0, max_positions]` or
+ one with `p0 > p1` is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE`, and nothing
+ changes. Serialised with `engram_hash` and the other `engram_seq_*` calls.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_seq_rm(struct engram_context *ctx, int32_t seq, int32_t p0, int32_t p1);
+
+/*
+ Copy sequence `src`'s positions `[p0, p1)` over `dst`'s, as
+ `llama_memory_seq_cp` (a shared prompt, a forked draft): afterwards `dst`
+ holds exactly what `src` holds in that range (a position `src` never
+ hashed is forgotten in `dst`); `dst`'s other positions stay. `p0 < 0` is 0,
+ `p1 < 0` the end; `src == dst` changes nothing. Checked as
+ `engram_seq_rm` (no -1 here); out of memory is
+ `ENGRAM_STATUS_ERR_CAPACITY`; on error nothing changes. The whole-sequence
+ `engram_seq_copy` is this call with `p0 = p1 = -1`.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_seq_cp(struct engram_context *ctx,
+                                 int32_t src,
+                                 int32_t dst,
+                                 int32_t p0,
+                                 int32_t p1);
+
+/*
+ Forget every sequence but `seq`, as `llama_memory_seq_keep`. A sequence
+ outside `[0, max_seqs)` is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE` (nothing
+ changes).
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_seq_keep(struct engram_context *ctx, int32_t seq);
+
+/*
+ Move sequence `seq`'s positions in `[p0, p1)` by `delta`, as
+ `llama_memory_seq_add` (the context shift: remove `[n_keep, n_keep + n)`
+ with `engram_seq_rm`, then move `[n_keep + n, -1)` by `-n`). The range
+ moves as a block: a position that lands below 0 is forgotten; a hashed
+ position that lands on a position outside the range replaces what that
+ position held (the moved token wins); positions of the range nothing
+ lands on are forgotten; positions outside the range nothing lands on
+ keep theirs. A hashed position that would land at `max_positions` or
+ beyond is `ENGRAM_STATUS_ERR_INVALID_SEQUENCE` and nothing moves. `p0 < 0`
+ is 0, `p1 < 0` the end; `delta = 0` or an empty range changes nothing.
+ Checked as `engram_seq_rm` (no -1 here); out of memory is
+ `ENGRAM_STATUS_ERR_CAPACITY`; on error nothing changes.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_seq_add(struct engram_context *ctx,
+                                  int32_t seq,
+                                  int32_t p0,
+                                  int32_t p1,
+                                  int32_t delta);
+
+/*
+ `llama_memory_seq_div` (self-extend) has no meaning for an n-gram history
+ and is refused: `d > 1` is `ENGRAM_STATUS_ERR_UNSUPPORTED`. Dividing
+ positions puts `d` tokens on each position, while the history holds one
+ token per position and a later token's n-gram is over the tokens that
+ precede it in the text. An engine using self-extend keeps passing
+ `engram_hash` each token's undivided position (its index in the
+ sequence), which needs no division. `d = 1` changes nothing
+ (`ENGRAM_STATUS_OK`); `d < 1` is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`;
+ `seq` and the range are checked first, as `engram_seq_add`. Nothing ever
+ changes.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_seq_div(struct engram_context *ctx,
+                                  int32_t seq,
+                                  int32_t p0,
+                                  int32_t p1,
+                                  int32_t d);
+
+/*
+ Bytes `engram_seq_state_write` writes for sequence `seq` now, into
+ `*size` (left as it was on error).
+
+ `ctx` as in `engram_free`; `size` writable or NULL.
+ */
+enum engram_status engram_seq_state_size(struct engram_context *ctx, int32_t seq, size_t *size);
+
+/*
+ Save sequence `seq`'s history into `buf` (`cap` bytes) and the bytes
+ written into `*written`: a prompt cache keeps it and restores it later,
+ into any sequence of a context of the same model, with
+ `engram_seq_state_read`. The format is versioned and checks itself (see
+ docs/history.md): a magic, a version, the fingerprint of the context's
+ hash tables, the lengths, the positions hashed and a checksum. A `cap`
+ below `engram_seq_state_size` is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` and
+ nothing is written. Serialised with `engram_hash`.
+
+ `ctx` as in `engram_free`; `buf` must hold `cap` bytes; `written`
+ writable or NULL.
+ */
+enum engram_status engram_seq_state_write(struct engram_context *ctx,
+                                          int32_t seq,
+                                          void *buf,
+                                          size_t cap,
+                                          size_t *written);
+
+/*
+ Replace sequence `seq`'s history with a state `engram_seq_state_write`
+ saved (`len` bytes at `buf`), from any sequence of a context of the same
+ model. A truncated, corrupted or foreign buffer (another model's: its hash
+ tables' fingerprint differs) is `ENGRAM_STATUS_ERR_FORMAT`, and so is a
+ state holding a position outside `[0, max_positions)`; everything is
+ checked before `seq` changes, and on error nothing changes. Serialised
+ with `engram_hash`.
+
+ `ctx` as in `engram_free`; `buf` must hold `len` bytes.
+ */
+enum engram_status engram_seq_state_read(struct engram_context *ctx,
+                                         int32_t seq,
+                                         const void *buf,
+                                         size_t len);
+
+/*
+ Fill `info`'s first `struct_size` bytes with the defaults (NULL arrays,
+ `struct_size` set). NULL is ignored. Call it through the header's
+ `engram_info_init(info)`.
+ */
+void engram_info_init_sized(struct engram_info *info, size_t struct_size);
+
+/*
+ Describe the context: its geometry, engram layers (ids, table and weight
+ types, rows), limits, token map, `eps`, backend and thread count, into
+ `*info` (see `engram_info`), for an engine that opened it from a file and
+ must size its buffers. On error nothing is written.
+
+ `ctx` as in `engram_free`; `info` NULL or an `engram_info` whose non-NULL
+ arrays hold `layers_cap` elements.
+ */
+enum engram_status engram_context_info(struct engram_context *ctx, struct engram_info *info);
+
+/*
+ Layer `layer_id`'s gate weights, the product `q * k` (`[hc, D]` f32, the
+ only form of them the context keeps), into `out` (capacity `cap` floats):
+ with `engram_read_back`'s `kv`, an engine can recompute a whole gate. A
+ `cap` below `hc * D` is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`; an unknown
+ layer `ENGRAM_STATUS_ERR_UNKNOWN_LAYER`; a layer never set
+ `ENGRAM_STATUS_ERR_NO_WEIGHTS`. On error nothing is written. CUDA backend:
+ copied back from the device (synchronously).
+
+ `ctx` as in `engram_free`; `out` must hold `cap` floats.
+ */
+enum engram_status engram_layer_gate_weights(struct engram_context *ctx,
+                                             uint32_t layer_id,
+                                             float *out,
+                                             size_t cap);
+
+/*
+ Use at most `n_threads` threads for each later call (0 or 1: the calling
+ thread only; at most 1024), as `llama_set_n_threads` changes an engine's.
+ CPU backend: the projection's worker pool is replaced; the call waits for
+ the projections in flight on other threads (they finish on the old
+ pool), then joins the old pool's threads before it returns, and the calls
+ after it use the new pool. A thread that cannot be started is
+ `ENGRAM_STATUS_ERR_CAPACITY` and the old pool stays in use. The prefetch
+ workers (`engram_prefetch`) keep the count the context was created with.
+ CUDA backend: the work runs on the device; the count is recorded (and
+ reported by `engram_context_info`) and changes nothing. More than 1024 is
+ `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_set_threads(struct engram_context *ctx, uint32_t n_threads);
+
+/*
  Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
- `eps = 1e-6`, `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
+ `eps = 0` (the file's), `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
  131072`, one thread, the directory's tokenizer.json, `pread` tables. NULL
  is ignored. Call it through the header's `engram_safetensors_options_init(o)`.
  */
@@ -945,7 +1302,7 @@ void engram_safetensors_options_init_sized(struct engram_safetensors_options *o,
  `quantization_config.weight_block_size` block: kept as stored,
  `ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK`, read in place by the kernels; or
  BF16/F32). The hash constants are derived from the
- config and the tokenizer, as SPEC section 3 states. Statuses: `ERR_IO` (the
+ config and the tokenizer, as docs/math.md states. Statuses: `ERR_IO` (the
  directory, a file or a shard cannot be opened, or is not a regular file),
  `ERR_FORMAT` (a safetensors header that is not valid or disagrees with its
  file, a missing tensor, a tensor of the wrong dtype or shape, a config that
@@ -965,8 +1322,9 @@ enum engram_status engram_create_from_safetensors(const char *model_dir,
 
 /*
  Derive the hash tables (token map, multipliers, primes, offsets) from a
- model's `config.json` (its engram fields; the README lists the names
- accepted) and its Hugging Face `tokenizer.json`, as SPEC section 3 states.
+ model's `config.json` (its engram fields; docs/loading.md lists the
+ names accepted) and its Hugging Face `tokenizer.json`, as docs/math.md
+ states.
  On success `*out` receives an object to pass to `engram_tables_fill_config`
  and to free with `engram_tables_free`; on failure `*out` is left as it was
  (`ENGRAM_STATUS_ERR_IO` for a file that cannot be read,
@@ -1047,6 +1405,9 @@ static inline void engram_gguf_options_init(engram_gguf_options *o) {
 static inline void engram_safetensors_options_init(engram_safetensors_options *o) {
     engram_safetensors_options_init_sized(o, sizeof *o);
 }
+
+/** Fill `*info` with the defaults for this header's `engram_info`. */
+static inline void engram_info_init(engram_info *info) { engram_info_init_sized(info, sizeof *info); }
 
 #ifdef __cplusplus
 }
