@@ -15,11 +15,9 @@
  *   - the highway ggml computed is bit-identical to `d`'s (memcmp), and the
  *     engram layers changed every live token.
  *
- * The steps run in order over two sequences; each step is one function in
+ * The steps run in order over three sequences; each step is one function in
  * the `steps` table below: an optional history operation (applied to both
- * contexts and to the model), then one batch. Steps that need the history
- * API under way (engram_seq_rm, engram_seq_add, engram_seq_state_*) go into
- * that table as further functions; see the comment above it.
+ * contexts and to the model), then one batch; see the comment above it.
  *
  * Usage: test_ggml path/to/tiny.gguf N_THREADS
  */
@@ -34,11 +32,28 @@
 
 #include "check.h"
 
+/* The history calls of src/ffi/history.rs. include/engram.h does not declare
+ * them yet (the committed header predates them; cbindgen's output in
+ * OUT_DIR has them), so they are declared here exactly as the generated
+ * header does: an identical redeclaration stays valid once it has them. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+enum engram_status engram_seq_rm(struct engram_context *ctx, int32_t seq, int32_t p0, int32_t p1);
+enum engram_status engram_seq_add(struct engram_context *ctx, int32_t seq, int32_t p0, int32_t p1, int32_t delta);
+enum engram_status engram_seq_state_size(struct engram_context *ctx, int32_t seq, size_t *size);
+enum engram_status engram_seq_state_write(struct engram_context *ctx, int32_t seq, void *buf, size_t cap,
+                                          size_t *written);
+enum engram_status engram_seq_state_read(struct engram_context *ctx, int32_t seq, const void *buf, size_t len);
+#ifdef __cplusplus
+}
+#endif
+
 #define D 64
 #define HC 4
 #define HW (D * HC)
 #define MAX_POS 256
-#define N_SEQ 2
+#define N_SEQ 3 /* the third: the slot a saved state is restored into */
 #define MAX_BATCH 32
 #define VOCAB 48
 #define NEVER (-2) /* a position the model says was never hashed */
@@ -288,28 +303,162 @@ static void step_draft_rollback(const char *name, int no) {
     run_batch("decode after the rollback", no * 10 + 2, &next);
 }
 
+/* The model's side of engram_seq_rm: positions [p0, p1) of s forgotten
+ * (p0 < 0 is 0, p1 < 0 the end). */
+static void model_seq_rm(int32_t s, int32_t p0, int32_t p1) {
+    if (p0 < 0) p0 = 0;
+    if (p1 < 0) p1 = MAX_POS;
+    for (int32_t p = p0; p < p1; p++) hist[s][p] = NEVER;
+}
+
+/* The model's side of engram_seq_add, as its doc in include/engram.h says:
+ * the range [p0, p1) moves as a block by delta; an entry landing below 0 is
+ * forgotten; a hashed position landing outside the range replaces what it
+ * held there; positions of the range nothing lands on are forgotten; those
+ * outside nothing lands on keep theirs. (Landing at MAX_POS or beyond is an
+ * error the test never provokes.) */
+static void model_seq_add(int32_t s, int32_t p0, int32_t p1, int32_t delta) {
+    if (p0 < 0) p0 = 0;
+    if (p1 < 0) p1 = MAX_POS;
+    if (delta == 0 || p0 >= p1) return;
+    int32_t moved[MAX_POS];
+    memcpy(moved, hist[s], sizeof moved);
+    for (int32_t p = p0; p < p1; p++) moved[p] = NEVER;
+    for (int32_t p = p0; p < p1; p++) {
+        int32_t to = p + delta;
+        if (hist[s][p] != NEVER && to >= 0 && to < MAX_POS) moved[to] = hist[s][p];
+    }
+    memcpy(hist[s], moved, sizeof moved);
+}
+
+/* Both contexts: engram_seq_rm, checked. */
+static void both_seq_rm(const char *step, int32_t s, int32_t p0, int32_t p1) {
+    engram_status a = engram_seq_rm(g_ctx, s, p0, p1), b = engram_seq_rm(d_ctx, s, p0, p1);
+    check(a == ENGRAM_STATUS_OK && b == ENGRAM_STATUS_OK, "%s: engram_seq_rm(%d, %d, %d) on both contexts (%d %d) %s",
+          step, (int)s, (int)p0, (int)p1, (int)a, (int)b, engram_last_error());
+    model_seq_rm(s, p0, p1);
+}
+
+/* A draft rolled back with engram_seq_rm: seq 1 hashes a 4-token draft at
+ * p..p+3, the engine accepts 2 and removes the rest (p+2 to the end), then
+ * decodes its next token at p+2 while seq 0 decodes too. The fresh context
+ * is fed only the accepted history, so a rejected token still seen by a
+ * look-back fails the check. */
+static void step_draft_seq_rm(const char *name, int no) {
+    int32_t p = seq_len(1);
+    batch draft = {{0}, {0}, {0}, 0, 0};
+    for (int32_t i = 0; i < 4; i++) batch_add(&draft, 1, p + i, next_token());
+    run_batch("draft (verify batch, to be cut by engram_seq_rm)", no * 10, &draft);
+    both_seq_rm(name, 1, p + 2, -1);
+    check(seq_len(1) == p + 2, "%s: the model keeps the 2 accepted tokens", name);
+    batch next = {{0}, {0}, {0}, 0, 0};
+    batch_add(&next, 1, p + 2, (draft.tok[2] + 1) % VOCAB); /* not the rejected token */
+    batch_add(&next, 0, seq_len(0), next_token());
+    run_batch(name, no * 10 + 1, &next);
+}
+
+/* A context shift on seq 0, as llama-server does it with n_keep = 0:
+ * engram_seq_rm(0, 0, k) then engram_seq_add(0, k, -1, -k); positions below
+ * k are gone and the rest move down by k. Decoding then goes on at the
+ * shifted positions (two batches, the second also decoding seq 1). */
+static void step_context_shift(const char *name, int no) {
+    const int32_t k = 5;
+    int32_t before = seq_len(0);
+    both_seq_rm(name, 0, 0, k);
+    engram_status a = engram_seq_add(g_ctx, 0, k, -1, -k);
+    engram_status b = engram_seq_add(d_ctx, 0, k, -1, -k);
+    check(a == ENGRAM_STATUS_OK && b == ENGRAM_STATUS_OK,
+          "%s: engram_seq_add(0, %d, -1, %d) on both contexts (%d %d) %s", name, (int)k, (int)-k, (int)a, (int)b,
+          engram_last_error());
+    model_seq_add(0, k, -1, -k);
+    check(seq_len(0) == before - k && hist[0][0] != NEVER, "%s: the model's seq 0 is %d positions shorter, from 0",
+          name, (int)k);
+    for (int i = 0; i < 2; i++) {
+        batch nb = {{0}, {0}, {0}, 0, 0};
+        batch_add(&nb, 0, seq_len(0), next_token());
+        if (i == 1) batch_add(&nb, 1, seq_len(1), next_token());
+        char full[96];
+        snprintf(full, sizeof full, "%s, decode %d at the shifted position %d", name, i, (int)seq_len(0));
+        run_batch(full, no * 10 + i, &nb);
+    }
+}
+
+/* Save one context's seq `s` into a fresh buffer (checked); NULL on error. */
+static unsigned char *save_state(const char *step, engram_context *c, int32_t s, size_t *len) {
+    size_t n = 0, written = 0;
+    engram_status st = engram_seq_state_size(c, s, &n);
+    if (!check(st == ENGRAM_STATUS_OK && n > 0, "%s: engram_seq_state_size(%d) (status %d, %zu bytes)", step, (int)s,
+               (int)st, n))
+        return NULL;
+    unsigned char *buf = (unsigned char *)malloc(n);
+    if (!buf) {
+        printf("FAIL out of memory\n");
+        exit(1);
+    }
+    st = engram_seq_state_write(c, s, buf, n, &written);
+    if (!check(st == ENGRAM_STATUS_OK && written == n, "%s: engram_seq_state_write(%d) (status %d, %zu of %zu bytes)",
+               step, (int)s, (int)st, written, n)) {
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* A state saved from seq 0 (a prompt cache) and restored into slot 2 on
+ * each context; then seq 2 decodes from there (and seq 0 goes on with a
+ * different token, so the two slots must be independent). The model's
+ * hist[2] becomes hist[0]. */
+static void step_state_restore(const char *name, int no) {
+    size_t gl = 0, dl = 0;
+    unsigned char *gs = save_state(name, g_ctx, 0, &gl), *ds = save_state(name, d_ctx, 0, &dl);
+    if (gs && ds) {
+        check(gl == dl && memcmp(gs, ds, gl) == 0, "%s: both contexts save the same %zu bytes", name, gl);
+        engram_status a = engram_seq_state_read(g_ctx, 2, gs, gl), b = engram_seq_state_read(d_ctx, 2, ds, dl);
+        check(a == ENGRAM_STATUS_OK && b == ENGRAM_STATUS_OK, "%s: engram_seq_state_read into seq 2 (%d %d) %s", name,
+              (int)a, (int)b, engram_last_error());
+    }
+    free(gs);
+    free(ds);
+    memcpy(hist[2], hist[0], sizeof hist[2]);
+    for (int i = 0; i < 2; i++) {
+        batch nb = {{0}, {0}, {0}, 0, i == 1};
+        int32_t t = next_token();
+        batch_add(&nb, 2, seq_len(2), t);
+        batch_add(&nb, 0, seq_len(0), (t + 1 + i) % VOCAB);
+        char full[96];
+        snprintf(full, sizeof full, "%s, decode %d on seq 2%s", name, i, i == 1 ? " (bf16 highway)" : "");
+        run_batch(full, no * 10 + i, &nb);
+    }
+}
+
 typedef struct {
     const char *name;
     void (*run)(const char *name, int no);
 } step;
 
 /*
- * The steps, in order. The history operations under way go here, one
- * function each, between the last entry and the sentinel:
- *   - a draft rolled back with engram_seq_rm(ctx, 1, p0, -1) on both
- *     contexts (and hist[1][p >= p0] = NEVER) instead of re-hashing;
+ * The steps, in order. Each history operation is applied to both contexts
+ * and to the model (hist), and run_batch checks the next batch against a
+ * fresh context fed `hist`:
+ *   - a draft rolled back by re-hashing the accepted tokens;
+ *   - a draft rolled back with engram_seq_rm(ctx, 1, p + 2, -1)
+ *     (hist[1][q >= p + 2] = NEVER), then the next token at p + 2;
  *   - a context shift: engram_seq_rm(ctx, 0, 0, k) then
- *     engram_seq_add(ctx, 0, k, -1, -k) (and the same move of hist[0]);
- *   - a state saved and restored into another slot:
- *     engram_seq_state_size / engram_seq_state_write(ctx, 0, ...) on each
- *     context, engram_seq_state_read(ctx, 2, ...) (hist needs a third row:
- *     raise N_SEQ), then a batch that decodes seq 2.
- * run_batch checks each of them against a fresh context fed `hist`.
+ *     engram_seq_add(ctx, 0, k, -1, -k) (model_seq_add moves hist[0] as the
+ *     header says seq_add does), decoding on at the shifted positions;
+ *   - a state saved and restored into another slot: engram_seq_state_size /
+ *     engram_seq_state_write(ctx, 0, ...) on each context,
+ *     engram_seq_state_read(ctx, 2, ...) (hist[2] = hist[0]), then batches
+ *     that decode seq 2 beside seq 0.
  */
 static const step steps[] = {
     {"prefill (2 sequences, 26 tokens)", step_prefill},
     {"decode", step_decode},
     {"draft rolled back (re-hash)", step_draft_rollback},
+    {"draft rolled back (engram_seq_rm)", step_draft_seq_rm},
+    {"context shift (engram_seq_rm + engram_seq_add)", step_context_shift},
+    {"state of seq 0 restored into seq 2", step_state_restore},
     {NULL, NULL},
 };
 
