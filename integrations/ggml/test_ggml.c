@@ -32,23 +32,6 @@
 
 #include "check.h"
 
-/* The history calls of src/ffi/history.rs. include/engram.h does not declare
- * them yet (the committed header predates them; cbindgen's output in
- * OUT_DIR has them), so they are declared here exactly as the generated
- * header does: an identical redeclaration stays valid once it has them. */
-#ifdef __cplusplus
-extern "C" {
-#endif
-enum engram_status engram_seq_rm(struct engram_context *ctx, int32_t seq, int32_t p0, int32_t p1);
-enum engram_status engram_seq_add(struct engram_context *ctx, int32_t seq, int32_t p0, int32_t p1, int32_t delta);
-enum engram_status engram_seq_state_size(struct engram_context *ctx, int32_t seq, size_t *size);
-enum engram_status engram_seq_state_write(struct engram_context *ctx, int32_t seq, void *buf, size_t cap,
-                                          size_t *written);
-enum engram_status engram_seq_state_read(struct engram_context *ctx, int32_t seq, const void *buf, size_t len);
-#ifdef __cplusplus
-}
-#endif
-
 #define D 64
 #define HC 4
 #define HW (D * HC)
