@@ -128,7 +128,10 @@ fn a_nan_code_in_an_fp8_wkv_fails_inspect_as_it_fails_the_loader() {
         .err()
         .unwrap();
     assert_eq!(e.status, EngramStatus::ErrInvalidData, "{}", e.message);
-    fails(&inspect(&[&ck]), &["ErrInvalidData", "layer 3", "weights.wkv", "NaN code"]);
+    fails(
+        &inspect(&[&ck]),
+        &["ErrInvalidData", "layer 3", "weights.wkv", "NaN code"],
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
