@@ -110,7 +110,7 @@ static void test_tables(void) {
     check(engram_tables_from_files(DATA "no_such_config.json", TOKENIZER, &o) == ENGRAM_STATUS_ERR_IO && o == keep &&
               last_error_has("no_such_config.json"),
           "engram_tables_from_files: a missing file is ERR_IO, naming it");
-    check(engram_tables_from_files(DATA "tiny.json", TOKENIZER, &o) == ENGRAM_STATUS_ERR_INVALID_CONFIG &&
+    check(engram_tables_from_files(DATA "gguf_expected.json", TOKENIZER, &o) == ENGRAM_STATUS_ERR_INVALID_CONFIG &&
               o == keep && last_error_has("layer ids"),
           "engram_tables_from_files: a JSON without engram fields is ERR_INVALID_CONFIG, naming the field");
     check(engram_tables_from_files(DATA "v41_config.json", DATA "v41_config.json", &o) ==
