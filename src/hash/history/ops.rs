@@ -16,6 +16,29 @@ pub struct Range {
     pub p1: usize,
 }
 
+impl Range {
+    /// `[p0, p1)` as an engine passes it (`p0 < 0` is 0, `p1 < 0` the end),
+    /// checked against `[0, max]`: outside it, or ending before it starts, is
+    /// `ERR_INVALID_SEQUENCE`.
+    pub fn resolve(p0: i32, p1: i32, max: usize) -> Result<Range> {
+        let lo = p0.max(0) as usize;
+        let hi = if p1 < 0 { max } else { p1 as usize };
+        if lo > max || hi > max {
+            bail!(
+                ErrInvalidSequence,
+                "position range [{p0}, {p1}) outside [0, max_positions = {max}]"
+            );
+        }
+        if lo > hi {
+            bail!(
+                ErrInvalidSequence,
+                "position range [{p0}, {p1}) ends before it starts"
+            );
+        }
+        Ok(Range { p0: lo, p1: hi })
+    }
+}
+
 impl SeqHistory {
     /// The written positions in `[p0, p1)` and their entries, in order.
     pub(super) fn entries(&self, p0: usize, p1: usize) -> impl Iterator<Item = (usize, i32)> + '_ {
@@ -74,22 +97,7 @@ impl History {
     /// Check `[p0, p1)` (llama.cpp's conventions: `p0 < 0` is 0, `p1 < 0` the
     /// end) against `[0, max_positions]`.
     pub fn range(&self, p0: i32, p1: i32) -> Result<Range> {
-        let max = self.limits.max_positions;
-        let lo = p0.max(0) as usize;
-        let hi = if p1 < 0 { max } else { p1 as usize };
-        if lo > max || hi > max {
-            bail!(
-                ErrInvalidSequence,
-                "position range [{p0}, {p1}) outside [0, max_positions = {max}]"
-            );
-        }
-        if lo > hi {
-            bail!(
-                ErrInvalidSequence,
-                "position range [{p0}, {p1}) ends before it starts"
-            );
-        }
-        Ok(Range { p0: lo, p1: hi })
+        Range::resolve(p0, p1, self.limits.max_positions)
     }
 
     /// Every sequence (`seq == -1`), or one checked sequence.
