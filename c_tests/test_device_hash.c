@@ -4,8 +4,9 @@
  *   - a CPU context cannot have a device history: engram_create with
  *     device_history > 0 is ERR_UNSUPPORTED with a message, *out untouched;
  *   - on a CPU context (host history), engram_hash_device,
- *     engram_seq_copy_device and engram_seq_drop_device are ERR_UNSUPPORTED
- *     and change nothing (the host hash still gives the same ids);
+ *     and every engram_seq_*_device call (copy, drop, rm, cp, keep, add,
+ *     state size/write/read) are ERR_UNSUPPORTED with a message and change
+ *     nothing (the host hash still gives the same ids; outputs untouched);
  *   - NULL contexts are ERR_NULL_ARGUMENT;
  *   - CUDA with a device history: ERR_DEVICE without a driver; with one, OK
  *     or ERR_DEVICE, and a ring shorter than the look-back ERR_INVALID_CONFIG
@@ -102,6 +103,39 @@ int main(void) {
             st = (int)engram_seq_drop_device(ctx, 0, NULL);
             check(st == ENGRAM_STATUS_ERR_UNSUPPORTED && has_message(),
                   "seq_drop_device on a CPU context: ERR_UNSUPPORTED (got %d)", st);
+            check(engram_seq_rm_device(ctx, 0, 0, -1, NULL) == ENGRAM_STATUS_ERR_UNSUPPORTED && has_message(),
+                  "seq_rm_device on a CPU context: ERR_UNSUPPORTED");
+            check(engram_seq_rm_device(ctx, -1, 0, -1, NULL) == ENGRAM_STATUS_ERR_UNSUPPORTED,
+                  "seq_rm_device(-1) on a CPU context: ERR_UNSUPPORTED");
+            check(engram_seq_cp_device(ctx, 0, 1, 0, -1, NULL) == ENGRAM_STATUS_ERR_UNSUPPORTED && has_message(),
+                  "seq_cp_device on a CPU context: ERR_UNSUPPORTED");
+            check(engram_seq_keep_device(ctx, 1, NULL) == ENGRAM_STATUS_ERR_UNSUPPORTED && has_message(),
+                  "seq_keep_device on a CPU context: ERR_UNSUPPORTED");
+            check(engram_seq_add_device(ctx, 0, 0, -1, 3, NULL) == ENGRAM_STATUS_ERR_UNSUPPORTED && has_message(),
+                  "seq_add_device on a CPU context: ERR_UNSUPPORTED");
+            size_t size = 77, written = 77;
+            unsigned char buf[256];
+            memset(buf, 0x5A, sizeof buf);
+            check(engram_seq_state_size_device(ctx, 0, &size, NULL) == ENGRAM_STATUS_ERR_UNSUPPORTED &&
+                      size == 77 && has_message(),
+                  "seq_state_size_device on a CPU context: ERR_UNSUPPORTED, size untouched");
+            check(engram_seq_state_write_device(ctx, 0, buf, sizeof buf, &written, NULL) ==
+                          ENGRAM_STATUS_ERR_UNSUPPORTED &&
+                      written == 77 && buf[0] == 0x5A,
+                  "seq_state_write_device on a CPU context: ERR_UNSUPPORTED, nothing written");
+            /* A real host state: still refused on a host context. */
+            size_t hs = 0;
+            check(engram_seq_state_size(ctx, 0, &hs) == ENGRAM_STATUS_OK && hs <= sizeof buf, "host state size");
+            check(engram_seq_state_write(ctx, 0, buf, sizeof buf, &written) == ENGRAM_STATUS_OK, "host state");
+            check(engram_seq_state_read_device(ctx, 1, buf, written, NULL) == ENGRAM_STATUS_ERR_UNSUPPORTED &&
+                      has_message(),
+                  "seq_state_read_device on a CPU context: ERR_UNSUPPORTED");
+            check(engram_seq_state_size_device(ctx, 0, NULL, NULL) != ENGRAM_STATUS_OK,
+                  "seq_state_size_device(NULL size): refused");
+            check(engram_seq_state_write_device(ctx, 0, NULL, 8, &written, NULL) != ENGRAM_STATUS_OK,
+                  "seq_state_write_device(NULL buf): refused");
+            check(engram_seq_state_read_device(ctx, 0, NULL, 8, NULL) != ENGRAM_STATUS_OK,
+                  "seq_state_read_device(NULL buf): refused");
             /* The host history is as it was: position 1 looks back to 0. */
             const int32_t t1[1] = {4}, s1[1] = {0}, p1[1] = {1};
             check(engram_hash(ctx, t1, s1, p1, 1, again, 4) == ENGRAM_STATUS_OK &&
@@ -119,6 +153,23 @@ int main(void) {
               "seq_copy_device(NULL ctx): ERR_NULL_ARGUMENT");
         check(engram_seq_drop_device(NULL, 0, NULL) == ENGRAM_STATUS_ERR_NULL_ARGUMENT,
               "seq_drop_device(NULL ctx): ERR_NULL_ARGUMENT");
+        size_t size = 0, written = 0;
+        unsigned char buf[64] = {0};
+        check(engram_seq_rm_device(NULL, 0, 0, -1, NULL) == ENGRAM_STATUS_ERR_NULL_ARGUMENT,
+              "seq_rm_device(NULL ctx): ERR_NULL_ARGUMENT");
+        check(engram_seq_cp_device(NULL, 0, 1, 0, -1, NULL) == ENGRAM_STATUS_ERR_NULL_ARGUMENT,
+              "seq_cp_device(NULL ctx): ERR_NULL_ARGUMENT");
+        check(engram_seq_keep_device(NULL, 0, NULL) == ENGRAM_STATUS_ERR_NULL_ARGUMENT,
+              "seq_keep_device(NULL ctx): ERR_NULL_ARGUMENT");
+        check(engram_seq_add_device(NULL, 0, 0, -1, 1, NULL) == ENGRAM_STATUS_ERR_NULL_ARGUMENT,
+              "seq_add_device(NULL ctx): ERR_NULL_ARGUMENT");
+        check(engram_seq_state_size_device(NULL, 0, &size, NULL) == ENGRAM_STATUS_ERR_NULL_ARGUMENT,
+              "seq_state_size_device(NULL ctx): ERR_NULL_ARGUMENT");
+        check(engram_seq_state_write_device(NULL, 0, buf, sizeof buf, &written, NULL) ==
+                  ENGRAM_STATUS_ERR_NULL_ARGUMENT,
+              "seq_state_write_device(NULL ctx): ERR_NULL_ARGUMENT");
+        check(engram_seq_state_read_device(NULL, 0, buf, sizeof buf, NULL) == ENGRAM_STATUS_ERR_NULL_ARGUMENT,
+              "seq_state_read_device(NULL ctx): ERR_NULL_ARGUMENT");
     }
     /* CUDA with a device history. */
     {

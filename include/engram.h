@@ -366,9 +366,10 @@ typedef struct engram_config {
    returns `ENGRAM_STATUS_ERR_UNSUPPORTED`), keeping this many positions
    per sequence, at least `max_ngram - 1` plus the longest draft the
    engine rolls back (at most 2^20; `max_seqs * device_history * 8` bytes
-   of device memory): hash with `engram_hash_device`, fork and drop with
-   `engram_seq_copy_device` and `engram_seq_drop_device`; `engram_hash`,
-   `engram_seq_copy` and `engram_seq_drop` then return
+   of device memory, plus `device_history * 8` for a shift): hash with
+   `engram_hash_device`, edit with the `engram_seq_*_device` calls (copy,
+   drop, rm, cp, keep, add, state); `engram_hash` and the host history
+   calls (`engram_seq_copy`, `engram_seq_rm`, the states, ...) then return
    `ENGRAM_STATUS_ERR_UNSUPPORTED` (see docs/device-hash.md).
    */
   uint32_t device_history;
@@ -1229,6 +1230,112 @@ enum engram_status engram_seq_state_read(struct engram_context *ctx,
                                          int32_t seq,
                                          const void *buf,
                                          size_t len);
+
+/*
+ `engram_seq_rm` on the device history, queued on `stream` (capturable):
+ the entries of positions `[p0, p1)` of `seq` (`-1`: every sequence) are
+ emptied. The sequence and the range are checked here as `engram_seq_rm`
+ checks them (`ENGRAM_STATUS_ERR_INVALID_SEQUENCE`, nothing queued).
+
+ `ctx` as in `engram_free`; `stream` a stream of the context's device or
+ NULL.
+ */
+enum engram_status engram_seq_rm_device(struct engram_context *ctx,
+                                        int32_t seq,
+                                        int32_t p0,
+                                        int32_t p1,
+                                        void *stream);
+
+/*
+ `engram_seq_cp` on the device history, queued on `stream` (capturable):
+ `dst`'s positions in `[p0, p1)` become exactly `src`'s. Checked here as
+ `engram_seq_cp`. The whole-sequence `engram_seq_copy_device` is this
+ call with `p0 = p1 = -1`.
+
+ `ctx` as in `engram_free`; `stream` as in `engram_seq_rm_device`.
+ */
+enum engram_status engram_seq_cp_device(struct engram_context *ctx,
+                                        int32_t src,
+                                        int32_t dst,
+                                        int32_t p0,
+                                        int32_t p1,
+                                        void *stream);
+
+/*
+ `engram_seq_keep` on the device history, queued on `stream`
+ (capturable): every sequence but `seq` is emptied.
+
+ `ctx` as in `engram_free`; `stream` as in `engram_seq_rm_device`.
+ */
+enum engram_status engram_seq_keep_device(struct engram_context *ctx, int32_t seq, void *stream);
+
+/*
+ `engram_seq_add` on the device history, queued on `stream` (capturable):
+ `seq`'s entries in `[p0, p1)` move by `delta`, with `engram_seq_add`'s
+ rules; where a moved entry and a kept one share a ring entry, the moved
+ one wins and a later look-back to the other is
+ `ENGRAM_STATUS_ERR_MISSING_HISTORY`. The arguments are checked here as
+ `engram_seq_add` checks them. A hashed position that would land at
+ `max_positions` or beyond is found on the device: nothing moves, and
+ `ENGRAM_STATUS_ERR_INVALID_SEQUENCE` is reported by the next call that
+ reports device errors (`engram_hash_device`, `engram_apply*`,
+ `engram_check`).
+
+ `ctx` as in `engram_free`; `stream` as in `engram_seq_rm_device`.
+ */
+enum engram_status engram_seq_add_device(struct engram_context *ctx,
+                                         int32_t seq,
+                                         int32_t p0,
+                                         int32_t p1,
+                                         int32_t delta,
+                                         void *stream);
+
+/*
+ `engram_seq_state_size` for a device history: waits for the work queued
+ on `stream`, then reads sequence `seq`'s ring. Not capturable (a stream
+ being captured is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`).
+
+ `ctx` as in `engram_free`; `size` writable or NULL; `stream` as in
+ `engram_seq_rm_device`.
+ */
+enum engram_status engram_seq_state_size_device(struct engram_context *ctx,
+                                                int32_t seq,
+                                                size_t *size,
+                                                void *stream);
+
+/*
+ `engram_seq_state_write` for a device history, in the same format: the
+ state restores into a host or a device history of the same model.
+ Waits for the work queued on `stream`, then reads the ring (not
+ capturable, as `engram_seq_state_size_device`).
+
+ `ctx` as in `engram_free`; `buf` must hold `cap` bytes; `written`
+ writable or NULL; `stream` as in `engram_seq_rm_device`.
+ */
+enum engram_status engram_seq_state_write_device(struct engram_context *ctx,
+                                                 int32_t seq,
+                                                 void *buf,
+                                                 size_t cap,
+                                                 size_t *written,
+                                                 void *stream);
+
+/*
+ `engram_seq_state_read` into a device history: the state (saved from a
+ host or a device history of the same model) is checked in full as
+ `engram_seq_state_read` checks it, then, once the work queued on
+ `stream` has run, replaces sequence `seq`'s ring. Where the state holds
+ more positions than the ring, the ring keeps what hashing them in order
+ would leave (the latest of each entry). Not capturable, as
+ `engram_seq_state_size_device`; on error nothing changes.
+
+ `ctx` as in `engram_free`; `buf` must hold `len` bytes; `stream` as in
+ `engram_seq_rm_device`.
+ */
+enum engram_status engram_seq_state_read_device(struct engram_context *ctx,
+                                                int32_t seq,
+                                                const void *buf,
+                                                size_t len,
+                                                void *stream);
 
 /*
  Fill `info`'s first `struct_size` bytes with the defaults (NULL arrays,

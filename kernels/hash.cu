@@ -207,10 +207,102 @@ extern "C" __global__ void engram_hash_commit(const eng_i32 *__restrict__ tokens
     ring[(eng_u64)s * ring_len + (eng_u32)p % ring_len] = ((eng_u64)(eng_u32)c << 32) | (eng_u64)(eng_u32)p;
 }
 
-// Fork (src >= 0: dst's ring becomes a copy of src's) or drop (src < 0:
-// dst's ring is emptied). One thread per entry.
-extern "C" __global__ void engram_hash_seq_copy(eng_u64 *ring, eng_u32 ring_len, eng_i32 src, eng_i32 dst) {
-    const eng_u32 j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= ring_len) return;
-    ring[(eng_u64)dst * ring_len + j] = src < 0 ? ~0ull : ring[(eng_u64)src * ring_len + j];
+// The range operations of the device history (engram_seq_rm_device,
+// engram_seq_cp_device, engram_seq_keep_device, the whole-sequence copy and
+// drop): over every entry of the target slots, one thread per entry. The
+// targets are slot `dst`, or (dst < 0) every slot but `keep` (keep < 0: every
+// slot). An entry of position p lives at p % ring_len in every slot, so the
+// entry of `src` at index j is the only one that can land at index j of dst.
+//   src >= 0: dst's entries in [p0, p1) become src's there (an entry src
+//             does not hold in the range is emptied); dst's others stay
+//   src <  0: dst's entries in [p0, p1) are emptied
+extern "C" __global__ void engram_hash_seq_edit(eng_u64 *ring, eng_u32 ring_len, eng_u32 n_slots, eng_i32 src,
+                                                eng_i32 dst, eng_i32 keep, eng_i32 p0, eng_i32 p1) {
+    const eng_u64 n_targets = dst >= 0 ? 1u : (eng_u64)n_slots;
+    const eng_u64 total = n_targets * ring_len;
+    for (eng_u64 g = (eng_u64)blockIdx.x * blockDim.x + threadIdx.x; g < total;
+         g += (eng_u64)gridDim.x * blockDim.x) {
+        const eng_u32 j = (eng_u32)(g % ring_len);
+        const eng_u32 slot = dst >= 0 ? (eng_u32)dst : (eng_u32)(g / ring_len);
+        if (dst < 0 && keep >= 0 && slot == (eng_u32)keep) continue;
+        eng_u64 *e = ring + (eng_u64)slot * ring_len + j;
+        const eng_i32 ep = (eng_i32)(eng_u32)(*e & 0xFFFFFFFFu);
+        const bool e_in = ep >= p0 && ep < p1;
+        if (src >= 0) {
+            const eng_u64 se = ring[(eng_u64)src * ring_len + j];
+            const eng_i32 sp = (eng_i32)(eng_u32)(se & 0xFFFFFFFFu);
+            if (sp >= p0 && sp < p1) {
+                *e = se;
+                continue;
+            }
+        }
+        if (e_in) *e = ~0ull;
+    }
+}
+
+// engram_seq_add_device, in three launches over slot `seq`, with a scratch of
+// ring_len entries and a flag word (0 between calls):
+//   engram_hash_shift_scan   copies the slot to the scratch; raises the flag
+//                            when an entry in [p0, p1) would land at
+//                            max_positions or beyond (then nothing moves)
+//   engram_hash_shift_write  unless the flag is up, writes the moved slot:
+//                            index j takes the scratch entry at (j - delta)
+//                            mod ring_len when that entry is in the range and
+//                            lands at 0 or above (the moved token wins), else
+//                            its own entry, emptied when that one is in the
+//                            range (it moved away or fell below 0)
+//   engram_hash_shift_done   one thread: records the flag's error in the
+//                            hash's latch (word 6 the sequence, 4-5 the
+//                            delta, 2 the limit), moves the latch to the
+//                            mirror, lowers the flag
+extern "C" __global__ void engram_hash_shift_scan(const eng_u64 *__restrict__ ring, eng_u32 ring_len, eng_i32 seq,
+                                                  eng_i32 p0, eng_i32 p1, eng_i32 delta, eng_u32 max_positions,
+                                                  eng_u64 *scratch, eng_u32 *flag) {
+    for (eng_u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < ring_len; j += gridDim.x * blockDim.x) {
+        const eng_u64 e = ring[(eng_u64)seq * ring_len + j];
+        scratch[j] = e;
+        const eng_i32 ep = (eng_i32)(eng_u32)(e & 0xFFFFFFFFu);
+        if (ep >= p0 && ep < p1 && (eng_i64)ep + delta >= (eng_i64)max_positions) {
+            // The highest such position, for the message.
+            atomicMax(flag, (eng_u32)ep + 1u);
+        }
+    }
+}
+
+extern "C" __global__ void engram_hash_shift_write(eng_u64 *ring, eng_u32 ring_len, eng_i32 seq, eng_i32 p0,
+                                                   eng_i32 p1, eng_i32 delta,
+                                                   const eng_u64 *__restrict__ scratch,
+                                                   const eng_u32 *__restrict__ flag) {
+    if (*flag != 0u) return;
+    // (j - delta) mod ring_len, with delta of either sign.
+    const eng_i64 r = (eng_i64)ring_len;
+    const eng_u32 back = (eng_u32)((((eng_i64)(-(eng_i64)delta)) % r + r) % r);
+    for (eng_u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < ring_len; j += gridDim.x * blockDim.x) {
+        eng_u32 from = j + back;
+        if (from >= ring_len) from -= ring_len;
+        const eng_u64 se = scratch[from];
+        const eng_i32 sp = (eng_i32)(eng_u32)(se & 0xFFFFFFFFu);
+        eng_u64 out;
+        if (sp >= p0 && sp < p1 && (eng_i64)sp + delta >= 0) {
+            const eng_u32 to = (eng_u32)((eng_i64)sp + delta);
+            out = (se & 0xFFFFFFFF00000000ull) | (eng_u64)to;
+        } else {
+            const eng_u64 e = scratch[j];
+            const eng_i32 ep = (eng_i32)(eng_u32)(e & 0xFFFFFFFFu);
+            out = ep >= p0 && ep < p1 ? ~0ull : e;
+        }
+        ring[(eng_u64)seq * ring_len + j] = out;
+    }
+}
+
+extern "C" __global__ void engram_hash_shift_done(eng_i32 seq, eng_i32 delta, eng_u32 max_positions,
+                                                  eng_u32 *flag, eng_u32 *latch, eng_u32 *mirror) {
+    if (blockIdx.x != 0u || threadIdx.x != 0u) return;
+    const eng_u32 f = *flag;
+    if (f != 0u) {
+        // Position f - 1 is the highest that would land outside.
+        eng_latch(latch, ENG_ERR_HASH_SHIFT, 0u, 0u, max_positions, f - 1u, (eng_i64)delta, (eng_u32)seq, 0u);
+        *flag = 0u;
+    }
+    eng_move_latch(latch, mirror);
 }

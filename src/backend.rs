@@ -7,8 +7,8 @@
 
 use crate::call::LiveIds;
 pub use crate::call::{
-    ApplyIn, BackendInfo, CheckedLayer, DeviceHashIn, EngramBackend, Highway, Ids, LayerIn,
-    ReadBack, RowIds, StageStats, Stream, TableIn, TableSource,
+    ApplyIn, BackendInfo, CheckedLayer, DeviceHashIn, DeviceSeqOp, EngramBackend, Highway, Ids,
+    LayerIn, ReadBack, RowIds, StageStats, Stream, TableIn, TableSource,
 };
 use crate::error::{bail, Result};
 
@@ -91,14 +91,35 @@ pub trait Backend<'w>: Send + Sync {
         )
     }
 
-    /// Queue a fork (`src` `Some`) or a drop (`None`) of sequence `dst`'s
-    /// device history.
-    fn seq_copy_device(&self, src: Option<i32>, dst: i32, stream: Stream) -> Result<()> {
-        let _ = (src, dst, stream);
+    /// Queue a range operation on the device history.
+    fn seq_op_device(&self, op: DeviceSeqOp, stream: Stream) -> Result<()> {
+        let _ = (op, stream);
         bail!(
             ErrUnsupported,
-            "engram_seq_copy_device and engram_seq_drop_device need the CUDA backend and a context \
-             created with device_history > 0"
+            "the engram_seq_*_device calls need the CUDA backend and a context created with \
+             device_history > 0"
+        )
+    }
+
+    /// The written positions of `seq`'s device history and their entries,
+    /// once `stream`'s queued work has run.
+    fn seq_entries_device(&self, seq: i32, stream: Stream) -> Result<Vec<(usize, i32)>> {
+        let _ = (seq, stream);
+        bail!(
+            ErrUnsupported,
+            "engram_seq_state_*_device need the CUDA backend and a context created with \
+             device_history > 0"
+        )
+    }
+
+    /// Replace `seq`'s device history with `entries`, once `stream`'s
+    /// queued work has run.
+    fn seq_load_device(&self, seq: i32, entries: &[(usize, i32)], stream: Stream) -> Result<()> {
+        let _ = (seq, entries, stream);
+        bail!(
+            ErrUnsupported,
+            "engram_seq_state_read_device needs the CUDA backend and a context created with \
+             device_history > 0"
         )
     }
 }

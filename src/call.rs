@@ -351,3 +351,28 @@ pub struct DeviceHashIn {
     pub row_ids: u64,
     pub stream: Stream,
 }
+
+/// A range operation on the device history (`engram_seq_*_device`), queued
+/// on a stream. Positions are as the engine passes them (`p0 < 0` is 0,
+/// `p1 < 0` the end), checked against the limits before anything is queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSeqOp {
+    /// Forget `[p0, p1)` of `seq` (-1: of every sequence).
+    Rm { seq: i32, p0: i32, p1: i32 },
+    /// `dst`'s `[p0, p1)` becomes exactly `src`'s there.
+    Cp {
+        src: i32,
+        dst: i32,
+        p0: i32,
+        p1: i32,
+    },
+    /// Forget every sequence but `seq`.
+    Keep { seq: i32 },
+    /// Move `seq`'s `[p0, p1)` by `delta`.
+    Add {
+        seq: i32,
+        p0: i32,
+        p1: i32,
+        delta: i32,
+    },
+}

@@ -7,8 +7,8 @@
 use crate::backend::Backend;
 use crate::batch::{check_layer, layer_index, live_ids, Geometry, Limits, Shape};
 use crate::call::{
-    ApplyIn, BackendInfo, DeviceHashIn, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds,
-    Stream,
+    ApplyIn, BackendInfo, DeviceHashIn, DeviceSeqOp, EngramBackend, Highway, Ids, LayerIn,
+    ReadBack, RowIds, Stream,
 };
 use crate::cpu::{CpuBackend, CpuTuning};
 use crate::cuda::{CudaBackend, CudaTuning};
@@ -137,7 +137,7 @@ impl<'w> Context<'w> {
             bail!(
                 ErrUnsupported,
                 "{what}: this context's history is on the device (device_history > 0); use \
-                 engram_hash_device, engram_seq_copy_device and engram_seq_drop_device"
+                 engram_hash_device and the engram_seq_*_device calls"
             );
         }
         Ok(())
@@ -150,12 +150,88 @@ impl<'w> Context<'w> {
 
     /// Queue a fork of the device history: `dst` becomes a copy of `src`.
     pub fn seq_copy_device(&self, src: i32, dst: i32, stream: Stream) -> Result<()> {
-        self.backend.seq_copy_device(Some(src), dst, stream)
+        self.seq_op_device(
+            DeviceSeqOp::Cp {
+                src,
+                dst,
+                p0: -1,
+                p1: -1,
+            },
+            stream,
+        )
     }
 
     /// Queue the drop of `seq`'s device history.
     pub fn seq_drop_device(&self, seq: i32, stream: Stream) -> Result<()> {
-        self.backend.seq_copy_device(None, seq, stream)
+        if self.device_history {
+            // One sequence (not -1, which engram_seq_rm_device takes as all).
+            self.limits.seq(seq)?;
+        }
+        self.seq_op_device(
+            DeviceSeqOp::Rm {
+                seq,
+                p0: -1,
+                p1: -1,
+            },
+            stream,
+        )
+    }
+
+    /// Queue a range operation on the device history (`engram_seq_rm_device`,
+    /// `_cp_device`, `_keep_device`, `_add_device`).
+    pub fn seq_op_device(&self, op: DeviceSeqOp, stream: Stream) -> Result<()> {
+        self.backend.seq_op_device(op, stream)
+    }
+
+    /// Bytes of `seq`'s saved device state, once `stream`'s work has run.
+    pub fn seq_state_size_device(&self, seq: i32, stream: Stream) -> Result<usize> {
+        let e = self.backend.seq_entries_device(seq, stream)?;
+        Ok(crate::hash::history::state::encoded_size(e.iter().copied()))
+    }
+
+    /// Save `seq`'s device history into `buf` (the host format), once
+    /// `stream`'s work has run; returns the bytes written.
+    pub fn seq_state_write_device(
+        &self,
+        seq: i32,
+        buf: &mut [u8],
+        stream: Stream,
+    ) -> Result<usize> {
+        let e = self.backend.seq_entries_device(seq, stream)?;
+        crate::hash::history::state::encode(|| e.iter().copied(), seq, self.state_key, buf)
+    }
+
+    /// Restore a saved state (of a host or a device history) into `seq`'s
+    /// device history, once `stream`'s work has run.
+    pub fn seq_state_read_device(&self, seq: i32, buf: &[u8], stream: Stream) -> Result<()> {
+        if !self.device_history {
+            bail!(
+                ErrUnsupported,
+                "engram_seq_state_read_device: this context has no device history (create it with \
+                 device_history > 0, CUDA backend); use engram_seq_state_read"
+            );
+        }
+        self.limits.seq(seq)?;
+        let mut entries: Vec<(usize, i32)> = Vec::new();
+        crate::hash::history::state::decode(
+            self.state_key,
+            self.limits.max_positions,
+            buf,
+            |p, v| {
+                entries.try_reserve(1).map_err(|_| {
+                    crate::error::Error::new(
+                        crate::EngramStatus::ErrCapacity,
+                        format!(
+                            "out of memory restoring a sequence state of {} bytes",
+                            buf.len()
+                        ),
+                    )
+                })?;
+                entries.push((p, v));
+                Ok(())
+            },
+        )?;
+        self.backend.seq_load_device(seq, &entries, stream)
     }
 
     pub fn geometry(&self) -> Geometry {

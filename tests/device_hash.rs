@@ -10,7 +10,7 @@ mod common;
 
 use common::device::{device, Dev};
 use common::*;
-use engram::call::DeviceHashIn;
+use engram::call::{DeviceHashIn, DeviceSeqOp};
 use engram::cuda::gpu::DevBuf;
 use engram::{Context, ContextConfig, EngramStatus, Limits};
 
@@ -507,4 +507,442 @@ fn random_steps_equal_the_host_hash() {
             }
         }
     }
+}
+
+/// A host state of `seq` and the device state of `seq`, byte for byte (the
+/// same format: equal bytes mean equal histories).
+fn assert_same_state(host: &Context<'_>, ctx: &Context<'_>, seq: i32, what: &str) {
+    let null = std::ptr::null_mut();
+    let n = host.seq_state_size(seq).unwrap();
+    assert_eq!(
+        ctx.seq_state_size_device(seq, null).unwrap(),
+        n,
+        "{what}: state size of sequence {seq}"
+    );
+    let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+    host.seq_state_write(seq, &mut a).unwrap();
+    ctx.seq_state_write_device(seq, &mut b, null).unwrap();
+    assert_eq!(a, b, "{what}: history of sequence {seq}");
+}
+
+/// The range operations (rm, cp, keep, add) and the states on the device
+/// equal the host's, step by step, on random sequences of engine steps: a
+/// ring that holds every position (`device_history = max_positions`) keeps
+/// exactly what the host keeps, so the ids, the errors and the saved states
+/// agree byte for byte.
+#[test]
+fn range_operations_and_states_equal_the_host_history() {
+    let Some(dev) = device() else { return };
+    let tiny = Tiny::load();
+    let limits = Limits {
+        max_tokens: 48,
+        max_seqs: 5,
+        max_positions: 160,
+    };
+    let null = std::ptr::null_mut();
+    let mp = limits.max_positions as i32;
+    for seed in 0..5u64 {
+        let host = Context::new(&tiny.config(limits)).unwrap();
+        let ctx = device_context(tiny.config(limits), &dev, limits.max_positions);
+        let mut f = Rng(7000 + seed);
+        let mut len = [0i32; 5];
+        let tok = |f: &mut Rng| match f.next() % 12 {
+            0 => engram::TOKEN_DEAD,
+            _ => (f.next() % tiny.token_map.len() as u64) as i32,
+        };
+        // A position in [-1, max_positions], -1 now and then.
+        let at = |f: &mut Rng| match f.next() % 8 {
+            0 => -1,
+            _ => (f.next() % (mp as u64 + 1)) as i32,
+        };
+        for step in 0..150 {
+            let what = format!("seed {seed} step {step}");
+            let s = (f.next() % 5) as i32;
+            match f.next() % 12 {
+                // rm: a rollback to the end, a middle range, or every sequence.
+                0 | 1 => {
+                    let (seq, p0, p1) = match f.next() % 3 {
+                        0 => (s, (f.next() % (len[s as usize] as u64 + 1)) as i32, -1),
+                        1 => (s, at(&mut f), at(&mut f)),
+                        _ => (-1, at(&mut f), -1),
+                    };
+                    let hr = host.seq_rm(seq, p0, p1);
+                    let dr = ctx.seq_op_device(DeviceSeqOp::Rm { seq, p0, p1 }, null);
+                    assert_eq!(hr.is_ok(), dr.is_ok(), "{what}: rm({seq}, {p0}, {p1})");
+                    if let (Err(h), Err(d)) = (&hr, &dr) {
+                        assert_eq!((h.status, &h.message), (d.status, &d.message), "{what}");
+                    }
+                    if hr.is_ok() {
+                        for (i, l) in len.iter_mut().enumerate() {
+                            if seq == -1 || seq == i as i32 {
+                                *l = host.seq_len(i as i32).unwrap() as i32;
+                            }
+                        }
+                    }
+                }
+                // cp of a range (or all) into another sequence.
+                2 => {
+                    let d = (f.next() % 5) as i32;
+                    let (p0, p1) = (at(&mut f), at(&mut f));
+                    let hr = host.seq_cp(s, d, p0, p1);
+                    let dr = ctx.seq_op_device(
+                        DeviceSeqOp::Cp {
+                            src: s,
+                            dst: d,
+                            p0,
+                            p1,
+                        },
+                        null,
+                    );
+                    assert_eq!(hr.is_ok(), dr.is_ok(), "{what}: cp({s}, {d}, {p0}, {p1})");
+                    len[d as usize] = host.seq_len(d).unwrap() as i32;
+                }
+                // keep one sequence (rarely).
+                3 if f.next().is_multiple_of(4) => {
+                    host.seq_keep(s).unwrap();
+                    ctx.seq_op_device(DeviceSeqOp::Keep { seq: s }, null)
+                        .unwrap();
+                    for (i, l) in len.iter_mut().enumerate() {
+                        *l = host.seq_len(i as i32).unwrap() as i32;
+                    }
+                }
+                // add: a context shift (rm [k, k + n), then move [k + n, -1)
+                // by -n), or a random move that may land outside.
+                4 | 5 => {
+                    let (p0, p1, delta) = if f.next().is_multiple_of(2) && len[s as usize] > 4 {
+                        let l = len[s as usize];
+                        let k = (f.next() % (l as u64 / 2)) as i32;
+                        let n = 1 + (f.next() % ((l - k) as u64 - 1)) as i32;
+                        host.seq_rm(s, k, k + n).unwrap();
+                        ctx.seq_op_device(
+                            DeviceSeqOp::Rm {
+                                seq: s,
+                                p0: k,
+                                p1: k + n,
+                            },
+                            null,
+                        )
+                        .unwrap();
+                        (k + n, -1, -n)
+                    } else {
+                        (at(&mut f), at(&mut f), (f.next() % 41) as i32 - 20)
+                    };
+                    let op = DeviceSeqOp::Add {
+                        seq: s,
+                        p0,
+                        p1,
+                        delta,
+                    };
+                    let hr = host.seq_add(s, p0, p1, delta);
+                    let dr = ctx.seq_op_device(op, null);
+                    // A move that lands outside is found on the device and
+                    // reported by the next check; other errors at the call.
+                    let dr = dr.and_then(|_| ctx.check(null));
+                    match (&hr, &dr) {
+                        (Ok(()), Ok(())) => {}
+                        (Err(h), Err(d)) => {
+                            assert_eq!(h.status, d.status, "{what}");
+                            assert!(
+                                d.message.starts_with(&h.message),
+                                "{what}: {}\nhost: {}",
+                                d.message,
+                                h.message
+                            );
+                        }
+                        _ => panic!(
+                            "{what}: add({s}, {p0}, {p1}, {delta}): host {hr:?}, device {dr:?}"
+                        ),
+                    }
+                    len[s as usize] = host.seq_len(s).unwrap() as i32;
+                }
+                // Save a sequence's state and restore it into another (on
+                // both), or the host's state into the device.
+                6 => {
+                    let d = (f.next() % 5) as i32;
+                    let n = ctx.seq_state_size_device(s, null).unwrap();
+                    let mut b = vec![0u8; n];
+                    assert_eq!(ctx.seq_state_write_device(s, &mut b, null).unwrap(), n);
+                    host.seq_state_read(d, &b).unwrap();
+                    if f.next().is_multiple_of(2) {
+                        ctx.seq_state_read_device(d, &b, null).unwrap();
+                    } else {
+                        let mut hb = vec![0u8; host.seq_state_size(d).unwrap()];
+                        host.seq_state_write(d, &mut hb).unwrap();
+                        ctx.seq_state_read_device(d, &hb, null).unwrap();
+                    }
+                    len[d as usize] = len[s as usize];
+                }
+                // Hash: a prefill chunk or draft of one sequence, or a decode
+                // step of several, continuing where each one ends.
+                _ => {
+                    let (mut tokens, mut seqs, mut pos) = (vec![], vec![], vec![]);
+                    let m = 1 + f.next() % 5;
+                    let mut order: Vec<i32> = (0..5).collect();
+                    for i in (1..5).rev() {
+                        order.swap(i, (f.next() % (i as u64 + 1)) as usize);
+                    }
+                    for &q in order.iter().take(m as usize) {
+                        let k = 1 + f.next() % 8;
+                        for j in 0..k as i32 {
+                            let p = len[q as usize] + j;
+                            if tokens.len() < 48 && p < mp {
+                                tokens.push(tok(&mut f));
+                                seqs.push(q);
+                                pos.push(p);
+                            }
+                        }
+                    }
+                    if tokens.is_empty() {
+                        continue;
+                    }
+                    let mut want = vec![0i64; tokens.len() * ctx.ids_per_token()];
+                    let hr = host.hash(&tokens, &seqs, &pos, &mut want);
+                    let (got, dr) = hash_dev(&ctx, &dev, &tokens, &seqs, &pos);
+                    match hr {
+                        Ok(()) => {
+                            dr.unwrap_or_else(|e| panic!("{what}: {}", e.message));
+                            assert_eq!(got, want, "{what}: {tokens:?} {seqs:?} {pos:?}");
+                            for (&q, &p) in seqs.iter().zip(&pos) {
+                                len[q as usize] = len[q as usize].max(p + 1);
+                            }
+                        }
+                        Err(h) => {
+                            // A look-back into a removed range: the same
+                            // error; the host recorded nothing, the device
+                            // the tokens without an error, so the test
+                            // restores the host's histories on the device.
+                            let d = dr.expect_err(&what);
+                            assert_eq!(h.status, d.status, "{what}: {}\n{}", h.message, d.message);
+                            for &q in &seqs {
+                                let mut hb = vec![0u8; host.seq_state_size(q).unwrap()];
+                                host.seq_state_write(q, &mut hb).unwrap();
+                                ctx.seq_state_read_device(q, &hb, null).unwrap();
+                            }
+                        }
+                    }
+                }
+            }
+            for (i, l) in len.iter_mut().enumerate() {
+                *l = host.seq_len(i as i32).unwrap() as i32;
+            }
+            if step % 10 == 9 {
+                for q in 0..5 {
+                    assert_same_state(&host, &ctx, q, &what);
+                }
+            }
+        }
+        for q in 0..5 {
+            assert_same_state(&host, &ctx, q, &format!("seed {seed} end"));
+        }
+    }
+}
+
+/// A ring shorter than the history: a context shift, a rollback with
+/// `engram_seq_rm_device`, and a long host state restored into the ring
+/// give the host's ids wherever the ring holds the look-back, and
+/// `ERR_MISSING_HISTORY` (never another id) where it does not; a move past
+/// `max_positions` is reported by the next check, and nothing moved.
+#[test]
+fn a_short_ring_after_shifts_rollbacks_and_states() {
+    let Some(dev) = device() else { return };
+    let tiny = Tiny::load();
+    let limits = Limits {
+        max_tokens: 64,
+        max_seqs: 2,
+        max_positions: 200,
+    };
+    let null = std::ptr::null_mut();
+    let host = Context::new(&tiny.config(limits)).unwrap();
+    let ring = tiny.ngram - 1 + 3;
+    let ctx = device_context(tiny.config(limits), &dev, ring);
+    let live: Vec<i32> = (0..tiny.token_map.len() as i32)
+        .filter(|&t| tiny.token_map[t as usize] >= 0)
+        .collect();
+    let text: Vec<i32> = (0..120).map(|i| live[(i * 7 + 3) % live.len()]).collect();
+    // Prefill 60 positions on both.
+    let pos: Vec<i32> = (0..60).collect();
+    let want = hash_host(&host, &text[..60], &[0; 60], &pos);
+    let (got, r) = hash_dev(&ctx, &dev, &text[..60], &[0; 60], &pos);
+    r.unwrap();
+    assert_eq!(got, want);
+    // Context shift: drop [4, 25), move [25, end) by -21 (not a multiple of
+    // the ring); decode goes on at 39.
+    host.seq_rm(0, 4, 25).unwrap();
+    host.seq_add(0, 25, -1, -21).unwrap();
+    ctx.seq_op_device(
+        DeviceSeqOp::Rm {
+            seq: 0,
+            p0: 4,
+            p1: 25,
+        },
+        null,
+    )
+    .unwrap();
+    ctx.seq_op_device(
+        DeviceSeqOp::Add {
+            seq: 0,
+            p0: 25,
+            p1: -1,
+            delta: -21,
+        },
+        null,
+    )
+    .unwrap();
+    for p in 39..50 {
+        let t = [text[p as usize + 21]];
+        let want = hash_host(&host, &t, &[0], &[p]);
+        let (got, r) = hash_dev(&ctx, &dev, &t, &[0], &[p]);
+        r.unwrap_or_else(|e| panic!("decode at {p} after the shift: {}", e.message));
+        assert_eq!(got, want, "decode at {p} after the shift");
+    }
+    // A draft of 3 at 50..53, 2 rejected: rm [51, -1), re-hash 51.
+    let d = [text[1], text[2], text[3]];
+    assert_eq!(
+        hash_dev(&ctx, &dev, &d, &[0; 3], &[50, 51, 52]).0,
+        hash_host(&host, &d, &[0; 3], &[50, 51, 52])
+    );
+    host.seq_rm(0, 51, -1).unwrap();
+    ctx.seq_op_device(
+        DeviceSeqOp::Rm {
+            seq: 0,
+            p0: 51,
+            p1: -1,
+        },
+        null,
+    )
+    .unwrap();
+    let (got, r) = hash_dev(&ctx, &dev, &[text[9]], &[0], &[51]);
+    r.unwrap();
+    assert_eq!(got, hash_host(&host, &[text[9]], &[0], &[51]));
+    // A look-back into the removed 52: missing on both.
+    let (got, r) = hash_dev(&ctx, &dev, &[text[9]], &[0], &[53]);
+    assert_eq!(r.unwrap_err().status, EngramStatus::ErrMissingHistory);
+    assert!(got.iter().all(|&x| x == -1));
+    // A look-back the ring no longer holds (position 30, evicted): missing,
+    // where the host answers.
+    let (_, r) = hash_dev(&ctx, &dev, &[text[9]], &[0], &[31]);
+    assert_eq!(r.unwrap_err().status, EngramStatus::ErrMissingHistory);
+    // The host's long state into slot 1's ring: decode continues as on the host.
+    let mut b = vec![0u8; host.seq_state_size(0).unwrap()];
+    host.seq_state_write(0, &mut b).unwrap();
+    host.seq_state_read(1, &b).unwrap();
+    ctx.seq_state_read_device(1, &b, null).unwrap();
+    let (got, r) = hash_dev(&ctx, &dev, &[text[11]], &[1], &[52]);
+    r.unwrap();
+    assert_eq!(got, hash_host(&host, &[text[11]], &[1], &[52]));
+    // Slot 1's device state is the ring's part of the host's: its last
+    // `ring` positions.
+    let n = ctx.seq_state_size_device(1, null).unwrap();
+    let mut db = vec![0u8; n];
+    ctx.seq_state_write_device(1, &mut db, null).unwrap();
+    let probe = Context::new(&tiny.config(limits)).unwrap();
+    probe.seq_state_read(0, &db).unwrap();
+    let full = host.seq_entries(1).unwrap();
+    assert_eq!(probe.seq_entries(0).unwrap(), full[full.len() - ring..]);
+    // A move past max_positions: reported by the next check, nothing moved.
+    let before = db.clone();
+    ctx.seq_op_device(
+        DeviceSeqOp::Add {
+            seq: 1,
+            p0: 0,
+            p1: -1,
+            delta: 150,
+        },
+        null,
+    )
+    .unwrap();
+    let e = ctx.check(null).unwrap_err();
+    assert_eq!(e.status, EngramStatus::ErrInvalidSequence);
+    assert!(
+        e.message.starts_with(
+            "sequence 1: position 52 moved by 150 lands outside [0, max_positions = 200)"
+        ),
+        "{}",
+        e.message
+    );
+    assert!(e.message.contains("engram_seq_add_device"), "{}", e.message);
+    ctx.check(null).unwrap();
+    let mut after = vec![0u8; n];
+    ctx.seq_state_write_device(1, &mut after, null).unwrap();
+    assert_eq!(after, before, "nothing moved");
+    // Arguments checked at the call, nothing queued.
+    for (op, status) in [
+        (
+            DeviceSeqOp::Rm {
+                seq: 2,
+                p0: 0,
+                p1: -1,
+            },
+            EngramStatus::ErrInvalidSequence,
+        ),
+        (
+            DeviceSeqOp::Rm {
+                seq: 0,
+                p0: 5,
+                p1: 4,
+            },
+            EngramStatus::ErrInvalidSequence,
+        ),
+        (
+            DeviceSeqOp::Rm {
+                seq: 0,
+                p0: 0,
+                p1: 201,
+            },
+            EngramStatus::ErrInvalidSequence,
+        ),
+        (
+            DeviceSeqOp::Cp {
+                src: 0,
+                dst: -1,
+                p0: 0,
+                p1: -1,
+            },
+            EngramStatus::ErrInvalidSequence,
+        ),
+        (
+            DeviceSeqOp::Keep { seq: 5 },
+            EngramStatus::ErrInvalidSequence,
+        ),
+        (
+            DeviceSeqOp::Add {
+                seq: -1,
+                p0: 0,
+                p1: -1,
+                delta: 1,
+            },
+            EngramStatus::ErrInvalidSequence,
+        ),
+    ] {
+        assert_eq!(
+            ctx.seq_op_device(op, null).unwrap_err().status,
+            status,
+            "{op:?}"
+        );
+    }
+    assert_eq!(
+        ctx.seq_state_read_device(0, &b[..b.len() - 1], null)
+            .unwrap_err()
+            .status,
+        EngramStatus::ErrFormat
+    );
+    // Host history calls on a device context, device calls on a host one.
+    assert_eq!(
+        ctx.seq_rm(0, 0, -1).unwrap_err().status,
+        EngramStatus::ErrUnsupported
+    );
+    assert_eq!(
+        ctx.seq_state_size(0).unwrap_err().status,
+        EngramStatus::ErrUnsupported
+    );
+    assert_eq!(
+        host.seq_op_device(DeviceSeqOp::Keep { seq: 0 }, null)
+            .unwrap_err()
+            .status,
+        EngramStatus::ErrUnsupported
+    );
+    assert_eq!(
+        host.seq_state_read_device(0, &b, null).unwrap_err().status,
+        EngramStatus::ErrUnsupported
+    );
 }

@@ -86,15 +86,19 @@ pub enum Kernel {
     /// `engram_dequant_fp8_block`: rows of a block-scaled fp8 `wkv` to bf16.
     DequantFp8,
     /// The device hash (`kernels/hash.cu`): the run check, the ids, the
-    /// commit to the ring, and fork/drop of a ring.
+    /// commit to the ring, the range operations on the ring (copy, remove,
+    /// keep: `HashSeqEdit`) and the shift of a range (three launches).
     HashRuns,
     HashIds,
     HashCommit,
-    HashSeqCopy,
+    HashSeqEdit,
+    HashShiftScan,
+    HashShiftWrite,
+    HashShiftDone,
 }
 
 /// Every kernel's name, in [`Kernel::index`] order.
-pub const KERNEL_NAMES: [&str; 29] = [
+pub const KERNEL_NAMES: [&str; 32] = [
     "engram_gather",
     "engram_gate_f32_bf16",
     "engram_gate_f32_f32",
@@ -123,7 +127,10 @@ pub const KERNEL_NAMES: [&str; 29] = [
     "engram_hash_runs",
     "engram_hash_ids",
     "engram_hash_commit",
-    "engram_hash_seq_copy",
+    "engram_hash_seq_edit",
+    "engram_hash_shift_scan",
+    "engram_hash_shift_write",
+    "engram_hash_shift_done",
 ];
 
 /// The `wkv` formats of [`Kernel::GemvQ`], in [`KERNEL_NAMES`] order.
@@ -160,7 +167,10 @@ impl Kernel {
             Kernel::HashRuns,
             Kernel::HashIds,
             Kernel::HashCommit,
-            Kernel::HashSeqCopy,
+            Kernel::HashSeqEdit,
+            Kernel::HashShiftScan,
+            Kernel::HashShiftWrite,
+            Kernel::HashShiftDone,
         ]);
         v
     }
@@ -189,7 +199,10 @@ impl Kernel {
             Kernel::HashRuns => 9 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::HashIds => 10 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::HashCommit => 11 + GEMV_MAX + GEMV_Q_FORMATS.len(),
-            Kernel::HashSeqCopy => 12 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashSeqEdit => 12 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashShiftScan => 13 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashShiftWrite => 14 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::HashShiftDone => 15 + GEMV_MAX + GEMV_Q_FORMATS.len(),
         }
     }
 

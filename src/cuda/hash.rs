@@ -8,8 +8,9 @@
 use super::gpu::{args, DevBuf, Gpu, Kernel};
 use super::{latch, CudaBackend};
 use crate::batch::Limits;
-use crate::call::{DeviceHashIn, Stream};
+use crate::call::{DeviceHashIn, DeviceSeqOp, Stream};
 use crate::error::{bail, Result};
+use crate::hash::history::Range;
 use crate::hash::HashTables;
 use std::sync::Arc;
 
@@ -18,8 +19,11 @@ pub const MAX_RING: usize = 1 << 20;
 
 /// Threads of an `engram_hash_ids` block (each computes columns of one token).
 const IDS_THREADS: u32 = 128;
-/// Threads of an `engram_hash_seq_copy` block.
-const COPY_THREADS: u32 = 256;
+/// Threads of the range operations' blocks (`engram_hash_seq_edit`, the
+/// shift's kernels).
+const EDIT_THREADS: u32 = 256;
+/// Most blocks of a range operation (they loop over the entries).
+const EDIT_BLOCKS: u32 = 1024;
 
 /// The device hash's tables and history.
 pub(super) struct DeviceHash {
@@ -46,6 +50,10 @@ pub(super) struct DeviceHash {
     status: DevBuf,
     /// The hash's own error latch (`LATCH_WORDS` u32).
     latch: DevBuf,
+    /// The shift's copy of one slot (`ring_len` u64) and its flag (u32, 0
+    /// between calls).
+    shift_scratch: DevBuf,
+    shift_flag: DevBuf,
 }
 
 impl DeviceHash {
@@ -98,6 +106,8 @@ impl DeviceHash {
             serial: DevBuf::new(gpu, 8, "the device hash's call counter")?,
             status: DevBuf::new(gpu, limits.max_tokens * 4, "the device hash's token status")?,
             latch: DevBuf::new(gpu, latch::LATCH_WORDS * 4, "the device hash's error latch")?,
+            shift_scratch: DevBuf::new(gpu, ring_len * 8, "the device history's shift scratch")?,
+            shift_flag: DevBuf::new(gpu, 4, "the device history's shift flag")?,
         };
         // SAFETY: our own allocations of these sizes. Empty entries are all
         // ones (position -1); tags and conflicts start at serial 0, which no
@@ -107,6 +117,7 @@ impl DeviceHash {
             gpu.memset(h.tags.ptr, 0, seqs * 8)?;
             gpu.memset(h.conflicts.ptr, 0, seqs * 8)?;
             gpu.memset(h.latch.ptr, 0, latch::LATCH_WORDS * 4)?;
+            gpu.memset(h.shift_flag.ptr, 0, 4)?;
         }
         h.serial.write(&[1u64])?;
         Ok(h)
@@ -124,6 +135,8 @@ impl DeviceHash {
             &self.serial,
             &self.status,
             &self.latch,
+            &self.shift_scratch,
+            &self.shift_flag,
         ]
         .iter()
         .map(|b| b.bytes)
@@ -225,32 +238,205 @@ impl CudaBackend {
         unsafe { self.gpu.launch(Kernel::HashCommit, n, 32, call.stream, &a) }
     }
 
-    /// Queue a fork (`src` some sequence: `dst` becomes its copy) or a drop
-    /// (`src` `None`: `dst` is emptied) of the device history on `stream`.
-    pub(crate) fn seq_copy_on_device(
+    /// Queue a range operation on the device history on `stream` (see
+    /// `engram_seq_rm_device` and the others). Every argument is checked
+    /// here, as the host history checks it, before anything is queued.
+    pub(crate) fn seq_op_on_device(&self, op: DeviceSeqOp, stream: Stream) -> Result<()> {
+        let h = self.device_hash()?;
+        let max = h.limits.max_positions;
+        let slots = h.limits.max_seqs as u32;
+        let seq = |s: i32| h.limits.seq(s).map(|s| s as i32);
+        // (src, dst, keep, range) of one engram_hash_seq_edit, or a shift.
+        let edit = match op {
+            DeviceSeqOp::Rm { seq: s, p0, p1 } => {
+                let d = if s == -1 { -1 } else { seq(s)? };
+                (-1, d, -1, Range::resolve(p0, p1, max)?)
+            }
+            DeviceSeqOp::Cp { src, dst, p0, p1 } => {
+                let (s, d) = (seq(src)?, seq(dst)?);
+                let r = Range::resolve(p0, p1, max)?;
+                if s == d {
+                    return Ok(());
+                }
+                (s, d, -1, r)
+            }
+            DeviceSeqOp::Keep { seq: s } => (-1, -1, seq(s)?, Range { p0: 0, p1: max }),
+            DeviceSeqOp::Add {
+                seq: s,
+                p0,
+                p1,
+                delta,
+            } => {
+                let s = seq(s)?;
+                let r = Range::resolve(p0, p1, max)?;
+                if delta == 0 || r.p0 == r.p1 {
+                    return Ok(());
+                }
+                return self.shift_on_device(h, s, r, delta, stream);
+            }
+        };
+        let (src, dst, keep, r) = edit;
+        if r.p0 == r.p1 {
+            return Ok(());
+        }
+        let _st = self.state();
+        let (ring, ring_len) = (h.ring.ptr, h.ring_len as u32);
+        // Positions fit an i32: max_positions does (Limits).
+        let (p0, p1) = (r.p0 as i32, r.p1 as i32);
+        let a = args![ring, ring_len, slots, src, dst, keep, p0, p1];
+        let entries = if dst >= 0 {
+            h.ring_len
+        } else {
+            h.ring_len * h.limits.max_seqs
+        };
+        let blocks =
+            (entries.div_ceil(EDIT_THREADS as usize) as u64).min(EDIT_BLOCKS as u64) as u32;
+        // SAFETY: arguments match engram_hash_seq_edit; every slot named is
+        // below max_seqs, the ring's slot count.
+        unsafe {
+            self.gpu
+                .launch(Kernel::HashSeqEdit, blocks, EDIT_THREADS, stream, &a)
+        }
+    }
+
+    fn shift_on_device(
         &self,
-        src: Option<i32>,
-        dst: i32,
+        h: &DeviceHash,
+        seq: i32,
+        r: Range,
+        delta: i32,
+        stream: Stream,
+    ) -> Result<()> {
+        let _st = self.state();
+        let (ring, ring_len) = (h.ring.ptr, h.ring_len as u32);
+        let (p0, p1) = (r.p0 as i32, r.p1 as i32);
+        let max_positions = h.limits.max_positions as u32;
+        let (scratch, flag) = (h.shift_scratch.ptr, h.shift_flag.ptr);
+        let (hlatch, mirror) = (h.latch.ptr, self.mirror.dev_ptr);
+        let blocks = ring_len.div_ceil(EDIT_THREADS).min(EDIT_BLOCKS);
+        let a = args![
+            ring,
+            ring_len,
+            seq,
+            p0,
+            p1,
+            delta,
+            max_positions,
+            scratch,
+            flag
+        ];
+        // SAFETY: arguments match engram_hash_shift_scan; `seq` is below
+        // max_seqs; the scratch holds ring_len entries.
+        unsafe {
+            self.gpu
+                .launch(Kernel::HashShiftScan, blocks, EDIT_THREADS, stream, &a)?
+        };
+        let a = args![ring, ring_len, seq, p0, p1, delta, scratch, flag];
+        // SAFETY: arguments match engram_hash_shift_write; as above.
+        unsafe {
+            self.gpu
+                .launch(Kernel::HashShiftWrite, blocks, EDIT_THREADS, stream, &a)?
+        };
+        let a = args![seq, delta, max_positions, flag, hlatch, mirror];
+        // SAFETY: arguments match engram_hash_shift_done; the latch and the
+        // mirror are LATCH_WORDS u32 each.
+        unsafe { self.gpu.launch(Kernel::HashShiftDone, 1, 32, stream, &a) }
+    }
+
+    /// Refuse a call that reads or writes the history synchronously on a
+    /// stream being captured.
+    fn not_capturing(&self, stream: Stream, what: &str) -> Result<()> {
+        if self.gpu.stream_capturing(stream)? {
+            bail!(
+                ErrInvalidArgument,
+                "{what} waits for the stream and copies the history on the host, which a stream                  being captured cannot do; call it outside the capture"
+            );
+        }
+        Ok(())
+    }
+
+    /// The written positions of `seq`'s device history and their entries, in
+    /// increasing order, once the work queued on `stream` has run (not
+    /// capturable; for `engram_seq_state_*_device`).
+    pub(crate) fn seq_entries_on_device(
+        &self,
+        seq: i32,
+        stream: Stream,
+    ) -> Result<Vec<(usize, i32)>> {
+        let h = self.device_hash()?;
+        let s = h.limits.seq(seq)?;
+        self.not_capturing(stream, "saving a device history's state")?;
+        let _st = self.state();
+        let mut raw: Vec<u64> = Vec::new();
+        if raw.try_reserve_exact(h.ring_len).is_err() {
+            bail!(
+                ErrCapacity,
+                "out of memory for a host copy of a device history slot ({} bytes)",
+                h.ring_len * 8
+            );
+        }
+        raw.resize(h.ring_len, 0);
+        self.gpu.stream_synchronize(stream)?;
+        // SAFETY: slot `s` of the ring is ring_len u64 at this offset; `raw`
+        // holds as many.
+        unsafe {
+            self.own_download(
+                raw.as_mut_ptr().cast(),
+                h.ring.ptr + (s * h.ring_len * 8) as u64,
+                h.ring_len * 8,
+            )?
+        };
+        let mut v: Vec<(usize, i32)> = Vec::new();
+        let n = raw.iter().filter(|&&e| (e as u32 as i32) >= 0).count();
+        if v.try_reserve_exact(n).is_err() {
+            bail!(
+                ErrCapacity,
+                "out of memory for the entries of a device history slot ({n} positions)"
+            );
+        }
+        v.extend(
+            raw.iter()
+                .filter(|&&e| (e as u32 as i32) >= 0)
+                .map(|&e| (e as u32 as usize, (e >> 32) as u32 as i32)),
+        );
+        v.sort_unstable_by_key(|&(p, _)| p);
+        Ok(v)
+    }
+
+    /// Replace `seq`'s device history with `entries` (increasing positions
+    /// below max_positions, checked by the caller), once the work queued on
+    /// `stream` has run. Where two positions share a ring entry the later
+    /// one is kept, as hashing them in order would keep it (not capturable).
+    pub(crate) fn seq_load_on_device(
+        &self,
+        seq: i32,
+        entries: &[(usize, i32)],
         stream: Stream,
     ) -> Result<()> {
         let h = self.device_hash()?;
-        let d = h.limits.seq(dst)? as i32;
-        let s = match src {
-            Some(s) => h.limits.seq(s)? as i32,
-            None => -1,
-        };
-        let _st = self.state();
-        if s == d {
-            return Ok(());
+        let s = h.limits.seq(seq)?;
+        self.not_capturing(stream, "restoring a device history's state")?;
+        let mut raw: Vec<u64> = Vec::new();
+        if raw.try_reserve_exact(h.ring_len).is_err() {
+            bail!(
+                ErrCapacity,
+                "out of memory for a host image of a device history slot ({} bytes)",
+                h.ring_len * 8
+            );
         }
-        let (ring, ring_len) = (h.ring.ptr, h.ring_len as u32);
-        let a = args![ring, ring_len, s, d];
-        let blocks = ring_len.div_ceil(COPY_THREADS);
-        // SAFETY: arguments match engram_hash_seq_copy; both slots are below
-        // max_seqs, the ring's slot count.
+        raw.resize(h.ring_len, !0u64);
+        for &(p, v) in entries {
+            raw[p % h.ring_len] = ((v as u32 as u64) << 32) | p as u32 as u64;
+        }
+        let _st = self.state();
+        self.gpu.stream_synchronize(stream)?;
+        // SAFETY: as in seq_entries_on_device, the other way.
         unsafe {
-            self.gpu
-                .launch(Kernel::HashSeqCopy, blocks, COPY_THREADS, stream, &a)
+            self.own_upload(
+                h.ring.ptr + (s * h.ring_len * 8) as u64,
+                raw.as_ptr().cast(),
+                h.ring_len * 8,
+            )
         }
     }
 }

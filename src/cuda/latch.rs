@@ -62,10 +62,13 @@ pub enum LatchCode {
     HashRuns = 10,
     /// The device hash: a look-back the device history cannot answer.
     HashMissing = 11,
+    /// `engram_seq_add_device`: a position that would move to
+    /// `max_positions` or beyond (nothing moved).
+    HashShift = 12,
 }
 
 impl LatchCode {
-    const ALL: [(LatchCode, &'static str); 11] = [
+    const ALL: [(LatchCode, &'static str); 12] = [
         (LatchCode::RowRange, "ENG_ERR_ROW_RANGE"),
         (LatchCode::PartlyDead, "ENG_ERR_PARTLY_DEAD"),
         (LatchCode::NanScale, "ENG_ERR_NAN_SCALE"),
@@ -77,11 +80,12 @@ impl LatchCode {
         (LatchCode::HashToken, "ENG_ERR_HASH_TOKEN"),
         (LatchCode::HashRuns, "ENG_ERR_HASH_RUNS"),
         (LatchCode::HashMissing, "ENG_ERR_HASH_MISSING"),
+        (LatchCode::HashShift, "ENG_ERR_HASH_SHIFT"),
     ];
 
     /// Whether `code` is one the device hash records.
     pub fn is_hash(code: u32) -> bool {
-        (LatchCode::HashSeq as u32..=LatchCode::HashMissing as u32).contains(&code)
+        (LatchCode::HashSeq as u32..=LatchCode::HashShift as u32).contains(&code)
     }
 
     /// `-D` options for NVRTC (and the host build of the kernels).
@@ -158,6 +162,13 @@ pub fn error_of(rec: &[u32; LATCH_WORDS], rows: impl Fn(u32) -> u64, tail: &str)
                  this call with an error)"
             ),
         ),
+        // Word 3 the position, 4-5 the delta, 6 the sequence, 2 the limit.
+        x if x == LatchCode::HashShift as u32 => Error::new(
+            EngramStatus::ErrInvalidSequence,
+            format!(
+                "sequence {layer}: position {at} moved by {row} lands outside [0, max_positions = {c})"
+            ),
+        ),
         x => Error::new(
             EngramStatus::ErrInternal,
             format!("unknown device error code {x}"),
@@ -195,7 +206,9 @@ pub unsafe fn take(mirror: *mut u32, rows: impl Fn(u32) -> u64) -> Result<()> {
     });
     // SAFETY: as above; clearing frees the mirror for the next error.
     unsafe { std::ptr::write_volatile(mirror, 0) };
-    let tail = if LatchCode::is_hash(code) {
+    let tail = if code == LatchCode::HashShift as u32 {
+        "(found on the device by an earlier engram_seq_add_device on this context; nothing moved)"
+    } else if LatchCode::is_hash(code) {
         "(found on the device by an earlier engram_hash_device on this context; that token's row ids \
          were written dead and it was not recorded)"
     } else {

@@ -53,7 +53,7 @@ use crate::formats::{bf16_to_f32, EngramType, Fp8Blocks};
 use gpu::{DevBuf, Event, Gpu, MemKind, PinnedBuf};
 use std::sync::{Arc, Mutex};
 
-pub use crate::call::DeviceHashIn;
+pub use crate::call::{DeviceHashIn, DeviceSeqOp};
 pub use driver::probe;
 pub use hash::MAX_RING;
 
@@ -635,8 +635,16 @@ impl<'w> Backend<'w> for CudaBackend {
         self.hash_on_device(call)
     }
 
-    fn seq_copy_device(&self, src: Option<i32>, dst: i32, stream: Stream) -> Result<()> {
-        self.seq_copy_on_device(src, dst, stream)
+    fn seq_op_device(&self, op: DeviceSeqOp, stream: Stream) -> Result<()> {
+        self.seq_op_on_device(op, stream)
+    }
+
+    fn seq_entries_device(&self, seq: i32, stream: Stream) -> Result<Vec<(usize, i32)>> {
+        self.seq_entries_on_device(seq, stream)
+    }
+
+    fn seq_load_device(&self, seq: i32, entries: &[(usize, i32)], stream: Stream) -> Result<()> {
+        self.seq_load_on_device(seq, entries, stream)
     }
 
     fn info(&self) -> BackendInfo {

@@ -91,9 +91,10 @@ pub struct EngramConfig {
     /// returns `ENGRAM_STATUS_ERR_UNSUPPORTED`), keeping this many positions
     /// per sequence, at least `max_ngram - 1` plus the longest draft the
     /// engine rolls back (at most 2^20; `max_seqs * device_history * 8` bytes
-    /// of device memory): hash with `engram_hash_device`, fork and drop with
-    /// `engram_seq_copy_device` and `engram_seq_drop_device`; `engram_hash`,
-    /// `engram_seq_copy` and `engram_seq_drop` then return
+    /// of device memory, plus `device_history * 8` for a shift): hash with
+    /// `engram_hash_device`, edit with the `engram_seq_*_device` calls (copy,
+    /// drop, rm, cp, keep, add, state); `engram_hash` and the host history
+    /// calls (`engram_seq_copy`, `engram_seq_rm`, the states, ...) then return
     /// `ENGRAM_STATUS_ERR_UNSUPPORTED` (see docs/device-hash.md).
     pub device_history: u32,
 }

@@ -3,6 +3,7 @@
 
 use super::boundary::{non_null, slice, slice_mut};
 use super::context::{ctx, EngramContext};
+use crate::call::DeviceSeqOp;
 use crate::error::EngramStatus;
 use std::ffi::c_void;
 
@@ -175,5 +176,159 @@ pub extern "C" fn engram_seq_state_read(
         non_null(buf, "buf")?;
         let b = slice(buf.cast::<u8>(), len, "buf")?;
         c.seq_state_read(seq, b)
+    })
+}
+
+// The same operations on a device history (a context created with
+// `device_history > 0`, CUDA backend; any other context is
+// `ENGRAM_STATUS_ERR_UNSUPPORTED`): see docs/device-hash.md.
+
+/// `engram_seq_rm` on the device history, queued on `stream` (capturable):
+/// the entries of positions `[p0, p1)` of `seq` (`-1`: every sequence) are
+/// emptied. The sequence and the range are checked here as `engram_seq_rm`
+/// checks them (`ENGRAM_STATUS_ERR_INVALID_SEQUENCE`, nothing queued).
+///
+/// `ctx` as in `engram_free`; `stream` a stream of the context's device or
+/// NULL.
+#[no_mangle]
+pub extern "C" fn engram_seq_rm_device(
+    ctx: *mut EngramContext,
+    seq: i32,
+    p0: i32,
+    p1: i32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_op_device(DeviceSeqOp::Rm { seq, p0, p1 }, stream) })
+}
+
+/// `engram_seq_cp` on the device history, queued on `stream` (capturable):
+/// `dst`'s positions in `[p0, p1)` become exactly `src`'s. Checked here as
+/// `engram_seq_cp`. The whole-sequence `engram_seq_copy_device` is this
+/// call with `p0 = p1 = -1`.
+///
+/// `ctx` as in `engram_free`; `stream` as in `engram_seq_rm_device`.
+#[no_mangle]
+pub extern "C" fn engram_seq_cp_device(
+    ctx: *mut EngramContext,
+    src: i32,
+    dst: i32,
+    p0: i32,
+    p1: i32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_op_device(DeviceSeqOp::Cp { src, dst, p0, p1 }, stream) })
+}
+
+/// `engram_seq_keep` on the device history, queued on `stream`
+/// (capturable): every sequence but `seq` is emptied.
+///
+/// `ctx` as in `engram_free`; `stream` as in `engram_seq_rm_device`.
+#[no_mangle]
+pub extern "C" fn engram_seq_keep_device(
+    ctx: *mut EngramContext,
+    seq: i32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_op_device(DeviceSeqOp::Keep { seq }, stream) })
+}
+
+/// `engram_seq_add` on the device history, queued on `stream` (capturable):
+/// `seq`'s entries in `[p0, p1)` move by `delta`, with `engram_seq_add`'s
+/// rules; where a moved entry and a kept one share a ring entry, the moved
+/// one wins and a later look-back to the other is
+/// `ENGRAM_STATUS_ERR_MISSING_HISTORY`. The arguments are checked here as
+/// `engram_seq_add` checks them. A hashed position that would land at
+/// `max_positions` or beyond is found on the device: nothing moves, and
+/// `ENGRAM_STATUS_ERR_INVALID_SEQUENCE` is reported by the next call that
+/// reports device errors (`engram_hash_device`, `engram_apply*`,
+/// `engram_check`).
+///
+/// `ctx` as in `engram_free`; `stream` as in `engram_seq_rm_device`.
+#[no_mangle]
+pub extern "C" fn engram_seq_add_device(
+    ctx: *mut EngramContext,
+    seq: i32,
+    p0: i32,
+    p1: i32,
+    delta: i32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({
+        self::ctx(ctx)?.seq_op_device(DeviceSeqOp::Add { seq, p0, p1, delta }, stream)
+    })
+}
+
+/// `engram_seq_state_size` for a device history: waits for the work queued
+/// on `stream`, then reads sequence `seq`'s ring. Not capturable (a stream
+/// being captured is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`).
+///
+/// `ctx` as in `engram_free`; `size` writable or NULL; `stream` as in
+/// `engram_seq_rm_device`.
+#[no_mangle]
+pub extern "C" fn engram_seq_state_size_device(
+    ctx: *mut EngramContext,
+    seq: i32,
+    size: *mut usize,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        non_null(size, "size")?;
+        let n = c.seq_state_size_device(seq, stream)?;
+        slice_mut(size, 1, "size")?[0] = n;
+        Ok(())
+    })
+}
+
+/// `engram_seq_state_write` for a device history, in the same format: the
+/// state restores into a host or a device history of the same model.
+/// Waits for the work queued on `stream`, then reads the ring (not
+/// capturable, as `engram_seq_state_size_device`).
+///
+/// `ctx` as in `engram_free`; `buf` must hold `cap` bytes; `written`
+/// writable or NULL; `stream` as in `engram_seq_rm_device`.
+#[no_mangle]
+pub extern "C" fn engram_seq_state_write_device(
+    ctx: *mut EngramContext,
+    seq: i32,
+    buf: *mut c_void,
+    cap: usize,
+    written: *mut usize,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        non_null(buf, "buf")?;
+        non_null(written, "written")?;
+        let w = slice_mut(written, 1, "written")?;
+        let out = slice_mut(buf.cast::<u8>(), cap, "buf")?;
+        w[0] = c.seq_state_write_device(seq, out, stream)?;
+        Ok(())
+    })
+}
+
+/// `engram_seq_state_read` into a device history: the state (saved from a
+/// host or a device history of the same model) is checked in full as
+/// `engram_seq_state_read` checks it, then, once the work queued on
+/// `stream` has run, replaces sequence `seq`'s ring. Where the state holds
+/// more positions than the ring, the ring keeps what hashing them in order
+/// would leave (the latest of each entry). Not capturable, as
+/// `engram_seq_state_size_device`; on error nothing changes.
+///
+/// `ctx` as in `engram_free`; `buf` must hold `len` bytes; `stream` as in
+/// `engram_seq_rm_device`.
+#[no_mangle]
+pub extern "C" fn engram_seq_state_read_device(
+    ctx: *mut EngramContext,
+    seq: i32,
+    buf: *const c_void,
+    len: usize,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        non_null(buf, "buf")?;
+        let b = slice(buf.cast::<u8>(), len, "buf")?;
+        c.seq_state_read_device(seq, b, stream)
     })
 }
