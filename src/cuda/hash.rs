@@ -10,6 +10,7 @@ use super::{latch, CudaBackend};
 use crate::batch::Limits;
 use crate::call::{DeviceHashIn, DeviceSeqOp, Stream};
 use crate::error::{bail, Result};
+use crate::fallible::{try_room, try_vec};
 use crate::hash::history::Range;
 use crate::hash::HashTables;
 use std::sync::Arc;
@@ -349,7 +350,8 @@ impl CudaBackend {
         if self.gpu.stream_capturing(stream)? {
             bail!(
                 ErrInvalidArgument,
-                "{what} waits for the stream and copies the history on the host, which a stream                  being captured cannot do; call it outside the capture"
+                "{what} waits for the stream and copies the history on the host, which a stream \
+                 being captured cannot do; call it outside the capture"
             );
         }
         Ok(())
@@ -367,15 +369,7 @@ impl CudaBackend {
         let s = h.limits.seq(seq)?;
         self.not_capturing(stream, "saving a device history's state")?;
         let _st = self.state();
-        let mut raw: Vec<u64> = Vec::new();
-        if raw.try_reserve_exact(h.ring_len).is_err() {
-            bail!(
-                ErrCapacity,
-                "out of memory for a host copy of a device history slot ({} bytes)",
-                h.ring_len * 8
-            );
-        }
-        raw.resize(h.ring_len, 0);
+        let mut raw = try_vec(h.ring_len, 0u64, "a host copy of a device history slot")?;
         self.gpu.stream_synchronize(stream)?;
         // SAFETY: slot `s` of the ring is ring_len u64 at this offset; `raw`
         // holds as many.
@@ -386,17 +380,15 @@ impl CudaBackend {
                 h.ring_len * 8,
             )?
         };
-        let mut v: Vec<(usize, i32)> = Vec::new();
-        let n = raw.iter().filter(|&&e| (e as u32 as i32) >= 0).count();
-        if v.try_reserve_exact(n).is_err() {
-            bail!(
-                ErrCapacity,
-                "out of memory for the entries of a device history slot ({n} positions)"
-            );
-        }
+        // An entry's position is its low half: -1 (empty) or a position.
+        let live = |e: &&u64| (**e as u32 as i32) >= 0;
+        let mut v = try_room(
+            raw.iter().filter(live).count(),
+            "the entries of a device history slot",
+        )?;
         v.extend(
             raw.iter()
-                .filter(|&&e| (e as u32 as i32) >= 0)
+                .filter(live)
                 .map(|&e| (e as u32 as usize, (e >> 32) as u32 as i32)),
         );
         v.sort_unstable_by_key(|&(p, _)| p);
@@ -416,15 +408,7 @@ impl CudaBackend {
         let h = self.device_hash()?;
         let s = h.limits.seq(seq)?;
         self.not_capturing(stream, "restoring a device history's state")?;
-        let mut raw: Vec<u64> = Vec::new();
-        if raw.try_reserve_exact(h.ring_len).is_err() {
-            bail!(
-                ErrCapacity,
-                "out of memory for a host image of a device history slot ({} bytes)",
-                h.ring_len * 8
-            );
-        }
-        raw.resize(h.ring_len, !0u64);
+        let mut raw = try_vec(h.ring_len, !0u64, "a host image of a device history slot")?;
         for &(p, v) in entries {
             raw[p % h.ring_len] = ((v as u32 as u64) << 32) | p as u32 as u64;
         }

@@ -106,6 +106,41 @@ pub extern "C" fn engram_seq_div(
     ffi_boundary!({ self::ctx(ctx)?.seq_div(seq, p0, p1, d) })
 }
 
+/// The pointer handling of the state calls, host and device: `*size` (or
+/// `*written` and `buf`) written only after `f` succeeds.
+fn put_size(
+    size: *mut usize,
+    f: impl FnOnce() -> crate::error::Result<usize>,
+) -> crate::error::Result<()> {
+    non_null(size, "size")?;
+    let n = f()?;
+    slice_mut(size, 1, "size")?[0] = n;
+    Ok(())
+}
+
+fn write_state(
+    buf: *mut c_void,
+    cap: usize,
+    written: *mut usize,
+    f: impl FnOnce(&mut [u8]) -> crate::error::Result<usize>,
+) -> crate::error::Result<()> {
+    non_null(buf, "buf")?;
+    non_null(written, "written")?;
+    let w = slice_mut(written, 1, "written")?;
+    let out = slice_mut(buf.cast::<u8>(), cap, "buf")?;
+    w[0] = f(out)?;
+    Ok(())
+}
+
+fn read_state(
+    buf: *const c_void,
+    len: usize,
+    f: impl FnOnce(&[u8]) -> crate::error::Result<()>,
+) -> crate::error::Result<()> {
+    non_null(buf, "buf")?;
+    f(slice(buf.cast::<u8>(), len, "buf")?)
+}
+
 /// Bytes `engram_seq_state_write` writes for sequence `seq` now, into
 /// `*size` (left as it was on error).
 ///
@@ -118,10 +153,7 @@ pub extern "C" fn engram_seq_state_size(
 ) -> EngramStatus {
     ffi_boundary!({
         let c = self::ctx(ctx)?;
-        non_null(size, "size")?;
-        let n = c.seq_state_size(seq)?;
-        slice_mut(size, 1, "size")?[0] = n;
-        Ok(())
+        put_size(size, || c.seq_state_size(seq))
     })
 }
 
@@ -146,12 +178,7 @@ pub extern "C" fn engram_seq_state_write(
 ) -> EngramStatus {
     ffi_boundary!({
         let c = self::ctx(ctx)?;
-        non_null(buf, "buf")?;
-        non_null(written, "written")?;
-        let w = slice_mut(written, 1, "written")?;
-        let out = slice_mut(buf.cast::<u8>(), cap, "buf")?;
-        w[0] = c.seq_state_write(seq, out)?;
-        Ok(())
+        write_state(buf, cap, written, |out| c.seq_state_write(seq, out))
     })
 }
 
@@ -173,9 +200,7 @@ pub extern "C" fn engram_seq_state_read(
 ) -> EngramStatus {
     ffi_boundary!({
         let c = self::ctx(ctx)?;
-        non_null(buf, "buf")?;
-        let b = slice(buf.cast::<u8>(), len, "buf")?;
-        c.seq_state_read(seq, b)
+        read_state(buf, len, |b| c.seq_state_read(seq, b))
     })
 }
 
@@ -273,10 +298,7 @@ pub extern "C" fn engram_seq_state_size_device(
 ) -> EngramStatus {
     ffi_boundary!({
         let c = self::ctx(ctx)?;
-        non_null(size, "size")?;
-        let n = c.seq_state_size_device(seq, stream)?;
-        slice_mut(size, 1, "size")?[0] = n;
-        Ok(())
+        put_size(size, || c.seq_state_size_device(seq, stream))
     })
 }
 
@@ -298,12 +320,9 @@ pub extern "C" fn engram_seq_state_write_device(
 ) -> EngramStatus {
     ffi_boundary!({
         let c = self::ctx(ctx)?;
-        non_null(buf, "buf")?;
-        non_null(written, "written")?;
-        let w = slice_mut(written, 1, "written")?;
-        let out = slice_mut(buf.cast::<u8>(), cap, "buf")?;
-        w[0] = c.seq_state_write_device(seq, out, stream)?;
-        Ok(())
+        write_state(buf, cap, written, |out| {
+            c.seq_state_write_device(seq, out, stream)
+        })
     })
 }
 
@@ -327,8 +346,6 @@ pub extern "C" fn engram_seq_state_read_device(
 ) -> EngramStatus {
     ffi_boundary!({
         let c = self::ctx(ctx)?;
-        non_null(buf, "buf")?;
-        let b = slice(buf.cast::<u8>(), len, "buf")?;
-        c.seq_state_read_device(seq, b, stream)
+        read_state(buf, len, |b| c.seq_state_read_device(seq, b, stream))
     })
 }
