@@ -57,7 +57,10 @@ impl CpuBackend<'_> {
     /// A backend using at most `n_threads` threads for one call (0 or 1: the
     /// calling thread only), tuned by `tuning`.
     pub fn new(shape: Shape, n_threads: usize, tuning: &CpuTuning) -> Result<Self> {
-        let kernel = tuning.kernel;
+        let kernel = match tuning.kernel {
+            Some(k) => Some(k),
+            None => kernel_from_env()?,
+        };
         let mut projection = Projection::new(n_threads).map_err(|e| {
             Error::new(
                 crate::EngramStatus::ErrInvalidConfig,
@@ -103,6 +106,36 @@ impl CpuBackend<'_> {
         self.projection
             .run(&rows, nl, s.k_in, layer.wkv, s.k_out, &mut kv)?;
         Ok((rows, kv))
+    }
+}
+
+/// The kernel `ENGRAM_CPU_KERNEL` names (`portable`, `avx2`, `avx512`), read
+/// when a context is created: `None` when it is unset or empty (the best
+/// kernel this CPU runs). The kernels sum in different orders, so their bits
+/// differ in the last places; a fleet of mixed CPUs that wants one result
+/// everywhere names the kernel all of them run. A name that is not a kernel,
+/// or one this CPU lacks, is `ERR_INVALID_CONFIG` (never a silent fallback).
+fn kernel_from_env() -> Result<Option<Kernel>> {
+    let Some(v) = std::env::var_os("ENGRAM_CPU_KERNEL") else {
+        return Ok(None);
+    };
+    let v = v.to_string_lossy();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    match Kernel::from_name(&v) {
+        Some(k) if k.supported() => Ok(Some(k)),
+        Some(_) => bail!(
+            ErrInvalidConfig,
+            "ENGRAM_CPU_KERNEL={}: this CPU lacks that kernel's instructions ({})",
+            crate::error::escape_text(&v),
+            projection::cpu_features()
+        ),
+        None => bail!(
+            ErrInvalidConfig,
+            "ENGRAM_CPU_KERNEL={}: not a kernel (portable, avx2 or avx512)",
+            crate::error::escape_text(&v)
+        ),
     }
 }
 

@@ -115,10 +115,6 @@ pub fn cpu_features() -> String {
     }
 }
 
-/// Up to this many tokens, q8_0 and q2_K weights are dequantised in registers
-/// inside the AVX-512 FMA tiles rather than through a per-task f32 buffer.
-const FUSED_MAX_TOKENS: usize = 4;
-
 /// From this many tokens on, the AVX2 kernel runs the packed GEMM (below it,
 /// dot products from `wkv` in place); both give the same bits.
 pub(crate) const GEMM_MIN_TOKENS: usize = 48;
@@ -425,6 +421,19 @@ impl Projection {
         w: Weights<'_>,
         kvt: &mut [f32],
     ) -> Result<()> {
+        // Q8_0, Q4_0, Q2_K and Q4_K: the AVX2 kernel's in-register decoding
+        // (dot products in place, a packed GEMM for batches, one summation
+        // order for both) on the AVX-512 CPU too. The AVX-512 tiles below
+        // would dequantise them through a per-task f32 buffer, which on a
+        // Sapphire Rapids guest ran 1-token Q4_K decode at 44x ggml's time
+        // and Q8_0 at 8 tokens at 6x (BENCHMARKS.md, issue 19); their
+        // in-register q8_0 / q2_K tiles (up to 4 tokens) took 1.06x / 2.0x
+        // slower than the AVX2 dot products and are gone. Chosen by format
+        // alone, so one context's bits for a format never depend on the
+        // batch size.
+        if quant_in_avx2(w, k) {
+            return self.run_avx2(rows, n, k, w, kvt);
+        }
         // The bf16 kernel reads tokens as f32 split into odd and even elements
         // of each 32-value chunk; the others as plain f32 rows.
         let xs = if matches!(w, Weights::Bf16(_) | Weights::Fp8Block(_)) {
@@ -466,29 +475,6 @@ impl Projection {
                     // SAFETY: as the bf16 arm; `wb` holds rows 0..hi-lo.
                     unsafe { avx512::range_bf16(&xs, n, k, &wb, 0, hi - lo, out)? }
                 }
-                Weights::Quant {
-                    format: f @ (EngramType::Q8_0 | EngramType::Q2_K),
-                    data,
-                    row_len,
-                } if n <= FUSED_MAX_TOKENS && row_len == k && fused_ok => {
-                    // Few tokens: dequantise in registers as the FMAs need the
-                    // values, instead of through a buffer (same values, same order).
-                    let rb = f.row_bytes(k);
-                    // SAFETY: the CPU has avx512f, avx512bw and f16c (`fused_ok`);
-                    // the rows are whole blocks of `f`.
-                    unsafe {
-                        avx512::range_quant(
-                            &xs,
-                            n,
-                            k,
-                            &data[lo * rb..hi * rb],
-                            rb,
-                            f == EngramType::Q2_K,
-                            hi - lo,
-                            out,
-                        )
-                    }
-                }
                 _ => {
                     // f32 or quantised weights: dequantise this task's rows to
                     // f32 once, then f32 FMA tiles against every token.
@@ -501,6 +487,21 @@ impl Projection {
             Ok(())
         })
     }
+}
+
+/// Whether the AVX-512 kernel hands `w` (rows of `k` values) to the AVX2
+/// one: the quantised formats the AVX2 kernel decodes in registers, when
+/// the CPU has AVX2 + FMA + F16C (every AVX-512 CPU so far).
+#[cfg(target_arch = "x86_64")]
+fn quant_in_avx2(w: Weights<'_>, k: usize) -> bool {
+    matches!(
+        w,
+        Weights::Quant {
+            format: EngramType::Q8_0 | EngramType::Q4_0 | EngramType::Q2_K | EngramType::Q4_K,
+            row_len,
+            ..
+        } if row_len == k
+    ) && avx2::available()
 }
 
 /// Rows `lo..hi` of `w` (rows of `k` values) as f32 into `out`: the exact

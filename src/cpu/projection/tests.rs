@@ -107,7 +107,8 @@ fn results_do_not_depend_on_the_batch() {
 
 /// Quantised weights give the same bits as f32 weights holding their
 /// dequantised values, in every kernel, for every batch size (dot
-/// products, the GEMM, the AVX-512 fused and buffered paths).
+/// products, the GEMM, the AVX-512 buffered path; the formats the AVX-512
+/// kernel hands to the AVX2 one, as the AVX2 kernel's f32 weights).
 #[test]
 fn quantised_weights_match_their_f32_values_at_every_batch_size() {
     use crate::formats::dequant_row_f32;
@@ -124,6 +125,9 @@ fn quantised_weights_match_their_f32_values_at_every_batch_size() {
             let mut p = Projection::new(2).unwrap();
             p.set_kernel(kernel);
             p.set_raw_sums(true);
+            let mut p32 = Projection::new(2).unwrap();
+            p32.set_raw_sums(true);
+            p32.set_kernel(f32_twin(&p, Weights::quant(f, &data, k).unwrap(), k));
             for (lo, hi) in [(0, 1), (2, 5), (1, 4), (0, 8), (0, n)] {
                 let mut a = vec![0f32; (hi - lo) * n_out];
                 let mut b = a.clone();
@@ -136,7 +140,7 @@ fn quantised_weights_match_their_f32_values_at_every_batch_size() {
                     &mut a,
                 )
                 .unwrap();
-                p.run(
+                p32.run(
                     &rows[lo * k..hi * k],
                     hi - lo,
                     k,
@@ -150,6 +154,18 @@ fn quantised_weights_match_their_f32_values_at_every_batch_size() {
             }
         }
     }
+}
+
+/// The kernel whose f32 weights give the bits `p` gives quantised `w`: its
+/// own, except that the AVX-512 kernel hands the formats the AVX2 one
+/// decodes in registers to it (`quant_in_avx2`).
+fn f32_twin(p: &Projection, w: Weights<'_>, k: usize) -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    if p.kernel() == Kernel::Avx512 && quant_in_avx2(w, k) {
+        return Kernel::Avx2;
+    }
+    let _ = (w, k);
+    p.kernel()
 }
 
 /// Random blocks of `f` with finite f16 scales of all magnitudes.
@@ -322,13 +338,16 @@ fn quantised_decode_matches_f32_for_1_to_8_tokens_and_odd_sizes() {
                 let mut p = Projection::new(1).unwrap();
                 p.set_kernel(kernel);
                 p.set_raw_sums(true);
+                let mut p32 = Projection::new(1).unwrap();
+                p32.set_raw_sums(true);
+                p32.set_kernel(f32_twin(&p, Weights::quant(f, &data, k).unwrap(), k));
                 for n in 1..=8usize {
                     let x = &rows[..n * k];
                     let mut a = vec![0f32; n * n_out];
                     let mut b = a.clone();
                     let w = Weights::quant(f, &data, k).unwrap();
                     p.run(x, n, k, w, n_out, &mut a).unwrap();
-                    p.run(x, n, k, Weights::F32(&deq), n_out, &mut b).unwrap();
+                    p32.run(x, n, k, Weights::F32(&deq), n_out, &mut b).unwrap();
                     let name = f.name();
                     for (j, (ga, gb)) in a.iter().zip(&b).enumerate() {
                         assert_eq!(
