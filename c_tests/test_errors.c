@@ -20,6 +20,8 @@
  * Hd = 32, H = 2, N = 3 (C = 4), layers 10 (bf16 table, f32 wkv/q/k) and
  * 20 (fp8 table, bf16 wkv/q/k).
  */
+/* setenv, unsetenv (ENGRAM_CPU_KERNEL) under -std=c11. */
+#define _POSIX_C_SOURCE 200112L
 #include "engram.h"
 
 #include <stdint.h>
@@ -307,6 +309,22 @@ static void test_create(void) {
     c = base_config(); c.n_heads = 0; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: n_heads = 0");
     c = base_config(); c.max_ngram = 1; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: max_ngram = 1");
     c = base_config(); c.max_ngram = 0; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: max_ngram = 0");
+
+    /* ENGRAM_CPU_KERNEL names the CPU kernel at create (docs/cpu.md): a name
+     * that is not a kernel is refused, naming the variable; a kernel every
+     * CPU runs is used. This test is single-threaded, so the variable is set
+     * while no other thread reads the environment. */
+    setenv("ENGRAM_CPU_KERNEL", "avx9", 1);
+    c = base_config();
+    create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: ENGRAM_CPU_KERNEL=avx9");
+    check(msg_has("ENGRAM_CPU_KERNEL=avx9: not a kernel"), "create: the message names the variable (%s)",
+          g_last_msg);
+    setenv("ENGRAM_CPU_KERNEL", "portable", 1);
+    ctx = NULL;
+    st = (int)engram_create(&c, &ctx);
+    check(st == ENGRAM_STATUS_OK && ctx != NULL, "create: ENGRAM_CPU_KERNEL=portable is a kernel");
+    engram_free(ctx);
+    unsetenv("ENGRAM_CPU_KERNEL");
     c = base_config(); c.hidden_size = (1u << 20) + 1; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: D = 2^20+1 (out of range)");
     c = base_config(); c.hc = 65; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: hc = 65 (out of range)");
     c = base_config(); c.n_heads = 1025; create_fails(&c, ENGRAM_STATUS_ERR_INVALID_CONFIG, "create: n_heads = 1025 (out of range)");
