@@ -5,6 +5,8 @@
 # the library `cargo bench` measures), and the driver, linked against both,
 # into target/ggml-peer/ggml_peer. `cargo bench --bench cpu` runs it when it
 # is there (ENGRAM_BENCH_ONLY=ggml runs only it). Called by bench/setup.sh.
+# ENGRAM_GGML_NATIVE=1 builds against ggml's -march=native build instead (an
+# AVX-512 host: AVX-512 against AVX-512), into target/ggml-peer-native/.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -13,6 +15,9 @@ GGML="$(bash scripts/ggml-build.sh)"
 echo "# ggml: $(cat "$GGML/VERSION")"
 cargo build --quiet --release --lib
 OUT="$ROOT/target/ggml-peer"
+if [ "${ENGRAM_GGML_NATIVE:-0}" = 1 ]; then
+    OUT="$ROOT/target/ggml-peer-native"
+fi
 mkdir -p "$OUT"
 "${CXX:-g++}" -std=c++17 -O2 -g -Wall -Wextra -Werror \
     -I"$ROOT/include" -I"$GGML/include" "$ROOT/bench/ggml/ggml_peer.cpp" -o "$OUT/ggml_peer.tmp" \
