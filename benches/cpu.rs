@@ -688,7 +688,10 @@ fn wkv_rows(ty: EngramType, rows: usize, rng: &mut Rng) -> Vec<u8> {
         match ty {
             EngramType::Q8_0 if at < 2 => *b = [0x00, 0x1c][at],
             EngramType::Q2_K if at >= 80 => *b = [0x00, 0x1c, 0x00, 0x18][at - 80],
-            EngramType::Q4_K if at < 4 => *b = [0x00, 0x1c, 0x00, 0x18][at],
+            EngramType::Q4_K | EngramType::Q5_K if at < 4 => *b = [0x00, 0x1c, 0x00, 0x18][at],
+            EngramType::Q4_0 if at < 2 => *b = [0x00, 0x1c][at],
+            EngramType::Q3_K if at >= 108 => *b = [0x00, 0x1c][at - 108],
+            EngramType::Q6_K if at >= 208 => *b = [0x00, 0x1c][at - 208],
             EngramType::Bf16 if at == 1 => *b = 0x3c + (*b & 1),
             _ => {}
         }
@@ -710,7 +713,7 @@ fn weights_of(ty: EngramType, layer: &[u8]) -> Weights<'_> {
 
 /// The projection alone (one V4.1 layer's wkv, bf16 and GGUF formats), for
 /// kernel work: `ENGRAM_BENCH_ONLY=projection` (`ENGRAM_BENCH_NS=1,8,...`,
-/// `ENGRAM_BENCH_FORMATS=bf16,q8_0,...`, `ENGRAM_BENCH_ROWS=N`: output rows,
+/// `ENGRAM_BENCH_FORMATS=bf16,q8_0,q4_0,q2_K..q6_K`, `ENGRAM_BENCH_ROWS=N`: output rows,
 /// default the layer's; a few hundred keep `wkv` in L2, which measures the
 /// kernel's decoding rate without the memory's). Rates per CPU-second too:
 /// the machine is shared, and CPU time leaves out the time others took.
@@ -731,6 +734,10 @@ fn bench_projection(threads: usize) {
             "q8_0" => EngramType::Q8_0,
             "q4_K" => EngramType::Q4_K,
             "q2_K" => EngramType::Q2_K,
+            "q4_0" => EngramType::Q4_0,
+            "q3_K" => EngramType::Q3_K,
+            "q5_K" => EngramType::Q5_K,
+            "q6_K" => EngramType::Q6_K,
             _ => panic!("format {name}?"),
         };
         let data = wkv_rows(ty, rows, &mut rng);
@@ -889,7 +896,10 @@ fn bench_wkv_formats(threads: usize, bw: f64, rng: &mut Rng) {
             match ty {
                 EngramType::Q8_0 if at < 2 => *b = [0x00, 0x1c][at],
                 EngramType::Q2_K if at >= 80 => *b = [0x00, 0x1c, 0x00, 0x18][at - 80],
-                EngramType::Q4_K if at < 4 => *b = [0x00, 0x1c, 0x00, 0x18][at],
+                EngramType::Q4_K | EngramType::Q5_K if at < 4 => *b = [0x00, 0x1c, 0x00, 0x18][at],
+                EngramType::Q4_0 if at < 2 => *b = [0x00, 0x1c][at],
+                EngramType::Q3_K if at >= 108 => *b = [0x00, 0x1c][at - 108],
+                EngramType::Q6_K if at >= 208 => *b = [0x00, 0x1c][at - 208],
                 EngramType::Bf16 if at == 1 => *b = 0x3c + (*b & 1),
                 // No NaN codes; scales 2^-16 .. 2^-9 (as the checkpoint's).
                 EngramType::Fp8E4m3E8m0Block => {

@@ -165,6 +165,41 @@ fn q6_k(b: &[u8; 210], y: &mut [f32; 256]) {
     }
 }
 
+/// Random rows of `f` (f16 or a GGUF block format), `len` bytes: every
+/// code, and f16 values (an f16 row's values, a block's scales) finite, of
+/// all magnitudes, subnormals included (tests of the kernels that decode
+/// these formats against [`dequant_block_f32`]).
+#[cfg(test)]
+pub(crate) fn random_blocks(f: EngramType, len: usize, seed: u64) -> Vec<u8> {
+    let mut z = seed;
+    let mut data: Vec<u8> = (0..len)
+        .map(|_| {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (z >> 56) as u8
+        })
+        .collect();
+    // Where each format keeps its f16 values: (bytes per unit, high bytes).
+    let (bb, at): (usize, &[usize]) = match f {
+        EngramType::F16 => (2, &[1]),
+        EngramType::Q8_0 | EngramType::Q4_0 => (f.block().unwrap().1, &[1]),
+        EngramType::Q2_K => (84, &[81, 83]),
+        EngramType::Q3_K => (110, &[109]),
+        EngramType::Q4_K | EngramType::Q5_K => (f.block().unwrap().1, &[1, 3]),
+        EngramType::Q6_K => (210, &[209]),
+        other => panic!("{} is not f16 or a block format", other.name()),
+    };
+    for blk in data.chunks_mut(bb) {
+        for &i in at {
+            if blk[i] & 0x7C == 0x7C {
+                blk[i] ^= 0x04;
+            }
+        }
+    }
+    data
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,8 @@
 //! bf16 result (held as f32). A portable kernel, and SIMD kernels chosen at
 //! run time by the CPU's features ([`Kernel::detect`]): AVX2 + FMA (see
 //! `avx2/`: dot products for a few tokens, a packed GEMM for batches, both
-//! in one summation order) and AVX-512 (FMA tiles, see `avx512.rs`). Work is
+//! in one summation order) and AVX-512 (FMA tiles, every format decoded in
+//! registers in one order, see `avx512/`). Work is
 //! split over output rows on the context's own thread pool.
 //!
 //! The kernels sum the `K` products of an output in f32, in different orders;
@@ -40,8 +41,9 @@ pub enum Kernel {
     /// AVX2 + FMA + F16C: dot products from `wkv` in place for a few tokens,
     /// a packed GEMM for batches, one summation order (see `avx2/`).
     Avx2,
-    /// AVX-512 f32 FMA tiles: bf16 weights widened in registers, f32 and
-    /// (dequantised per task) quantised weights as they are.
+    /// AVX-512 f32 FMA tiles (CPUs with avx512f, avx512bw, AVX2, FMA and
+    /// F16C): every `wkv` format read in place and widened or dequantised in
+    /// registers (GGUF blocks by table look-ups), one summation order.
     Avx512,
 }
 
@@ -64,6 +66,7 @@ impl Kernel {
             Kernel::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512bw")
+                    && avx2::available()
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
@@ -121,8 +124,6 @@ pub(crate) const GEMM_MIN_TOKENS: usize = 48;
 
 /// Output rows of `wkv` per task handed to a worker, at least.
 const CHUNK: usize = 64;
-/// Tokens whose rows are kept hot in cache while a chunk of weights is reused.
-const TOKEN_BLOCK: usize = 64;
 
 /// The projection with its thread pool.
 pub struct Projection {
@@ -421,32 +422,20 @@ impl Projection {
         w: Weights<'_>,
         kvt: &mut [f32],
     ) -> Result<()> {
-        // Q8_0, Q4_0, Q2_K and Q4_K: the AVX2 kernel's in-register decoding
-        // (dot products in place, a packed GEMM for batches, one summation
-        // order for both) on the AVX-512 CPU too. The AVX-512 tiles below
-        // would dequantise them through a per-task f32 buffer, which on a
-        // Sapphire Rapids guest ran 1-token Q4_K decode at 44x ggml's time
-        // and Q8_0 at 8 tokens at 6x (BENCHMARKS.md, issue 19); their
-        // in-register q8_0 / q2_K tiles (up to 4 tokens) took 1.06x / 2.0x
-        // slower than the AVX2 dot products and are gone. Chosen by format
-        // alone, so one context's bits for a format never depend on the
-        // batch size.
-        if quant_in_avx2(w, k) {
-            return self.run_avx2(rows, n, k, w, kvt);
-        }
-        // The bf16 kernel reads tokens as f32 split into odd and even elements
-        // of each 32-value chunk; the others as plain f32 rows.
-        let xs = if matches!(w, Weights::Bf16(_) | Weights::Fp8Block(_)) {
-            pair_split(rows, n, k)?
-        } else {
-            let mut xs = try_vec(n * k, 0f32, "the token rows")?;
-            for (x, &b) in xs.iter_mut().zip(rows) {
-                *x = bf16_to_f32(b);
-            }
-            xs
-        };
-        let fused_ok = std::arch::is_x86_feature_detected!("f16c");
+        // Every format in one order (see `avx512/`): tokens as f32, each
+        // 32-value chunk split into its odd and even elements.
+        let xs = avx512::pair_split(rows, n, k)?;
+        let chunks = k.div_ceil(32);
         self.tasks(n, kvt, |lo, hi, out| {
+            macro_rules! q {
+                ($f:ident, $base:expr, $rb:expr) => {
+                    // SAFETY: `Kernel::Avx512` is only selected when the CPU
+                    // has avx512f, avx512bw, avx2, fma and f16c; rows
+                    // `lo..hi` of `$rb` bytes are whole rows (`Weights`
+                    // checked the sizes, the guard the row length).
+                    unsafe { avx512::$f($base, $rb, &xs, n, k, lo, hi, out)? }
+                };
+            }
             match w {
                 Weights::Bf16(wb) => {
                     // SAFETY: `Kernel::Avx512` is only selected when the CPU
@@ -454,11 +443,11 @@ impl Projection {
                     unsafe { avx512::range_bf16(&xs, n, k, wb, lo, hi, out)? }
                 }
                 Weights::Fp8Block(b)
-                    if k.is_multiple_of(32) && b.bc.is_power_of_two() && b.bc >= 32 && fused_ok =>
+                    if k.is_multiple_of(32) && b.bc.is_power_of_two() && b.bc >= 32 =>
                 {
                     // Converted in registers, in the bf16 kernel's order.
-                    // SAFETY: avx512f, avx512bw (`Kernel::Avx512`) and f16c
-                    // (`fused_ok`); the shape conditions of the guard.
+                    // SAFETY: avx512f, avx512bw and f16c (`Kernel::Avx512`);
+                    // the shape conditions of the guard.
                     unsafe { avx512::range_fp8(&xs, n, k, &b, lo, hi, out)? }
                 }
                 Weights::Fp8Block(b) => {
@@ -475,91 +464,58 @@ impl Projection {
                     // SAFETY: as the bf16 arm; `wb` holds rows 0..hi-lo.
                     unsafe { avx512::range_bf16(&xs, n, k, &wb, 0, hi - lo, out)? }
                 }
-                _ => {
-                    // f32 or quantised weights: dequantise this task's rows to
-                    // f32 once, then f32 FMA tiles against every token.
-                    let mut wf = try_vec((hi - lo) * k, 0f32, "the dequantised weight rows")?;
-                    dequant_rows(w, lo, hi, k, &mut wf);
-                    // SAFETY: as above.
-                    unsafe { avx512::range_f32(&xs, n, k, &wf, hi - lo, out) }
+                Weights::F32(v) if k.is_multiple_of(32) => {
+                    q!(range_f32, v.as_ptr() as *const u8, 4 * k)
                 }
+                Weights::Quant {
+                    format,
+                    data,
+                    row_len,
+                } if row_len == k && k.is_multiple_of(32) => {
+                    let (p, rb) = (data.as_ptr(), format.row_bytes(k));
+                    match format {
+                        EngramType::F16 => q!(range_f16, p, rb),
+                        EngramType::Q8_0 => q!(range_q8_0, p, rb),
+                        EngramType::Q4_0 => q!(range_q4_0, p, rb),
+                        EngramType::Q2_K => q!(range_q2_k, p, rb),
+                        EngramType::Q3_K => q!(range_q3_k, p, rb),
+                        EngramType::Q4_K => q!(range_q4_k, p, rb),
+                        EngramType::Q5_K => q!(range_q5_k, p, rb),
+                        EngramType::Q6_K => q!(range_q6_k, p, rb),
+                        _ => dense(w, lo, hi, k, chunks, &xs, n, out)?,
+                    }
+                }
+                _ => dense(w, lo, hi, k, chunks, &xs, n, out)?,
             }
             Ok(())
         })
     }
 }
 
-/// Whether the AVX-512 kernel hands `w` (rows of `k` values) to the AVX2
-/// one: the quantised formats the AVX2 kernel decodes in registers, when
-/// the CPU has AVX2 + FMA + F16C (every AVX-512 CPU so far).
+/// Rows `lo..hi` of any weights the AVX-512 kernel does not read in place
+/// (K not a multiple of 32): their exact f32 values (the reference
+/// dequantisation), zero-padded to whole chunks, through the f32 source.
 #[cfg(target_arch = "x86_64")]
-fn quant_in_avx2(w: Weights<'_>, k: usize) -> bool {
-    matches!(
-        w,
-        Weights::Quant {
-            format: EngramType::Q8_0 | EngramType::Q4_0 | EngramType::Q2_K | EngramType::Q4_K,
-            row_len,
-            ..
-        } if row_len == k
-    ) && avx2::available()
-}
-
-/// Rows `lo..hi` of `w` (rows of `k` values) as f32 into `out`: the exact
-/// values `formats::dequant_row_f32` gives, with AVX-512 loops for the
-/// formats a decode step reads most (q8_0, q2_K) where the CPU has them.
-pub fn dequant_rows(w: Weights<'_>, lo: usize, hi: usize, k: usize, out: &mut [f32]) {
-    assert_eq!(out.len(), (hi - lo) * k);
-    #[cfg(target_arch = "x86_64")]
-    if let Weights::Quant {
-        format,
-        data,
-        row_len,
-    } = w
-    {
-        if row_len == k && std::arch::is_x86_feature_detected!("avx512f") {
-            let rb = format.row_bytes(k);
-            let bytes = &data[lo * rb..hi * rb];
-            match format {
-                // SAFETY: the CPU has avx512f; whole blocks in and out.
-                EngramType::Q8_0 => return unsafe { avx512::dequant_q8_0(bytes, out) },
-                // SAFETY: as above.
-                EngramType::Q2_K => return unsafe { avx512::dequant_q2_k(bytes, out) },
-                _ => {}
-            }
-        }
+#[allow(clippy::too_many_arguments)]
+fn dense(
+    w: Weights<'_>,
+    lo: usize,
+    hi: usize,
+    k: usize,
+    chunks: usize,
+    xs: &[f32],
+    n: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let kp = chunks * 32;
+    let mut wf = try_vec((hi - lo) * kp, 0f32, "the dequantised weight rows")?;
+    for (r, row) in wf.chunks_exact_mut(kp).enumerate() {
+        w.to_f32((lo + r) * k, &mut row[..k]);
     }
-    w.to_f32(lo * k, out);
-}
-
-/// 32-value chunks per k block of the bf16 kernel (6 weight rows x 1024 bf16
-/// = 12 KB stay in L1 while the block's token vectors stream past).
-const KBC: usize = 32;
-
-/// Token rows (bf16 bits, `[n, k]`) as f32 in the bf16 kernel's layout: k
-/// blocks of `KBC` chunks of 32 values, each block holding every token's
-/// chunks contiguously (`[block][token][chunk][32]`), and within a chunk the
-/// 16 odd-indexed values then the 16 even-indexed ones; zero past `k`.
-fn pair_split(rows: &[u16], n: usize, k: usize) -> Result<Vec<f32>> {
-    let chunks = k.div_ceil(32);
-    let mut xs = try_vec(n * chunks * 32, 0f32, "the token rows")?;
-    for (t, r) in rows.chunks_exact(k).enumerate() {
-        for c in 0..chunks {
-            let x = &mut xs[pair_offset(n, chunks, t, c)..][..32];
-            let src = &r[c * 32..(c * 32 + 32).min(k)];
-            for (j, &b) in src.iter().enumerate() {
-                x[if j % 2 == 1 { j / 2 } else { 16 + j / 2 }] = bf16_to_f32(b);
-            }
-        }
-    }
-    Ok(xs)
-}
-
-/// Where token `t`'s chunk `c` starts in [`pair_split`]'s layout.
-#[inline]
-fn pair_offset(n: usize, chunks: usize, t: usize, c: usize) -> usize {
-    let (b, within) = (c / KBC, c % KBC);
-    let in_block = KBC.min(chunks - b * KBC);
-    (b * KBC * n + t * in_block + within) * 32
+    // SAFETY: `Kernel::Avx512` (avx512f, avx512bw, avx2, fma, f16c); `wf`
+    // holds rows 0..hi-lo of `kp` values, `xs` is `[n, kp]` in `pair_split`
+    // layout.
+    unsafe { avx512::range_f32(wf.as_ptr() as *const u8, 4 * kp, xs, n, kp, 0, hi - lo, out) }
 }
 
 /// Round an f32 sum to bf16, held as f32.

@@ -1,4 +1,5 @@
 use super::*;
+use crate::formats::ggml::random_blocks;
 
 /// Every weight format the kernels read fast, and one they read through
 /// the reference dequantisation (q6_K), as `(name, weights)` over `k`
@@ -106,9 +107,8 @@ fn results_do_not_depend_on_the_batch() {
 }
 
 /// Quantised weights give the same bits as f32 weights holding their
-/// dequantised values, in every kernel, for every batch size (dot
-/// products, the GEMM, the AVX-512 buffered path; the formats the AVX-512
-/// kernel hands to the AVX2 one, as the AVX2 kernel's f32 weights).
+/// dequantised values, in every kernel, for every batch size (each
+/// kernel's dot products and its GEMM or panel form).
 #[test]
 fn quantised_weights_match_their_f32_values_at_every_batch_size() {
     use crate::formats::dequant_row_f32;
@@ -127,7 +127,7 @@ fn quantised_weights_match_their_f32_values_at_every_batch_size() {
             p.set_raw_sums(true);
             let mut p32 = Projection::new(2).unwrap();
             p32.set_raw_sums(true);
-            p32.set_kernel(f32_twin(&p, Weights::quant(f, &data, k).unwrap(), k));
+            p32.set_kernel(kernel);
             for (lo, hi) in [(0, 1), (2, 5), (1, 4), (0, 8), (0, n)] {
                 let mut a = vec![0f32; (hi - lo) * n_out];
                 let mut b = a.clone();
@@ -152,97 +152,6 @@ fn quantised_weights_match_their_f32_values_at_every_batch_size() {
                 let name = f.name();
                 assert_eq!(a, b, "{name} {kernel:?} tokens {lo}..{hi}");
             }
-        }
-    }
-}
-
-/// The kernel whose f32 weights give the bits `p` gives quantised `w`: its
-/// own, except that the AVX-512 kernel hands the formats the AVX2 one
-/// decodes in registers to it (`quant_in_avx2`).
-fn f32_twin(p: &Projection, w: Weights<'_>, k: usize) -> Kernel {
-    #[cfg(target_arch = "x86_64")]
-    if p.kernel() == Kernel::Avx512 && quant_in_avx2(w, k) {
-        return Kernel::Avx2;
-    }
-    let _ = (w, k);
-    p.kernel()
-}
-
-/// Random blocks of `f` with finite f16 scales of all magnitudes.
-fn random_blocks(f: crate::formats::EngramType, len: usize, seed: u64) -> Vec<u8> {
-    let mut z = seed;
-    let mut data: Vec<u8> = (0..len)
-        .map(|_| {
-            z = z
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (z >> 56) as u8
-        })
-        .collect();
-    let (_, bb) = f.block().unwrap();
-    // Where each format keeps its f16 scales.
-    let at: &[usize] = match f {
-        EngramType::Q8_0 | EngramType::Q4_0 => &[1],
-        EngramType::Q2_K => &[81, 83],
-        EngramType::Q3_K => &[109],
-        EngramType::Q4_K | EngramType::Q5_K => &[1, 3],
-        _ => &[209],
-    };
-    for blk in data.chunks_mut(bb) {
-        for &i in at {
-            if blk[i] & 0x7C == 0x7C {
-                blk[i] ^= 0x04;
-            }
-        }
-    }
-    data
-}
-
-/// The AVX-512 dequantisers equal `formats::dequant_row_f32` bit for bit on
-/// random blocks (finite scales; the GGUF oracle tests cover the edges of
-/// the scalar path).
-#[test]
-fn fast_dequant_equals_the_reference() {
-    use crate::formats::{dequant_row_f32, EngramType};
-    let mut z = 3u64;
-    let mut byte = move || {
-        z = z
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (z >> 56) as u8
-    };
-    for (ty, k) in [
-        (crate::EngramType::Q8_0, 256usize),
-        (crate::EngramType::Q2_K, 512),
-    ] {
-        let f = EngramType::row_format(ty as u32, k).unwrap();
-        let (_, bb) = f.block().unwrap();
-        let rows = 7;
-        let mut data: Vec<u8> = (0..rows * f.row_bytes(k)).map(|_| byte()).collect();
-        // Finite f16 scales of all magnitudes (exponent field below 31).
-        for blk in data.chunks_mut(bb) {
-            let at: &[usize] = if ty == crate::EngramType::Q8_0 {
-                &[1]
-            } else {
-                &[81, 83]
-            };
-            for &i in at {
-                blk[i] &= 0xF7 | (blk[i] & 0x80);
-                if blk[i] & 0x7C == 0x7C {
-                    blk[i] ^= 0x04;
-                }
-            }
-        }
-        let w = Weights::quant(f, &data, k).unwrap();
-        let mut fast = vec![0f32; (rows - 2) * k];
-        dequant_rows(w, 1, rows - 1, k, &mut fast);
-        let mut want = vec![0f32; (rows - 2) * k];
-        for (r, o) in want.chunks_mut(k).enumerate() {
-            let rb = f.row_bytes(k);
-            dequant_row_f32(f, &data[(r + 1) * rb..(r + 2) * rb], o).unwrap();
-        }
-        for (i, (a, b)) in fast.iter().zip(&want).enumerate() {
-            assert_eq!(a.to_bits(), b.to_bits(), "{ty:?} value {i}: {a} vs {b}");
         }
     }
 }
@@ -340,7 +249,7 @@ fn quantised_decode_matches_f32_for_1_to_8_tokens_and_odd_sizes() {
                 p.set_raw_sums(true);
                 let mut p32 = Projection::new(1).unwrap();
                 p32.set_raw_sums(true);
-                p32.set_kernel(f32_twin(&p, Weights::quant(f, &data, k).unwrap(), k));
+                p32.set_kernel(kernel);
                 for n in 1..=8usize {
                     let x = &rows[..n * k];
                     let mut a = vec![0f32; n * n_out];

@@ -1,202 +1,100 @@
-//! The AVX-512 kernels of the projection: f32 FMA tiles, bf16 and fp8 weights
-//! widened in registers, and the f32 loops that dequantise q8_0 and q2_K rows
-//! (the quantised formats the AVX2 kernel decodes in registers go to it:
-//! `super::quant_in_avx2`). Chosen at run time (see `super::Kernel::detect`).
+//! The AVX-512 kernels of the projection: f32 FMA tiles in one summation
+//! order for every weight format, each read in place and widened or
+//! dequantised in registers: bf16 and the checkpoint's fp8 here, f32, f16
+//! and the GGUF block formats in `quant`. Chosen at run time (see
+//! `super::Kernel::detect`).
 
-use super::{pair_offset, KBC, TOKEN_BLOCK};
+use crate::batch::try_vec;
+use crate::error::Result;
+use crate::formats::bf16_to_f32;
 use std::arch::x86_64::*;
 
-/// Weight rows per micro-kernel call, tokens per micro-kernel call.
-const R: usize = 4;
+mod quant;
+use quant::{F16Q, F32Q, Q2KQ, Q3KQ, Q4KQ, Q4_0Q, Q5KQ, Q6KQ, Q8_0Q};
+
+macro_rules! entry {
+    ($name:ident, $src:ty) => {
+        /// `quant::range` for this source: rows `lo..hi` (row `o` at
+        /// `base + o * rb`) against all `n` tokens (`xs` in [`pair_split`]
+        /// layout) into `out` (`[hi - lo, n]`, f32 sums: the caller rounds
+        /// them).
+        ///
+        /// # Safety
+        /// The CPU has avx512f, avx512bw, avx2, fma and f16c; `k` is a
+        /// multiple of the source's block, rows `lo..hi` are whole rows.
+        #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn $name(
+            base: *const u8,
+            rb: usize,
+            xs: &[f32],
+            n: usize,
+            k: usize,
+            lo: usize,
+            hi: usize,
+            out: &mut [f32],
+        ) -> Result<()> {
+            // SAFETY: forwarded contract.
+            unsafe { quant::range::<$src>(base, rb, xs, n, k, lo, hi, out) }
+        }
+    };
+}
+
+entry!(range_f32, F32Q);
+entry!(range_f16, F16Q);
+entry!(range_q8_0, Q8_0Q);
+entry!(range_q4_0, Q4_0Q);
+entry!(range_q2_k, Q2KQ);
+entry!(range_q3_k, Q3KQ);
+entry!(range_q4_k, Q4KQ);
+entry!(range_q5_k, Q5KQ);
+entry!(range_q6_k, Q6KQ);
+
+/// 32-value chunks per k block of the bf16 kernel (6 weight rows x 1024 bf16
+/// = 12 KB stay in L1 while the block's token vectors stream past).
+const KBC: usize = 32;
+
+/// Token rows (bf16 bits, `[n, k]`) as f32 in this kernel's layout: k
+/// blocks of `KBC` chunks of 32 values, each block holding every token's
+/// chunks contiguously (`[block][token][chunk][32]`), and within a chunk the
+/// 16 odd-indexed values then the 16 even-indexed ones; zero past `k`.
+pub(super) fn pair_split(rows: &[u16], n: usize, k: usize) -> Result<Vec<f32>> {
+    let chunks = k.div_ceil(32);
+    let mut xs = try_vec(n * chunks * 32, 0f32, "the token rows")?;
+    for (t, r) in rows.chunks_exact(k).enumerate() {
+        for c in 0..chunks {
+            let x = &mut xs[pair_offset(n, chunks, t, c)..][..32];
+            let src = &r[c * 32..(c * 32 + 32).min(k)];
+            for (j, &b) in src.iter().enumerate() {
+                x[if j % 2 == 1 { j / 2 } else { 16 + j / 2 }] = bf16_to_f32(b);
+            }
+        }
+    }
+    Ok(xs)
+}
+
+/// Where token `t`'s chunk `c` starts in [`pair_split`]'s layout.
+#[inline]
+fn pair_offset(n: usize, chunks: usize, t: usize, c: usize) -> usize {
+    let (b, within) = (c / KBC, c % KBC);
+    let in_block = KBC.min(chunks - b * KBC);
+    (b * KBC * n + t * in_block + within) * 32
+}
+
+/// Tokens per micro-kernel call.
 const T: usize = 4;
 
-fn f16(lo: u8, hi: u8) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32()
-}
-
-/// q8_0 blocks (f16 `d`, 32 i8) to f32: `q * d`, exact in f32.
-///
-/// # Safety
-/// The CPU must have avx512f; `data` is whole 34-byte blocks, `out` 32
-/// values per block.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn dequant_q8_0(data: &[u8], out: &mut [f32]) {
-    // SAFETY: the caller upholds this function's `# Safety` contract
-    // (the CPU features it is compiled for, and the sizes it reads and writes).
+/// The 16 lanes of a sum added by one fixed tree (halves, then halves of
+/// those): every form of the kernel ends each output's sum with it.
+#[inline(always)]
+unsafe fn hsum(v: __m512) -> f32 {
+    // SAFETY: register arithmetic only (avx512f, which implies avx).
     unsafe {
-        assert_eq!(data.len() / 34 * 32, out.len());
-        for (b, o) in data.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
-            let d = _mm512_set1_ps(f16(b[0], b[1]));
-            let q0 = _mm_loadu_si128(b.as_ptr().add(2) as *const __m128i);
-            let q1 = _mm_loadu_si128(b.as_ptr().add(18) as *const __m128i);
-            let f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0));
-            let f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1));
-            _mm512_storeu_ps(o.as_mut_ptr(), _mm512_mul_ps(f0, d));
-            _mm512_storeu_ps(o.as_mut_ptr().add(16), _mm512_mul_ps(f1, d));
-        }
-    }
-}
-
-/// q2_K super-blocks (`scales[16]`, `qs[64]`, f16 `d`, f16 `dmin`) to f32
-/// in ggml's order: for each half of 128 values and each 2-bit shift, 16
-/// values from `qs[0..16]` then 16 from `qs[16..32]`, each group with its
-/// own 4-bit scale and min: `d*sc * q - dmin*m`. `d*sc`, `dmin*m` and their
-/// product with `q` are exact in f32, so the fused subtract rounds once,
-/// exactly as ggml's separate operations do.
-///
-/// # Safety
-/// The CPU must have avx512f; `data` is whole 84-byte blocks, `out` 256
-/// values per block.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn dequant_q2_k(data: &[u8], out: &mut [f32]) {
-    // SAFETY: the caller upholds this function's `# Safety` contract
-    // (the CPU features it is compiled for, and the sizes it reads and writes).
-    unsafe {
-        assert_eq!(data.len() / 84 * 256, out.len());
-        let three = _mm512_set1_epi32(3);
-        for (b, o) in data.chunks_exact(84).zip(out.chunks_exact_mut(256)) {
-            let (scales, qs) = (&b[..16], &b[16..80]);
-            let (d, dmin) = (f16(b[80], b[81]), f16(b[82], b[83]));
-            let mut y = 0;
-            let mut is = 0;
-            for half in 0..2 {
-                let q = &qs[32 * half..32 * half + 32];
-                let qa = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.as_ptr() as *const __m128i));
-                let qb =
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128(q.as_ptr().add(16) as *const __m128i));
-                for shift in [0u32, 2, 4, 6] {
-                    let sh = _mm_cvtsi32_si128(shift as i32);
-                    for qv in [qa, qb] {
-                        let sc = scales[is];
-                        is += 1;
-                        let dl = _mm512_set1_ps(d * (sc & 0xF) as f32);
-                        let ml = _mm512_set1_ps(dmin * (sc >> 4) as f32);
-                        let v =
-                            _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srl_epi32(qv, sh), three));
-                        _mm512_storeu_ps(o.as_mut_ptr().add(y), _mm512_fmsub_ps(dl, v, ml));
-                        y += 16;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// All `m` rows of `w` (`[m, k]` f32) against all `n` f32 token rows into
-/// `out` (`[m, n]`), f32 FMA in tiles of 4 x 4 (f32 sums; the caller rounds them).
-///
-/// # Safety
-/// The CPU must have avx512f; sizes as stated.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn range_f32(rows: &[f32], n: usize, k: usize, w: &[f32], m: usize, out: &mut [f32]) {
-    // SAFETY: the caller upholds this function's `# Safety` contract
-    // (the CPU features it is compiled for, and the sizes it reads and writes).
-    unsafe {
-        debug_assert!(w.len() == m * k && rows.len() == n * k && out.len() == m * n);
-        let mut tb = 0;
-        while tb < n {
-            let te = (tb + TOKEN_BLOCK).min(n);
-            let mut o = 0;
-            while o < m {
-                let r = (m - o).min(R);
-                let mut t = tb;
-                while t < te {
-                    let tt = (te - t).min(T);
-                    let mut wp = [w.as_ptr(); R];
-                    for (i, p) in wp.iter_mut().enumerate().take(r) {
-                        *p = w.as_ptr().add((o + i) * k);
-                    }
-                    let mut xp = [rows.as_ptr(); T];
-                    for (j, p) in xp.iter_mut().enumerate().take(tt) {
-                        *p = rows.as_ptr().add((t + j) * k);
-                    }
-                    let s = match (r, tt) {
-                        (4, 4) => fma::<4, 4>(&wp, &xp, k),
-                        (4, 1) => fma::<4, 1>(&wp, &xp, k),
-                        _ => fma_any(&wp, &xp, r, tt, k),
-                    };
-                    for i in 0..r {
-                        for j in 0..tt {
-                            out[(o + i) * n + t + j] = s[i][j];
-                        }
-                    }
-                    t += tt;
-                }
-                o += r;
-            }
-            tb = te;
-        }
-    }
-}
-
-/// An `RR x TT` tile of f32 dot products with FMA, 16 lanes at a time.
-#[inline]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::needless_range_loop)] // register tiles indexed as in the math
-unsafe fn fma<const RR: usize, const TT: usize>(
-    wp: &[*const f32; R],
-    xp: &[*const f32; T],
-    k: usize,
-) -> [[f32; T]; R] {
-    // SAFETY: the caller upholds this function's `# Safety` contract
-    // (the CPU features it is compiled for, and the sizes it reads and writes).
-    unsafe {
-        let mut acc = [[_mm512_setzero_ps(); TT]; RR];
-        let mut kk = 0;
-        while kk + 16 <= k {
-            let mut wv = [_mm512_loadu_ps(wp[0].add(kk)); RR];
-            for i in 1..RR {
-                wv[i] = _mm512_loadu_ps(wp[i].add(kk));
-            }
-            for j in 0..TT {
-                let x = _mm512_loadu_ps(xp[j].add(kk));
-                for i in 0..RR {
-                    acc[i][j] = _mm512_fmadd_ps(wv[i], x, acc[i][j]);
-                }
-            }
-            kk += 16;
-        }
-        if kk < k {
-            let m: __mmask16 = (1u32 << (k - kk)) as u16 - 1;
-            for i in 0..RR {
-                let wv = _mm512_maskz_loadu_ps(m, wp[i].add(kk));
-                for j in 0..TT {
-                    acc[i][j] =
-                        _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xp[j].add(kk)), acc[i][j]);
-                }
-            }
-        }
-        let mut s = [[0f32; T]; R];
-        for i in 0..RR {
-            for j in 0..TT {
-                s[i][j] = _mm512_reduce_add_ps(acc[i][j]);
-            }
-        }
-        s
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn fma_any(
-    wp: &[*const f32; R],
-    xp: &[*const f32; T],
-    r: usize,
-    tt: usize,
-    k: usize,
-) -> [[f32; T]; R] {
-    // SAFETY: the caller upholds this function's `# Safety` contract
-    // (the CPU features it is compiled for, and the sizes it reads and writes).
-    unsafe {
-        macro_rules! tile {
-            ($($rr:literal, $t:literal);*) => {
-                match (r, tt) {
-                    $(($rr, $t) => fma::<$rr, $t>(wp, xp, k),)*
-                    _ => unreachable!("tiles are at most {R} x {T}"),
-                }
-            };
-        }
-        tile!(1, 1; 1, 2; 1, 3; 1, 4; 2, 1; 2, 2; 2, 3; 2, 4; 3, 1; 3, 2; 3, 3; 3, 4; 4, 1; 4, 2; 4, 3; 4, 4)
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        let a = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+        let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+        _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
     }
 }
 
@@ -207,7 +105,7 @@ const RB: usize = 6;
 const TB: usize = 32;
 
 /// Outputs `lo..hi` of bf16 weights `w` for all `n` tokens (in
-/// [`super::pair_split`] layout) into `out` (`[hi-lo, n]`) (f32 sums; the caller rounds them).
+/// [`pair_split`] layout) into `out` (`[hi-lo, n]`) (f32 sums; the caller rounds them).
 ///
 /// Each output's sum has one fixed order, whatever `n`, the tile or the k
 /// blocking: lane `j` of its accumulator takes, chunk after chunk of 32
@@ -427,7 +325,7 @@ unsafe fn range_pairs<W: PairW>(
                 for t in tb..te {
                     for i in 0..r {
                         let v = accs[(t - tb) * RB + i];
-                        out[(o + i - lo) * n + t] = _mm512_reduce_add_ps(v);
+                        out[(o + i - lo) * n + t] = hsum(v);
                     }
                 }
                 o += r;
