@@ -41,7 +41,8 @@
 // machine's load hits both sides alike. Median of the repetitions.
 //
 // Usage: ggml_peer THREADS [REPS]   (ENGRAM_BENCH_NS=1,8,64,512,
-//        ENGRAM_BENCH_FORMATS=bf16,q8_0,q4_K,q2_K, ENGRAM_BENCH_TABLES=q8_0,fp8)
+//        ENGRAM_BENCH_FORMATS=bf16,fp8,q8_0,q4_K,q2_K, ENGRAM_BENCH_TABLES=q8_0,fp8;
+//        wkv fp8 is the checkpoint's block-scaled fp8, which ggml gets as bf16)
 #include "engram.h"
 
 #include "ggml-cpu.h"
@@ -142,7 +143,28 @@ struct WkvFormat {
     std::string name;
     uint32_t engram_type;
     ggml_type gtype;
+    // The checkpoint's block-scaled fp8 (libengram reads codes + 128 x 128
+    // e8m0 scales in place); ggml has no such type and gets the same values
+    // widened to bf16 (exact), `gtype`.
+    bool fp8_block = false;
 };
+
+constexpr int64_t FP8_BLOCK = 128;
+
+// One layer of block-scaled fp8 wkv: codes (no NaN) and scales 2^-14..2^-11,
+// so every value is a normal bf16; and the same values as bf16 for ggml.
+void fill_fp8_wkv(uint8_t *codes, uint8_t *scales, uint16_t *bf16, Rng &rng) {
+    const int64_t br = (K_OUT + FP8_BLOCK - 1) / FP8_BLOCK, bc = (K_IN + FP8_BLOCK - 1) / FP8_BLOCK;
+    for (int64_t i = 0; i < br * bc; i++) scales[i] = (uint8_t)(127 - 14 + rng.below(4));
+    for (int64_t r = 0; r < K_OUT; r++)
+        for (int64_t c = 0; c < K_IN; c++) {
+            uint8_t b = (uint8_t)rng.next();
+            if ((b & 0x7f) == 0x7f) b ^= 1;
+            codes[r * K_IN + c] = b;
+            int s = scales[(r / FP8_BLOCK) * bc + c / FP8_BLOCK];
+            bf16[r * K_IN + c] = f32_to_bf16(std::ldexp(e4m3(b), s - 127));  // exact
+        }
+}
 
 // One layer's wkv bytes in `f`: random, with each block's f16 scales fixed
 // small and finite (the way benches/cpu.rs builds them).
@@ -294,9 +316,10 @@ int main(int argc, char **argv) {
         {"q8_0", ENGRAM_TYPE_Q8_0, GGML_TYPE_Q8_0},
         {"q4_K", ENGRAM_TYPE_Q4_K, GGML_TYPE_Q4_K},
         {"q2_K", ENGRAM_TYPE_Q2_K, GGML_TYPE_Q2_K},
+        {"fp8", ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK, GGML_TYPE_BF16, true},
     };
     std::vector<WkvFormat> formats;
-    for (auto &s : list_env("ENGRAM_BENCH_FORMATS", "bf16,q8_0,q4_K,q2_K")) {
+    for (auto &s : list_env("ENGRAM_BENCH_FORMATS", "bf16,fp8,q8_0,q4_K,q2_K")) {
         auto it = std::find_if(all_formats.begin(), all_formats.end(), [&](const WkvFormat &f) { return f.name == s; });
         if (it == all_formats.end()) die("unknown wkv format " + s);
         formats.push_back(*it);
@@ -312,7 +335,7 @@ int main(int argc, char **argv) {
     // Enough layers for the smallest format (each format uses the first ones).
     uint32_t max_nl = 2;
     for (const WkvFormat &f : formats) {
-        size_t lb = ggml_row_size(f.gtype, K_IN) * K_OUT;
+        size_t lb = f.fp8_block ? (size_t)(K_IN * K_OUT) : ggml_row_size(f.gtype, K_IN) * K_OUT;
         max_nl = std::max(max_nl, (uint32_t)((2400000000ull + lb - 1) / lb));
     }
     Model m = make_model(max_nl, rng);
@@ -356,18 +379,29 @@ int main(int argc, char **argv) {
     std::vector<Cell> cells;
     bool all_ok = true;
     for (const WkvFormat &f : formats) {
+        // libengram's bytes a layer set the number of layers (ggml's bf16
+        // copy of an fp8 wkv is twice that).
         const size_t layer_bytes = ggml_row_size(f.gtype, K_IN) * K_OUT;
-        const uint32_t nl = (uint32_t)std::max<size_t>(2, (2400000000ull + layer_bytes - 1) / layer_bytes);
+        const size_t own_bytes = f.fp8_block ? (size_t)(K_IN * K_OUT) : layer_bytes;
+        const uint32_t nl = (uint32_t)std::max<size_t>(2, (2400000000ull + own_bytes - 1) / own_bytes);
+        const size_t n_scales = (size_t)(((K_OUT + FP8_BLOCK - 1) / FP8_BLOCK) * ((K_IN + FP8_BLOCK - 1) / FP8_BLOCK));
         Model mf = m;  // the first nl layers of the model
         mf.nl = nl;
         mf.layer_ids.resize(nl);
         mf.primes.resize(nl * COLS);
         mf.offsets.resize(nl * COLS);
         mf.mult.resize(nl * NGRAM);
-        std::vector<uint8_t *> wkv(nl);
+        // wkv[l]: ggml's weights (and libengram's, but for fp8: codes[l], scales[l]).
+        std::vector<uint8_t *> wkv(nl), codes(nl, nullptr), scales(nl, nullptr);
         for (uint32_t l = 0; l < nl; l++) {
             wkv[l] = (uint8_t *)alloc_bytes(layer_bytes);
-            fill_wkv(f, wkv[l], layer_bytes, rng);
+            if (f.fp8_block) {
+                codes[l] = (uint8_t *)alloc_bytes((size_t)(K_IN * K_OUT));
+                scales[l] = (uint8_t *)alloc_bytes(n_scales);
+                fill_fp8_wkv(codes[l], scales[l], (uint16_t *)wkv[l], rng);
+            } else {
+                fill_wkv(f, wkv[l], layer_bytes, rng);
+            }
         }
         for (const std::string &tname : tables) {
             const bool is_fp8 = tname == "fp8";
@@ -380,8 +414,13 @@ int main(int argc, char **argv) {
                 w.table_type = is_fp8 ? ENGRAM_TYPE_FP8_E4M3_E8M0 : ENGRAM_TYPE_Q8_0;
                 w.table = is_fp8 ? (const void *)fp8 : (const void *)q8;
                 w.table_rows = rows;
-                w.wkv = wkv[l];
+                w.wkv = f.fp8_block ? codes[l] : wkv[l];
                 w.wkv_type = f.engram_type;
+                if (f.fp8_block) {
+                    w.wkv_scales = scales[l];
+                    w.wkv_block_rows = (uint32_t)FP8_BLOCK;
+                    w.wkv_block_cols = (uint32_t)FP8_BLOCK;
+                }
                 w.q = mf.q.data();
                 w.k = mf.k.data();
                 w.qk_type = ENGRAM_TYPE_F32;
@@ -489,6 +528,8 @@ int main(int argc, char **argv) {
             engram_free(ctx);
         }
         for (auto *p : wkv) std::free(p);
+        for (auto *p : codes) std::free(p);
+        for (auto *p : scales) std::free(p);
     }
 
     // The table: ggml's time over libengram's.
@@ -499,7 +540,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < ns.size(); i++) std::printf("---|");
     std::printf("\n");
     for (size_t i = 0; i < cells.size(); i += ns.size()) {
-        std::printf("| %s | %s |", cells[i].wkv.c_str(), cells[i].table == "fp8" ? "fp8 (ggml: bf16)" : "q8_0");
+        std::printf("| %s | %s |", cells[i].wkv == "fp8" ? "fp8 block (ggml: bf16)" : cells[i].wkv.c_str(),
+                    cells[i].table == "fp8" ? "fp8 (ggml: bf16)" : "q8_0");
         for (size_t j = 0; j < ns.size() && i + j < cells.size(); j++)
             std::printf(" %.2f |", cells[i + j].t_ggml / cells[i + j].t_engram);
         std::printf("\n");
