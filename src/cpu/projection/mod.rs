@@ -280,7 +280,7 @@ impl Projection {
         w: Weights<'_>,
         kvt: &mut [f32],
     ) -> Result<()> {
-        use avx2::{Bf16, Fp8, CH, F32, MR, NR, Q2K, Q4K, Q4_0, Q8_0};
+        use avx2::{Bf16, Fp8, CH, F32, MR, NR, Q2K, Q3K, Q4K, Q4_0, Q5K, Q6K, Q8_0};
         let kp = k.div_ceil(CH) * CH;
         let mut xs = try_vec(n * kp, 0f32, "the token rows")?;
         avx2::split_tokens(rows, n, k, &mut xs);
@@ -379,7 +379,13 @@ impl Projection {
             } if row_len == k
                 && matches!(
                     format,
-                    EngramType::Q8_0 | EngramType::Q4_0 | EngramType::Q2_K | EngramType::Q4_K
+                    EngramType::Q8_0
+                        | EngramType::Q4_0
+                        | EngramType::Q2_K
+                        | EngramType::Q3_K
+                        | EngramType::Q4_K
+                        | EngramType::Q5_K
+                        | EngramType::Q6_K
                 ) =>
             {
                 let (rb, p) = (format.row_bytes(k), data.as_ptr());
@@ -387,6 +393,9 @@ impl Projection {
                     EngramType::Q8_0 => go!(dot_q8_0, gemm_q8_0, Q8_0, p, rb, k / 32, lo, hi, out),
                     EngramType::Q4_0 => go!(dot_q4_0, gemm_q4_0, Q4_0, p, rb, k / 32, lo, hi, out),
                     EngramType::Q2_K => go!(dot_q2_k, gemm_q2_k, Q2K, p, rb, k / 256, lo, hi, out),
+                    EngramType::Q3_K => go!(dot_q3_k, gemm_q3_k, Q3K, p, rb, k / 256, lo, hi, out),
+                    EngramType::Q5_K => go!(dot_q5_k, gemm_q5_k, Q5K, p, rb, k / 256, lo, hi, out),
+                    EngramType::Q6_K => go!(dot_q6_k, gemm_q6_k, Q6K, p, rb, k / 256, lo, hi, out),
                     _ => go!(dot_q4_k, gemm_q4_k, Q4K, p, rb, k / 256, lo, hi, out),
                 }
             }

@@ -35,7 +35,7 @@
 use std::arch::x86_64::*;
 
 pub(crate) mod sources;
-pub use sources::{Bf16, Fp8, Src, F32, Q2K, Q4K, Q4_0, Q8_0};
+pub use sources::{Bf16, Fp8, Src, F32, Q2K, Q3K, Q4K, Q4_0, Q5K, Q6K, Q8_0};
 
 /// Lanes of a sum.
 pub(crate) const V: usize = 8;
@@ -462,4 +462,7 @@ entry!(dot_q8_0, gemm_q8_0, Q8_0);
 entry!(dot_q4_0, gemm_q4_0, Q4_0);
 entry!(dot_q2_k, gemm_q2_k, Q2K);
 entry!(dot_q4_k, gemm_q4_k, Q4K);
+entry!(dot_q3_k, gemm_q3_k, Q3K);
+entry!(dot_q5_k, gemm_q5_k, Q5K);
+entry!(dot_q6_k, gemm_q6_k, Q6K);
 entry!(dot_fp8, gemm_fp8, Fp8);

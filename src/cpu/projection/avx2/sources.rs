@@ -374,3 +374,217 @@ impl Src for Fp8 {
         }
     }
 }
+
+/// `block_q5_K` (176 bytes): q4_K's nibbles plus bit `s` of `qh[l]` as the
+/// fifth bit of sub-block `s`; `(d * sc) * q - dmin * m` by one `fmsub`
+/// (`d * sc * q` is exact: 17 + 5 significant bits). Chunk `j` is half
+/// `j % 2` of sub-block `j / 2`.
+#[derive(Clone, Copy)]
+pub struct Q5K;
+
+/// The 8 `d * sc` and `dmin * m` of a q5_K block.
+#[derive(Clone, Copy)]
+pub struct K5St {
+    d1: [f32; 8],
+    m1: [f32; 8],
+}
+
+impl Src for Q5K {
+    const UNIT: usize = 16;
+    type St = K5St;
+    #[inline(always)]
+    unsafe fn setup(self, row: *const u8, u: usize) -> K5St {
+        // SAFETY: block `u` lies inside the row.
+        unsafe {
+            let b = row.add(u * 176);
+            let (d, dmin) = (f16x8(b), f16x8(b.add(2)));
+            let sm = unpack_scales_k4(&*(b.add(4) as *const [u8; 12]));
+            let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                sm.as_ptr() as *const _
+            )));
+            let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                sm.as_ptr().add(8) as *const _
+            )));
+            let mut st = K5St {
+                d1: [0.0; 8],
+                m1: [0.0; 8],
+            };
+            _mm256_storeu_ps(st.d1.as_mut_ptr(), _mm256_mul_ps(d, sc));
+            _mm256_storeu_ps(st.m1.as_mut_ptr(), _mm256_mul_ps(dmin, mn));
+            st
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(self, st: &K5St, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
+        // SAFETY: as `setup`.
+        unsafe {
+            let b = row.add(u * 176);
+            let sb = j / 2;
+            let l0 = 16 * (j % 2);
+            let v = pairs16(b.add(48 + 32 * (sb / 2) + l0));
+            let h = pairs16(b.add(16 + l0));
+            let s = 4 * (sb % 2) as i32;
+            let nib = _mm256_set1_epi32(15);
+            let sixteen = _mm256_set1_epi32(16);
+            // Byte 2l + 1 in bits 16..24 of lane l, byte 2l in bits 0..8; the
+            // `qh` bit goes to bit 4.
+            let qo = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + s)), nib),
+                _mm256_and_si256(
+                    _mm256_srl_epi32(h, _mm_cvtsi32_si128(12 + sb as i32)),
+                    sixteen,
+                ),
+            );
+            let qe = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(s)), nib),
+                _mm256_and_si256(
+                    _mm256_sllv_epi32(
+                        _mm256_srl_epi32(h, _mm_cvtsi32_si128(sb as i32)),
+                        _mm256_set1_epi32(4),
+                    ),
+                    sixteen,
+                ),
+            );
+            let (d1, m1) = (
+                _mm256_broadcast_ss(&st.d1[sb]),
+                _mm256_broadcast_ss(&st.m1[sb]),
+            );
+            (
+                _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(qo), m1),
+                _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(qe), m1),
+            )
+        }
+    }
+}
+
+/// `block_q6_K` (210 bytes): chunk `j` is sub-block `j` (16 values, its
+/// own signed scale): the nibble of `ql` and the 2 bits of `qh` where
+/// `formats::ggml` reads them, `q - 32` converted and multiplied by
+/// `d * sc` (one rounding, as the reference's).
+#[derive(Clone, Copy)]
+pub struct Q6K;
+
+/// The 16 `d * sc` of a q6_K block.
+#[derive(Clone, Copy)]
+pub struct K6St {
+    sd: [f32; 16],
+}
+
+impl Src for Q6K {
+    const UNIT: usize = 16;
+    type St = K6St;
+    #[inline(always)]
+    unsafe fn setup(self, row: *const u8, u: usize) -> K6St {
+        // SAFETY: block `u` lies inside the row.
+        unsafe {
+            let b = row.add(u * 210);
+            let d = f16x8(b.add(208));
+            let mut st = K6St { sd: [0.0; 16] };
+            for h in 0..2 {
+                let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(192 + 8 * h) as *const _));
+                _mm256_storeu_ps(
+                    st.sd.as_mut_ptr().add(8 * h),
+                    _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)),
+                );
+            }
+            st
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(self, st: &K6St, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
+        // SAFETY: as `setup`.
+        unsafe {
+            let b = row.add(u * 210);
+            let (half, g, l0) = (j / 8, (j / 2) % 4, 16 * (j % 2));
+            let v = pairs16(b.add(64 * half + 32 * (g % 2) + l0));
+            let h = pairs16(b.add(128 + 32 * half + l0));
+            let s = 4 * (g / 2) as i32;
+            let hs = 2 * g as i32;
+            let nib = _mm256_set1_epi32(15);
+            let top = _mm256_set1_epi32(0x30);
+            let b32 = _mm256_set1_epi32(32);
+            // Lane l: byte 2l + 1 in bits 16..24, byte 2l in bits 0..8; the
+            // two bits of `qh` go to bits 4..6.
+            let qo = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + s)), nib),
+                _mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(12 + hs)), top),
+            );
+            let qe = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(s)), nib),
+                _mm256_and_si256(
+                    _mm256_sllv_epi32(
+                        _mm256_srl_epi32(h, _mm_cvtsi32_si128(hs)),
+                        _mm256_set1_epi32(4),
+                    ),
+                    top,
+                ),
+            );
+            let sd = _mm256_broadcast_ss(&st.sd[j]);
+            (
+                _mm256_mul_ps(sd, _mm256_cvtepi32_ps(_mm256_sub_epi32(qo, b32))),
+                _mm256_mul_ps(sd, _mm256_cvtepi32_ps(_mm256_sub_epi32(qe, b32))),
+            )
+        }
+    }
+}
+
+/// `block_q3_K` (110 bytes): chunk `j` is sub-block `j` (16 values): q2_K's
+/// 2-bit field minus 4 where the `hmask` bit is clear, times
+/// `d * (sc - 32)` (exact).
+#[derive(Clone, Copy)]
+pub struct Q3K;
+
+/// The 16 `d * (sc - 32)` of a q3_K block.
+#[derive(Clone, Copy)]
+pub struct K3St {
+    dl: [f32; 16],
+}
+
+impl Src for Q3K {
+    const UNIT: usize = 16;
+    type St = K3St;
+    #[inline(always)]
+    unsafe fn setup(self, row: *const u8, u: usize) -> K3St {
+        // SAFETY: block `u` lies inside the row.
+        unsafe {
+            let b = row.add(u * 110);
+            let d = f16(b.add(108));
+            let sc = &*(b.add(96) as *const [u8; 12]);
+            let mut st = K3St { dl: [0.0; 16] };
+            for (s, o) in st.dl.iter_mut().enumerate() {
+                let lo = if s < 8 { sc[s] & 0xF } else { sc[s - 8] >> 4 };
+                let hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+                *o = d * ((lo | (hi << 4)) as i32 - 32) as f32;
+            }
+            st
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(self, st: &K3St, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
+        // SAFETY: as `setup`.
+        unsafe {
+            let b = row.add(u * 110);
+            let (half, g, l0) = (j / 8, (j / 2) % 4, 16 * (j % 2));
+            let v = pairs16(b.add(32 + 32 * half + l0));
+            let h = pairs16(b.add(l0));
+            let bit = (4 * half + g) as i32;
+            let three = _mm256_set1_epi32(3);
+            let four = _mm256_set1_epi32(4);
+            // The field minus 4 where the mask bit (moved to bit 2) is clear.
+            let fo = _mm256_srl_epi32(v, _mm_cvtsi32_si128(16 + 2 * g as i32));
+            let fe = _mm256_srl_epi32(v, _mm_cvtsi32_si128(2 * g as i32));
+            let mo = _mm256_srl_epi32(h, _mm_cvtsi32_si128(14 + bit));
+            let me = _mm256_sllv_epi32(
+                _mm256_srl_epi32(h, _mm_cvtsi32_si128(bit)),
+                _mm256_set1_epi32(2),
+            );
+            let qo = _mm256_sub_epi32(_mm256_and_si256(fo, three), _mm256_andnot_si256(mo, four));
+            let qe = _mm256_sub_epi32(_mm256_and_si256(fe, three), _mm256_andnot_si256(me, four));
+            let dl = _mm256_broadcast_ss(&st.dl[j]);
+            (
+                _mm256_mul_ps(dl, _mm256_cvtepi32_ps(qo)),
+                _mm256_mul_ps(dl, _mm256_cvtepi32_ps(qe)),
+            )
+        }
+    }
+}
