@@ -131,7 +131,7 @@ pub unsafe fn range_bf16(
     // (the CPU features it is compiled for, and the sizes it reads and writes).
     unsafe {
         assert!(w.len() >= hi * k);
-        range_pairs(Bf16W { w: w.as_ptr(), k }, xs, n, k, lo, hi, out)
+        range_pairs(Fma(Bf16W { w: w.as_ptr(), k }), xs, n, k, lo, hi, out)
     }
 }
 
@@ -167,7 +167,7 @@ pub unsafe fn range_fp8(
             nbc: w.block_cols(),
             shift: w.bc.trailing_zeros(),
         };
-        range_pairs(src, xs, n, k, lo, hi, out)
+        range_pairs(Fma(src), xs, n, k, lo, hi, out)
     }
 }
 
@@ -265,18 +265,68 @@ impl PairW for Fp8W {
     }
 }
 
-/// [`range_bf16`]'s loops over any [`PairW`] weights.
+/// A micro-kernel [`range_pairs`]'s loops drive: how a row tile names its
+/// rows, and how an `RR x TT` tile accumulates chunks `c0..c1` (the
+/// accumulators at `acc` as `[TT][RB]`), each output in the order of
+/// [`range_bf16`].
+trait Micro: Copy {
+    /// A token value as the tiles read it (f32 split into odd and even
+    /// elements, or bf16 pairs).
+    type X: Copy;
+    /// What a row tile keeps of row `o`.
+    type Row: Copy;
+    fn row(self, o: usize) -> Self::Row;
+    /// # Safety
+    /// The CPU features of the weights' kernel; rows and tokens hold chunks
+    /// `c0..c1`, `acc` holds `T * RB` accumulators.
+    unsafe fn tile<const RR: usize, const TT: usize>(
+        wp: &[Self::Row; RB],
+        xp: &[*const Self::X; T],
+        k: usize,
+        c0: usize,
+        c1: usize,
+        acc: *mut __m512,
+    );
+}
+
+/// [`pairs`]: weights widened or decoded to f32 by `W`, one FMA a product.
+#[derive(Clone, Copy)]
+struct Fma<W>(W);
+
+impl<W: PairW> Micro for Fma<W> {
+    type X = f32;
+    type Row = W::Row;
+    #[inline(always)]
+    fn row(self, o: usize) -> W::Row {
+        self.0.row(o)
+    }
+    #[inline(always)]
+    unsafe fn tile<const RR: usize, const TT: usize>(
+        wp: &[W::Row; RB],
+        xp: &[*const f32; T],
+        k: usize,
+        c0: usize,
+        c1: usize,
+        acc: *mut __m512,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { pairs::<W, RR, TT>(wp, xp, k, c0, c1, acc) }
+    }
+}
+
+/// [`range_bf16`]'s loops over any [`Micro`] kernel.
 #[inline(always)]
-unsafe fn range_pairs<W: PairW>(
-    w: W,
-    xs: &[f32],
+unsafe fn range_pairs<M: Micro>(
+    w: M,
+    xs: &[M::X],
     n: usize,
     k: usize,
     lo: usize,
     hi: usize,
     out: &mut [f32],
 ) -> crate::error::Result<()> {
-    // SAFETY: the callers' contracts (`range_bf16`, `range_fp8`).
+    // SAFETY: the callers' contracts (`range_bf16`, `range_fp8` and their
+    // `dp` forms).
     unsafe {
         let chunks = k.div_ceil(32);
         assert!(xs.len() == n * chunks * 32 && out.len() == (hi - lo) * n);
@@ -309,10 +359,10 @@ unsafe fn range_pairs<W: PairW>(
                         macro_rules! tile {
                             ($($rr:literal);*) => {
                                 match (r, tt) {
-                                    $(($rr, 4) => pairs::<W, $rr, 4>(&wp, &xp, k, c0, c1, acc),
-                                      ($rr, 3) => pairs::<W, $rr, 3>(&wp, &xp, k, c0, c1, acc),
-                                      ($rr, 2) => pairs::<W, $rr, 2>(&wp, &xp, k, c0, c1, acc),
-                                      ($rr, 1) => pairs::<W, $rr, 1>(&wp, &xp, k, c0, c1, acc),)*
+                                    $(($rr, 4) => M::tile::<$rr, 4>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 3) => M::tile::<$rr, 3>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 2) => M::tile::<$rr, 2>(&wp, &xp, k, c0, c1, acc),
+                                      ($rr, 1) => M::tile::<$rr, 1>(&wp, &xp, k, c0, c1, acc),)*
                                     _ => unreachable!("tiles are at most {RB} x {T}"),
                                 }
                             };
