@@ -185,6 +185,22 @@ __global__ void k_trap(int *out) {
     out[glob_tid()] = 1;
 }
 
+// 16- and 8-byte loads and stores with cache hints: each thread copies one
+// uint4, one uint2 and one float4.
+__global__ void k_vector_access(const uint4 *a, const uint2 *b, const float4 *c, uint4 *oa, uint2 *ob, float4 *oc) {
+    const unsigned i = glob_tid();
+    __stcg(oa + i, __ldg(a + i));
+    __stcs(ob + i, __ldcg(b + i));
+    __stwb(oc + i, __ldcs(c + i));
+}
+
+// A 16-byte load 8 bytes past a multiple of 16, an 8-byte store 4 bytes past
+// one: faults on the GPU, traps here.
+__global__ void k_misaligned_load(const unsigned char *p, uint4 *out) {
+    out[glob_tid()] = __ldg((const uint4 *)(p + 8));
+}
+__global__ void k_misaligned_store(unsigned char *p) { __stcg((uint2 *)(p + 4), make_uint2(1u, 2u)); }
+
 static const int NSHFL = 30;
 
 __global__ void k_shuffles(const int *vals, int *oi, double *od, unsigned long long *ou, unsigned *ov, float *of) {
@@ -423,6 +439,36 @@ static void test_errors() {
     CHECK_RC(simt_launch(nullptr, 1, 1, 1, 32, 1, 1, 0, args, 1), SIMT_ERR_UNKNOWN_KERNEL);
     CHECK_RC(simt_launch("engram_gather", 1, 1, 1, 32, 1, 1, 0, nullptr, 1), SIMT_ERR_INVALID_VALUE);
     CHECK_RC(simt_launch_fn(nullptr, 1, 1, 1, 32, 1, 1, 0, args, 1), SIMT_ERR_UNKNOWN_KERNEL);
+}
+
+static void test_vector_access() {
+    Section sec("16- and 8-byte loads and stores with cache hints; misaligned ones trap");
+    const unsigned n = 64;
+    std::vector<uint4> a(n), oa(n);
+    std::vector<uint2> b(n), ob(n);
+    std::vector<float4> c(n), oc(n);
+    for (unsigned i = 0; i < n; i++) {
+        a[i] = make_uint4(i, ~i, i * 7u, 0xA5A5A5A5u ^ i);
+        b[i] = make_uint2(i * 3u, ~i * 5u);
+        c[i] = make_float4((float)i, -(float)i, 0.5f * (float)i, 1.0f / (float)(i + 1));
+    }
+    const uint4 *pa = a.data();
+    const uint2 *pb = b.data();
+    const float4 *pc = c.data();
+    uint4 *poa = oa.data();
+    uint2 *pob = ob.data();
+    float4 *poc = oc.data();
+    CHECK_RC(launch1(SIMT_ENTRY(k_vector_access), 2, 32, 1, pa, pb, pc, poa, pob, poc), SIMT_OK);
+    CHECK(memcmp(a.data(), oa.data(), n * sizeof(uint4)) == 0, "uint4 __ldg / __stcg");
+    CHECK(memcmp(b.data(), ob.data(), n * sizeof(uint2)) == 0, "uint2 __ldcg / __stcs");
+    CHECK(memcmp(c.data(), oc.data(), n * sizeof(float4)) == 0, "float4 __ldcs / __stwb");
+    alignas(16) unsigned char buf[64] = {0};
+    unsigned char *pbuf = buf;
+    const unsigned char *cbuf = buf;
+    CHECK_RC(launch1(SIMT_ENTRY(k_misaligned_load), 1, 32, 1, cbuf, poa), SIMT_ERR_TRAP);
+    CHECK(strstr(simt_last_error(), "__ldg: misaligned") != nullptr, "message: %s", simt_last_error());
+    CHECK_RC(launch1(SIMT_ENTRY(k_misaligned_store), 1, 32, 1, pbuf), SIMT_ERR_TRAP);
+    CHECK(strstr(simt_last_error(), "__stcg: misaligned") != nullptr, "message: %s", simt_last_error());
 }
 
 static int ref_shfl_src(int kind, unsigned lane, int arg, unsigned w) {
@@ -1443,6 +1489,7 @@ int main(int argc, char **argv) {
     test_registry(expect);
     test_barriers();
     test_errors();
+    test_vector_access();
     test_shuffles();
     test_atomics();
     test_nan_rules();
