@@ -239,6 +239,7 @@ impl CudaBackend {
                 let hd = s.geo.hd as u32;
                 let row_bytes = layer.row_bytes as u32;
                 let cols = s.cols as u32;
+                let n_cells = (n * s.cols) as u64;
                 let out_f32 = f32_path as u32;
                 let flags = st.flags.ptr;
                 let latch = st.latch.ptr;
@@ -253,6 +254,7 @@ impl CudaBackend {
                     id_stride,
                     id_offset,
                     cols,
+                    n_cells,
                     staged_rows,
                     staged_ids,
                     rows_buf,
@@ -270,13 +272,13 @@ impl CudaBackend {
                 } else {
                     (Kernel::Gather, &a[..a.len() - 1])
                 };
-                // SAFETY: arguments match engram_gather's parameters (the first 17)
-                // or engram_gather_split's (all 18); buffers hold max_tokens >= n
+                // SAFETY: arguments match engram_gather's parameters (the first 18)
+                // or engram_gather_split's (all 19); buffers hold max_tokens >= n
                 // tokens; the table (and its scales) were checked at set_layer.
                 unsafe {
                     self.gpu.launch(
                         kernel,
-                        (n * s.cols) as u32,
+                        kernels::gather_blocks(n * s.cols),
                         kernels::GATHER_THREADS,
                         stream,
                         a,

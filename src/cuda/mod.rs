@@ -405,7 +405,7 @@ impl CudaBackend {
         if k_in > i32::MAX as usize / 8 || k_out > i32::MAX as usize {
             return Err(overflow("C*Hd or D*(hc+1)"));
         }
-        // One gather block per (token, column), one gate block per (token, stream).
+        // One gate block per (token, stream); the gather numbers tokens in 32 bits.
         if max_tokens.saturating_mul(cols.max(shape.geo.hc)) > i32::MAX as usize {
             return Err(overflow("max_tokens * C"));
         }

@@ -776,8 +776,8 @@ static void test_registry(const std::vector<std::string> &expect) {
     // engram_gather's parameters, as src/cuda/enqueue.rs passes them.
     unsigned sizes[32];
     const int np = simt_kernel_params("engram_gather", sizes, 32);
-    const unsigned want[] = {8, 8, 4, 4, 4, 8, 4, 4, 4, 8, 8, 8, 4, 8, 8, 4, 4};
-    CHECK(np == 17 && memcmp(sizes, want, sizeof want) == 0, "engram_gather parameters: %d", np);
+    const unsigned want[] = {8, 8, 4, 4, 4, 8, 4, 4, 4, 8, 8, 8, 8, 4, 8, 8, 4, 4};
+    CHECK(np == 18 && memcmp(sizes, want, sizeof want) == 0, "engram_gather parameters: %d", np);
     CHECK(simt_kernel_params("engram_gemv_q_q4_k", sizes, 32) == 7 && sizes[6] == 4, "quantised gemv parameters");
     CHECK(simt_kernel_params("engram_dequant_bf16", sizes, 32) == 7, "dequantise parameters");
     CHECK(simt_kernel_params("engram_gemv_bf16_8", sizes, 32) == 5 && sizes[3] == 4, "gemv parameters");
@@ -796,7 +796,17 @@ struct GatherRun {
     uint32_t latch[12]; // ENG_LATCH_WORDS: the record, the order key, the lock
 };
 
-// engram_gather, launched as src/cuda/mod.rs does: grid n*cols, 256 threads.
+// engram_gather's grid for `cells` cells as src/cuda/kernels.rs gather_blocks
+// makes it (a warp per cell, 8 warps a block, at most 1024 blocks; each warp
+// takes cells in a grid-stride loop), or for some seeds 1 or 3 blocks: the
+// result must not depend on the grid.
+static unsigned gather_grid(uint64_t cells, uint64_t seed) {
+    if (seed % 4 == 1) return 1;
+    if (seed % 4 == 2) return 3;
+    return (unsigned)std::min<uint64_t>((cells + 7) / 8, 1024);
+}
+
+// engram_gather, launched as src/cuda/enqueue.rs does: 256 threads.
 static GatherRun gather(const std::vector<uint8_t> &table, uint64_t table_rows, uint32_t fmt, uint32_t hd,
                         uint32_t row_bytes, const std::vector<int64_t> &ids, uint32_t id_stride, uint32_t id_offset,
                         uint32_t cols, uint32_t n, bool out_f32, uint64_t seed, int *rc_out = nullptr) {
@@ -810,8 +820,10 @@ static GatherRun gather(const std::vector<uint8_t> &table, uint64_t table_rows, 
     uint64_t flags = ptr(r.flags.data()), latch = ptr(r.latch);
     uint32_t of = out_f32, lid = 14, serial = 99;
     uint64_t staged_rows = 0, staged_ids = 0; // a table in device memory
-    const int rc = launch_named("engram_gather", n * cols, 256, seed, t, table_rows, fmt, hd, row_bytes, ip, id_stride,
-                                id_offset, cols, staged_rows, staged_ids, rows, of, flags, latch, lid, serial);
+    uint64_t n_cells = (uint64_t)n * cols;
+    const int rc = launch_named("engram_gather", gather_grid(n_cells, seed), 256, seed, t, table_rows, fmt, hd,
+                                row_bytes, ip, id_stride, id_offset, cols, n_cells, staged_rows, staged_ids, rows, of,
+                                flags, latch, lid, serial);
     if (rc_out) {
         *rc_out = rc;
     } else {
@@ -1074,6 +1086,29 @@ static void test_gather() {
         for (uint32_t i = 0; i < 64; i++) ok = ok && (g.rows16[i] & 0x7F80) != 0x7F80;
         for (uint32_t i = 0; i < 64; i++) ok = ok && g.rows16[h + i] == ref_bf16((float)(int8_t)tq[rb + 2 + i % 32 + (i / 32) * 34]);
         CHECK(ok, "Q8_0 with NaN/inf scales: the bad row BAD with no NaN or inf written, the good row exact");
+    }
+    // bf16 rows of Hd 36 (not a multiple of 8: a value per lane at a time)
+    // and Hd 40 (80-byte rows: every other row 16-byte aligned, so both the
+    // vector and the per-value paths in one launch), copied bit for bit.
+    for (uint32_t h : {36u, 40u}) {
+        const uint32_t c2 = 3, n2 = 7, nr = 50;
+        std::vector<uint8_t> t2((size_t)nr * h * 2);
+        for (size_t i = 0; i < t2.size(); i++) t2[i] = (uint8_t)(i % 2 ? rng() & 0x3F : rng()); // finite
+        std::vector<int64_t> i2((size_t)n2 * c2);
+        for (auto &v : i2) v = (int64_t)(rng() % nr);
+        for (bool f32 : {false, true}) {
+            const GatherRun g = gather(t2, nr, T_BF16, h, h * 2, i2, c2, 0, c2, n2, f32, 12 + f32);
+            bool ok = g.latch[0] == 0;
+            for (size_t p = 0; p < (size_t)n2 * c2; p++)
+                for (uint32_t i = 0; i < h; i++) {
+                    const size_t b = (size_t)i2[p] * h * 2 + 2 * i;
+                    const uint16_t want = (uint16_t)(t2[b] | t2[b + 1] << 8);
+                    const size_t at = p * h + i;
+                    ok = ok && (f32 ? bits_of(g.rows32[at]) == (uint32_t)want << 16 : g.rows16[at] == want);
+                    ok = ok && g.flags[p] == 0;
+                }
+            CHECK(ok, "bf16 rows of Hd %u (f32 out %d): copied bit for bit", h, (int)f32);
+        }
     }
 }
 
@@ -1412,9 +1447,9 @@ static void bench(const char *which) {
         for (auto &b : table) b = (uint8_t)(rng() & 0x3F); // no fp8 NaN codes or scales
         std::vector<int64_t> ids((size_t)n * cols);
         for (auto &v : ids) v = (int64_t)(rng() % rows);
-        const double t = best_of(3, [&] { gather(table, rows, fmt, hd, rb, ids, cols, 0, cols, n, false, 1); });
+        const double t = best_of(3, [&] { gather(table, rows, fmt, hd, rb, ids, cols, 0, cols, n, false, 4); });
         printf("gather %-36s %3u tokens x %2u cols x %3u: %8.1f ms (%u blocks)\n", what, n, cols, hd, t * 1e3,
-               n * cols);
+               gather_grid((uint64_t)n * cols, 4));
     };
     auto gemv_bench = [&](uint32_t nt, uint32_t n_out, uint32_t k, int reps) {
         std::vector<uint16_t> w((size_t)n_out * k), rows((size_t)nt * k), kv((size_t)nt * n_out);
