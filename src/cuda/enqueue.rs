@@ -457,7 +457,10 @@ impl CudaBackend {
                 let eps = s.geo.eps;
                 let inv_sqrt_d = 1.0f32 / (s.geo.d as f32).sqrt();
                 let (latch, mirror) = (st.latch.ptr, self.mirror.dev_ptr);
-                let a = args![hw, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror];
+                let n_streams = (n * s.geo.hc) as u32;
+                let a = args![
+                    hw, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror, n_streams
+                ];
                 // SAFETY: arguments match engram_gate_*; the highway range was checked.
                 unsafe {
                     self.gpu.launch(
@@ -465,7 +468,7 @@ impl CudaBackend {
                             hw_bf16: ty == HighwayType::Bf16,
                             kv_f32: f32_path,
                         },
-                        (n * s.geo.hc) as u32,
+                        kernels::gate_blocks(n * s.geo.hc),
                         kernels::GATE_THREADS,
                         stream,
                         &a,

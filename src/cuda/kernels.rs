@@ -291,6 +291,11 @@ pub fn gather_blocks(cells: usize) -> u32 {
         .clamp(1, GATHER_BLOCKS as usize) as u32
 }
 pub const GATE_THREADS: u32 = 256;
+
+/// The gate's grid for `streams` (token, stream) pairs: a warp each.
+pub fn gate_blocks(streams: usize) -> u32 {
+    streams.div_ceil((GATE_THREADS / 32) as usize).max(1) as u32
+}
 pub const GEMV_THREADS: u32 = 256;
 pub const GEMV_ROWS_PER_WARP: u32 = 2;
 pub const DEQUANT_THREADS: u32 = 256;
@@ -300,13 +305,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_gather_grid_is_a_warp_per_cell_up_to_its_bound() {
+    fn the_gather_and_gate_grids_are_a_warp_per_row_or_stream() {
         let warps = (GATHER_THREADS / 32) as usize;
         assert_eq!(gather_blocks(1), 1);
         assert_eq!(gather_blocks(warps), 1);
         assert_eq!(gather_blocks(warps + 1), 2);
         assert_eq!(gather_blocks(4096 * 24), GATHER_BLOCKS);
         assert_eq!(gather_blocks(usize::MAX / 2), GATHER_BLOCKS);
+        assert_eq!(gate_blocks(1), 1);
+        assert_eq!(gate_blocks(8), 1);
+        assert_eq!(gate_blocks(9), 2);
+        assert_eq!(gate_blocks(4096 * 4), 2048);
     }
 
     #[test]

@@ -781,7 +781,8 @@ static void test_registry(const std::vector<std::string> &expect) {
     CHECK(simt_kernel_params("engram_gemv_q_q4_k", sizes, 32) == 7 && sizes[6] == 4, "quantised gemv parameters");
     CHECK(simt_kernel_params("engram_dequant_bf16", sizes, 32) == 7, "dequantise parameters");
     CHECK(simt_kernel_params("engram_gemv_bf16_8", sizes, 32) == 5 && sizes[3] == 4, "gemv parameters");
-    CHECK(simt_kernel_params("engram_gate_bf16_f32", sizes, 32) == 11 && sizes[7] == 4, "gate parameters");
+    CHECK(simt_kernel_params("engram_gate_bf16_f32", sizes, 32) == 12 && sizes[7] == 4 && sizes[11] == 4,
+          "gate parameters");
     CHECK(simt_kernel_params("nope", sizes, 32) == -1, "unknown kernel parameters");
     printf("     build: %s\n", simt_build_info());
 }
@@ -1184,9 +1185,16 @@ static void test_gemv() {
 }
 
 // ---- the gate ---------------------------------------------------------------------------------
+// The gate's grid as src/cuda/kernels.rs gate_blocks makes it: a warp per
+// (token, stream), 8 a block.
+static unsigned gate_grid(uint32_t streams) { return (streams + 7) / 8; }
+
 struct GateCase {
     uint32_t n, hc, d, cols;
     bool hw_bf16, kv_f32;
+    // The highway this many elements past a 16-byte boundary (not 0: no
+    // 16-byte loads, a value at a time, in the same order).
+    uint32_t hw_off = 0;
 };
 
 static double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
@@ -1227,7 +1235,11 @@ static void test_gate_case(const GateCase &gc, std::mt19937_64 &rng, bool nan_ca
     const std::vector<float> x32_in = x32;
     const std::vector<uint16_t> x16_in = x16;
     uint32_t latch[12] = {3, 5, 6, 7, 8, 9, 10, 11, 0xAA, 0xBB, 0, 0}, mirror[12] = {0};
-    uint64_t hw = gc.hw_bf16 ? ptr(x16.data()) : ptr(x32.data());
+    std::vector<float> px32(gc.hw_off + x32.size());
+    std::vector<uint16_t> px16(gc.hw_off + x16.size());
+    std::copy(x32.begin(), x32.end(), px32.begin() + gc.hw_off);
+    std::copy(x16.begin(), x16.end(), px16.begin() + gc.hw_off);
+    uint64_t hw = gc.hw_bf16 ? ptr(px16.data() + gc.hw_off) : ptr(px32.data() + gc.hw_off);
     uint64_t kvp = gc.kv_f32 ? ptr(kv32.data()) : ptr(kv16.data());
     uint64_t qkp = ptr(qk.data()), fl = ptr(flags.data()), lp = ptr(latch), mp = ptr(mirror);
     uint32_t ucols = cols, uhc = hc, ud = d;
@@ -1235,7 +1247,12 @@ static void test_gate_case(const GateCase &gc, std::mt19937_64 &rng, bool nan_ca
     const char *names[2][2] = {{"engram_gate_f32_bf16", "engram_gate_f32_f32"},
                                {"engram_gate_bf16_bf16", "engram_gate_bf16_f32"}};
     const char *name = names[gc.hw_bf16][gc.kv_f32];
-    CHECK_RC(launch_named(name, n * hc, 256, 21, hw, kvp, qkp, fl, ucols, uhc, ud, feps, finv, lp, mp), SIMT_OK);
+    uint32_t streams = n * hc;
+    CHECK_RC(launch_named(name, gate_grid(streams), 256, 21, hw, kvp, qkp, fl, ucols, uhc, ud, feps, finv, lp, mp,
+                          streams),
+             SIMT_OK);
+    std::copy(px32.begin() + gc.hw_off, px32.end(), x32.begin());
+    std::copy(px16.begin() + gc.hw_off, px16.end(), x16.begin());
     const uint32_t want_mirror[8] = {3, 5, 6, 7, 8, 9, 10, 11};
     CHECK(memcmp(mirror, want_mirror, sizeof want_mirror) == 0 && latch[0] == 0 && latch[1] == 5 &&
               latch[8] == 0 && latch[9] == 0 && mirror[8] == 0,
@@ -1351,7 +1368,9 @@ static void test_gate_case(const GateCase &gc, std::mt19937_64 &rng, bool nan_ca
     CHECK(order_bad == 0, "%s d=%u: %ld values differ from the kernel-order f32 reference", name, d, order_bad);
     // A second launch with the mirror still full: the latch is cleared, the mirror kept.
     latch[0] = 4;
-    CHECK_RC(launch_named(name, n * hc, 256, 22, hw, kvp, qkp, fl, ucols, uhc, ud, feps, finv, lp, mp), SIMT_OK);
+    CHECK_RC(launch_named(name, gate_grid(streams), 256, 22, hw, kvp, qkp, fl, ucols, uhc, ud, feps, finv, lp, mp,
+                          streams),
+             SIMT_OK);
     CHECK(latch[0] == 0 && mirror[0] == 3, "%s: a full mirror is kept", name);
 }
 
@@ -1365,6 +1384,9 @@ static void test_gate() {
         }
     test_gate_case(GateCase{4, 2, 6400, 2, false, false}, rng, false); // d > 24 * 256: the uncached path
     test_gate_case(GateCase{4, 2, 6400, 2, true, true}, rng, false);
+    // D a multiple of 8 but the highway off 16-byte alignment: a value at a time.
+    test_gate_case(GateCase{5, 4, 64, 3, false, false, 1}, rng, false);
+    test_gate_case(GateCase{5, 4, 64, 3, true, true, 3}, rng, false);
     printf("     gate vs the f64 formula: the largest f32-highway error is %.3f of its bound\n", g_gate_worst);
 }
 
@@ -1394,7 +1416,9 @@ static void test_determinism() {
             uint64_t fl = ptr(&g.flags[(size_t)t0 * cols]), lp = ptr(latch), mp = ptr(mirror);
             uint32_t c = cols, hc = 4, d = 64;
             float eps = 1e-6f, inv = 0.125f;
-            CHECK_RC(launch_named("engram_gate_f32_bf16", 8 * 4, 256, seed, h, kvp, q, fl, c, hc, d, eps, inv, lp, mp),
+            uint32_t streams = 8 * 4;
+            CHECK_RC(launch_named("engram_gate_f32_bf16", gate_grid(streams), 256, seed, h, kvp, q, fl, c, hc, d, eps,
+                                  inv, lp, mp, streams),
                      SIMT_OK);
         }
         return hw;
@@ -1471,11 +1495,13 @@ static void bench(const char *which) {
         uint64_t fl = ptr(flags.data()), lp = ptr(latch), mp = ptr(mirror);
         uint32_t c = 24, uhc = hc, ud = d;
         float eps = 1e-6f, inv = 1.0f / std::sqrt((float)d);
+        uint32_t streams = n * hc;
         const char *name = bf16 ? "engram_gate_bf16_bf16" : "engram_gate_f32_bf16";
         const double t = best_of(reps, [&] {
-            launch_named(name, n * hc, 256, 1, h, kvp, q, fl, c, uhc, ud, eps, inv, lp, mp);
+            launch_named(name, gate_grid(streams), 256, 1, h, kvp, q, fl, c, uhc, ud, eps, inv, lp, mp, streams);
         });
-        printf("gate %-21s %3u tokens x hc %u x D %4u     : %8.1f ms (%u blocks)\n", name, n, hc, d, t * 1e3, n * hc);
+        printf("gate %-21s %3u tokens x hc %u x D %4u     : %8.1f ms (%u blocks)\n", name, n, hc, d, t * 1e3,
+               gate_grid(streams));
     };
     if (real) {
         printf("-- the real model's sizes (Hd 256, C 24, wkv 25600x6144, D 5120, hc 4)\n");
