@@ -462,7 +462,9 @@ fn every_wkv_format_projects_within_the_bound_of_the_cpu() {
 /// cannot change a bit, and a token's sums do not depend on its batch. On the
 /// emulation only (its build says whether it contracts; NVVM is expected,
 /// not known, to contract the same way). `C*Hd` = 1280: 40 units, so a lane
-/// takes one or two, the second span of 32 units partly filled. The rounding
+/// takes one or two, the second span of 32 units partly filled; and 2048,
+/// where the q3_K and q6_K rows are whole 16-byte words (880 and 1680 bytes)
+/// but their first span of 32 units is not (440 and 840). The rounding
 /// to bf16 hides most differences in the f32 sums, so the rows span 2^-8 ..
 /// 2^8 to make them show: swapping two products of the kernel's sums changes
 /// two of these outputs (Q8_0), which fails the test.
@@ -472,6 +474,7 @@ fn the_fused_gemv_sums_in_its_documented_order() {
         return;
     };
     wkv_formats_against_the_cpu(&dev, 5, 2, true);
+    wkv_formats_against_the_cpu(&dev, 8, 2, true);
 }
 
 /// The CPU and CUDA backends (fused GEMV up to 8 tokens, tiles beyond) on
@@ -576,16 +579,27 @@ fn wkv_formats_against_the_cpu(dev: &Dev, heads: usize, ngram: usize, order: boo
             Weights::F32(&qk),
         ))
         .unwrap();
-        let d_w = dev.upload(&w);
         let mut worst = [0f64; 2];
-        for gemv in [Some(8), Some(0)] {
+        // With `order`, the fused GEMV also on the wkv at an address off
+        // 16-byte alignment (its element's for f16, any for the blocks): its
+        // narrower loads.
+        let runs = if order {
+            let odd = if fmt == EngramType::F16 { 2 } else { 1 };
+            vec![(Some(8), 0), (Some(8), odd), (Some(0), 0)]
+        } else {
+            vec![(Some(8), 0), (Some(0), 0)]
+        };
+        for (gemv, off) in runs {
+            let mut padded = vec![0u8; off];
+            padded.extend_from_slice(&w);
+            let d_w = dev.upload(&padded);
             let ctx = Context::new(&cfg(EngramBackend::Cuda, gemv)).expect("a CUDA context");
             ctx.set_layer_device(&DeviceLayerIn {
                 layer_id: 1,
                 table: d_table.ptr,
                 table_rows: rows,
                 table_type: EngramType::Bf16 as u32,
-                wkv: d_w.ptr,
+                wkv: d_w.ptr + off as u64,
                 wkv_type: fmt as u32,
                 q: d_qk.ptr,
                 k: d_qk.ptr,
@@ -609,7 +623,7 @@ fn wkv_formats_against_the_cpu(dev: &Dev, heads: usize, ngram: usize, order: boo
                             assert_eq!(
                                 got,
                                 f32_to_bf16(want),
-                                "{fmt:?}, {n} tokens: token {t} kv[{o}] is not the kernel-order sum"
+                                "{fmt:?} at +{off}, {n} tokens: token {t} kv[{o}] is not the kernel-order sum"
                             );
                         }
                     }
