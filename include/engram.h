@@ -19,6 +19,11 @@
 #define ENGRAM_ROW_ID_DEAD -1
 
 /*
+ Staging slots per layer (and in-place memories a backend gives a layer).
+ */
+#define SLOTS 2
+
+/*
  Written as a layer's `table_types`, `wkv_types` and `qk_types` entry
  while its weights were never set (its `table_rows` entry is then 0).
  */
@@ -1023,8 +1028,10 @@ enum engram_status engram_check(struct engram_context *ctx,
  `engram_apply` checks them (nothing changes on error); a read that fails
  later (an I/O error on a file-backed table) is returned by that apply as
  `ENGRAM_STATUS_ERR_IO`. Host tables only, on either backend (a no-op for a
- table in device memory on CUDA); the CUDA backend then copies the gathered
- rows to the device in the apply.
+ table in device memory on CUDA). On CUDA the layer's two staging buffers
+ are pinned memory, which the apply copies to the device from (each row is
+ copied once on the host); a gather into a buffer first waits, on the
+ worker thread, for the device copy an earlier apply queued from it.
 
  `ctx` as in `engram_free`; `row_ids` must hold
  `n_tokens * engram_row_ids_per_token(ctx)` elements.

@@ -278,14 +278,13 @@ ENG_DEV float eng_q6_k(const eng_u8 *b, eng_u32 e) { return eng_q6_k_at(b, e, en
 // finiteness check: the packed format passes its row and the row's tail, the
 // split format its two arrays' rows. A NaN scale returns ENG_ERR_NAN_SCALE
 // (*where = the scale's index), a NaN code ENG_ERR_NAN_CODE (*where = i).
-ENG_DEV eng_u32 eng_fp8_bf16_raw(const eng_u8 *codes, const eng_u8 *scales, eng_u32 i, eng_u16 *out,
-                                 eng_u32 *where) {
-    eng_u8 sc = scales[i / ENG_FP8_SCALE_BLOCK];
+// eng_fp8_bf16_raw on value `i`'s code `c` and its block's scale `sc`, read
+// by the caller (the gather reads eight codes at once).
+ENG_DEV eng_u32 eng_fp8_code_bf16(eng_u8 c, eng_u8 sc, eng_u32 i, eng_u16 *out, eng_u32 *where) {
     if (sc == 255u) {
         *where = i / ENG_FP8_SCALE_BLOCK;
         return ENG_ERR_NAN_SCALE;
     }
-    eng_u8 c = codes[i];
     if ((c & 0x7Fu) == 0x7Fu) {
         *where = i;
         return ENG_ERR_NAN_CODE;
@@ -293,6 +292,14 @@ ENG_DEV eng_u32 eng_fp8_bf16_raw(const eng_u8 *codes, const eng_u8 *scales, eng_
     *out = eng_f32_to_bf16(ENG_MUL(eng_e4m3_to_f32(c), eng_e8m0_to_f32(sc)));
     return 0u;
 }
+
+ENG_DEV eng_u32 eng_fp8_bf16_raw(const eng_u8 *codes, const eng_u8 *scales, eng_u32 i, eng_u16 *out,
+                                 eng_u32 *where) {
+    return eng_fp8_code_bf16(codes[i], scales[i / ENG_FP8_SCALE_BLOCK], i, out, where);
+}
+
+// Whether bf16 bits are not finite (the rows' validity rule).
+ENG_DEV bool eng_bf16_not_finite(eng_u16 v) { return (v & 0x7F80u) == 0x7F80u; }
 
 // Value `i` of a row of `hd` values in `fmt`, as bf16 bits, without the
 // finiteness check (see eng_dequant_bf16). The split fp8 format's row here is
@@ -332,7 +339,7 @@ ENG_DEV eng_u32 eng_dequant_bf16(eng_u32 fmt, const eng_u8 *row, eng_u32 hd, eng
                                  eng_u32 *where) {
     const eng_u32 code = eng_dequant_bf16_raw(fmt, row, hd, i, out, where);
     if (code != 0u) return code;
-    if ((*out & 0x7F80u) == 0x7F80u) {
+    if (eng_bf16_not_finite(*out)) {
         *where = i;
         return ENG_ERR_NON_FINITE;
     }
@@ -346,7 +353,7 @@ ENG_DEV eng_u32 eng_dequant_fp8_split_bf16(const eng_u8 *codes, const eng_u8 *sc
                                            eng_u32 *where) {
     const eng_u32 code = eng_fp8_bf16_raw(codes, scales, i, out, where);
     if (code != 0u) return code;
-    if ((*out & 0x7F80u) == 0x7F80u) {
+    if (eng_bf16_not_finite(*out)) {
         *where = i;
         return ENG_ERR_NON_FINITE;
     }

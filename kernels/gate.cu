@@ -1,6 +1,6 @@
-// The gate (SPEC section 1, step 6), in place on the highway: one block per
-// (token t, stream s), block index t * hc + s. With x = highway[t, s, :], key = kv[t, s*D..], value =
-// kv[t, hc*D..] and qk = q*k:
+// The gate (SPEC section 1, step 6), in place on the highway: one warp per
+// (token t, stream s), warp index t * hc + s over the grid. With x =
+// highway[t, s, :], key = kv[t, s*D..], value = kv[t, hc*D..] and qk = q*k:
 //   dot  = sum(x*qk*key) * rstd(x) * rstd(key) / sqrt(D),  rstd(v) = 1/sqrt(mean(v^2) + eps)
 //   gate = sigmoid(sign(dot) * sqrt(max(|dot|, 1e-6)))      (sign(0) = 0)
 //   x   += gate * value
@@ -17,8 +17,15 @@
 //
 // Numeric edges (docs/numerics.md): where the f32 sums cannot be trusted
 // (an overflow, e.g. a stream of +-1e20 or a bf16 value near 3e38; values so
-// small they underflow; a NaN or infinity), the block sums the stream again
+// small they underflow; a NaN or infinity), the warp sums the stream again
 // in f64, as the CPU backend does; normal-range streams never take that path.
+//
+// Loads: a lane reads 8 values of x, key and q*k at a time with 16-byte loads
+// (two for f32) and writes 8 of x with 16-byte stores, where D is a multiple
+// of 8 and the highway, kv and q*k are 16-byte aligned (kv and q*k are the
+// context's own buffers; the highway only needs its element's alignment), else
+// a value at a time. The sums' order (below) is the same either way, and the
+// same as when the gate was a 256-thread block per stream.
 //
 // Bits: the sums run in a different order than the CPU backend's, and NVRTC
 // contracts products and sums into FMAs (--fmad=true) and uses its own
@@ -51,16 +58,6 @@ template <> __device__ __forceinline__ float eng_load_kv<eng_u16>(const eng_u16 
 __device__ __forceinline__ void eng_store(float *p, eng_u64 i, float v) { p[i] = v; }
 __device__ __forceinline__ void eng_store(eng_u16 *p, eng_u64 i, float v) { p[i] = eng_f32_to_bf16(v); }
 
-__device__ __forceinline__ float eng_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    return v;
-}
-
-__device__ __forceinline__ double eng_warp_sum64(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    return v;
-}
-
 // The smallest x.x, key.key and |x.qk.key| the f32 sums are trusted at
 // (2^-60), as src/cpu/gate.rs SAFE_SUM_MIN.
 #define ENG_SAFE_SUM_MIN 0x1p-60f
@@ -90,134 +87,198 @@ __device__ __forceinline__ float eng_gate_of(float dot) {
     return 1.0f / (1.0f + expf(-g));
 }
 
-// Values of x each thread keeps in registers between the sums and the update
-// (D <= ENG_GATE_THREADS * ENG_GATE_CACHE is read once; larger D re-reads the rest).
-#define ENG_GATE_CACHE 24
+// The order of the sums (the same since the gate was one 256-thread block
+// per stream, so its bits are unchanged): element j goes to partial sum
+// j % ENG_GATE_PARTS, added in order of j; each run of 32 partial sums is
+// summed by an xor butterfly (16, 8, 4, 2, 1 apart), and the 8 results in
+// order, from 0. Now one warp does a whole (token, stream): lane L keeps
+// partial sums 8L .. 8L + 7, whose elements it reads 8 at a time (16-byte
+// loads where the arrays allow); the butterfly's first two steps (16 and 8
+// apart: 2 and 1 lanes apart here) go through shuffles, the last three stay
+// in the lane.
+#define ENG_GATE_VEC 8u
+#define ENG_GATE_PARTS 256u
+static_assert(ENG_GATE_PARTS == 32u * ENG_GATE_VEC, "a warp's lanes hold the partial sums, 8 each");
 
+// 8 values from 16-byte aligned memory: the highway through L2 (ld.global.cg:
+// it is written by this kernel), kv and q*k read-only (ld.global.nc); kv
+// values are bf16 values (an f32 kv is rounded as it is read).
+__device__ __forceinline__ void eng_load8(const float *p, float *v) {
+    const float4 a = __ldcg((const float4 *)p), b = __ldcg((const float4 *)p + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void eng_load8(const eng_u16 *p, float *v) {
+    const uint4 a = __ldcg((const uint4 *)p);
+    const eng_u32 w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = eng_bf16_to_f32((eng_u16)(w[i / 2] >> (16 * (i % 2))));
+}
+__device__ __forceinline__ void eng_load8_ro(const float *p, float *v) {
+    const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void eng_load8_kv(const float *p, float *v) {
+    eng_load8_ro(p, v);
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = eng_bf16_to_f32(eng_f32_to_bf16(v[i]));
+}
+__device__ __forceinline__ void eng_load8_kv(const eng_u16 *p, float *v) {
+    const uint4 a = __ldg((const uint4 *)p);
+    const eng_u32 w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = eng_bf16_to_f32((eng_u16)(w[i / 2] >> (16 * (i % 2))));
+}
+__device__ __forceinline__ void eng_store8(float *p, const float *v) {
+    __stcg((float4 *)p, make_float4(v[0], v[1], v[2], v[3]));
+    __stcg((float4 *)p + 1, make_float4(v[4], v[5], v[6], v[7]));
+}
+__device__ __forceinline__ void eng_store8(eng_u16 *p, const float *v) {
+    eng_u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = eng_f32_to_bf16(v[2 * i]) | ((eng_u32)eng_f32_to_bf16(v[2 * i + 1]) << 16);
+    __stcg((uint4 *)p, make_uint4(w[0], w[1], w[2], w[3]));
+}
+
+// The sum, in the order above, of the partial sums each lane holds (`v`: its
+// 8): the same value in every lane.
+template <typename F> __device__ __forceinline__ F eng_gate_sum(F *v) {
+    // Butterfly steps 16 and 8 apart: lanes 2 and 1 apart.
+#pragma unroll
+    for (int o = 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int r = 0; r < 8; r++) v[r] += __shfl_xor_sync(0xFFFFFFFFu, v[r], o);
+    // Steps 4, 2, 1 apart: within the lane.
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) {
+        F n[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) n[r] = v[r] + v[r ^ o];
+#pragma unroll
+        for (int r = 0; r < 8; r++) v[r] = n[r];
+    }
+    // Each run of 32 partial sums now in lanes 4w .. 4w + 3: summed in order.
+    F acc = (F)0;
+#pragma unroll
+    for (int w = 0; w < 8; w++) acc += __shfl_sync(0xFFFFFFFFu, v[0], 4 * w);
+    return acc;
+}
+
+// Grid: src/cuda/kernels.rs gate_blocks(n_streams) blocks of ENG_GATE_THREADS,
+// a warp per (token, stream): warp b of the grid is token b / hc, stream b % hc
+// (a token's streams are neighbours, so its value row is read from memory
+// once and then from L2).
 template <typename HW, typename KV>
 __device__ __forceinline__ void eng_gate(HW *highway, const KV *__restrict__ kv, const float *__restrict__ qk,
                                          const eng_u32 *__restrict__ flags, eng_u32 cols, eng_u32 hc,
                                          eng_u32 d, float eps, float inv_sqrt_d, eng_u32 *latch,
-                                         eng_u32 *mirror) {
-    __shared__ float s_red[3][ENG_GATE_THREADS / 32];
-    __shared__ double s_red64[3][ENG_GATE_THREADS / 32];
-    __shared__ float s_gate;
-    __shared__ int s_wide;
-    // Block b is (token b / hc, stream b % hc): a token's streams are
-    // neighbours, so its value row is read from memory once and then from L2.
-    const eng_u32 t = blockIdx.x / hc, s = blockIdx.x % hc;
+                                         eng_u32 *mirror, eng_u32 n_streams) {
     if (blockIdx.x == 0 && threadIdx.x == 0) eng_move_latch(latch, mirror);
+    const eng_u32 lane = threadIdx.x % 32u;
+    const eng_u64 b = (eng_u64)blockIdx.x * (blockDim.x / 32u) + threadIdx.x / 32u;
+    if (b >= n_streams) return;
+    const eng_u32 t = (eng_u32)(b / hc), s = (eng_u32)(b % hc);
     // The token's C row flags (written by the gather): any that is not LIVE
     // (dead, bad id, bad row) leaves the token alone.
     int skip = 0;
-    for (eng_u32 k = threadIdx.x; k < cols; k += blockDim.x) skip |= flags[(eng_u64)t * cols + k] != ENG_TOKEN_LIVE;
-    if (__syncthreads_or(skip)) return;
+    for (eng_u32 k = lane; k < cols; k += 32u) skip |= flags[(eng_u64)t * cols + k] != ENG_TOKEN_LIVE;
+    if (__any_sync(0xFFFFFFFFu, skip)) return;
     const eng_u64 xo = ((eng_u64)t * hc + s) * d;
     const eng_u64 ko = (eng_u64)t * (hc + 1u) * d + (eng_u64)s * d;
     const eng_u64 vo = (eng_u64)t * (hc + 1u) * d + (eng_u64)hc * d;
     const float *q = qk + (eng_u64)s * d;
-    const eng_u32 cached = ENG_GATE_CACHE * blockDim.x;
-    float xr[ENG_GATE_CACHE];
-    float hh = 0.f, kk = 0.f, dt = 0.f;
+    // 16-byte loads and stores where every row of the three arrays starts
+    // 16-byte aligned; else a value at a time, in the same order.
+    const bool vec = d % ENG_GATE_VEC == 0u && ((eng_u64)highway & 15u) == 0u && ((eng_u64)kv & 15u) == 0u &&
+                     ((eng_u64)qk & 15u) == 0u;
+    float hh[8], kk[8], dt[8];
 #pragma unroll
-    for (int i = 0; i < ENG_GATE_CACHE; i++) {
-        const eng_u32 j = threadIdx.x + (eng_u32)i * blockDim.x;
-        xr[i] = 0.f;
-        if (j < d) {
-            const float x = eng_load(highway, xo + j);
-            const float key = eng_load_kv(kv, ko + j);
-            xr[i] = x;
-            hh += x * x;
-            kk += key * key;
-            dt += x * q[j] * key;
-        }
-    }
-    for (eng_u32 j = cached + threadIdx.x; j < d; j += blockDim.x) {
-        const float x = eng_load(highway, xo + j);
-        const float key = eng_load_kv(kv, ko + j);
-        hh += x * x;
-        kk += key * key;
-        dt += x * q[j] * key;
-    }
-    hh = eng_warp_sum(hh);
-    kk = eng_warp_sum(kk);
-    dt = eng_warp_sum(dt);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-    if (lane == 0) {
-        s_red[0][warp] = hh;
-        s_red[1][warp] = kk;
-        s_red[2][warp] = dt;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float a = 0.f, b = 0.f, c = 0.f;
-        for (int w = 0; w < nw; w++) {
-            a += s_red[0][w];
-            b += s_red[1][w];
-            c += s_red[2][w];
-        }
-        const float rx = 1.0f / sqrtf(a / (float)d + eps);
-        const float rk = 1.0f / sqrtf(b / (float)d + eps);
-        const float dot = c * rx * rk * inv_sqrt_d;
-        const int wide = !eng_f32_sums_hold(a, b, c, dot);
-        s_wide = wide;
-        if (!wide) s_gate = eng_gate_of(dot);
-    }
-    __syncthreads();
-    if (s_wide) {
-        // The f32 sums overflowed, underflowed or met a NaN/infinity: the
-        // stream's sums again in f64, which holds every finite input
-        // (src/cpu/gate.rs dot_wide; docs/numerics.md). Rare: normal-range
-        // streams never come here.
-        double h2 = 0.0, k2 = 0.0, d2 = 0.0;
-        for (eng_u32 j = threadIdx.x; j < d; j += blockDim.x) {
-            const double x = (double)eng_load(highway, xo + j);
-            const double key = (double)eng_load_kv(kv, ko + j);
-            h2 += x * x;
-            k2 += key * key;
-            d2 += x * (double)q[j] * key;
-        }
-        h2 = eng_warp_sum64(h2);
-        k2 = eng_warp_sum64(k2);
-        d2 = eng_warp_sum64(d2);
-        if (lane == 0) {
-            s_red64[0][warp] = h2;
-            s_red64[1][warp] = k2;
-            s_red64[2][warp] = d2;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            double a = 0.0, b = 0.0, c = 0.0;
-            for (int w = 0; w < nw; w++) {
-                a += s_red64[0][w];
-                b += s_red64[1][w];
-                c += s_red64[2][w];
+    for (int r = 0; r < 8; r++) hh[r] = kk[r] = dt[r] = 0.f;
+    for (eng_u32 j0 = ENG_GATE_VEC * lane; j0 < d; j0 += ENG_GATE_PARTS) {
+        float x[8], key[8], qv[8];
+        if (vec) {
+            eng_load8(highway + xo + j0, x);
+            eng_load8_kv(kv + ko + j0, key);
+            eng_load8_ro(q + j0, qv);
+        } else {
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                const eng_u32 j = j0 + (eng_u32)r < d ? j0 + (eng_u32)r : j0;
+                x[r] = eng_load(highway, xo + j);
+                key[r] = eng_load_kv(kv, ko + j);
+                qv[r] = q[j];
             }
-            const double n = (double)d;
-            const double rx = 1.0 / sqrt(a / n + (double)eps);
-            const double rk = 1.0 / sqrt(b / n + (double)eps);
-            s_gate = eng_gate_of((float)(c * rx * rk / sqrt(n)));
         }
-        __syncthreads();
-    }
-    const float gate = s_gate;
 #pragma unroll
-    for (int i = 0; i < ENG_GATE_CACHE; i++) {
-        const eng_u32 j = threadIdx.x + (eng_u32)i * blockDim.x;
-        if (j < d) eng_store(highway, xo + j, xr[i] + gate * eng_load_kv(kv, vo + j));
+        for (int r = 0; r < 8; r++) {
+            if (j0 + (eng_u32)r < d) {
+                hh[r] += x[r] * x[r];
+                kk[r] += key[r] * key[r];
+                dt[r] += x[r] * qv[r] * key[r];
+            }
+        }
     }
-    for (eng_u32 j = cached + threadIdx.x; j < d; j += blockDim.x) {
-        const float x = eng_load(highway, xo + j);
-        eng_store(highway, xo + j, x + gate * eng_load_kv(kv, vo + j));
+    const float a = eng_gate_sum(hh), bk = eng_gate_sum(kk), c = eng_gate_sum(dt);
+    const float rx = 1.0f / sqrtf(a / (float)d + eps);
+    const float rk = 1.0f / sqrtf(bk / (float)d + eps);
+    const float dot = c * rx * rk * inv_sqrt_d;
+    float gate;
+    if (eng_f32_sums_hold(a, bk, c, dot)) {
+        gate = eng_gate_of(dot);
+    } else {
+        // The f32 sums overflowed, underflowed or met a NaN/infinity: the
+        // stream's sums again in f64, in the same order, which holds every
+        // finite input (src/cpu/gate.rs dot_wide; docs/numerics.md). Rare:
+        // normal-range streams never come here.
+        double h2[8], k2[8], d2[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) h2[r] = k2[r] = d2[r] = 0.0;
+        for (eng_u32 j0 = ENG_GATE_VEC * lane; j0 < d; j0 += ENG_GATE_PARTS) {
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                const eng_u32 j = j0 + (eng_u32)r;
+                if (j < d) {
+                    const double x = (double)eng_load(highway, xo + j);
+                    const double key = (double)eng_load_kv(kv, ko + j);
+                    h2[r] += x * x;
+                    k2[r] += key * key;
+                    d2[r] += x * (double)q[j] * key;
+                }
+            }
+        }
+        const double a2 = eng_gate_sum(h2), b2 = eng_gate_sum(k2), c2 = eng_gate_sum(d2);
+        const double n = (double)d;
+        const double rx2 = 1.0 / sqrt(a2 / n + (double)eps);
+        const double rk2 = 1.0 / sqrt(b2 / n + (double)eps);
+        gate = eng_gate_of((float)(c2 * rx2 * rk2 / sqrt(n)));
+    }
+    for (eng_u32 j0 = ENG_GATE_VEC * lane; j0 < d; j0 += ENG_GATE_PARTS) {
+        if (vec) {
+            float x[8], v[8], o[8];
+            eng_load8(highway + xo + j0, x);
+            eng_load8_kv(kv + vo + j0, v);
+#pragma unroll
+            for (int r = 0; r < 8; r++) o[r] = x[r] + gate * v[r];
+            eng_store8(highway + xo + j0, o);
+        } else {
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                const eng_u32 j = j0 + (eng_u32)r;
+                if (j < d) {
+                    const float x = eng_load(highway, xo + j);
+                    eng_store(highway, xo + j, x + gate * eng_load_kv(kv, vo + j));
+                }
+            }
+        }
     }
 }
 
-// Grid: n_tokens * hc blocks (one dimension), ENG_GATE_THREADS threads. Names: highway type, kv type.
+// Grid: gate_blocks(n_streams) blocks of ENG_GATE_THREADS (a warp per
+// stream); n_streams = n_tokens * hc. Names: highway type, kv type.
 #define ENG_GATE_ENTRY(NAME, HW, KV)                                                                             \
     extern "C" __global__ void __launch_bounds__(ENG_GATE_THREADS)                                                \
         NAME(HW *highway, const KV *kv, const float *qk, const eng_u32 *flags, eng_u32 cols, eng_u32 hc,         \
-             eng_u32 d, float eps, float inv_sqrt_d, eng_u32 *latch, eng_u32 *mirror) {                          \
-        eng_gate(highway, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror);                           \
+             eng_u32 d, float eps, float inv_sqrt_d, eng_u32 *latch, eng_u32 *mirror, eng_u32 n_streams) {       \
+        eng_gate(highway, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror, n_streams);                \
     }
 ENG_GATE_ENTRY(engram_gate_f32_bf16, float, eng_u16)
 ENG_GATE_ENTRY(engram_gate_bf16_bf16, eng_u16, eng_u16)

@@ -5,7 +5,9 @@
 //
 // - engram_gemv_q_<format> (up to ENG_GEMV_MAX tokens, `nt` at run time;
 //   bandwidth-bound): each warp computes ENG_GEMV_ROWS output rows for all nt
-//   tokens, dequantising each weight in registers as the FMAs need it:
+//   tokens, copying its rows 32 units (32 values each) at a time into shared
+//   memory with 16-byte loads where aligned, and dequantising each weight
+//   from there as the FMAs need it:
 //   kv[t][o] = bf16(sum_k rows[t][k] * w[o][k]), f32 products and sums, as the
 //   CPU backend's quantised path computes (its f32 path on the same values),
 //   in another order. Needs k % 32 == 0 and `rows` 16-byte aligned (the host
@@ -87,12 +89,77 @@ __device__ __forceinline__ void eng_wkv_8(const eng_u8 *row, eng_u32 u, eng_u32 
 __device__ __forceinline__ float eng_lo_bf16(eng_u32 w) { return eng_f32_from_bits(w << 16); }
 __device__ __forceinline__ float eng_hi_bf16(eng_u32 w) { return eng_f32_from_bits(w & 0xFFFF0000u); }
 
+// Bytes of `units` 32-value units of a wkv row in format FMT starting at a
+// unit whose index is a multiple of 8 (a K-quant block is 8 units; 32 units
+// are whole blocks of every format).
+template <eng_u32 FMT> __device__ __forceinline__ eng_u32 eng_units_bytes(eng_u32 units) {
+    if (FMT == ENG_F16) return 64u * units;
+    if (FMT == ENG_Q8_0) return ENG_Q8_0_BLOCK_BYTES * units;
+    if (FMT == ENG_Q4_0) return ENG_Q4_0_BLOCK_BYTES * units;
+    const eng_u32 bb = FMT == ENG_Q2_K   ? ENG_Q2_K_BLOCK_BYTES
+                       : FMT == ENG_Q3_K ? ENG_Q3_K_BLOCK_BYTES
+                       : FMT == ENG_Q4_K ? ENG_Q4_K_BLOCK_BYTES
+                       : FMT == ENG_Q5_K ? ENG_Q5_K_BLOCK_BYTES
+                                         : ENG_Q6_K_BLOCK_BYTES;
+    return bb * (units / 8u);
+}
+
+// Bytes of 32 units (a span: whole blocks of every format), and 16-byte
+// words to hold them.
+template <eng_u32 FMT> struct eng_span {
+    static constexpr eng_u32 bytes = FMT == ENG_F16    ? 64u * 32u
+                                     : FMT == ENG_Q8_0 ? ENG_Q8_0_BLOCK_BYTES * 32u
+                                     : FMT == ENG_Q4_0 ? ENG_Q4_0_BLOCK_BYTES * 32u
+                                     : FMT == ENG_Q2_K ? ENG_Q2_K_BLOCK_BYTES * 4u
+                                     : FMT == ENG_Q3_K ? ENG_Q3_K_BLOCK_BYTES * 4u
+                                     : FMT == ENG_Q4_K ? ENG_Q4_K_BLOCK_BYTES * 4u
+                                     : FMT == ENG_Q5_K ? ENG_Q5_K_BLOCK_BYTES * 4u
+                                                       : ENG_Q6_K_BLOCK_BYTES * 4u;
+    static constexpr eng_u32 words = (bytes + 15u) / 16u;
+};
+
+// Copy `nb` bytes at `src` (global) to `dst` (shared, 16-byte aligned), the
+// warp's lanes together, with the widest loads `src`'s alignment allows, the
+// tail a byte at a time (a span that is not 16-byte aligned: a wkv whose
+// rows are not a multiple of 16 bytes, or at an odd address).
+__device__ __forceinline__ void eng_warp_copy(eng_u8 *dst, const eng_u8 *__restrict__ src, eng_u32 nb,
+                                              eng_u32 lane) {
+    const eng_u64 a = (eng_u64)src;
+    eng_u32 done;
+    if ((a & 15u) == 0u) {
+        done = nb / 16u * 16u;
+        for (eng_u32 q = lane; q < nb / 16u; q += 32u) ((uint4 *)dst)[q] = __ldg((const uint4 *)src + q);
+    } else if ((a & 7u) == 0u) {
+        done = nb / 8u * 8u;
+        for (eng_u32 q = lane; q < nb / 8u; q += 32u) ((uint2 *)dst)[q] = __ldg((const uint2 *)src + q);
+    } else if ((a & 3u) == 0u) {
+        done = nb / 4u * 4u;
+        for (eng_u32 q = lane; q < nb / 4u; q += 32u) ((eng_u32 *)dst)[q] = __ldg((const eng_u32 *)src + q);
+    } else if ((a & 1u) == 0u) {
+        done = nb / 2u * 2u;
+        for (eng_u32 q = lane; q < nb / 2u; q += 32u) ((eng_u16 *)dst)[q] = __ldg((const eng_u16 *)src + q);
+    } else {
+        done = 0u;
+    }
+    for (eng_u32 q = done + lane; q < nb; q += 32u) dst[q] = __ldg(src + q);
+}
+
+// Each warp: ENG_GEMV_ROWS output rows for nt tokens. The weight rows are
+// read 32 units (a span) at a time: the warp copies both rows' spans into
+// shared memory with 16-byte loads where they are aligned (every load of
+// both rows in flight at once), then lane l decodes unit l of the span (the
+// blocks' bytes from shared memory) and adds its products, each token's
+// bf16 values read once for both rows. Per lane the sums are those of the
+// unit-per-lane kernel before (units l, l + 32, ... in order, each unit's
+// 32 products in order), so the results are the same bits
+// (tests/cuda_formats.rs the_fused_gemv_sums_in_its_documented_order).
 template <eng_u32 FMT>
 __device__ __forceinline__ void eng_gemv_q(const eng_u8 *__restrict__ w, eng_u32 row_bytes,
                                            const uint4 *__restrict__ rows, eng_u16 *__restrict__ kv,
                                            eng_u32 n_out, eng_u32 k, eng_u32 nt) {
+    __shared__ uint4 s_w[ENG_GEMV_THREADS / 32][ENG_GEMV_ROWS][eng_span<FMT>::words];
     const eng_u64 warp = (eng_u64)blockIdx.x * (blockDim.x / 32u) + threadIdx.x / 32u;
-    const eng_u32 lane = threadIdx.x % 32u;
+    const eng_u32 lane = threadIdx.x % 32u, wib = threadIdx.x / 32u;
     if (warp * ENG_GEMV_ROWS >= n_out) return;
     const eng_u32 o0 = (eng_u32)(warp * ENG_GEMV_ROWS);
     const eng_u32 units = k / 32u;
@@ -102,33 +169,70 @@ __device__ __forceinline__ void eng_gemv_q(const eng_u8 *__restrict__ w, eng_u32
     for (int r = 0; r < ENG_GEMV_ROWS; r++)
 #pragma unroll
         for (int t = 0; t < ENG_GEMV_MAX; t++) acc[r][t] = 0.f;
-    for (eng_u32 u = lane; u < units; u += 32u) {
+    for (eng_u32 u0 = 0u; u0 < units; u0 += 32u) {
+        const eng_u32 n_units = units - u0 < 32u ? units - u0 : 32u;
+        const eng_u32 off = eng_units_bytes<FMT>(u0), nb = eng_units_bytes<FMT>(n_units);
+        const eng_u8 *src[ENG_GEMV_ROWS];
+        bool aligned = true;
 #pragma unroll
         for (int r = 0; r < ENG_GEMV_ROWS; r++) {
             const eng_u32 o = o0 + r < n_out ? o0 + r : n_out - 1u;
-            const eng_u8 *wr = w + (eng_u64)o * row_bytes;
+            src[r] = w + (eng_u64)o * row_bytes + off;
+            aligned = aligned && ((eng_u64)src[r] & 15u) == 0u;
+        }
+        if (aligned) {
+            // Every 16-byte load of both rows' spans issued before any is
+            // stored (the span's tail, under 16 bytes, a byte at a time).
+            constexpr eng_u32 per_lane = (eng_span<FMT>::words + 31u) / 32u;
+            const eng_u32 n16 = nb / 16u;
+            uint4 v[ENG_GEMV_ROWS][per_lane];
+#pragma unroll
+            for (int r = 0; r < ENG_GEMV_ROWS; r++)
+#pragma unroll
+                for (eng_u32 i = 0; i < per_lane; i++)
+                    if (lane + 32u * i < n16) v[r][i] = __ldg((const uint4 *)src[r] + lane + 32u * i);
+#pragma unroll
+            for (int r = 0; r < ENG_GEMV_ROWS; r++) {
+#pragma unroll
+                for (eng_u32 i = 0; i < per_lane; i++)
+                    if (lane + 32u * i < n16) s_w[wib][r][lane + 32u * i] = v[r][i];
+                if (lane < nb % 16u) ((eng_u8 *)s_w[wib][r])[16u * n16 + lane] = __ldg(src[r] + 16u * n16 + lane);
+            }
+        } else {
+#pragma unroll 1
+            for (int r = 0; r < ENG_GEMV_ROWS; r++) eng_warp_copy((eng_u8 *)s_w[wib][r], src[r], nb, lane);
+        }
+        __syncwarp();
+        if (lane < n_units) {
+            const eng_u32 u = u0 + lane;
 #pragma unroll 1
             for (eng_u32 c = 0; c < 4u; c++) {
-                float wv[8];
-                eng_wkv_8<FMT>(wr, u, c, wv);
+                float wv[ENG_GEMV_ROWS][8];
+#pragma unroll
+                for (int r = 0; r < ENG_GEMV_ROWS; r++) eng_wkv_8<FMT>((const eng_u8 *)s_w[wib][r], lane, c, wv[r]);
 #pragma unroll
                 for (int t = 0; t < ENG_GEMV_MAX; t++) {
                     if ((eng_u32)t < nt) {
                         const uint4 xv = rows[(eng_u64)t * k8 + 4u * u + c];
-                        float a = acc[r][t];
-                        a += wv[0] * eng_lo_bf16(xv.x);
-                        a += wv[1] * eng_hi_bf16(xv.x);
-                        a += wv[2] * eng_lo_bf16(xv.y);
-                        a += wv[3] * eng_hi_bf16(xv.y);
-                        a += wv[4] * eng_lo_bf16(xv.z);
-                        a += wv[5] * eng_hi_bf16(xv.z);
-                        a += wv[6] * eng_lo_bf16(xv.w);
-                        a += wv[7] * eng_hi_bf16(xv.w);
-                        acc[r][t] = a;
+#pragma unroll
+                        for (int r = 0; r < ENG_GEMV_ROWS; r++) {
+                            float a = acc[r][t];
+                            a += wv[r][0] * eng_lo_bf16(xv.x);
+                            a += wv[r][1] * eng_hi_bf16(xv.x);
+                            a += wv[r][2] * eng_lo_bf16(xv.y);
+                            a += wv[r][3] * eng_hi_bf16(xv.y);
+                            a += wv[r][4] * eng_lo_bf16(xv.z);
+                            a += wv[r][5] * eng_hi_bf16(xv.z);
+                            a += wv[r][6] * eng_lo_bf16(xv.w);
+                            a += wv[r][7] * eng_hi_bf16(xv.w);
+                            acc[r][t] = a;
+                        }
                     }
                 }
             }
         }
+        // Every lane is done with the span before the next one overwrites it.
+        __syncwarp();
     }
 #pragma unroll
     for (int r = 0; r < ENG_GEMV_ROWS; r++)

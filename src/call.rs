@@ -263,6 +263,12 @@ pub struct StageStats {
     pub staged: u64,
     /// Gathers read directly (no prefetch of those ids).
     pub direct: u64,
+    /// Rows whose raw bytes were written into host staging memory, counted
+    /// at each such copy: a prefetched row once (on CUDA straight into the
+    /// pinned memory the device copy reads), a row read directly into
+    /// staging once, a row the CPU backend dequantises straight from a table
+    /// in memory not at all.
+    pub row_copies: u64,
 }
 
 /// What a backend reports about itself.

@@ -186,41 +186,48 @@ fn every_row_format_dequantises_to_the_cpu_bits_on_the_device() {
             Weights::F32(&qk),
         ))
         .unwrap();
-        let d_table = upload(&dev, &t);
-        let gpu_ctx = Context::new(&cfg(EngramBackend::Cuda)).expect("a CUDA context");
-        gpu_ctx
-            .set_layer_device(&DeviceLayerIn {
-                layer_id: 1,
-                table: d_table.ptr,
-                table_rows: rows,
-                table_type: fmt as u32,
-                wkv: d_wkv.ptr,
-                wkv_type: EngramType::Bf16 as u32,
-                q: d_q.ptr,
-                k: d_k.ptr,
-                qk_type: EngramType::F32 as u32,
-            })
-            .unwrap();
         let n = tokens.len();
         let mut ids = vec![0i64; n * cpu.ids_per_token()];
         cpu.hash(&tokens, &vec![0; n], &pos, &mut ids).unwrap();
         let (rows_cpu, _) = cpu.stages(1, &ids, n).unwrap();
-        let (rows_gpu, _) = gpu_ctx.stages_device(1, RowIds::Host(&ids), n).unwrap();
-        assert_eq!(rows_cpu.len(), rows_gpu.len(), "{fmt:?}");
-        for (i, (a, b)) in rows_cpu.iter().zip(&rows_gpu).enumerate() {
-            assert_eq!(
-                a,
-                b,
-                "{fmt:?}: value {i} (token {}, column {}): CPU {a:#06x}, GPU {b:#06x}",
-                i / (cols * HD),
-                i / HD % cols
+        // The table at its allocation's start (every row 16-byte aligned
+        // for bf16, f16, f32, 8-byte for fp8: the gather's vector loads),
+        // and 2 bytes past it (no row aligned: a value per lane at a time).
+        for off in [0usize, 2] {
+            let mut padded = vec![0xEEu8; off];
+            padded.extend_from_slice(&t);
+            let d_table = upload(&dev, &padded);
+            let gpu_ctx = Context::new(&cfg(EngramBackend::Cuda)).expect("a CUDA context");
+            gpu_ctx
+                .set_layer_device(&DeviceLayerIn {
+                    layer_id: 1,
+                    table: d_table.ptr + off as u64,
+                    table_rows: rows,
+                    table_type: fmt as u32,
+                    wkv: d_wkv.ptr,
+                    wkv_type: EngramType::Bf16 as u32,
+                    q: d_q.ptr,
+                    k: d_k.ptr,
+                    qk_type: EngramType::F32 as u32,
+                })
+                .unwrap();
+            let (rows_gpu, _) = gpu_ctx.stages_device(1, RowIds::Host(&ids), n).unwrap();
+            assert_eq!(rows_cpu.len(), rows_gpu.len(), "{fmt:?}");
+            for (i, (a, b)) in rows_cpu.iter().zip(&rows_gpu).enumerate() {
+                assert_eq!(
+                    a,
+                    b,
+                    "{fmt:?}, table at +{off}: value {i} (token {}, column {}): CPU {a:#06x}, GPU {b:#06x}",
+                    i / (cols * HD),
+                    i / HD % cols
+                );
+            }
+            println!(
+                "{fmt:?}, table at +{off}: {} row values bit-identical on the {}",
+                rows_gpu.len(),
+                if dev.is_real() { "GPU" } else { "emulation" }
             );
         }
-        println!(
-            "{fmt:?}: {} row values bit-identical on the {}",
-            rows_gpu.len(),
-            if dev.is_real() { "GPU" } else { "emulation" }
-        );
     }
 }
 
@@ -302,37 +309,47 @@ fn non_finite_rows_are_refused_alike() {
             Weights::F32(&qk),
         ))
         .unwrap();
-        let d_table = upload(&dev, &t);
-        let gpu_ctx = Context::new(&cfg(EngramBackend::Cuda)).expect("a CUDA context");
-        gpu_ctx
-            .set_layer_device(&DeviceLayerIn {
-                layer_id: 1,
-                table: d_table.ptr,
-                table_rows: rows,
-                table_type: fmt as u32,
-                wkv: d_wkv.ptr,
-                wkv_type: EngramType::Bf16 as u32,
-                q: d_qk.ptr,
-                k: d_qk.ptr,
-                qk_type: EngramType::F32 as u32,
-            })
-            .unwrap();
         let ids = [0i64, row];
         let e_cpu = cpu.stages_device(1, RowIds::Host(&ids), 1).unwrap_err();
-        let e_gpu = gpu_ctx.stages_device(1, RowIds::Host(&ids), 1).unwrap_err();
         assert_eq!(
             e_cpu.status,
             EngramStatus::ErrInvalidData,
             "{}",
             e_cpu.message
         );
-        assert_eq!(e_gpu.status, e_cpu.status, "{fmt:?}: {}", e_gpu.message);
-        assert!(
-            e_gpu.message.starts_with(&e_cpu.message),
-            "{fmt:?}: CPU '{}', GPU '{}'",
-            e_cpu.message,
-            e_gpu.message
-        );
+        // Row 7 of the fp8 table is 8-byte aligned (the gather's vector
+        // loads) at offset 0, not at offset 2.
+        for off in [0usize, 2] {
+            let mut padded = vec![0u8; off];
+            padded.extend_from_slice(&t);
+            let d_table = upload(&dev, &padded);
+            let gpu_ctx = Context::new(&cfg(EngramBackend::Cuda)).expect("a CUDA context");
+            gpu_ctx
+                .set_layer_device(&DeviceLayerIn {
+                    layer_id: 1,
+                    table: d_table.ptr + off as u64,
+                    table_rows: rows,
+                    table_type: fmt as u32,
+                    wkv: d_wkv.ptr,
+                    wkv_type: EngramType::Bf16 as u32,
+                    q: d_qk.ptr,
+                    k: d_qk.ptr,
+                    qk_type: EngramType::F32 as u32,
+                })
+                .unwrap();
+            let e_gpu = gpu_ctx.stages_device(1, RowIds::Host(&ids), 1).unwrap_err();
+            assert_eq!(
+                e_gpu.status, e_cpu.status,
+                "{fmt:?} at +{off}: {}",
+                e_gpu.message
+            );
+            assert!(
+                e_gpu.message.starts_with(&e_cpu.message),
+                "{fmt:?} at +{off}: CPU '{}', GPU '{}'",
+                e_cpu.message,
+                e_gpu.message
+            );
+        }
     }
 }
 
@@ -398,6 +415,30 @@ fn wkv_bytes(fmt: EngramType, n_out: usize, k: usize) -> Vec<u8> {
     }
 }
 
+/// The fused quantised GEMV's sum of `w . x` (`x` bf16 bits) in its order
+/// (see `the_fused_gemv_sums_in_its_documented_order`).
+fn kernel_order_sum(w: &[f32], x: &[u16], fma: bool) -> f32 {
+    let units = w.len() / 32;
+    let mut lane: [f32; 32] = std::array::from_fn(|l| {
+        let mut a = 0f32;
+        for u in (l..units).step_by(32) {
+            for e in 32 * u..32 * u + 32 {
+                let xv = bf16_to_f32(x[e]);
+                a = if fma {
+                    w[e].mul_add(xv, a)
+                } else {
+                    a + w[e] * xv
+                };
+            }
+        }
+        a
+    });
+    for o in [16, 8, 4, 2, 1] {
+        lane = std::array::from_fn(|l| lane[l] + lane[l ^ o]);
+    }
+    lane[0]
+}
+
 /// `wkv` in f16 and every GGUF block format, read in place: the fused GEMV
 /// for up to 8 tokens and bf16 tiles + cuBLAS beyond, against the CPU
 /// backend's quantised path (which equals its f32 path on the same
@@ -409,7 +450,43 @@ fn wkv_bytes(fmt: EngramType, n_out: usize, k: usize) -> Vec<u8> {
 #[test]
 fn every_wkv_format_projects_within_the_bound_of_the_cpu() {
     let Some(dev) = device() else { return };
-    let (heads, ngram) = (2usize, 3usize);
+    wkv_formats_against_the_cpu(&dev, 2, 3, false);
+}
+
+/// The fused GEMV's sums in the order its kernel documents, bit for bit:
+/// lane `l` of a warp adds the products of the 32-value units `l, l + 32,
+/// ...` of a weight row, each unit's in order (a multiply-add each where the
+/// kernels are built with FMAs, as NVRTC's `--fmad=true` contracts them), the
+/// 32 lanes are then summed by an xor butterfly (16, 8, 4, 2, 1 apart) and
+/// rounded once to bf16. So how the kernel loads and decodes the blocks
+/// cannot change a bit, and a token's sums do not depend on its batch. On the
+/// emulation only (its build says whether it contracts; NVVM is expected,
+/// not known, to contract the same way). `C*Hd` = 1280: 40 units, so a lane
+/// takes one or two, the second span of 32 units partly filled; and 2048,
+/// where the q3_K and q6_K rows are whole 16-byte words (880 and 1680 bytes)
+/// but their first span of 32 units is not (440 and 840). The rounding
+/// to bf16 hides most differences in the f32 sums, so the rows span 2^-8 ..
+/// 2^8 to make them show: swapping two products of the kernel's sums changes
+/// two of these outputs (Q8_0), which fails the test.
+#[test]
+fn the_fused_gemv_sums_in_its_documented_order() {
+    let Some(dev) = common::device::emulated() else {
+        return;
+    };
+    wkv_formats_against_the_cpu(&dev, 5, 2, true);
+    wkv_formats_against_the_cpu(&dev, 8, 2, true);
+}
+
+/// The CPU and CUDA backends (fused GEMV up to 8 tokens, tiles beyond) on
+/// every quantised `wkv` format for `heads` heads and n-grams up to `ngram`
+/// (`C*Hd = (ngram - 1) * heads * 256`), within the bounds above; with
+/// `order`, the fused GEMV's `kv` also bit for bit against its documented
+/// order (emulation only).
+fn wkv_formats_against_the_cpu(dev: &Dev, heads: usize, ngram: usize, order: bool) {
+    let fma = dev
+        .emu
+        .as_ref()
+        .is_some_and(|e| e.build_info().contains("fmad=1"));
     let cols = (ngram - 1) * heads;
     let (d, hc) = (64usize, 4usize);
     let (k_in, k_out) = (cols * HD, d * (hc + 1));
@@ -453,7 +530,19 @@ fn every_wkv_format_projects_within_the_bound_of_the_cpu() {
             ..Default::default()
         },
     };
-    let table = table_bytes("cuda.wkvq.table", "bf16", rows as usize, HD, false);
+    let table = if order {
+        // Values over 2^-8 .. 2^8, so that another order of the sums gives
+        // other bits.
+        let f = Filler::new("cuda.wkvq.wide");
+        (0..rows as usize * HD)
+            .flat_map(|i| {
+                let v = f.value(i as u64, 1.0, 0.0) * 2f32.powi((i * 7 % 17) as i32 - 8);
+                f32_to_bf16(v).to_le_bytes()
+            })
+            .collect()
+    } else {
+        table_bytes("cuda.wkvq.table", "bf16", rows as usize, HD, false)
+    };
     let qk: Vec<f32> = values("cuda.wkvq.qk", hc * d, 0.125, 1.0);
     let d_table = dev.upload(&table);
     let d_qk = dev.upload(&qk);
@@ -490,16 +579,27 @@ fn every_wkv_format_projects_within_the_bound_of_the_cpu() {
             Weights::F32(&qk),
         ))
         .unwrap();
-        let d_w = dev.upload(&w);
         let mut worst = [0f64; 2];
-        for gemv in [Some(8), Some(0)] {
+        // With `order`, the fused GEMV also on the wkv at an address off
+        // 16-byte alignment (its element's for f16, any for the blocks): its
+        // narrower loads.
+        let runs = if order {
+            let odd = if fmt == EngramType::F16 { 2 } else { 1 };
+            vec![(Some(8), 0), (Some(8), odd), (Some(0), 0)]
+        } else {
+            vec![(Some(8), 0), (Some(0), 0)]
+        };
+        for (gemv, off) in runs {
+            let mut padded = vec![0u8; off];
+            padded.extend_from_slice(&w);
+            let d_w = dev.upload(&padded);
             let ctx = Context::new(&cfg(EngramBackend::Cuda, gemv)).expect("a CUDA context");
             ctx.set_layer_device(&DeviceLayerIn {
                 layer_id: 1,
                 table: d_table.ptr,
                 table_rows: rows,
                 table_type: EngramType::Bf16 as u32,
-                wkv: d_w.ptr,
+                wkv: d_w.ptr + off as u64,
                 wkv_type: fmt as u32,
                 q: d_qk.ptr,
                 k: d_qk.ptr,
@@ -514,6 +614,20 @@ fn every_wkv_format_projects_within_the_bound_of_the_cpu() {
                 let (rows_gpu, kv_gpu) = ctx.stages(1, &ids, n).unwrap();
                 assert_eq!(rows_cpu, rows_gpu, "{fmt:?}: rows");
                 let tiles = gemv == Some(0) || n > 8;
+                if order && !tiles {
+                    for t in 0..kv_cpu.len() / k_out {
+                        let x = &rows_gpu[t * k_in..(t + 1) * k_in];
+                        for o in 0..k_out {
+                            let want = kernel_order_sum(&deq[o * k_in..(o + 1) * k_in], x, fma);
+                            let got = kv_gpu[t * k_out + o];
+                            assert_eq!(
+                                got,
+                                f32_to_bf16(want),
+                                "{fmt:?} at +{off}, {n} tokens: token {t} kv[{o}] is not the kernel-order sum"
+                            );
+                        }
+                    }
+                }
                 let path = if tiles {
                     "tiles + cuBLAS"
                 } else {

@@ -4,17 +4,21 @@
 //! read by the same kernels: the results are the bits of the same table in
 //! device memory. Also: the prefetch counts, `engram_stage` for calls with
 //! device row ids (graph replays), rows that were not staged, I/O errors, and
-//! replacing a host table with a device one.
+//! replacing a host table with a device one; many prefetches and applies
+//! interleaved with their copies deferred (on the emulation): a prefetch
+//! writes its rows once, into pinned memory that no queued copy still reads.
 //!
 //! On the GPU when there is one, else on the emulation (see
 //! `tests/common/device.rs`); `ENGRAM_REQUIRE_GPU=1` requires the GPU.
 
 mod common;
 
-use common::device::{device, Dev};
+use common::device::{device, emulated, real, simt_library, Dev};
 use common::*;
 use engram::backend::{TableIn, TableSource};
+use engram::cuda::emu::Emulator;
 use engram::cuda::gpu::DevBuf;
+use engram::cuda::gpu::Gpu;
 use engram::memory::Region;
 use engram::{Context, EngramBackend, EngramStatus, EngramType, LayerIn, RowIds};
 use std::ffi::c_void;
@@ -425,4 +429,195 @@ fn gate_weights_and_threads_on_the_cuda_backend() {
     assert_eq!(got.len(), tiny.hc * tiny.d);
     ctx.set_threads(4).unwrap();
     assert_eq!(ctx.n_threads(), 4);
+}
+
+/// The calls of every golden regime (fresh sequences for each), hashed:
+/// `(row ids, tokens)`. The `dead` regime has tokens whose ids are all dead,
+/// so the live tokens' rows sit at positions with holes between them.
+fn all_regime_steps(tiny: &Tiny) -> Vec<(Vec<i64>, usize)> {
+    let ctx = tiny.context();
+    let mut v = Vec::new();
+    for r in ["prefill", "decode", "interleaved", "dead"] {
+        for c in tiny.golden["regimes"][r]["calls"].as_array().unwrap() {
+            let (tok, seq, pos) = (i32s(&c["tokens"]), i32s(&c["seq_ids"]), i32s(&c["pos"]));
+            let n = tok.len();
+            let mut ids = vec![0i64; n * ctx.ids_per_token()];
+            ctx.hash(&tok, &seq, &pos, &mut ids).unwrap();
+            v.push((ids, n));
+        }
+        for s in 0..4 {
+            ctx.seq_drop(s).unwrap();
+        }
+    }
+    v
+}
+
+/// Live rows of layer `li` in a step's ids.
+fn live_rows(ctx: &Context<'_>, ids: &[i64], n: usize, li: usize, cols: usize) -> u64 {
+    let per = ctx.ids_per_token();
+    (0..n)
+        .filter(|&t| ids[t * per + li * cols] != engram::ROW_ID_DEAD)
+        .count() as u64
+        * cols as u64
+}
+
+/// A prefetch gathers its rows straight into pinned memory that the apply's
+/// device copy reads (each prefetched row is copied once on the host), and
+/// that memory is not written again while a copy queued from it may still
+/// read it; rows read directly (no prefetch) go through the staging slots
+/// under the same rule. Every golden regime's calls, each layer prefetched
+/// two steps ahead of its apply, all applies queued on one non-blocking
+/// stream with nothing waited for until the end: on the emulation with
+/// deferred streams, queued copies run only when something waits for them,
+/// so a prefetch that wrote into memory whose copy had not run yet would
+/// give that step another step's rows. Each step's highway must be the bits
+/// of the same step on a device table.
+#[test]
+fn prefetches_write_each_row_once_into_memory_no_queued_copy_reads() {
+    let (dev, emu) = match real() {
+        Some(d) => (d, None),
+        None => {
+            if emulated().is_none() {
+                return;
+            }
+            // An emulator of its own: deferral is per emulator, and this
+            // binary's tests run in parallel.
+            let p = simt_library().expect("the SIMT library").expect("built");
+            let emu = Emulator::load(&p).expect("load the SIMT library");
+            let gpu: Arc<dyn Gpu> = emu.clone();
+            (
+                Dev {
+                    gpu,
+                    emu: Some(emu.clone()),
+                },
+                Some(emu),
+            )
+        }
+    };
+    let tiny = Tiny::load();
+    let (hc, d, cols) = (tiny.hc, tiny.d, tiny.cols());
+    let w: Vec<DevWeights> = tiny.layers.iter().map(|l| dev_weights(&dev, l)).collect();
+    let host = cuda_context(&dev, &tiny);
+    let on_device = cuda_context(&dev, &tiny);
+    for (i, l) in tiny.layers.iter().enumerate() {
+        host.set_layer(layer_with(
+            l,
+            TableSource::Memory(Region::of(&l.table)),
+            &w[i],
+        ))
+        .unwrap();
+        on_device
+            .set_layer(layer_with(
+                l,
+                // SAFETY: a device buffer of the table's size.
+                TableSource::Memory(unsafe { Region::from_raw(w[i].table.ptr as usize, None) }),
+                &w[i],
+            ))
+            .unwrap();
+    }
+    let steps = all_regime_steps(&tiny);
+    assert!(steps.len() > 2 * engram::cuda::STAGING_SLOTS);
+    let dead_steps = steps
+        .iter()
+        .filter(|(ids, n)| {
+            let per = host.ids_per_token();
+            (0..*n).any(|t| ids[t * per] == engram::ROW_ID_DEAD)
+        })
+        .count();
+    assert!(dead_steps > 0, "a step with dead tokens");
+    let hw_in: Vec<Vec<f32>> = (0..steps.len())
+        .map(|i| values(&format!("host.once.{i}"), steps[i].1 * hc * d, 1.0, 0.0))
+        .collect();
+    let stream = 0x7000 as *mut c_void; // a non-blocking stream of the emulation
+    let stream = if dev.is_real() {
+        std::ptr::null_mut()
+    } else {
+        stream
+    };
+    // The device table's bits, step by step, nothing deferred.
+    let want: Vec<Vec<u32>> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, (ids, n))| {
+            let hw = dev.upload(&hw_in[i]);
+            for l in &tiny.layers {
+                on_device
+                    .apply_device(l.layer_id, RowIds::Host(ids), *n, hw.ptr, 0, stream)
+                    .unwrap();
+            }
+            on_device.check_device(stream).unwrap();
+            let v = hw.read::<f32>(hw_in[i].len()).unwrap();
+            v.iter().map(|x| x.to_bits()).collect()
+        })
+        .collect();
+    for prefetched in [true, false] {
+        let before = host.info().stage;
+        let mut rows_prefetched = 0u64;
+        let mut prefetch = |i: usize| {
+            if let Some((ids, n)) = steps.get(i) {
+                for (li, l) in tiny.layers.iter().enumerate() {
+                    host.prefetch(l.layer_id, ids, *n).unwrap();
+                    rows_prefetched += live_rows(&host, ids, *n, li, cols);
+                }
+            }
+        };
+        if let Some(e) = &emu {
+            e.set_deferred(true);
+        }
+        if prefetched {
+            prefetch(0);
+            prefetch(1);
+        }
+        let hws: Vec<DevBuf> = hw_in.iter().map(|h| dev.upload(h)).collect();
+        let mut rows_direct = 0u64;
+        for (i, (ids, n)) in steps.iter().enumerate() {
+            for (li, l) in tiny.layers.iter().enumerate() {
+                host.apply_device(l.layer_id, RowIds::Host(ids), *n, hws[i].ptr, 0, stream)
+                    .unwrap();
+                rows_direct += live_rows(&host, ids, *n, li, cols);
+            }
+            if prefetched {
+                // Into the memory the apply just queued a copy from.
+                prefetch(i + 2);
+            }
+        }
+        if let Some(e) = &emu {
+            assert!(e.pending() > 0, "the applies' work is queued, not run");
+        }
+        host.check_device(stream).unwrap();
+        if let Some(e) = &emu {
+            e.set_deferred(false);
+        }
+        for (i, hw) in hws.iter().enumerate() {
+            let got: Vec<u32> = hw
+                .read::<f32>(hw_in[i].len())
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            assert!(
+                got == want[i],
+                "step {i} (prefetched: {prefetched}): the highway is not the device table's: \
+                 pinned staging memory was overwritten before its copy ran, or wrong rows staged"
+            );
+        }
+        let s = host.info().stage;
+        let applies = (steps.len() * tiny.layers.len()) as u64;
+        if prefetched {
+            assert_eq!(s.staged - before.staged, applies, "{s:?}");
+            assert_eq!(s.direct, before.direct, "{s:?}");
+            assert_eq!(
+                s.row_copies - before.row_copies,
+                rows_prefetched,
+                "each prefetched row is copied once on the host, by its gather: {s:?}"
+            );
+        } else {
+            assert_eq!(s.direct - before.direct, applies, "{s:?}");
+            assert_eq!(
+                s.row_copies - before.row_copies,
+                rows_direct,
+                "each row read directly is copied once on the host: {s:?}"
+            );
+        }
+    }
 }

@@ -15,7 +15,10 @@
 //!   queued on a stream runs only when something waits for it (an event or
 //!   stream synchronisation, a stream waiting on an event, a context-wide
 //!   wait, which runs the legacy stream first), every non-NULL stream as a
-//!   non-blocking one, so that work the backend fails to order shows;
+//!   non-blocking one, so that work the backend fails to order shows; the
+//!   waiting thread runs it (any thread: the stager's gather threads wait
+//!   for copies' events), one thread at a time, so a wait returns once
+//!   every op up to its mark has finished;
 //! - a launch is `simt_launch` on the same argument array the backend built,
 //!   after checking the argument sizes against the kernel's parameters;
 //! - the GEMM is a host loop: f32 sums in k order of exact products (bf16 x
@@ -100,11 +103,56 @@ struct Deferral {
     /// Context-wide waits (`synchronize`, and the legacy-stream `memset`,
     /// `upload`, `download`, which wait for the whole context on a GPU).
     ctx_syncs: AtomicU64,
+    /// The thread running queued work and how deeply (an op may wait for
+    /// another stream's work: `stream_wait_event`). Queued work runs on one
+    /// thread at a time, in order, so that a wait on another thread (the
+    /// stager's gather threads wait for a copy's event) returns only once
+    /// every op up to its mark has finished, not just been taken off its
+    /// queue.
+    runner: Mutex<Option<(std::thread::ThreadId, usize)>>,
+    runner_free: std::sync::Condvar,
+}
+
+/// Holds [`Deferral::runner`] for the current thread (reentrant).
+struct Running<'a>(&'a Deferral);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut r = self.0.runner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, depth)) = r.as_mut() {
+            *depth -= 1;
+            if *depth == 0 {
+                *r = None;
+                self.0.runner_free.notify_all();
+            }
+        }
+    }
 }
 
 impl Deferral {
     fn lock(&self) -> std::sync::MutexGuard<'_, Queues> {
         self.q.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Become the thread that runs queued work (waiting for another one to
+    /// finish; again on the same thread, one level deeper).
+    fn run_alone(&self) -> Running<'_> {
+        let me = std::thread::current().id();
+        let mut r = self.runner.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match r.as_mut() {
+                None => {
+                    *r = Some((me, 1));
+                    break;
+                }
+                Some((t, depth)) if *t == me => {
+                    *depth += 1;
+                    break;
+                }
+                Some(_) => r = self.runner_free.wait(r).unwrap_or_else(|p| p.into_inner()),
+            }
+        }
+        Running(self)
     }
 
     fn deferred(&self) -> bool {
@@ -128,6 +176,7 @@ impl Deferral {
 
     /// Run `stream`'s queued work up to and including op `upto`.
     fn run_until(&self, stream: usize, upto: u64) {
+        let _alone = self.run_alone();
         loop {
             let op = {
                 let mut q = self.lock();
@@ -155,6 +204,7 @@ impl Deferral {
 
     /// Everything queued: the legacy stream first, then the others.
     fn run_all(&self) {
+        let _alone = self.run_alone();
         loop {
             let streams: Vec<usize> = self
                 .lock()

@@ -9,6 +9,7 @@ use super::kernels;
 use super::{CudaBackend, DevLayer, State, TableLoc, WkvKind, STAGING_SLOTS};
 use crate::backend::{Ids, Stream};
 use crate::batch::{HighwayType, LiveIds};
+use crate::cpu::stager::InPlace;
 use crate::error::{bail, Result};
 use std::sync::Arc;
 
@@ -66,10 +67,14 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Fill the next pinned slot with the `[n, C]` host ids of layer `li`
-    /// (and, for a host table, the live tokens' rows at their positions),
-    /// and queue its copy to the device on `stream`: the ids to the layer's
-    /// staged ids (host table) or the context's id buffer (device table).
+    /// Queue on `stream` the copy of the `[n, C]` host ids of layer `li`
+    /// (and, for a host table, of the live tokens' rows at their positions)
+    /// from pinned memory to the device: the ids to the layer's staged ids
+    /// (host table) or the context's id buffer (device table). A host table's
+    /// rows that a prefetch of the same ids gathered into the layer's pinned
+    /// prefetch memory are copied from there; any other rows, and the ids of
+    /// a device table, are written into the next staging slot (after the
+    /// copy that last read it has run) and copied from it.
     #[allow(clippy::too_many_arguments)]
     fn stage_host(
         &self,
@@ -83,53 +88,69 @@ impl CudaBackend {
     ) -> Result<()> {
         let s = self.shape;
         let cells = n * s.cols;
-        let ids_cap = self.max_tokens * s.cols * 8;
-        let slot_i = st.next_slot;
-        st.next_slot = (slot_i + 1) % STAGING_SLOTS;
-        let slot = &mut st.slots[slot_i];
-        if slot.used {
-            // SAFETY: a live event, recorded after the slot's last copy.
-            unsafe { self.gpu.event_wait(slot.ev.ev)? };
-            slot.used = false;
-        }
-        let base = slot.buf.ptr;
-        // SAFETY: the slot holds max_tokens * C ids and, after them, as many
-        // rows of `slot_row_bytes` >= the layer's row bytes (grown by
-        // set_layer); n <= max_tokens; no copy reads it (waited above).
-        let ids_dst = unsafe { std::slice::from_raw_parts_mut(base as *mut i64, cells) };
-        for t in 0..n {
-            ids_dst[t * s.cols..(t + 1) * s.cols].copy_from_slice(s.token_ids(all, t, li));
-        }
-        let (ids_dev, rows_dev) = match &layer.table {
-            TableLoc::Device { .. } => (st.ids.ptr, None),
-            TableLoc::Host { gen, rows, ids } => {
-                let rb = layer.row_bytes;
-                // SAFETY: as above: the rows part of the slot.
-                let rows_dst =
-                    unsafe { std::slice::from_raw_parts_mut(base.add(ids_cap), cells * rb) };
-                let cols = s.cols;
-                self.stager.gather_raw(li, *gen, &live.ids, &mut |j, row| {
-                    let at = (live.tokens[j / cols] * cols + j % cols) * rb;
-                    rows_dst[at..at + rb].copy_from_slice(row);
-                })?;
-                (ids.ptr, Some((rows.ptr, rb)))
-            }
+        // The next staging slot, once no copy reads it.
+        let next_slot = |st: &mut State| -> Result<usize> {
+            let i = st.next_slot;
+            st.next_slot = (i + 1) % STAGING_SLOTS;
+            st.slots[i].wait_idle()?;
+            Ok(i)
         };
-        let slot = &mut st.slots[slot_i];
-        // SAFETY: the slot is pinned memory of the device; the destinations
-        // hold max_tokens * C ids / rows; the event is recorded after both
-        // copies, so the slot is not rewritten before they have run.
-        unsafe {
-            self.gpu
-                .upload_async(ids_dev, base as *const u8, cells * 8, stream)?;
-            if let Some((rows_ptr, rb)) = rows_dev {
-                self.gpu
-                    .upload_async(rows_ptr, base.add(ids_cap), cells * rb, stream)?;
+        match &layer.table {
+            TableLoc::Device { .. } => {
+                let i = next_slot(st)?;
+                let slot = &st.slots[i];
+                slot.write_ids(&s, all, n, li);
+                // SAFETY: the context's id buffer holds max_tokens * C ids;
+                // the slot is ours until the call returns.
+                unsafe { slot.queue_copies(st.ids.ptr, cells, None, stream) }
             }
-            self.gpu.event_record(slot.ev.ev, stream)?;
+            TableLoc::Host {
+                gen,
+                rows,
+                ids,
+                prefetch,
+            } => {
+                let rb = layer.row_bytes;
+                let (rows_dev, ids_dev) = (rows.ptr, ids.ptr);
+                self.stager.serve_in_place(
+                    li,
+                    *gen,
+                    &live.ids,
+                    &live.tokens,
+                    s.cols,
+                    |si| {
+                        // The rows are in the prefetch memory of slot `si`,
+                        // which the stager holds for this call.
+                        let b = &prefetch[si];
+                        b.write_ids(&s, all, n, li);
+                        // SAFETY: the layer's staging buffers hold max_tokens
+                        // * C ids and rows; the stager's slot is ours until
+                        // this returns, and its next gather waits for the
+                        // event recorded here (`InPlace::wait_idle`).
+                        unsafe {
+                            b.queue_copies(ids_dev, cells, Some((rows_dev, cells * rb)), stream)
+                        }
+                    },
+                    |read| {
+                        let i = next_slot(st)?;
+                        let slot = &st.slots[i];
+                        slot.write_ids(&s, all, n, li);
+                        let (p, len) = InPlace::rows(slot);
+                        // SAFETY: the rows part of the slot, which holds
+                        // max_tokens * C rows of `slot_row_bytes` >= rb
+                        // (grown by set_layer); no copy reads it (waited
+                        // above) and it is ours until the call returns.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(p, len) };
+                        read(&mut dst[..cells * rb])?;
+                        // SAFETY: as above; the device buffers hold max_tokens
+                        // * C ids and rows.
+                        unsafe {
+                            slot.queue_copies(ids_dev, cells, Some((rows_dev, cells * rb)), stream)
+                        }
+                    },
+                )
+            }
         }
-        slot.used = true;
-        Ok(())
     }
 
     /// Queue layer `li` for `n` tokens on `stream`; with `highway == None` the
@@ -218,6 +239,7 @@ impl CudaBackend {
                 let hd = s.geo.hd as u32;
                 let row_bytes = layer.row_bytes as u32;
                 let cols = s.cols as u32;
+                let n_cells = (n * s.cols) as u64;
                 let out_f32 = f32_path as u32;
                 let flags = st.flags.ptr;
                 let latch = st.latch.ptr;
@@ -232,6 +254,7 @@ impl CudaBackend {
                     id_stride,
                     id_offset,
                     cols,
+                    n_cells,
                     staged_rows,
                     staged_ids,
                     rows_buf,
@@ -249,13 +272,13 @@ impl CudaBackend {
                 } else {
                     (Kernel::Gather, &a[..a.len() - 1])
                 };
-                // SAFETY: arguments match engram_gather's parameters (the first 17)
-                // or engram_gather_split's (all 18); buffers hold max_tokens >= n
+                // SAFETY: arguments match engram_gather's parameters (the first 18)
+                // or engram_gather_split's (all 19); buffers hold max_tokens >= n
                 // tokens; the table (and its scales) were checked at set_layer.
                 unsafe {
                     self.gpu.launch(
                         kernel,
-                        (n * s.cols) as u32,
+                        kernels::gather_blocks(n * s.cols),
                         kernels::GATHER_THREADS,
                         stream,
                         a,
@@ -434,7 +457,10 @@ impl CudaBackend {
                 let eps = s.geo.eps;
                 let inv_sqrt_d = 1.0f32 / (s.geo.d as f32).sqrt();
                 let (latch, mirror) = (st.latch.ptr, self.mirror.dev_ptr);
-                let a = args![hw, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror];
+                let n_streams = (n * s.geo.hc) as u32;
+                let a = args![
+                    hw, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror, n_streams
+                ];
                 // SAFETY: arguments match engram_gate_*; the highway range was checked.
                 unsafe {
                     self.gpu.launch(
@@ -442,7 +468,7 @@ impl CudaBackend {
                             hw_bf16: ty == HighwayType::Bf16,
                             kv_f32: f32_path,
                         },
-                        (n * s.geo.hc) as u32,
+                        kernels::gate_blocks(n * s.geo.hc),
                         kernels::GATE_THREADS,
                         stream,
                         &a,

@@ -276,7 +276,26 @@ pub const GEMV_MAX: usize = 8;
 /// Threads of a gather / gate / GEMV / dequantise block, and output rows per
 /// GEMV warp (passed to the kernels by [`defines`]).
 pub const GATHER_THREADS: u32 = 256;
+/// Most blocks of a gather launch. The gather is persistent: each warp takes
+/// (token, column) cells in a grid-stride loop, so a 4096-token prefill of
+/// V4.1 (98,304 cells) is this many blocks, not one block per cell. 1024
+/// blocks of 8 warps is about what an H200 holds at once (132 SMs, 8 such
+/// blocks each); untimed here: a GPU run must measure it.
+pub const GATHER_BLOCKS: u32 = 1024;
+
+/// The gather's grid for `cells` (token, column) cells: a warp per cell, at
+/// most [`GATHER_BLOCKS`] blocks.
+pub fn gather_blocks(cells: usize) -> u32 {
+    cells
+        .div_ceil((GATHER_THREADS / 32) as usize)
+        .clamp(1, GATHER_BLOCKS as usize) as u32
+}
 pub const GATE_THREADS: u32 = 256;
+
+/// The gate's grid for `streams` (token, stream) pairs: a warp each.
+pub fn gate_blocks(streams: usize) -> u32 {
+    streams.div_ceil((GATE_THREADS / 32) as usize).max(1) as u32
+}
 pub const GEMV_THREADS: u32 = 256;
 pub const GEMV_ROWS_PER_WARP: u32 = 2;
 pub const DEQUANT_THREADS: u32 = 256;
@@ -284,6 +303,20 @@ pub const DEQUANT_THREADS: u32 = 256;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gather_and_gate_grids_are_a_warp_per_row_or_stream() {
+        let warps = (GATHER_THREADS / 32) as usize;
+        assert_eq!(gather_blocks(1), 1);
+        assert_eq!(gather_blocks(warps), 1);
+        assert_eq!(gather_blocks(warps + 1), 2);
+        assert_eq!(gather_blocks(4096 * 24), GATHER_BLOCKS);
+        assert_eq!(gather_blocks(usize::MAX / 2), GATHER_BLOCKS);
+        assert_eq!(gate_blocks(1), 1);
+        assert_eq!(gate_blocks(8), 1);
+        assert_eq!(gate_blocks(9), 2);
+        assert_eq!(gate_blocks(4096 * 4), 2048);
+    }
 
     #[test]
     fn the_modules_make_up_the_main_unit() {

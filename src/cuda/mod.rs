@@ -20,11 +20,12 @@
 //!
 //! Tables: a layer's table may be device memory (read in place by the gather
 //! kernel) or host memory or a file (`TableSource::File`): then the rows a
-//! call needs are gathered on the host (by `engram_prefetch`'s worker
-//! threads ahead of time, see [`crate::cpu::stager`], or at the call),
-//! copied into a pinned staging slot, and queued as one host-to-device copy
-//! into the layer's device staging buffer, which the gather kernel reads.
-//! Pinned slots are reused only after an event says their copy has run.
+//! call needs are gathered on the host into pinned memory (by
+//! `engram_prefetch`'s worker threads ahead of time straight into one of the
+//! layer's two prefetch buffers, see [`crate::cpu::stager`], or at the call
+//! into a staging slot), and queued as one host-to-device copy into the
+//! layer's device staging buffer, which the gather kernel reads. Pinned
+//! memory is written again only after an event says its last copy has run.
 //!
 //! Errors found on the device (a row id out of range or a partly dead token
 //! among device ids, invalid row data) cannot stop a call that is already
@@ -47,10 +48,11 @@ use crate::backend::{
     ApplyIn, Backend, BackendInfo, CheckedLayer, EngramBackend, Ids, ReadBack, Stream, TableSource,
 };
 use crate::batch::{try_map, try_room, try_vec_with, LiveIds, Shape};
-use crate::cpu::stager::{Source, Stager};
+use crate::cpu::stager::{InPlace, Source, Stager};
 use crate::error::{bail, EngramStatus, Error, Result};
 use crate::formats::{bf16_to_f32, EngramType, Fp8Blocks};
 use gpu::{DevBuf, Event, Gpu, MemKind, PinnedBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use crate::call::{DeviceHashIn, DeviceSeqOp};
@@ -79,9 +81,10 @@ impl std::fmt::Debug for CudaTuning {
     }
 }
 
-/// Host staging slots (pinned): row ids, and a host table's rows. A slot is
-/// reused only after the copy that last read it has run, so the host waits
-/// only when the stream is this many host-id calls behind.
+/// Host staging slots (pinned): row ids, and a host table's rows that no
+/// prefetch gathered. A slot is reused only after the copy that last read it
+/// has run, so the host waits only when the stream is this many host-id calls
+/// behind.
 pub const STAGING_SLOTS: usize = 4;
 
 /// Tokens up to which a bf16 `wkv` is projected by the GEMV kernel instead
@@ -128,8 +131,15 @@ enum TableLoc {
     Device { table: u64, scales: u64 },
     /// Host memory or a file, through the stager (`gen`: its generation of
     /// the layer's table); staged rows `[max_tokens, C]` of `row_bytes` and
-    /// their ids go to these device buffers.
-    Host { gen: u64, rows: DevBuf, ids: DevBuf },
+    /// their ids go to these device buffers, from a staging slot or from the
+    /// pinned memory a prefetch gathered into (`prefetch`, one per stager
+    /// slot).
+    Host {
+        gen: u64,
+        rows: DevBuf,
+        ids: DevBuf,
+        prefetch: Vec<Arc<Staging>>,
+    },
 }
 
 struct DevLayer {
@@ -147,11 +157,130 @@ struct DevLayer {
     wkv_scales_copy: Option<DevBuf>,
 }
 
-/// A pinned staging slot and the event recorded after its last copy.
-struct Slot {
+/// Pinned staging memory: `[max_tokens, C]` row ids, then (for a host
+/// table) as many rows, and the event recorded after the last device copy
+/// queued from it. The context's [`STAGING_SLOTS`] slots are these, and so is
+/// the memory a host-table layer's prefetches gather into in place (two per
+/// layer, handed to the stager as [`InPlace`]).
+struct Staging {
+    gpu: Arc<dyn Gpu>,
     buf: PinnedBuf,
     ev: Event,
-    used: bool,
+    /// Bytes of ids at the start; the rows follow.
+    ids_bytes: usize,
+    /// What is known of the copies queued from it: [`COPIES_NONE`],
+    /// [`COPIES_EVENT`] (`ev` was recorded after them) or
+    /// [`COPIES_UNTRACKED`] (one may have been queued and recording `ev`
+    /// after it failed: nothing says when it has run).
+    copies: AtomicU8,
+}
+
+const COPIES_NONE: u8 = 0;
+const COPIES_EVENT: u8 = 1;
+const COPIES_UNTRACKED: u8 = 2;
+
+impl Staging {
+    fn new(gpu: &Arc<dyn Gpu>, ids_bytes: usize, row_bytes: usize, what: &str) -> Result<Staging> {
+        let bytes = ids_bytes
+            .checked_add(row_bytes)
+            .ok_or_else(|| overflow(what))?;
+        Ok(Staging {
+            gpu: gpu.clone(),
+            buf: PinnedBuf::new(gpu, bytes, false, what)?,
+            ev: Event::new(gpu)?,
+            ids_bytes,
+            copies: AtomicU8::new(COPIES_NONE),
+        })
+    }
+
+    /// Wait on the host until no copy queued from the memory still reads it.
+    fn wait_idle(&self) -> Result<()> {
+        match self.copies.load(Ordering::Acquire) {
+            COPIES_NONE => Ok(()),
+            // SAFETY: a live event of this device.
+            COPIES_EVENT => unsafe { self.gpu.event_wait(self.ev.ev) },
+            _ => bail!(
+                ErrDevice,
+                "a copy from pinned staging memory could not be followed by an event (an earlier                  CUDA error); the memory is not reused"
+            ),
+        }
+    }
+
+    /// Write the ids of `n` tokens (`all`, layer `li`) at the start.
+    fn write_ids(&self, shape: &Shape, all: &[i64], n: usize, li: usize) {
+        let cols = shape.cols;
+        // SAFETY: the memory starts with `ids_bytes` = max_tokens * C * 8
+        // bytes of ids (pinned memory is 4 KiB aligned) and n <= max_tokens;
+        // the caller holds it (no copy reads it: `wait_idle`, or a slot the
+        // stager gave this call).
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.buf.ptr as *mut i64, n * cols) };
+        for t in 0..n {
+            dst[t * cols..(t + 1) * cols].copy_from_slice(shape.token_ids(all, t, li));
+        }
+    }
+
+    /// Queue on `stream` the copies of `cells` ids to `ids_dev` and, with
+    /// `rows = Some((dst, bytes))`, of the rows that follow them, then record
+    /// the event (also when queueing failed half way: whatever was queued is
+    /// covered).
+    ///
+    /// # Safety
+    /// `ids_dev` holds `cells` ids and `rows`' destination its bytes on the
+    /// device; the memory holds them; the caller holds it until it returns.
+    unsafe fn queue_copies(
+        &self,
+        ids_dev: u64,
+        cells: usize,
+        rows: Option<(u64, usize)>,
+        stream: Stream,
+    ) -> Result<()> {
+        let base = self.buf.ptr as *const u8;
+        // SAFETY: the caller's contract; the memory is pinned and is not
+        // written again before the event recorded below says these copies
+        // have run (`wait_idle`).
+        let r = unsafe {
+            self.gpu
+                .upload_async(ids_dev, base, cells * 8, stream)
+                .and_then(|()| match rows {
+                    Some((dst, bytes)) => {
+                        self.gpu
+                            .upload_async(dst, base.add(self.ids_bytes), bytes, stream)
+                    }
+                    None => Ok(()),
+                })
+        };
+        // SAFETY: a live event; the stream was checked by the caller.
+        match unsafe { self.gpu.event_record(self.ev.ev, stream) } {
+            Ok(()) => {
+                self.copies.store(COPIES_EVENT, Ordering::Release);
+                r
+            }
+            Err(e) => {
+                self.copies.store(COPIES_UNTRACKED, Ordering::Release);
+                r.and(Err(e))
+            }
+        }
+    }
+}
+
+// SAFETY: `rows` is the pinned memory after the ids, owned by this value
+// (valid and writable while it lives); the CUDA backend writes it only
+// through the stager's slots (a prefetch's gather, or an apply the stager
+// serves from the slot), and `wait_idle` waits for the device copies such an
+// apply queued from it (`queue_copies` records the event after them).
+unsafe impl InPlace for Staging {
+    fn rows(&self) -> (*mut u8, usize) {
+        // SAFETY: `ids_bytes` <= the buffer's bytes (`new`).
+        (unsafe { self.buf.ptr.add(self.ids_bytes) }, self.rows_len())
+    }
+
+    fn rows_len(&self) -> usize {
+        self.buf.bytes - self.ids_bytes
+    }
+
+    fn wait_idle(&self) -> Result<()> {
+        Staging::wait_idle(self)
+    }
 }
 
 /// The backend's own stream (non-blocking), destroyed on drop.
@@ -193,7 +322,7 @@ struct State {
     ids: DevBuf,
     flags: DevBuf,
     latch: DevBuf,
-    slots: Vec<Slot>,
+    slots: Vec<Staging>,
     /// Row bytes per (token, column) the slots hold besides the ids.
     slot_row_bytes: usize,
     next_slot: usize,
@@ -276,7 +405,7 @@ impl CudaBackend {
         if k_in > i32::MAX as usize / 8 || k_out > i32::MAX as usize {
             return Err(overflow("C*Hd or D*(hc+1)"));
         }
-        // One gather block per (token, column), one gate block per (token, stream).
+        // One gate block per (token, stream); the gather numbers tokens in 32 bits.
         if max_tokens.saturating_mul(cols.max(shape.geo.hc)) > i32::MAX as usize {
             return Err(overflow("max_tokens * C"));
         }
@@ -406,24 +535,30 @@ impl CudaBackend {
         if !st.slots.is_empty() && st.slot_row_bytes >= row_bytes {
             return Ok(());
         }
-        let per = 8 + row_bytes;
-        let bytes = max_tokens
-            .checked_mul(cols)
-            .and_then(|x| x.checked_mul(per))
-            .ok_or_else(|| overflow("the staging slots"))?;
+        let (ids, rows) = Self::staging_bytes(max_tokens, cols, row_bytes)?;
         let slots = (0..STAGING_SLOTS)
-            .map(|_| {
-                Ok(Slot {
-                    buf: PinnedBuf::new(gpu, bytes, false, "the host staging slots")?,
-                    ev: Event::new(gpu)?,
-                    used: false,
-                })
-            })
+            .map(|_| Staging::new(gpu, ids, rows, "the host staging slots"))
             .collect::<Result<Vec<_>>>()?;
         st.slots = slots;
         st.slot_row_bytes = row_bytes;
         st.next_slot = 0;
         Ok(())
+    }
+
+    /// Bytes of the ids and of the rows of `row_bytes` in pinned staging
+    /// memory for `max_tokens` tokens of `cols` columns.
+    fn staging_bytes(max_tokens: usize, cols: usize, row_bytes: usize) -> Result<(usize, usize)> {
+        let cells = max_tokens
+            .checked_mul(cols)
+            .ok_or_else(|| overflow("the staging slots"))?;
+        Ok((
+            cells
+                .checked_mul(8)
+                .ok_or_else(|| overflow("the staging slots"))?,
+            cells
+                .checked_mul(row_bytes)
+                .ok_or_else(|| overflow("the staging slots"))?,
+        ))
     }
 
     /// `set_layer`'s check of a block-scaled fp8 `wkv`'s codes and scales
@@ -524,7 +659,16 @@ impl CudaBackend {
     /// Pinned host bytes this backend allocated (staging slots, mirror).
     pub fn pinned_bytes(&self) -> usize {
         let s = self.state();
-        s.slots.iter().map(|x| x.buf.bytes).sum::<usize>() + self.mirror.bytes
+        let prefetch: usize = s
+            .layers
+            .iter()
+            .flatten()
+            .map(|l| match &l.table {
+                TableLoc::Host { prefetch, .. } => prefetch.iter().map(|b| b.buf.bytes).sum(),
+                TableLoc::Device { .. } => 0,
+            })
+            .sum();
+        s.slots.iter().map(|x| x.buf.bytes).sum::<usize>() + prefetch + self.mirror.bytes
     }
 
     /// The table rows of a layer, by id, for error messages.
@@ -780,6 +924,21 @@ impl<'w> Backend<'w> for CudaBackend {
                 rows,
             ));
         }
+        // A host table's prefetches gather into pinned memory of the layer's
+        // own (one per stager slot), from which the applies copy the rows to
+        // the device.
+        let prefetch = match host_source {
+            Some(_) => {
+                let (ids, rows) = Self::staging_bytes(m, s.cols, rb)?;
+                (0..crate::cpu::stager::SLOTS)
+                    .map(|_| {
+                        Staging::new(&self.gpu, ids, rows, "the prefetch staging memory")
+                            .map(Arc::new)
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            }
+            None => Vec::new(),
+        };
         // Nothing queued may read what is replaced below: wait for this
         // context's last call (not for the whole context, which would wait
         // for the engine's unrelated work and break another thread's capture).
@@ -812,8 +971,19 @@ impl<'w> Backend<'w> for CudaBackend {
                 unsafe { self.own_memset(ids.ptr, 0x80, cells * 8)? };
                 let st = &mut *st;
                 Self::grow_slots_in(&self.gpu, st, m, s.cols, rb)?;
-                let gen = self.stager.set_source(li, src, l.format, rb);
-                TableLoc::Host { gen, rows, ids }
+                let mem = prefetch
+                    .iter()
+                    .map(|b| b.clone() as Arc<dyn InPlace>)
+                    .collect();
+                let gen = self
+                    .stager
+                    .set_source_in_place(li, src, l.format, rb, mem)?;
+                TableLoc::Host {
+                    gen,
+                    rows,
+                    ids,
+                    prefetch,
+                }
             }
         };
         // SAFETY: `qk[li]` holds `qk.len()` floats.
@@ -842,7 +1012,8 @@ impl<'w> Backend<'w> for CudaBackend {
                 ..
             }) => {
                 drop(st);
-                self.stager.stage(li, &live.ids)
+                self.stager
+                    .stage_at(li, &live.ids, &live.tokens, self.shape.cols)
             }
             // Device tables need no staging: the gather kernel reads them.
             _ => Ok(()),

@@ -725,8 +725,10 @@ pub extern "C" fn engram_check(ctx: *mut EngramContext, stream: *mut c_void) -> 
 /// `engram_apply` checks them (nothing changes on error); a read that fails
 /// later (an I/O error on a file-backed table) is returned by that apply as
 /// `ENGRAM_STATUS_ERR_IO`. Host tables only, on either backend (a no-op for a
-/// table in device memory on CUDA); the CUDA backend then copies the gathered
-/// rows to the device in the apply.
+/// table in device memory on CUDA). On CUDA the layer's two staging buffers
+/// are pinned memory, which the apply copies to the device from (each row is
+/// copied once on the host); a gather into a buffer first waits, on the
+/// worker thread, for the device copy an earlier apply queued from it.
 ///
 /// `ctx` as in `engram_free`; `row_ids` must hold
 /// `n_tokens * engram_row_ids_per_token(ctx)` elements.

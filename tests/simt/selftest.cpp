@@ -185,6 +185,22 @@ __global__ void k_trap(int *out) {
     out[glob_tid()] = 1;
 }
 
+// 16- and 8-byte loads and stores with cache hints: each thread copies one
+// uint4, one uint2 and one float4.
+__global__ void k_vector_access(const uint4 *a, const uint2 *b, const float4 *c, uint4 *oa, uint2 *ob, float4 *oc) {
+    const unsigned i = glob_tid();
+    __stcg(oa + i, __ldg(a + i));
+    __stcs(ob + i, __ldcg(b + i));
+    __stwb(oc + i, __ldcs(c + i));
+}
+
+// A 16-byte load 8 bytes past a multiple of 16, an 8-byte store 4 bytes past
+// one: faults on the GPU, traps here.
+__global__ void k_misaligned_load(const unsigned char *p, uint4 *out) {
+    out[glob_tid()] = __ldg((const uint4 *)(p + 8));
+}
+__global__ void k_misaligned_store(unsigned char *p) { __stcg((uint2 *)(p + 4), make_uint2(1u, 2u)); }
+
 static const int NSHFL = 30;
 
 __global__ void k_shuffles(const int *vals, int *oi, double *od, unsigned long long *ou, unsigned *ov, float *of) {
@@ -423,6 +439,36 @@ static void test_errors() {
     CHECK_RC(simt_launch(nullptr, 1, 1, 1, 32, 1, 1, 0, args, 1), SIMT_ERR_UNKNOWN_KERNEL);
     CHECK_RC(simt_launch("engram_gather", 1, 1, 1, 32, 1, 1, 0, nullptr, 1), SIMT_ERR_INVALID_VALUE);
     CHECK_RC(simt_launch_fn(nullptr, 1, 1, 1, 32, 1, 1, 0, args, 1), SIMT_ERR_UNKNOWN_KERNEL);
+}
+
+static void test_vector_access() {
+    Section sec("16- and 8-byte loads and stores with cache hints; misaligned ones trap");
+    const unsigned n = 64;
+    std::vector<uint4> a(n), oa(n);
+    std::vector<uint2> b(n), ob(n);
+    std::vector<float4> c(n), oc(n);
+    for (unsigned i = 0; i < n; i++) {
+        a[i] = make_uint4(i, ~i, i * 7u, 0xA5A5A5A5u ^ i);
+        b[i] = make_uint2(i * 3u, ~i * 5u);
+        c[i] = make_float4((float)i, -(float)i, 0.5f * (float)i, 1.0f / (float)(i + 1));
+    }
+    const uint4 *pa = a.data();
+    const uint2 *pb = b.data();
+    const float4 *pc = c.data();
+    uint4 *poa = oa.data();
+    uint2 *pob = ob.data();
+    float4 *poc = oc.data();
+    CHECK_RC(launch1(SIMT_ENTRY(k_vector_access), 2, 32, 1, pa, pb, pc, poa, pob, poc), SIMT_OK);
+    CHECK(memcmp(a.data(), oa.data(), n * sizeof(uint4)) == 0, "uint4 __ldg / __stcg");
+    CHECK(memcmp(b.data(), ob.data(), n * sizeof(uint2)) == 0, "uint2 __ldcg / __stcs");
+    CHECK(memcmp(c.data(), oc.data(), n * sizeof(float4)) == 0, "float4 __ldcs / __stwb");
+    alignas(16) unsigned char buf[64] = {0};
+    unsigned char *pbuf = buf;
+    const unsigned char *cbuf = buf;
+    CHECK_RC(launch1(SIMT_ENTRY(k_misaligned_load), 1, 32, 1, cbuf, poa), SIMT_ERR_TRAP);
+    CHECK(strstr(simt_last_error(), "__ldg: misaligned") != nullptr, "message: %s", simt_last_error());
+    CHECK_RC(launch1(SIMT_ENTRY(k_misaligned_store), 1, 32, 1, pbuf), SIMT_ERR_TRAP);
+    CHECK(strstr(simt_last_error(), "__stcg: misaligned") != nullptr, "message: %s", simt_last_error());
 }
 
 static int ref_shfl_src(int kind, unsigned lane, int arg, unsigned w) {
@@ -730,12 +776,13 @@ static void test_registry(const std::vector<std::string> &expect) {
     // engram_gather's parameters, as src/cuda/enqueue.rs passes them.
     unsigned sizes[32];
     const int np = simt_kernel_params("engram_gather", sizes, 32);
-    const unsigned want[] = {8, 8, 4, 4, 4, 8, 4, 4, 4, 8, 8, 8, 4, 8, 8, 4, 4};
-    CHECK(np == 17 && memcmp(sizes, want, sizeof want) == 0, "engram_gather parameters: %d", np);
+    const unsigned want[] = {8, 8, 4, 4, 4, 8, 4, 4, 4, 8, 8, 8, 8, 4, 8, 8, 4, 4};
+    CHECK(np == 18 && memcmp(sizes, want, sizeof want) == 0, "engram_gather parameters: %d", np);
     CHECK(simt_kernel_params("engram_gemv_q_q4_k", sizes, 32) == 7 && sizes[6] == 4, "quantised gemv parameters");
     CHECK(simt_kernel_params("engram_dequant_bf16", sizes, 32) == 7, "dequantise parameters");
     CHECK(simt_kernel_params("engram_gemv_bf16_8", sizes, 32) == 5 && sizes[3] == 4, "gemv parameters");
-    CHECK(simt_kernel_params("engram_gate_bf16_f32", sizes, 32) == 11 && sizes[7] == 4, "gate parameters");
+    CHECK(simt_kernel_params("engram_gate_bf16_f32", sizes, 32) == 12 && sizes[7] == 4 && sizes[11] == 4,
+          "gate parameters");
     CHECK(simt_kernel_params("nope", sizes, 32) == -1, "unknown kernel parameters");
     printf("     build: %s\n", simt_build_info());
 }
@@ -750,7 +797,17 @@ struct GatherRun {
     uint32_t latch[12]; // ENG_LATCH_WORDS: the record, the order key, the lock
 };
 
-// engram_gather, launched as src/cuda/mod.rs does: grid n*cols, 256 threads.
+// engram_gather's grid for `cells` cells as src/cuda/kernels.rs gather_blocks
+// makes it (a warp per cell, 8 warps a block, at most 1024 blocks; each warp
+// takes cells in a grid-stride loop), or for some seeds 1 or 3 blocks: the
+// result must not depend on the grid.
+static unsigned gather_grid(uint64_t cells, uint64_t seed) {
+    if (seed % 4 == 1) return 1;
+    if (seed % 4 == 2) return 3;
+    return (unsigned)std::min<uint64_t>((cells + 7) / 8, 1024);
+}
+
+// engram_gather, launched as src/cuda/enqueue.rs does: 256 threads.
 static GatherRun gather(const std::vector<uint8_t> &table, uint64_t table_rows, uint32_t fmt, uint32_t hd,
                         uint32_t row_bytes, const std::vector<int64_t> &ids, uint32_t id_stride, uint32_t id_offset,
                         uint32_t cols, uint32_t n, bool out_f32, uint64_t seed, int *rc_out = nullptr) {
@@ -764,8 +821,10 @@ static GatherRun gather(const std::vector<uint8_t> &table, uint64_t table_rows, 
     uint64_t flags = ptr(r.flags.data()), latch = ptr(r.latch);
     uint32_t of = out_f32, lid = 14, serial = 99;
     uint64_t staged_rows = 0, staged_ids = 0; // a table in device memory
-    const int rc = launch_named("engram_gather", n * cols, 256, seed, t, table_rows, fmt, hd, row_bytes, ip, id_stride,
-                                id_offset, cols, staged_rows, staged_ids, rows, of, flags, latch, lid, serial);
+    uint64_t n_cells = (uint64_t)n * cols;
+    const int rc = launch_named("engram_gather", gather_grid(n_cells, seed), 256, seed, t, table_rows, fmt, hd,
+                                row_bytes, ip, id_stride, id_offset, cols, n_cells, staged_rows, staged_ids, rows, of,
+                                flags, latch, lid, serial);
     if (rc_out) {
         *rc_out = rc;
     } else {
@@ -1029,6 +1088,29 @@ static void test_gather() {
         for (uint32_t i = 0; i < 64; i++) ok = ok && g.rows16[h + i] == ref_bf16((float)(int8_t)tq[rb + 2 + i % 32 + (i / 32) * 34]);
         CHECK(ok, "Q8_0 with NaN/inf scales: the bad row BAD with no NaN or inf written, the good row exact");
     }
+    // bf16 rows of Hd 36 (not a multiple of 8: a value per lane at a time)
+    // and Hd 40 (80-byte rows: every other row 16-byte aligned, so both the
+    // vector and the per-value paths in one launch), copied bit for bit.
+    for (uint32_t h : {36u, 40u}) {
+        const uint32_t c2 = 3, n2 = 7, nr = 50;
+        std::vector<uint8_t> t2((size_t)nr * h * 2);
+        for (size_t i = 0; i < t2.size(); i++) t2[i] = (uint8_t)(i % 2 ? rng() & 0x3F : rng()); // finite
+        std::vector<int64_t> i2((size_t)n2 * c2);
+        for (auto &v : i2) v = (int64_t)(rng() % nr);
+        for (bool f32 : {false, true}) {
+            const GatherRun g = gather(t2, nr, T_BF16, h, h * 2, i2, c2, 0, c2, n2, f32, 12 + f32);
+            bool ok = g.latch[0] == 0;
+            for (size_t p = 0; p < (size_t)n2 * c2; p++)
+                for (uint32_t i = 0; i < h; i++) {
+                    const size_t b = (size_t)i2[p] * h * 2 + 2 * i;
+                    const uint16_t want = (uint16_t)(t2[b] | t2[b + 1] << 8);
+                    const size_t at = p * h + i;
+                    ok = ok && (f32 ? bits_of(g.rows32[at]) == (uint32_t)want << 16 : g.rows16[at] == want);
+                    ok = ok && g.flags[p] == 0;
+                }
+            CHECK(ok, "bf16 rows of Hd %u (f32 out %d): copied bit for bit", h, (int)f32);
+        }
+    }
 }
 
 static void bf16_fill(std::vector<uint16_t> &v, std::mt19937_64 &rng, double scale) {
@@ -1103,9 +1185,16 @@ static void test_gemv() {
 }
 
 // ---- the gate ---------------------------------------------------------------------------------
+// The gate's grid as src/cuda/kernels.rs gate_blocks makes it: a warp per
+// (token, stream), 8 a block.
+static unsigned gate_grid(uint32_t streams) { return (streams + 7) / 8; }
+
 struct GateCase {
     uint32_t n, hc, d, cols;
     bool hw_bf16, kv_f32;
+    // The highway this many elements past a 16-byte boundary (not 0: no
+    // 16-byte loads, a value at a time, in the same order).
+    uint32_t hw_off = 0;
 };
 
 static double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
@@ -1146,7 +1235,11 @@ static void test_gate_case(const GateCase &gc, std::mt19937_64 &rng, bool nan_ca
     const std::vector<float> x32_in = x32;
     const std::vector<uint16_t> x16_in = x16;
     uint32_t latch[12] = {3, 5, 6, 7, 8, 9, 10, 11, 0xAA, 0xBB, 0, 0}, mirror[12] = {0};
-    uint64_t hw = gc.hw_bf16 ? ptr(x16.data()) : ptr(x32.data());
+    std::vector<float> px32(gc.hw_off + x32.size());
+    std::vector<uint16_t> px16(gc.hw_off + x16.size());
+    std::copy(x32.begin(), x32.end(), px32.begin() + gc.hw_off);
+    std::copy(x16.begin(), x16.end(), px16.begin() + gc.hw_off);
+    uint64_t hw = gc.hw_bf16 ? ptr(px16.data() + gc.hw_off) : ptr(px32.data() + gc.hw_off);
     uint64_t kvp = gc.kv_f32 ? ptr(kv32.data()) : ptr(kv16.data());
     uint64_t qkp = ptr(qk.data()), fl = ptr(flags.data()), lp = ptr(latch), mp = ptr(mirror);
     uint32_t ucols = cols, uhc = hc, ud = d;
@@ -1154,7 +1247,12 @@ static void test_gate_case(const GateCase &gc, std::mt19937_64 &rng, bool nan_ca
     const char *names[2][2] = {{"engram_gate_f32_bf16", "engram_gate_f32_f32"},
                                {"engram_gate_bf16_bf16", "engram_gate_bf16_f32"}};
     const char *name = names[gc.hw_bf16][gc.kv_f32];
-    CHECK_RC(launch_named(name, n * hc, 256, 21, hw, kvp, qkp, fl, ucols, uhc, ud, feps, finv, lp, mp), SIMT_OK);
+    uint32_t streams = n * hc;
+    CHECK_RC(launch_named(name, gate_grid(streams), 256, 21, hw, kvp, qkp, fl, ucols, uhc, ud, feps, finv, lp, mp,
+                          streams),
+             SIMT_OK);
+    std::copy(px32.begin() + gc.hw_off, px32.end(), x32.begin());
+    std::copy(px16.begin() + gc.hw_off, px16.end(), x16.begin());
     const uint32_t want_mirror[8] = {3, 5, 6, 7, 8, 9, 10, 11};
     CHECK(memcmp(mirror, want_mirror, sizeof want_mirror) == 0 && latch[0] == 0 && latch[1] == 5 &&
               latch[8] == 0 && latch[9] == 0 && mirror[8] == 0,
@@ -1270,7 +1368,9 @@ static void test_gate_case(const GateCase &gc, std::mt19937_64 &rng, bool nan_ca
     CHECK(order_bad == 0, "%s d=%u: %ld values differ from the kernel-order f32 reference", name, d, order_bad);
     // A second launch with the mirror still full: the latch is cleared, the mirror kept.
     latch[0] = 4;
-    CHECK_RC(launch_named(name, n * hc, 256, 22, hw, kvp, qkp, fl, ucols, uhc, ud, feps, finv, lp, mp), SIMT_OK);
+    CHECK_RC(launch_named(name, gate_grid(streams), 256, 22, hw, kvp, qkp, fl, ucols, uhc, ud, feps, finv, lp, mp,
+                          streams),
+             SIMT_OK);
     CHECK(latch[0] == 0 && mirror[0] == 3, "%s: a full mirror is kept", name);
 }
 
@@ -1284,6 +1384,9 @@ static void test_gate() {
         }
     test_gate_case(GateCase{4, 2, 6400, 2, false, false}, rng, false); // d > 24 * 256: the uncached path
     test_gate_case(GateCase{4, 2, 6400, 2, true, true}, rng, false);
+    // D a multiple of 8 but the highway off 16-byte alignment: a value at a time.
+    test_gate_case(GateCase{5, 4, 64, 3, false, false, 1}, rng, false);
+    test_gate_case(GateCase{5, 4, 64, 3, true, true, 3}, rng, false);
     printf("     gate vs the f64 formula: the largest f32-highway error is %.3f of its bound\n", g_gate_worst);
 }
 
@@ -1313,7 +1416,9 @@ static void test_determinism() {
             uint64_t fl = ptr(&g.flags[(size_t)t0 * cols]), lp = ptr(latch), mp = ptr(mirror);
             uint32_t c = cols, hc = 4, d = 64;
             float eps = 1e-6f, inv = 0.125f;
-            CHECK_RC(launch_named("engram_gate_f32_bf16", 8 * 4, 256, seed, h, kvp, q, fl, c, hc, d, eps, inv, lp, mp),
+            uint32_t streams = 8 * 4;
+            CHECK_RC(launch_named("engram_gate_f32_bf16", gate_grid(streams), 256, seed, h, kvp, q, fl, c, hc, d, eps,
+                                  inv, lp, mp, streams),
                      SIMT_OK);
         }
         return hw;
@@ -1366,9 +1471,9 @@ static void bench(const char *which) {
         for (auto &b : table) b = (uint8_t)(rng() & 0x3F); // no fp8 NaN codes or scales
         std::vector<int64_t> ids((size_t)n * cols);
         for (auto &v : ids) v = (int64_t)(rng() % rows);
-        const double t = best_of(3, [&] { gather(table, rows, fmt, hd, rb, ids, cols, 0, cols, n, false, 1); });
+        const double t = best_of(3, [&] { gather(table, rows, fmt, hd, rb, ids, cols, 0, cols, n, false, 4); });
         printf("gather %-36s %3u tokens x %2u cols x %3u: %8.1f ms (%u blocks)\n", what, n, cols, hd, t * 1e3,
-               n * cols);
+               gather_grid((uint64_t)n * cols, 4));
     };
     auto gemv_bench = [&](uint32_t nt, uint32_t n_out, uint32_t k, int reps) {
         std::vector<uint16_t> w((size_t)n_out * k), rows((size_t)nt * k), kv((size_t)nt * n_out);
@@ -1390,11 +1495,13 @@ static void bench(const char *which) {
         uint64_t fl = ptr(flags.data()), lp = ptr(latch), mp = ptr(mirror);
         uint32_t c = 24, uhc = hc, ud = d;
         float eps = 1e-6f, inv = 1.0f / std::sqrt((float)d);
+        uint32_t streams = n * hc;
         const char *name = bf16 ? "engram_gate_bf16_bf16" : "engram_gate_f32_bf16";
         const double t = best_of(reps, [&] {
-            launch_named(name, n * hc, 256, 1, h, kvp, q, fl, c, uhc, ud, eps, inv, lp, mp);
+            launch_named(name, gate_grid(streams), 256, 1, h, kvp, q, fl, c, uhc, ud, eps, inv, lp, mp, streams);
         });
-        printf("gate %-21s %3u tokens x hc %u x D %4u     : %8.1f ms (%u blocks)\n", name, n, hc, d, t * 1e3, n * hc);
+        printf("gate %-21s %3u tokens x hc %u x D %4u     : %8.1f ms (%u blocks)\n", name, n, hc, d, t * 1e3,
+               gate_grid(streams));
     };
     if (real) {
         printf("-- the real model's sizes (Hd 256, C 24, wkv 25600x6144, D 5120, hc 4)\n");
@@ -1443,6 +1550,7 @@ int main(int argc, char **argv) {
     test_registry(expect);
     test_barriers();
     test_errors();
+    test_vector_access();
     test_shuffles();
     test_atomics();
     test_nan_rules();

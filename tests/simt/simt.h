@@ -11,7 +11,8 @@
 //   - threadIdx, blockIdx, blockDim, gridDim, warpSize;
 //   - __syncthreads(_count/_and/_or), __syncwarp, warp shuffles, votes;
 //   - atomics on any memory (real atomics, relaxed order, as CUDA's are);
-//   - fences, __ldg, __trap, integer and float intrinsics, min/max;
+//   - fences, __ldg and the cache-hint loads and stores (alignment checked),
+//     __trap, integer and float intrinsics, min/max;
 //   - the f32 intrinsics with the GPU's NaN rule: every NaN that an NVIDIA GPU's
 //     f32 arithmetic produces is the canonical 0x7FFFFFFF. Exactly these
 //     canonicalise here: __fadd_rn __fsub_rn __fmul_rn __fmaf_rn __fdiv_rn
@@ -322,7 +323,40 @@ SIMT_INL float max(float a, float b) { return simt_fmaxf(a, b); }
 SIMT_INL double min(double a, double b) { return __builtin_fmin(a, b); }
 SIMT_INL double max(double a, double b) { return __builtin_fmax(a, b); }
 
-template <class T> SIMT_INL T __ldg(const T *p) { return *p; }
+// ---- loads and stores with a cache hint ------------------------------------------
+// ld.global.nc (__ldg) and the other cache-operator forms; the hint itself is
+// not modelled. The address must be aligned to the type, as on the GPU, where
+// a misaligned access (a 16-byte uint4 at an address that is not a multiple
+// of 16) is a fault that ends the context: here it traps (SIMT_ERR_TRAP)
+// instead of quietly working as x86 would. Any type, as CUDA's overloads
+// (char ... double, the 2- and 4-element vectors).
+namespace simt {
+template <class T> SIMT_INL void check_aligned(const void *p, const char *what) {
+    if (((uintptr_t)p & (alignof(T) - 1)) != 0) simt_trap(what);
+}
+} // namespace simt
+#define SIMT_LOAD(NAME)                                                                                              \
+    template <class T> SIMT_INL T NAME(const T *p) {                                                                 \
+        simt::check_aligned<T>(p, #NAME ": misaligned address");                                                   \
+        return *p;                                                                                                   \
+    }
+#define SIMT_STORE(NAME)                                                                                             \
+    template <class T> SIMT_INL void NAME(T *p, T v) {                                                               \
+        simt::check_aligned<T>(p, #NAME ": misaligned address");                                                   \
+        *p = v;                                                                                                      \
+    }
+SIMT_LOAD(__ldg)
+SIMT_LOAD(__ldcg)
+SIMT_LOAD(__ldca)
+SIMT_LOAD(__ldcs)
+SIMT_LOAD(__ldlu)
+SIMT_LOAD(__ldcv)
+SIMT_STORE(__stwb)
+SIMT_STORE(__stcg)
+SIMT_STORE(__stcs)
+SIMT_STORE(__stwt)
+#undef SIMT_LOAD
+#undef SIMT_STORE
 
 // ---- atomics (relaxed, as CUDA's; on any memory) ----------------------------------
 // Under ThreadSanitizer they are acquire-release instead: TSan ignores fences,

@@ -25,7 +25,13 @@
 //!   source of its own; a row read from it is its codes then its scales, the
 //!   packed fp8 row, which is what the staging slots hold and dequantise.
 //!
-//! Each job owns what it reads into and hands it back to its slot. Replacing
+//! Each job owns what it reads into and hands it back to its slot, unless the
+//! backend gave the layer memory to gather into in place ([`InPlace`], one
+//! per slot: the CUDA backend's pinned staging buffers, which its device
+//! copies read): then each job writes its rows straight there, at the cells
+//! of their tokens, after waiting until no device copy queued from that
+//! memory by an earlier apply still reads it ([`InPlace::wait_idle`]), and a
+//! prefetched row is written once on the host. Replacing
 //! a layer's table ([`Stager::set_source`]) drops the jobs still queued for
 //! the old one and waits for those already running, so no thread reads the
 //! old table once it returns; a slot remembers the generation of the table
@@ -48,8 +54,8 @@ use crate::EngramStatus;
 use std::collections::VecDeque;
 use std::fs::File;
 
-/// Staging slots per layer.
-const SLOTS: usize = 2;
+/// Staging slots per layer (and in-place memories a backend gives a layer).
+pub const SLOTS: usize = 2;
 /// Fewest rows one worker job reads.
 const MIN_ROWS_PER_JOB: usize = 16;
 
@@ -116,6 +122,94 @@ impl Source {
     }
 }
 
+/// Memory a layer's staging slot gathers into in place, given by the backend
+/// at [`Stager::set_source`] (one per slot): the CUDA backend's pinned
+/// staging buffers, from which its host-to-device copies read, so that a
+/// prefetched row is written once on the host.
+///
+/// # Safety
+/// [`InPlace::rows`] is `len` bytes of memory that stay valid and writable
+/// for as long as the object lives, and that nothing else writes or reads
+/// while the stager holds the slot, except a read queued before the stager
+/// last let go of the slot that [`InPlace::wait_idle`] waits for.
+pub unsafe trait InPlace: Send + Sync {
+    /// Where the rows go: `len` bytes at the pointer; the row of cell `p`
+    /// (token `t`, column `c`: `p = t * cols + c`) at `p * row_bytes`. The
+    /// stager asks for it only when it is about to write or read the rows.
+    fn rows(&self) -> (*mut u8, usize);
+    /// `rows().1`, without touching the memory.
+    fn rows_len(&self) -> usize;
+    /// Wait until nothing queued while an apply held the slot still reads the
+    /// memory (the device copy of the last apply served from it). Every
+    /// gather into the memory calls it before it writes.
+    fn wait_idle(&self) -> Result<()>;
+}
+
+/// Where a staged row goes: its cell (`tokens[j / cols] * cols + j % cols`
+/// for the `j`-th id; `j` itself when `tokens` is empty).
+#[derive(Clone)]
+struct Cells {
+    tokens: std::sync::Arc<Vec<usize>>,
+    cols: usize,
+}
+
+impl Cells {
+    fn dense() -> Cells {
+        Cells {
+            tokens: std::sync::Arc::new(Vec::new()),
+            cols: 1,
+        }
+    }
+
+    fn of(&self, j: usize) -> usize {
+        if self.tokens.is_empty() {
+            j
+        } else {
+            self.tokens[j / self.cols] * self.cols + j % self.cols
+        }
+    }
+
+    /// One past the largest cell of `k` ids.
+    fn end(&self, k: usize) -> usize {
+        if self.tokens.is_empty() {
+            k
+        } else {
+            self.tokens.iter().max().map_or(0, |&t| (t + 1) * self.cols)
+        }
+    }
+}
+
+/// Copy rows `ids` (checked against the table) from `src` into `dst` at their
+/// cells (`cells.of(first + j)` for the `j`-th), each run of consecutive cells
+/// with one read.
+fn read_cells(
+    src: &Source,
+    rb: usize,
+    ids: &[i64],
+    cells: &Cells,
+    first: usize,
+    dst: &mut [u8],
+) -> Result<()> {
+    let mut j = 0;
+    while j < ids.len() {
+        let c0 = cells.of(first + j);
+        let mut e = j + 1;
+        while e < ids.len() && cells.of(first + e) == c0 + (e - j) {
+            e += 1;
+        }
+        let Some(d) = dst.get_mut(c0 * rb..(c0 + e - j) * rb) else {
+            crate::error::bail!(
+                ErrInternal,
+                "staged rows past their memory ({} bytes)",
+                dst.len()
+            );
+        };
+        read_rows(src, rb, &ids[j..e], d)?;
+        j = e;
+    }
+    Ok(())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum St {
     Free,
@@ -128,7 +222,10 @@ enum St {
 struct Slot {
     st: St,
     ids: Vec<i64>,
-    /// The jobs' rows, in order.
+    /// Where its rows go in the layer's in-place memory (and what an apply
+    /// must ask for to be served from it besides the ids).
+    cells: Cells,
+    /// The jobs' rows, in order (a layer without in-place memory).
     parts: Vec<Vec<u8>>,
     pending: usize,
     err: Option<Error>,
@@ -143,6 +240,7 @@ impl Slot {
         Slot {
             st: St::Free,
             ids: Vec::new(),
+            cells: Cells::dense(),
             parts: Vec::new(),
             pending: 0,
             err: None,
@@ -155,6 +253,7 @@ impl Slot {
         self.st = St::Free;
         self.err = None;
         self.ids = Vec::new();
+        self.cells = Cells::dense();
         self.parts = Vec::new();
     }
 }
@@ -167,6 +266,9 @@ struct LayerStage {
     /// Incremented by every `set_source`.
     gen: u64,
     slots: Vec<Slot>,
+    /// The memory each slot gathers into in place (empty: the jobs' own
+    /// buffers).
+    mem: Vec<std::sync::Arc<dyn InPlace>>,
 }
 
 struct Job {
@@ -178,6 +280,9 @@ struct Job {
     src: Arc<Source>,
     rb: usize,
     ids: Vec<i64>,
+    /// In-place memory, where the rows go in it, and the index of the job's
+    /// first id among the slot's; `None`: into a buffer of its own.
+    place: Option<(std::sync::Arc<dyn InPlace>, Cells, usize)>,
 }
 
 struct State {
@@ -228,6 +333,7 @@ impl Stager {
                 rb: 0,
                 gen: 0,
                 slots: (0..SLOTS).map(|_| Slot::new()).collect(),
+                mem: Vec::new(),
             },
             "engram layers",
         )?;
@@ -251,8 +357,32 @@ impl Stager {
     /// Layer `li`'s table is now `src`, rows of `rb` bytes in `format`:
     /// drops the jobs queued for the old table, waits for the ones running
     /// and for applies reading a slot, and empties the layer's slots. When it
-    /// returns no thread reads the old table. Returns the new generation.
+    /// returns no thread reads the old table or writes the old in-place
+    /// memory. Returns the new generation.
     pub fn set_source(&self, li: usize, src: Source, format: EngramType, rb: usize) -> u64 {
+        self.set_source_in_place(li, src, format, rb, Vec::new())
+            .expect("no in-place memory to check")
+    }
+
+    /// [`Stager::set_source`], with memory for each of the layer's [`SLOTS`]
+    /// slots to gather into in place (or none: `mem` empty). Each must hold
+    /// rows of `rb` bytes for every cell a [`Stager::stage_at`] of the layer
+    /// names (checked there).
+    pub fn set_source_in_place(
+        &self,
+        li: usize,
+        src: Source,
+        format: EngramType,
+        rb: usize,
+        mem: Vec<std::sync::Arc<dyn InPlace>>,
+    ) -> Result<u64> {
+        if !mem.is_empty() && mem.len() != SLOTS {
+            crate::error::bail!(
+                ErrInternal,
+                "{} in-place staging memories for {SLOTS} slots",
+                mem.len()
+            );
+        }
         let mut st = self.shared.lock();
         // Drop the queued jobs of the layer; their slots stop waiting for them.
         let queue = std::mem::take(&mut st.queue);
@@ -289,14 +419,31 @@ impl Stager {
         l.source = Some(Arc::new(src));
         l.format = format;
         l.rb = rb;
+        l.mem = mem;
         l.gen += 1;
-        l.gen
+        Ok(l.gen)
     }
 
     /// Start gathering the raw rows `ids` (already checked against the
-    /// table) of layer `li` on the workers. Returns once the jobs are queued.
+    /// table) of layer `li` on the workers, back to back. Returns once the
+    /// jobs are queued.
     pub fn stage(&self, li: usize, ids: &[i64]) -> Result<()> {
+        self.stage_at(li, ids, &[], 1)
+    }
+
+    /// [`Stager::stage`], each `cols` ids being those of token `tokens[i]`
+    /// (empty: back to back): in a layer's in-place memory the row of the
+    /// `j`-th id goes to cell `tokens[j / cols] * cols + j % cols`. An apply
+    /// is served from it only if it asks for the same ids and tokens.
+    pub fn stage_at(&self, li: usize, ids: &[i64], tokens: &[usize], cols: usize) -> Result<()> {
         let k = ids.len();
+        if !tokens.is_empty() && tokens.len().checked_mul(cols) != Some(k) {
+            crate::error::bail!(
+                ErrInternal,
+                "staging {k} row ids as {} tokens of {cols}",
+                tokens.len()
+            );
+        }
         self.start_workers()?;
         let per = k.div_ceil(self.n_workers).max(MIN_ROWS_PER_JOB);
         let n_jobs = k.div_ceil(per).max(1);
@@ -313,6 +460,15 @@ impl Stager {
         let mut parts = Vec::new();
         parts.try_reserve_exact(n_jobs).map_err(|_| oom())?;
         parts.resize_with(n_jobs, Vec::new);
+        let mut owned_tokens = Vec::new();
+        owned_tokens
+            .try_reserve_exact(tokens.len())
+            .map_err(|_| oom())?;
+        owned_tokens.extend_from_slice(tokens);
+        let cells = Cells {
+            tokens: std::sync::Arc::new(owned_tokens),
+            cols: cols.max(1),
+        };
         let mut job_ids = Vec::new();
         job_ids.try_reserve_exact(n_jobs).map_err(|_| oom())?;
         for j in 0..n_jobs {
@@ -345,21 +501,32 @@ impl Stager {
         // The source is read under the same hold of the lock that queues the
         // jobs: waiting for a slot above released it, and a `set_source`
         // may have run meanwhile.
-        let (src, rb, gen) = {
+        let (src, rb, gen, mem) = {
             let l = &st.layers[li];
             match &l.source {
-                Some(s) => (s.clone(), l.rb, l.gen),
+                Some(s) => (s.clone(), l.rb, l.gen, l.mem.get(si).cloned()),
                 None => crate::error::bail!(
                     ErrInternal,
                     "staging layer {li}, whose table was never set"
                 ),
             }
         };
+        if let Some(m) = &mem {
+            let need = cells.end(k).checked_mul(rb);
+            if need.is_none_or(|b| b > m.rows_len()) {
+                crate::error::bail!(
+                    ErrInternal,
+                    "staging {k} rows of {rb} bytes past the layer's in-place memory ({} bytes)",
+                    m.rows_len()
+                );
+            }
+        }
         st.seq += 1;
         let seq = st.seq;
         let slot = &mut st.layers[li].slots[si];
         slot.clear();
         slot.ids = owned_ids;
+        slot.cells = cells.clone();
         slot.parts = parts;
         slot.seq = seq;
         slot.gen = gen;
@@ -374,8 +541,10 @@ impl Stager {
                 src: src.clone(),
                 rb,
                 ids,
+                place: mem.clone().map(|m| (m, cells.clone(), j * per)),
             }));
         drop(src);
+        drop(mem);
         st.stats.prefetched += 1;
         drop(st);
         for _ in 0..n_jobs.min(self.n_workers) {
@@ -418,8 +587,24 @@ impl Stager {
         ids: &[i64],
         out: &mut [u16],
     ) -> Gathered {
-        self.serve(li, gen, ids, |fmt, rows| match rows {
+        self.serve(li, gen, ids, &[], |fmt, rows| match rows {
             Served::Staged(parts, _) => Ok(dequant_parts(parts, fmt, width, out)),
+            Served::InPlace { mem, cells, .. } => {
+                // (A backend that gives in-place memory copies from it
+                // instead; this serves such a stage too.)
+                let (p, len) = mem.rows();
+                let rb = fmt.row_bytes(width);
+                // SAFETY: the slot is taken by this call (see `InPlace`): its
+                // gather has finished and nothing writes the memory.
+                let rows = unsafe { std::slice::from_raw_parts(p, len) };
+                for (j, o) in out.chunks_exact_mut(width).take(ids.len()).enumerate() {
+                    let c = cells.of(j);
+                    if let Err(e) = dequant_row_bf16(fmt, &rows[c * rb..(c + 1) * rb], o) {
+                        return Ok(Err((j, e)));
+                    }
+                }
+                Ok(Ok(()))
+            }
             Served::Source(src, rb) => match &**src {
                 Source::Memory { .. } => Ok(super::gather::gather_rows(
                     memory_table(src),
@@ -434,68 +619,95 @@ impl Stager {
                     let mut buf =
                         crate::batch::try_vec(ids.len() * rb, 0u8, "rows read from the file")?;
                     read_rows(src, rb, ids, &mut buf)?;
+                    self.count_copies(ids.len());
                     Ok(dequant_parts(&[buf], fmt, width, out))
                 }
             },
         })
     }
 
-    /// The raw rows `ids` of layer `li` (generation `gen`), not dequantised:
-    /// `put(j, row)` for each, in order, from a staged prefetch of exactly
-    /// these ids if there is one (waiting for it; `Ok(true)`), else read from
-    /// the layer's source (`Ok(false)`). For a backend that dequantises
-    /// elsewhere (the CUDA backend's kernels).
-    pub fn gather_raw(
+    /// The raw rows `ids` of layer `li` (generation `gen`), each `cols` of
+    /// them those of token `tokens[i]`, for a backend that copies them from
+    /// pinned memory to a device (the CUDA backend), so that each row is
+    /// written once on the host:
+    ///
+    /// - a prefetch of exactly these ids and tokens ([`Stager::stage_at`])
+    ///   gathered them into the layer's in-place memory of slot `s`: waits
+    ///   for it and returns `staged(s)`, called while this call holds the
+    ///   slot (the backend queues its copies from that memory there and
+    ///   arranges for [`InPlace::wait_idle`] to wait for them);
+    /// - else returns `direct(read)`, where `read(dst)` reads the rows into
+    ///   `dst` at their cells (the row of cell `p` at `p * row_bytes`), from
+    ///   a prefetch that gathered them into buffers of its own if there is
+    ///   one (a layer without in-place memory), else from the layer's source.
+    #[allow(clippy::too_many_arguments)]
+    pub fn serve_in_place<R>(
         &self,
         li: usize,
         gen: u64,
         ids: &[i64],
-        put: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<bool> {
-        self.serve(li, gen, ids, |_, rows| {
-            match rows {
-                Served::Staged(parts, rb) => {
-                    let mut j = 0;
-                    for p in parts {
-                        for row in p.chunks_exact(rb) {
-                            put(j, row);
-                            j += 1;
-                        }
+        tokens: &[usize],
+        cols: usize,
+        staged: impl FnOnce(usize) -> Result<R>,
+        direct: impl FnOnce(&mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<R>,
+    ) -> Result<R> {
+        // The cells of this call's rows (the slot's own when it is served
+        // from one: the same tokens).
+        let call_cells = |tokens: &[usize]| -> Result<Cells> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(tokens.len()).map_err(|_| {
+                Error::new(
+                    EngramStatus::ErrCapacity,
+                    format!("out of memory for the tokens of {} rows", ids.len()),
+                )
+            })?;
+            v.extend_from_slice(tokens);
+            Ok(Cells {
+                tokens: std::sync::Arc::new(v),
+                cols: cols.max(1),
+            })
+        };
+        self.serve(li, gen, ids, tokens, |_, rows| match rows {
+            Served::InPlace { slot, .. } => staged(slot),
+            Served::Staged(parts, rb) => {
+                let cells = call_cells(tokens)?;
+                let r = direct(&mut |dst: &mut [u8]| {
+                    let rows = parts.iter().flat_map(|p| p.chunks_exact(rb));
+                    for (j, row) in rows.enumerate() {
+                        let c = cells.of(j);
+                        let Some(d) = dst.get_mut(c * rb..(c + 1) * rb) else {
+                            crate::error::bail!(ErrInternal, "staged rows past their memory");
+                        };
+                        d.copy_from_slice(row);
                     }
-                    return Ok(true);
-                }
-                Served::Source(src, rb) => match &**src {
-                    Source::Memory { .. } => {
-                        let table = memory_table(src);
-                        for (j, &id) in ids.iter().enumerate() {
-                            let a = id as usize * rb;
-                            put(j, &table[a..a + rb]);
-                        }
-                    }
-                    // A file, a split table (its rows assembled from two
-                    // sources), the model check's table: read as a job reads.
-                    _ => {
-                        let mut buf =
-                            crate::batch::try_vec(ids.len() * rb, 0u8, "rows read from the file")?;
-                        read_rows(src, rb, ids, &mut buf)?;
-                        for (j, row) in buf.chunks_exact(rb).enumerate() {
-                            put(j, row);
-                        }
-                    }
-                },
+                    Ok(())
+                });
+                self.count_copies(ids.len());
+                r
             }
-            Ok(false)
+            Served::Source(src, rb) => {
+                let cells = call_cells(tokens)?;
+                let r = direct(&mut |dst: &mut [u8]| read_cells(src, rb, ids, &cells, 0, dst));
+                self.count_copies(ids.len());
+                r
+            }
         })
     }
 
-    /// Find the rows `ids` of layer `li` (generation `gen`): a staged
-    /// prefetch of exactly these ids (waited for, counted as staged), else
-    /// the layer's source (counted as direct); `f` reads them.
+    fn count_copies(&self, rows: usize) {
+        self.shared.lock().stats.row_copies += rows as u64;
+    }
+
+    /// Find the rows `ids` (of tokens `tokens`, see [`Stager::stage_at`]) of
+    /// layer `li` (generation `gen`): a staged prefetch of exactly these ids
+    /// and tokens (waited for, counted as staged), else the layer's source
+    /// (counted as direct); `f` reads them.
     fn serve<R>(
         &self,
         li: usize,
         gen: u64,
         ids: &[i64],
+        tokens: &[usize],
         f: impl FnOnce(EngramType, Served<'_>) -> Result<R>,
     ) -> Result<R> {
         let mut st = self.shared.lock();
@@ -508,6 +720,7 @@ impl Stager {
                         matches!(s.st, St::Gathering | St::Ready)
                             && s.gen == gen
                             && s.ids[..] == *ids
+                            && s.cells.tokens[..] == *tokens
                     })
                     .min_by_key(|&i| slots[i].seq)
             };
@@ -526,6 +739,7 @@ impl Stager {
                 st = self.shared.wait(st);
             }
             let (fmt, rb) = (st.layers[li].format, st.layers[li].rb);
+            let mem = st.layers[li].mem.get(si).cloned();
             let slot = &mut st.layers[li].slots[si];
             if slot.seq != seq || slot.st != St::Ready {
                 continue; // reused by a newer prefetch meanwhile: look again
@@ -538,10 +752,22 @@ impl Stager {
             }
             slot.st = St::Taken;
             let parts = std::mem::take(&mut slot.parts);
+            let cells = slot.cells.clone();
             st.stats.staged += 1;
             drop(st);
-            let r = f(fmt, Served::Staged(&parts, rb));
+            let r = match &mem {
+                Some(m) => f(
+                    fmt,
+                    Served::InPlace {
+                        slot: si,
+                        mem: &**m,
+                        cells: &cells,
+                    },
+                ),
+                None => f(fmt, Served::Staged(&parts, rb)),
+            };
             let mut st = self.shared.lock();
+            drop(mem);
             let slot = &mut st.layers[li].slots[si];
             if slot.seq == seq {
                 slot.clear();
@@ -580,6 +806,13 @@ impl Stager {
 enum Served<'a> {
     /// A prefetch's rows, in parts, in order, and the row bytes.
     Staged(&'a [Vec<u8>], usize),
+    /// A prefetch's rows in the layer's in-place memory of slot `slot`, at
+    /// their cells.
+    InPlace {
+        slot: usize,
+        mem: &'a dyn InPlace,
+        cells: &'a Cells,
+    },
     /// The layer's source and its row bytes.
     Source(&'a Arc<Source>, usize),
 }
@@ -656,14 +889,33 @@ fn run_job(sh: &Shared, job: Job, hint_first: bool) {
         src,
         rb,
         ids,
+        place,
     } = job;
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<Vec<u8>> {
         if hint_first {
             hint(&src, rb, &ids);
         }
-        let mut buf = crate::batch::try_vec(ids.len() * rb, 0u8, "staged rows")?;
-        read_rows(&src, rb, &ids, &mut buf)?;
-        Ok(buf)
+        match &place {
+            // Straight into the layer's in-place memory, once no device copy
+            // queued from it by an earlier apply still reads it.
+            Some((mem, cells, first)) => {
+                mem.wait_idle()?;
+                let (p, len) = mem.rows();
+                // SAFETY: `InPlace`'s contract: `len` writable bytes, which
+                // no one else touches while this stage holds the slot (the
+                // earlier copies were waited for above); the slot's jobs
+                // write disjoint cells (each its own ids'); the job holds
+                // the memory's Arc.
+                let dst = unsafe { std::slice::from_raw_parts_mut(p, len) };
+                read_cells(&src, rb, &ids, cells, *first, dst)?;
+                Ok(Vec::new())
+            }
+            None => {
+                let mut buf = crate::batch::try_vec(ids.len() * rb, 0u8, "staged rows")?;
+                read_rows(&src, rb, &ids, &mut buf)?;
+                Ok(buf)
+            }
+        }
     }))
     .unwrap_or_else(|_| {
         Err(Error::new(
@@ -673,10 +925,15 @@ fn run_job(sh: &Shared, job: Job, hint_first: bool) {
     });
     let mut st = sh.lock();
     drop(src);
+    drop(place);
     let s = &mut st.layers[layer].slots[slot];
+    let mut copied = 0;
     if s.seq == seq && s.st == St::Gathering {
         match r {
-            Ok(buf) => s.parts[part] = buf,
+            Ok(buf) => {
+                s.parts[part] = buf;
+                copied = ids.len();
+            }
             Err(e) => {
                 s.err.get_or_insert(e);
             }
@@ -686,6 +943,7 @@ fn run_job(sh: &Shared, job: Job, hint_first: bool) {
             s.st = St::Ready;
         }
     }
+    st.stats.row_copies += copied as u64;
     drop(st);
     sh.cv.notify_all();
 }

@@ -190,3 +190,124 @@ fn drop_joins_the_workers_before_the_table_is_freed() {
         a.free();
     });
 }
+
+/// In-place memory of the model (rows of 2 bytes) whose accesses loom
+/// tracks: the stager's writes (marked when it asks for the rows) and the
+/// "device copy" an apply queues from it (a thread of its own), which sets
+/// the fence that `wait_idle` waits for when it has run.
+struct ModelMem {
+    bytes: std::cell::UnsafeCell<[u8; 2 * ROWS]>,
+    /// One access per use: the stager's writes, the copy's read.
+    track: UnsafeCell<()>,
+    /// Whether no copy from it is still to run.
+    idle: loom::sync::Mutex<bool>,
+    idle_cv: loom::sync::Condvar,
+}
+
+// SAFETY: loom runs one thread at a time and checks, through `track`, that
+// the stager's writes and the copy's reads are ordered.
+unsafe impl Sync for ModelMem {}
+// SAFETY: as above.
+unsafe impl Send for ModelMem {}
+
+// SAFETY: `bytes` lives as long as the value; `track` makes loom report a
+// write that is not ordered after the last copy's read.
+unsafe impl InPlace for ModelMem {
+    fn rows(&self) -> (*mut u8, usize) {
+        // The caller writes the rows now.
+        self.track.with_mut(|_| ());
+        (self.bytes.get() as *mut u8, 2 * ROWS)
+    }
+
+    fn rows_len(&self) -> usize {
+        2 * ROWS
+    }
+
+    fn wait_idle(&self) -> Result<()> {
+        let mut g = self.idle.lock().unwrap();
+        while !*g {
+            g = self.idle_cv.wait(g).unwrap();
+        }
+        Ok(())
+    }
+}
+
+impl ModelMem {
+    fn new() -> std::sync::Arc<ModelMem> {
+        std::sync::Arc::new(ModelMem {
+            bytes: std::cell::UnsafeCell::new([0; 2 * ROWS]),
+            track: UnsafeCell::new(()),
+            idle: loom::sync::Mutex::new(true),
+            idle_cv: loom::sync::Condvar::new(),
+        })
+    }
+
+    /// Queue the "device copy" of the row at cell `c`: a thread that reads
+    /// it, then marks the memory idle. Returns the thread (its value: the row).
+    fn copy_later(self: &std::sync::Arc<Self>, c: usize) -> thread::JoinHandle<u16> {
+        *self.idle.lock().unwrap() = false;
+        let m = self.clone();
+        thread::spawn(move || {
+            let v = m.track.with(|_| {
+                // SAFETY: loom checks (through `track`) that no write is
+                // concurrent with this read.
+                let b = unsafe { &*m.bytes.get() };
+                u16::from_le_bytes([b[2 * c], b[2 * c + 1]])
+            });
+            *m.idle.lock().unwrap() = true;
+            m.idle_cv.notify_all();
+            v
+        })
+    }
+}
+
+/// A layer with in-place memory (the CUDA backend's pinned staging): an
+/// apply served from a slot queues a copy from its memory and returns; the
+/// next prefetch into that slot must not write before the copy has read it
+/// (its gather waits for the fence), and the copy reads the apply's rows.
+#[test]
+fn a_gather_in_place_waits_for_the_copy_queued_from_its_memory() {
+    check(|| {
+        let t = Table::new(ROWS, A);
+        t.rows.with_mut(|p| {
+            // SAFETY: no other thread exists yet.
+            let rows = unsafe { &mut *p };
+            for (i, r) in rows.iter_mut().enumerate() {
+                *r = A + i as u16;
+            }
+        });
+        let mem = [ModelMem::new(), ModelMem::new()];
+        let s = Stager::new(1, 1).unwrap();
+        let gen = s
+            .set_source_in_place(
+                0,
+                Source::Model(t.clone()),
+                EngramType::Bf16,
+                2,
+                mem.iter()
+                    .map(|m| m.clone() as std::sync::Arc<dyn InPlace>)
+                    .collect(),
+            )
+            .unwrap();
+        let serve = |ids: &[i64]| {
+            s.serve_in_place(
+                0,
+                gen,
+                ids,
+                &[0],
+                1,
+                |si| Ok(mem[si].copy_later(0)),
+                |_| panic!("not served from the prefetch"),
+            )
+            .unwrap()
+        };
+        s.stage_at(0, &[1], &[0], 1).unwrap();
+        let first = serve(&[1]);
+        // The same slot (both are free; the first is taken), written while
+        // the first copy may not have run yet.
+        s.stage_at(0, &[2], &[0], 1).unwrap();
+        let second = serve(&[2]);
+        assert_eq!(first.join().unwrap(), A + 1);
+        assert_eq!(second.join().unwrap(), A + 2);
+    });
+}
