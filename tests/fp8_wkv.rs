@@ -49,10 +49,15 @@ fn widened(w: &Fp8Blocks<'_>) -> Vec<u16> {
 }
 
 fn kernels() -> Vec<Kernel> {
-    [Kernel::Portable, Kernel::Avx2, Kernel::Avx512]
-        .into_iter()
-        .filter(|k| k.supported())
-        .collect()
+    [
+        Kernel::Portable,
+        Kernel::Avx2,
+        Kernel::Avx512,
+        Kernel::Avx512Bf16,
+    ]
+    .into_iter()
+    .filter(|k| k.supported())
+    .collect()
 }
 
 #[test]

@@ -109,7 +109,8 @@ impl CpuBackend<'_> {
     }
 }
 
-/// The kernel `ENGRAM_CPU_KERNEL` names (`portable`, `avx2`, `avx512`), read
+/// The kernel `ENGRAM_CPU_KERNEL` names (`portable`, `avx2`, `avx512`,
+/// `avx512bf16`), read
 /// when a context is created: `None` when it is unset or empty (the best
 /// kernel this CPU runs). The kernels sum in different orders, so their bits
 /// differ in the last places; a fleet of mixed CPUs that wants one result
@@ -133,7 +134,7 @@ fn kernel_from_env() -> Result<Option<Kernel>> {
         ),
         None => bail!(
             ErrInvalidConfig,
-            "ENGRAM_CPU_KERNEL={}: not a kernel (portable, avx2 or avx512)",
+            "ENGRAM_CPU_KERNEL={}: not a kernel (portable, avx2, avx512 or avx512bf16)",
             crate::error::escape_text(&v)
         ),
     }

@@ -45,12 +45,18 @@ pub enum Kernel {
     /// F16C): every `wkv` format read in place and widened or dequantised in
     /// registers (GGUF blocks by table look-ups), one summation order.
     Avx512,
+    /// `Avx512` with bf16 and block-scaled fp8 `wkv` multiplied by
+    /// `vdpbf16ps` (CPUs with avx512bf16): the same order and roundings, so
+    /// the same bits, except that subnormal inputs and partial sums are
+    /// taken as zero (the instruction's DAZ/FTZ); twice the FMA tiles'
+    /// multiply-adds an instruction.
+    Avx512Bf16,
 }
 
 impl Kernel {
     /// The best kernel this CPU runs.
     pub fn detect() -> Kernel {
-        [Kernel::Avx512, Kernel::Avx2]
+        [Kernel::Avx512Bf16, Kernel::Avx512, Kernel::Avx2]
             .into_iter()
             .find(|k| k.supported())
             .unwrap_or(Kernel::Portable)
@@ -68,18 +74,23 @@ impl Kernel {
                     && std::arch::is_x86_feature_detected!("avx512bw")
                     && avx2::available()
             }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Bf16 => {
+                Kernel::Avx512.supported() && std::arch::is_x86_feature_detected!("avx512bf16")
+            }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
     }
 
-    /// A kernel by its name (`portable`, `avx2`, `avx512`), as benchmarks and
-    /// tests name them.
+    /// A kernel by its name (`portable`, `avx2`, `avx512`, `avx512bf16`), as
+    /// benchmarks and tests name them.
     pub fn from_name(name: &str) -> Option<Kernel> {
         match name.to_ascii_lowercase().as_str() {
             "portable" => Some(Kernel::Portable),
             "avx2" => Some(Kernel::Avx2),
             "avx512" => Some(Kernel::Avx512),
+            "avx512bf16" => Some(Kernel::Avx512Bf16),
             _ => None,
         }
     }
@@ -224,7 +235,9 @@ impl Projection {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => self.run_avx2(rows, n, k, w, &mut kvt)?,
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => self.run_avx512(rows, n, k, w, &mut kvt)?,
+            Kernel::Avx512 => self.run_avx512(rows, n, k, w, &mut kvt, false)?,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Bf16 => self.run_avx512(rows, n, k, w, &mut kvt, true)?,
             _ => {
                 let mut xs = try_vec(n * k, 0f32, "the token rows")?;
                 for (x, &b) in xs.iter_mut().zip(rows) {
@@ -430,10 +443,17 @@ impl Projection {
         k: usize,
         w: Weights<'_>,
         kvt: &mut [f32],
+        bf16_dot: bool,
     ) -> Result<()> {
         // Every format in one order (see `avx512/`): tokens as f32, each
-        // 32-value chunk split into its odd and even elements.
-        let xs = avx512::pair_split(rows, n, k)?;
+        // 32-value chunk split into its odd and even elements; or, for
+        // `vdpbf16ps` (bf16 and fp8 weights, `bf16_dot`), as bf16 pairs.
+        let dot = bf16_dot && matches!(w, Weights::Bf16(_) | Weights::Fp8Block(_));
+        let (xs, xb) = if dot {
+            (Vec::new(), avx512::pack_bf16(rows, n, k)?)
+        } else {
+            (avx512::pair_split(rows, n, k)?, Vec::new())
+        };
         let chunks = k.div_ceil(32);
         self.tasks(n, kvt, |lo, hi, out| {
             macro_rules! q {
@@ -446,10 +466,23 @@ impl Projection {
                 };
             }
             match w {
+                Weights::Bf16(wb) if dot => {
+                    // SAFETY: `Kernel::Avx512Bf16` is only selected when the
+                    // CPU has avx512f, avx512bw and avx512bf16; sizes are
+                    // asserted by `run`.
+                    unsafe { avx512::range_bf16_dp(&xb, n, k, wb, lo, hi, out)? }
+                }
                 Weights::Bf16(wb) => {
                     // SAFETY: `Kernel::Avx512` is only selected when the CPU
                     // has avx512f and avx512bw; sizes are asserted by `run`.
                     unsafe { avx512::range_bf16(&xs, n, k, wb, lo, hi, out)? }
+                }
+                Weights::Fp8Block(b)
+                    if dot && k.is_multiple_of(32) && b.bc.is_power_of_two() && b.bc >= 32 =>
+                {
+                    // SAFETY: as the bf16 `dot` arm, with the shape conditions
+                    // of the guard.
+                    unsafe { avx512::range_fp8_dp(&xb, n, k, &b, lo, hi, out)? }
                 }
                 Weights::Fp8Block(b)
                     if k.is_multiple_of(32) && b.bc.is_power_of_two() && b.bc >= 32 =>
@@ -470,8 +503,13 @@ impl Projection {
                             *o = (v.to_bits() >> 16) as u16;
                         }
                     }
-                    // SAFETY: as the bf16 arm; `wb` holds rows 0..hi-lo.
-                    unsafe { avx512::range_bf16(&xs, n, k, &wb, 0, hi - lo, out)? }
+                    if dot {
+                        // SAFETY: as the bf16 `dot` arm; `wb` holds rows 0..hi-lo.
+                        unsafe { avx512::range_bf16_dp(&xb, n, k, &wb, 0, hi - lo, out)? }
+                    } else {
+                        // SAFETY: as the bf16 arm; `wb` holds rows 0..hi-lo.
+                        unsafe { avx512::range_bf16(&xs, n, k, &wb, 0, hi - lo, out)? }
+                    }
                 }
                 Weights::F32(v) if k.is_multiple_of(32) => {
                     q!(range_f32, v.as_ptr() as *const u8, 4 * k)

@@ -27,6 +27,14 @@ fn formats_for(k: usize, n_out: usize, w: &[u16], wf: &[f32]) -> Vec<(String, Ve
     out
 }
 
+/// Every kernel (one this CPU lacks runs as the portable one).
+const KERNELS: [Kernel; 4] = [
+    Kernel::Portable,
+    Kernel::Avx2,
+    Kernel::Avx512,
+    Kernel::Avx512Bf16,
+];
+
 const QUANT: [EngramType; 7] = [
     EngramType::Q8_0,
     EngramType::Q4_0,
@@ -76,7 +84,7 @@ fn results_do_not_depend_on_the_batch() {
         let wf: Vec<f32> = w.iter().map(|&b| bf16_to_f32(b)).collect();
         for (name, bytes) in formats_for(k, n_out, &w, &wf) {
             let weights = weights_of(&name, &bytes, k);
-            for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
+            for kernel in KERNELS {
                 let run = |threads: usize, lo: usize, hi: usize| {
                     let mut p = Projection::new(threads).unwrap();
                     p.set_kernel(kernel);
@@ -121,7 +129,7 @@ fn quantised_weights_match_their_f32_values_at_every_batch_size() {
         for (o, r) in deq.chunks_mut(k).enumerate() {
             dequant_row_f32(f, &data[o * f.row_bytes(k)..(o + 1) * f.row_bytes(k)], r).unwrap();
         }
-        for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
+        for kernel in KERNELS {
             let mut p = Projection::new(2).unwrap();
             p.set_kernel(kernel);
             p.set_raw_sums(true);
@@ -186,9 +194,11 @@ fn kernels_agree_with_f64_on_all_tile_shapes() {
             (Kernel::Portable, false),
             (Kernel::Avx2, false),
             (Kernel::Avx512, false),
+            (Kernel::Avx512Bf16, false),
             (Kernel::Portable, true),
             (Kernel::Avx2, true),
             (Kernel::Avx512, true),
+            (Kernel::Avx512Bf16, true),
         ] {
             for threads in [1, 2] {
                 let mut p = Projection::new(threads).unwrap();
@@ -243,7 +253,7 @@ fn quantised_decode_matches_f32_for_1_to_8_tokens_and_odd_sizes() {
             for (o, r) in deq.chunks_mut(k).enumerate() {
                 dequant_row_f32(f, &data[o * f.row_bytes(k)..(o + 1) * f.row_bytes(k)], r).unwrap();
             }
-            for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
+            for kernel in KERNELS {
                 let mut p = Projection::new(1).unwrap();
                 p.set_kernel(kernel);
                 p.set_raw_sums(true);
@@ -311,6 +321,59 @@ fn packed_k4_scales_unpack_as_the_reference() {
         for j in 0..8 {
             let (s, m) = crate::formats::ggml::scale_min_k4(&sc, j);
             assert_eq!((got[j], got[8 + j]), (s, m), "case {case} {sc:?} pair {j}");
+        }
+    }
+}
+
+/// The `vdpbf16ps` kernel gives the FMA kernel's bits (each lane: the odd
+/// element's product, then the even one's, each rounded once) on bf16 and
+/// block-scaled fp8 weights without subnormals, for decode sizes and
+/// batches; a CPU whose instruction summed otherwise fails here.
+#[test]
+fn the_bf16_dot_kernel_gives_the_fma_kernels_bits() {
+    if !Kernel::Avx512Bf16.supported() {
+        eprintln!("no avx512bf16 here: skipped");
+        return;
+    }
+    let (k, n_out) = (1024usize, 77usize);
+    let (rows, w) = data(70, k, n_out);
+    // Block-scaled fp8 with every code but NaN and scales 2^-3..2^0 (every
+    // value a normal bf16).
+    let mut z = 7u64;
+    let mut byte = || {
+        z = z
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (z >> 56) as u8
+    };
+    let codes: Vec<u8> = (0..n_out * k)
+        .map(|_| match byte() {
+            c if c & 0x7f == 0x7f => c ^ 1,
+            c => c,
+        })
+        .collect();
+    let n_scales = crate::formats::fp8_block::fp8_block_scale_len(n_out, k, 128, 128).unwrap();
+    let scales: Vec<u8> = (0..n_scales).map(|_| 124 + byte() % 4).collect();
+    let fp8 = crate::formats::Fp8Blocks::new(&codes, &scales, k, 128, 128).unwrap();
+    for n in [1usize, 2, 3, 4, 5, 8, 33, 70] {
+        for weights in [Weights::Bf16(&w), Weights::Fp8Block(fp8)] {
+            let run = |kernel: Kernel| {
+                let mut p = Projection::new(2).unwrap();
+                p.set_kernel(kernel);
+                p.set_raw_sums(true);
+                let mut kv = vec![0f32; n * n_out];
+                p.run(&rows[..n * k], n, k, weights, n_out, &mut kv)
+                    .unwrap();
+                kv
+            };
+            let (a, b) = (run(Kernel::Avx512), run(Kernel::Avx512Bf16));
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert_eq!(
+                    x.to_bits(),
+                    y.to_bits(),
+                    "n {n} output {i}: {x} vs {y} ({weights:?})"
+                );
+            }
         }
     }
 }

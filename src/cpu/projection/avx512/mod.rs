@@ -9,7 +9,9 @@ use crate::error::Result;
 use crate::formats::bf16_to_f32;
 use std::arch::x86_64::*;
 
+mod dp;
 mod quant;
+pub(super) use dp::pack_bf16;
 use quant::{F16Q, F32Q, Q2KQ, Q3KQ, Q4KQ, Q4_0Q, Q5KQ, Q6KQ, Q8_0Q};
 
 macro_rules! entry {
@@ -168,6 +170,67 @@ pub unsafe fn range_fp8(
             shift: w.bc.trailing_zeros(),
         };
         range_pairs(Fma(src), xs, n, k, lo, hi, out)
+    }
+}
+
+/// [`range_bf16`] by `vdpbf16ps` (the same order and roundings; subnormals
+/// read and written as zero, see `dp`), tokens in [`dp::pack_bf16`] layout.
+///
+/// # Safety
+/// As [`range_bf16`], and the CPU has avx512bf16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+pub unsafe fn range_bf16_dp(
+    xs: &[u16],
+    n: usize,
+    k: usize,
+    w: &[u16],
+    lo: usize,
+    hi: usize,
+    out: &mut [f32],
+) -> crate::error::Result<()> {
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        assert!(w.len() >= hi * k);
+        range_pairs(
+            dp::Dp(dp::Bf16D { w: w.as_ptr(), k }),
+            xs,
+            n,
+            k,
+            lo,
+            hi,
+            out,
+        )
+    }
+}
+
+/// [`range_fp8`] by `vdpbf16ps` (the bits of [`range_bf16_dp`] on the
+/// weights widened to bf16).
+///
+/// # Safety
+/// As [`range_fp8`], and the CPU has avx512bf16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx2,fma,f16c")]
+pub unsafe fn range_fp8_dp(
+    xs: &[u16],
+    n: usize,
+    k: usize,
+    w: &crate::formats::Fp8Blocks<'_>,
+    lo: usize,
+    hi: usize,
+    out: &mut [f32],
+) -> crate::error::Result<()> {
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        assert!(w.k == k && k.is_multiple_of(32) && w.bc.is_power_of_two() && w.bc >= 32);
+        assert!(w.rows() >= hi);
+        let src = dp::Fp8D {
+            codes: w.codes.as_ptr(),
+            scales: w.scales.as_ptr(),
+            k,
+            br: w.br,
+            nbc: w.block_cols(),
+            shift: w.bc.trailing_zeros(),
+        };
+        range_pairs(dp::Dp(src), xs, n, k, lo, hi, out)
     }
 }
 

@@ -1,0 +1,187 @@
+//! bf16 and block-scaled fp8 weights by `vdpbf16ps` (the `avx512bf16`
+//! kernel): the loops and order of [`super::range_bf16`], one instruction a
+//! 32-value chunk instead of two FMAs and the widening.
+//!
+//! `vdpbf16ps` does, in each of its 16 lanes `j`, an FMA of the products of
+//! elements `2j + 1` and then `2j` of its two bf16 operands into the f32
+//! accumulator, each rounded to nearest even: the order of the FMA kernel,
+//! with the same roundings. So it gives the FMA kernel's bits for every
+//! input except where a value is subnormal: the instruction reads subnormal
+//! bf16 inputs as zero and flushes a subnormal f32 result to zero (it
+//! ignores MXCSR). Those differences are below `2^-126` a step, far under
+//! the bf16 rounding of `kv` (docs/cpu.md). `tests` checks the equality on
+//! this CPU; a CPU whose instruction rounded otherwise would fail it.
+//!
+//! Tokens are the bf16 rows as they are ([`pack_bf16`], in the FMA
+//! kernel's block layout); bf16 weights are read as they are, the fp8 ones
+//! converted to the same bf16 values in registers (exact, see
+//! `formats::fp8_block`).
+
+use super::{pair_offset, Micro, RB, T};
+use crate::batch::try_vec;
+use crate::error::Result;
+use std::arch::x86_64::*;
+
+/// How the `vdpbf16ps` tiles read a weight row: 32 values as bf16 pairs.
+pub(super) trait DpW: Copy {
+    type Row: Copy;
+    fn row(self, o: usize) -> Self::Row;
+    /// # Safety
+    /// avx512f, avx512bw, avx512bf16, f16c; the chunk at `kk` lies in the
+    /// row (a tail past `k` only for formats that mask it).
+    unsafe fn chunk(row: Self::Row, kk: usize, k: usize) -> __m512bh;
+}
+
+/// bf16 rows, loaded as they are.
+#[derive(Clone, Copy)]
+pub(super) struct Bf16D {
+    pub w: *const u16,
+    pub k: usize,
+}
+
+impl DpW for Bf16D {
+    type Row = *const u16;
+    #[inline(always)]
+    fn row(self, o: usize) -> *const u16 {
+        self.w.wrapping_add(o * self.k)
+    }
+    #[inline(always)]
+    unsafe fn chunk(row: *const u16, kk: usize, k: usize) -> __m512bh {
+        // SAFETY: the caller's contract; a tail is masked.
+        unsafe {
+            let v = if kk + 32 <= k {
+                _mm512_loadu_si512(row.add(kk) as *const _)
+            } else {
+                let m: __mmask32 = ((1u64 << (k - kk)) - 1) as u32;
+                _mm512_maskz_loadu_epi16(m, row.add(kk) as *const i16)
+            };
+            std::mem::transmute::<__m512i, __m512bh>(v)
+        }
+    }
+}
+
+/// Block-scaled fp8 rows: the codes widened as the FMA kernel's `Fp8W` does
+/// (f16 bit patterns, F16C, times `2^8` and the block's scale: exact), then
+/// narrowed to bf16 by `vcvtne2ps2bf16` (exact: every value is a bf16).
+#[derive(Clone, Copy)]
+pub(super) struct Fp8D {
+    pub codes: *const u8,
+    pub scales: *const u8,
+    pub k: usize,
+    pub br: usize,
+    pub nbc: usize,
+    pub shift: u32,
+}
+
+impl DpW for Fp8D {
+    /// The row's codes, its blocks' scales and the block shift.
+    type Row = (*const u8, *const u8, u32);
+    #[inline(always)]
+    fn row(self, o: usize) -> Self::Row {
+        (
+            self.codes.wrapping_add(o * self.k),
+            self.scales.wrapping_add((o / self.br) * self.nbc),
+            self.shift,
+        )
+    }
+    #[inline(always)]
+    unsafe fn chunk(row: Self::Row, kk: usize, _k: usize) -> __m512bh {
+        // SAFETY: the caller's contract: `kk + 32 <= k`, the row and its
+        // scale row are in the matrix.
+        unsafe {
+            let (codes, srow, shift) = row;
+            let s = _mm512_mul_ps(
+                _mm512_set1_ps(crate::formats::fp8_block::e8m0_scale(
+                    *srow.add(kk >> shift),
+                )),
+                _mm512_set1_ps(256.0),
+            );
+            // Codes 0..16 and 16..32, each byte into the top of a word, then
+            // the f16 pattern `s 0 eeee mmm 0000000` (value times 2^-8).
+            let m = _mm256_set1_epi16(0xBF80u16 as i16);
+            let w0 = _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(_mm_loadu_si128(
+                codes.add(kk) as *const __m128i
+            )));
+            let w1 = _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(_mm_loadu_si128(
+                codes.add(kk + 16) as *const __m128i,
+            )));
+            let lo = _mm512_mul_ps(
+                _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16::<1>(w0), m)),
+                s,
+            );
+            let hi = _mm512_mul_ps(
+                _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16::<1>(w1), m)),
+                s,
+            );
+            _mm512_cvtne2ps_pbh(hi, lo)
+        }
+    }
+}
+
+/// The `vdpbf16ps` tile of [`super::Micro`].
+#[derive(Clone, Copy)]
+pub(super) struct Dp<W>(pub W);
+
+impl<W: DpW> Micro for Dp<W> {
+    type X = u16;
+    type Row = W::Row;
+    #[inline(always)]
+    fn row(self, o: usize) -> W::Row {
+        self.0.row(o)
+    }
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // register tiles indexed as in the math
+    unsafe fn tile<const RR: usize, const TT: usize>(
+        wp: &[W::Row; RB],
+        xp: &[*const u16; T],
+        k: usize,
+        c0: usize,
+        c1: usize,
+        acc: *mut __m512,
+    ) {
+        // SAFETY: the caller's contract (`super::range_pairs`): rows and
+        // tokens hold chunks `c0..c1`, `acc` holds the tile's accumulators.
+        unsafe {
+            let mut a = [[_mm512_setzero_ps(); TT]; RR];
+            for i in 0..RR {
+                for j in 0..TT {
+                    a[i][j] = *acc.add(j * RB + i);
+                }
+            }
+            for c in c0..c1 {
+                let kk = c * 32;
+                let mut x = [_mm512_setzero_ps(); TT];
+                for j in 0..TT {
+                    x[j] = _mm512_loadu_ps(xp[j].add((c - c0) * 32) as *const f32);
+                }
+                for i in 0..RR {
+                    let wv = W::chunk(wp[i], kk, k);
+                    for j in 0..TT {
+                        let xj = std::mem::transmute::<__m512, __m512bh>(x[j]);
+                        a[i][j] = _mm512_dpbf16_ps(a[i][j], wv, xj);
+                    }
+                }
+            }
+            for i in 0..RR {
+                for j in 0..TT {
+                    *acc.add(j * RB + i) = a[i][j];
+                }
+            }
+        }
+    }
+}
+
+/// Token rows (bf16 bits, `[n, k]`) in the block layout of
+/// [`super::pair_split`], values in their own order (bf16 pairs as
+/// `vdpbf16ps` reads them); zero past `k`.
+pub(crate) fn pack_bf16(rows: &[u16], n: usize, k: usize) -> Result<Vec<u16>> {
+    let chunks = k.div_ceil(32);
+    let mut xs = try_vec(n * chunks * 32, 0u16, "the token rows")?;
+    for (t, r) in rows.chunks_exact(k).enumerate() {
+        for c in 0..chunks {
+            let src = &r[c * 32..(c * 32 + 32).min(k)];
+            xs[pair_offset(n, chunks, t, c)..][..src.len()].copy_from_slice(src);
+        }
+    }
+    Ok(xs)
+}
