@@ -14,9 +14,13 @@
 //! one bit for bit), and quantised weights give the bits of f32 weights
 //! holding their dequantised values.
 //!
-//! f32 FMA rather than `vdpbf16ps`: on the AVX-512 machines measured here the
-//! BF16 dot product issues on one port and FMA on two (96 against 183 GFLOP/s
-//! on one core), and widening bf16 to f32 is a shift or a mask.
+//! bf16 and fp8 `wkv` by `vdpbf16ps` (`Kernel::Avx512Bf16`) or f32 FMA: the
+//! two give the same bits (but for subnormals), and which is faster depends
+//! on the core. On a Sapphire Rapids guest the BF16 dot product issued on
+//! one port and FMA on two (96 against 183 GFLOP/s on one core); on a Zen 4
+//! guest `vdpbf16ps` ran 135 GFLOP/s against FMA's 87 (bench/probes), and
+//! the bf16 GEMM 118-146 against 72-78. So `detect` picks it first on AMD
+//! CPUs only; elsewhere it is chosen by name.
 //!
 //! No packed copy of `wkv` is kept: the GEMM packs 16 rows at a time into a
 //! per-task panel (`V * K` floats, 393 KB at the V4.1 geometry) during the call.
@@ -54,10 +58,12 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The best kernel this CPU runs.
+    /// The best kernel this CPU runs (`Avx512Bf16` only on AMD CPUs, where
+    /// it was measured faster than `Avx512`; see the module's notes).
     pub fn detect() -> Kernel {
         [Kernel::Avx512Bf16, Kernel::Avx512, Kernel::Avx2]
             .into_iter()
+            .filter(|&k| k != Kernel::Avx512Bf16 || cpu_is_amd())
             .find(|k| k.supported())
             .unwrap_or(Kernel::Portable)
     }
@@ -93,6 +99,22 @@ impl Kernel {
             "avx512bf16" => Some(Kernel::Avx512Bf16),
             _ => None,
         }
+    }
+}
+
+/// Whether CPUID names AMD as the vendor.
+fn cpu_is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 0 exists on every x86-64 CPU (the intrinsic is safe).
+        let r = std::arch::x86_64::__cpuid(0);
+        let v = [r.ebx, r.edx, r.ecx];
+        let bytes: Vec<u8> = v.iter().flat_map(|w| w.to_le_bytes()).collect();
+        bytes == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
