@@ -161,7 +161,7 @@ fn every_path_hashes_the_v41_texts_and_batches_alike() {
     let mut len = [0i32; 3];
     for round in 0..40 {
         let (mut tk, mut sq, mut ps) = (vec![], vec![], vec![]);
-        for s in 0..3 {
+        for (s, len) in len.iter_mut().enumerate() {
             // Long runs early (sequence 0 crosses 4096), decode steps later.
             let run = if round < 6 { 1 + next(1500) } else { 1 };
             for _ in 0..run {
@@ -171,8 +171,8 @@ fn every_path_hashes_the_v41_texts_and_batches_alike() {
                     next(map.len() as u64) as i32
                 });
                 sq.push(s as i32);
-                ps.push(len[s]);
-                len[s] += 1;
+                ps.push(*len);
+                *len += 1;
             }
         }
         // Reverse every other call: look-backs into the batch itself.
