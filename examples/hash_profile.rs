@@ -29,7 +29,7 @@ fn u64s(v: &Value) -> Vec<u64> {
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
-    let usage = "usage: hash_profile prefill|windows|decode [best|avx512n|avx512|avx2|scalar|division] [reps]";
+    let usage = "usage: hash_profile prefill|windows|decode|decode-runs [best|avx512n|avx512|avx2|scalar|division] [reps]";
     let Some(work) = a.get(1) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -129,6 +129,28 @@ fn main() {
                 times.push(s.elapsed().as_secs_f64());
             }
             sum = out.iter().sum();
+        }
+        "decode-runs" => {
+            // The kernel alone on a decode step's shape: 64 runs of one
+            // token, each after its own look-back.
+            let xs: Vec<i64> = (0..seqs * t.max_ngram)
+                .map(|i| map[prefill[i] as usize] as i64)
+                .collect();
+            let runs: Vec<Run> = (0..seqs)
+                .map(|s| Run {
+                    x: s * t.max_ngram,
+                    len: 1,
+                })
+                .collect();
+            let mut dout = vec![0i64; seqs * per];
+            for _ in 0..reps {
+                let s = Instant::now();
+                for _ in 0..steps + 3 {
+                    t.hash_runs(&xs, &runs, &mut dout);
+                    sum = sum.wrapping_add(dout[0]);
+                }
+                times.push(s.elapsed().as_secs_f64() / (steps + 3) as f64);
+            }
         }
         "decode" => {
             let stream: Vec<Vec<i32>> = (0..steps + 3)

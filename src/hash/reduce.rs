@@ -53,8 +53,10 @@ impl Run {
 /// and the token's row of `out`. The reductions below run this inside their own
 /// target-feature functions, so that it and `cols` inline there.
 ///
-/// `NN` and `H`, when not 0, are `nn` and `h` known at compile time (the
-/// loops over look-backs and heads unrolled); 0 reads them from `nn` and `h`.
+/// `NN`, `H` and `NL`, when not 0, are `nn`, `h` and the number of layers
+/// known at compile time (the loops over layers, look-backs and heads
+/// unrolled, `c` a constant in each call of `cols`); 0 reads them from `nn`,
+/// `h` and `multipliers`.
 ///
 /// # Safety
 /// `multipliers` holds `L*N` values, `N >= 2`; `out` holds `sum(len) * L*C`
@@ -63,7 +65,7 @@ impl Run {
 /// checks all of it). `cols` writes at most the row's `L*C` ids.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn slide<const NN: usize, const H: usize>(
+pub(crate) unsafe fn slide<const NN: usize, const H: usize, const NL: usize>(
     xs: &[i64],
     runs: &[Run],
     nn: usize,
@@ -75,7 +77,7 @@ pub(crate) unsafe fn slide<const NN: usize, const H: usize>(
 ) {
     let nn = if NN > 0 { NN } else { nn };
     let h = if H > 0 { H } else { h };
-    let nl = multipliers.len() / nn;
+    let nl = if NL > 0 { NL } else { multipliers.len() / nn };
     let row = nl * (nn - 1) * h;
     let mut dst = out.as_mut_ptr();
     // SAFETY: the contract above: each run's rows follow the previous run's
@@ -113,9 +115,9 @@ pub(crate) unsafe fn slide<const NN: usize, const H: usize>(
 macro_rules! slide_fixed {
     ($xs:expr, $runs:expr, $nn:expr, $h:expr, $m:expr, $dead:expr, $out:expr, $cols:expr) => {
         if ($nn, $h) == (4, 8) {
-            super::slide::<4, 8>($xs, $runs, $nn, $h, $m, $dead, $out, $cols)
+            super::slide::<4, 8, 0>($xs, $runs, $nn, $h, $m, $dead, $out, $cols)
         } else {
-            super::slide::<0, 0>($xs, $runs, $nn, $h, $m, $dead, $out, $cols)
+            super::slide::<0, 0, 0>($xs, $runs, $nn, $h, $m, $dead, $out, $cols)
         }
     };
 }
@@ -340,19 +342,30 @@ pub(crate) mod wide {
     ) {
         // SAFETY: the contract above.
         unsafe {
-            let x = _mm512_set1_epi64(rolling);
-            // The same round-to-nearest conversion as `rolling as f64`.
-            let xf = _mm512_cvtepi64_pd(x);
-            let magic = _mm512_set1_pd(MAGIC);
             for j in (0..h).step_by(8) {
                 let p = _mm512_loadu_si512(pp.add(j) as *const _);
                 let iv = _mm512_loadu_pd(ip.add(j));
-                let q = _mm512_castpd_si512(_mm512_fmadd_pd(xf, iv, magic));
-                let r = _mm512_sub_epi32(x, _mm512_mul_epu32(q, p));
-                let r = _mm512_maskz_min_epu32(0x5555, r, _mm512_add_epi32(r, p));
                 let o = _mm512_loadu_si512(op.add(j) as *const _);
-                _mm512_storeu_si512(dst.add(j) as *mut _, _mm512_add_epi64(r, o));
+                _mm512_storeu_si512(dst.add(j) as *mut _, col8(rolling, p, iv, o));
             }
+        }
+    }
+
+    /// 8 columns: `rem_euclid(x, p) + o` in 64-bit lanes (see [`cols`]).
+    ///
+    /// # Safety
+    /// avx512f and avx512dq; every prime in [`super::NARROW_PRIMES`].
+    #[inline(always)]
+    unsafe fn col8(rolling: i64, p: __m512i, iv: __m512d, o: __m512i) -> __m512i {
+        // SAFETY: the contract above.
+        unsafe {
+            let x = _mm512_set1_epi64(rolling);
+            // The same round-to-nearest conversion as `rolling as f64`.
+            let xf = _mm512_cvtepi64_pd(x);
+            let q = _mm512_castpd_si512(_mm512_fmadd_pd(xf, iv, _mm512_set1_pd(MAGIC)));
+            let r = _mm512_sub_epi32(x, _mm512_mul_epu32(q, p));
+            let r = _mm512_maskz_min_epu32(0x5555, r, _mm512_add_epi32(r, p));
+            _mm512_add_epi64(r, o)
         }
     }
 
@@ -400,9 +413,24 @@ pub(crate) mod wide {
         // SAFETY: the contract above; column `c` and its `h` successors lie
         // in the tables and in the token's row.
         unsafe {
-            slide_fixed!(xs, runs, nn, h, multipliers, dead, out, |r, c, row, h| {
-                cols(r, pp.add(c), ip.add(c), op.add(c), row.add(c), h)
-            })
+            if (nn, h, multipliers.len()) == (4, 8, 8) {
+                // DeepSeek-V4.1: two layers of 3 look-backs of 8 heads, 6
+                // vectors whose primes, inverses and offsets stay in 18
+                // registers across the batch.
+                let p: [__m512i; 6] =
+                    std::array::from_fn(|v| _mm512_loadu_si512(pp.add(8 * v) as *const _));
+                let iv: [__m512d; 6] = std::array::from_fn(|v| _mm512_loadu_pd(ip.add(8 * v)));
+                let o: [__m512i; 6] =
+                    std::array::from_fn(|v| _mm512_loadu_si512(op.add(8 * v) as *const _));
+                super::slide::<4, 8, 2>(xs, runs, nn, h, multipliers, dead, out, |r, c, row, _| {
+                    let v = c / 8;
+                    _mm512_storeu_si512(row.add(c) as *mut _, col8(r, p[v], iv[v], o[v]))
+                })
+            } else {
+                slide_fixed!(xs, runs, nn, h, multipliers, dead, out, |r, c, row, h| {
+                    cols(r, pp.add(c), ip.add(c), op.add(c), row.add(c), h)
+                })
+            }
         }
     }
 

@@ -339,7 +339,7 @@ impl HashTables {
             // SAFETY: the runs and `out` are checked above; each call writes
             // columns `c..c + H` of the row, inside its `L*C`.
             (Some(inv), HashPath::Scalar) => unsafe {
-                slide::<0, 0>(xs, runs, nn, h, m, ROW_ID_DEAD, out, |x, c, row, h| {
+                slide::<0, 0, 0>(xs, runs, nn, h, m, ROW_ID_DEAD, out, |x, c, row, h| {
                     for j in c..c + h {
                         *row.add(j) = rem_fast(x, pr[j], inv[j]) + of[j];
                     }
@@ -347,7 +347,7 @@ impl HashTables {
             },
             // SAFETY: as for Scalar.
             _ => unsafe {
-                slide::<0, 0>(xs, runs, nn, h, m, ROW_ID_DEAD, out, |x, c, row, h| {
+                slide::<0, 0, 0>(xs, runs, nn, h, m, ROW_ID_DEAD, out, |x, c, row, h| {
                     for j in c..c + h {
                         *row.add(j) = x.rem_euclid(pr[j]) + of[j];
                     }

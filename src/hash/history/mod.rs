@@ -204,9 +204,9 @@ pub struct History {
     scratch: Scratch,
 }
 
-/// The per-call working buffers. `cs`, `saved`, `xs` and `runs` only grow
-/// (to the largest call's need) and are written by index; `claims` and
-/// `reserved` are refilled by each call.
+/// The per-call working buffers. All but `reserved` only grow (to the
+/// largest call's need) and are written by index; `reserved` is refilled by
+/// each call.
 #[derive(Clone, Debug, Default)]
 struct Scratch {
     /// The compressed id of each token of the batch.
@@ -216,8 +216,9 @@ struct Scratch {
     saved: Vec<i32>,
     /// The positions claimed, in token order from token 0: runs of
     /// consecutive batch tokens on consecutive positions of one sequence
-    /// inside one page.
+    /// inside one page; the first `n_claims` are this call's.
     claims: Vec<Claim>,
+    n_claims: usize,
     /// (sequence, reservation) of every page this call allocated, to free on
     /// error: a failed call leaves the history's memory as it found it.
     reserved: Vec<(usize, Reserved)>,
@@ -242,7 +243,7 @@ fn grow<T: Copy>(
 
 /// `len` batch tokens, from the one after the previous claim's last, on
 /// positions `p..p + len` of sequence `s`, inside one page.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Claim {
     s: usize,
     p: usize,
@@ -362,11 +363,12 @@ impl History {
         r
     }
 
-    /// [`History::hash`] with the call's working buffers. In three passes:
+    /// [`History::hash`] with the call's working buffers. In two passes:
     /// claim every token's position (in token order, a run of consecutive
-    /// positions a page at a time), lay the batch's ids in, then build each
-    /// run's look-back and hash. Every error is found in token order and
-    /// reported as the first failing token's, and puts back what was claimed.
+    /// positions a page at a time), then lay the batch's ids in and build
+    /// each run's look-back; then hash. Every error is found in token order
+    /// and reported as the first failing token's, and puts back what was
+    /// claimed.
     fn hash_with(
         &mut self,
         t: &HashTables,
@@ -378,7 +380,7 @@ impl History {
     ) -> Result<()> {
         let n = tokens.len();
         let nn = t.max_ngram;
-        sc.claims.clear();
+        sc.n_claims = 0;
         sc.reserved.clear();
         let cap = |e: std::collections::TryReserveError| {
             Error::new(
@@ -389,89 +391,31 @@ impl History {
         // Each run holds at least one token and `N-1` look-back entries.
         grow(&mut sc.cs, n, 0).map_err(cap)?;
         grow(&mut sc.saved, n, 0).map_err(cap)?;
+        grow(&mut sc.claims, n, Claim::default()).map_err(cap)?;
         grow(&mut sc.xs, n * nn, 0).map_err(cap)?;
         grow(&mut sc.runs, n, Run { x: 0, len: 0 }).map_err(cap)?;
-        sc.claims.try_reserve_exact(n).map_err(cap)?;
         sc.reserved.try_reserve_exact(n).map_err(cap)?;
         if let Err(e) = self.claim_all(t, tokens, seq_ids, pos, sc) {
             self.restore(sc);
             return Err(e);
         }
-        // 2. Lay the batch in (each claim's markers become its ids) and
-        //    build the runs, token by token: a claim that does not continue
-        //    the previous one (same sequence, next position) starts a run
-        //    from the history's look-back (which reads a marker still there
-        //    as the id it stands for: the batch's tokens see each other
-        //    whatever their order); a dead token ends the run (its rows are
-        //    dead, consecutive dead tokens one run) and blocks the look-back
-        //    of the tokens after it. `cur` is the open run (none while `len`
-        //    is 0).
-        let (back, pad) = (nn - 1, t.pad_id);
-        let (xs, runs, cs) = (&mut sc.xs[..], &mut sc.runs[..], &sc.cs[..n]);
-        let (mut nx, mut nr) = (0usize, 0usize);
-        let mut cur = Run { x: 0, len: 0 };
-        let mut i = 0;
-        let mut next: Option<(usize, usize)> = None;
-        for c in &sc.claims {
-            let starts = next != Some((c.s, c.p));
-            next = Some((c.s, c.p + c.len));
-            let ids = &cs[i..i + c.len];
-            let page = self.seqs[c.s].pages[c.p / PAGE]
-                .as_deref_mut()
-                .expect("a claimed page");
-            if c.len == 1 {
-                page[c.p % PAGE] = ids[0]; // (no call to memcpy for a decode's claims)
-            } else {
-                page[c.p % PAGE..c.p % PAGE + c.len].copy_from_slice(ids);
+        // V4.1's look-back (3) known at compile time.
+        let built = if nn == 4 {
+            self.build_runs::<3>(t, n, sc)
+        } else {
+            self.build_runs::<0>(t, n, sc)
+        };
+        match built {
+            Ok((nx, nr)) => {
+                // Nothing below can fail.
+                t.hash_runs(&sc.xs[..nx], &sc.runs[..nr], out);
+                Ok(())
             }
-            for (j, &id) in ids.iter().enumerate() {
-                if id == -1 {
-                    if cur.x != Run::DEAD {
-                        if cur.len > 0 {
-                            runs[nr] = cur;
-                            nr += 1;
-                        }
-                        cur = Run {
-                            x: Run::DEAD,
-                            len: 0,
-                        };
-                    }
-                    cur.len += 1;
-                    continue;
-                }
-                let first = starts && j == 0;
-                if cur.x == Run::DEAD || cur.len == 0 || first {
-                    if cur.len > 0 {
-                        runs[nr] = cur;
-                        nr += 1;
-                    }
-                    cur = Run { x: nx, len: 0 };
-                    let ctx = &mut xs[nx..nx + back];
-                    nx += back;
-                    if !first {
-                        ctx.fill(pad);
-                    } else if let Err(q) = self.seqs[c.s].lookback(c.p, pad, ctx, cs) {
-                        self.restore(sc);
-                        let (s, p, i) = (c.s, c.p, i);
-                        bail!(
-                            ErrMissingHistory,
-                            "token {i}: sequence {s} position {p} looks back to position {q}, which was never hashed"
-                        );
-                    }
-                }
-                xs[nx] = id as i64;
-                nx += 1;
-                cur.len += 1;
+            Err(e) => {
+                self.restore(sc);
+                Err(e)
             }
-            i += c.len;
         }
-        if cur.len > 0 {
-            runs[nr] = cur;
-            nr += 1;
-        }
-        // 4. Hash; nothing below can fail.
-        t.hash_runs(&sc.xs[..nx], &sc.runs[..nr], out);
-        Ok(())
     }
 
     /// Pass 1 of [`History::hash_with`]: validate each token and claim its
@@ -488,10 +432,47 @@ impl History {
     ) -> Result<()> {
         let n = tokens.len();
         let map = &t.token_map[..];
-        let (cs, saved) = (&mut sc.cs[..n], &mut sc.saved[..n]);
+        let (cs, saved, claims) = (&mut sc.cs[..n], &mut sc.saved[..n], &mut sc.claims[..n]);
+        let nc = &mut sc.n_claims;
         let (max_seqs, max_pos) = (self.limits.max_seqs, self.limits.max_positions);
         let mut i = 0;
-        while i < n {
+        loop {
+            // The common case of a decode step: a token whose successor is
+            // not the next position of its sequence, valid, on a page that
+            // exists, not claimed before in the batch. Anything else leaves
+            // this loop for the general one below, which checks the token
+            // from the start.
+            while i < n {
+                let (sq, ps) = (seq_ids[i], pos[i]);
+                let (Ok(s), Ok(p)) = (usize::try_from(sq), usize::try_from(ps)) else {
+                    break;
+                };
+                if s >= max_seqs
+                    || p >= max_pos
+                    || (i + 1 < n && seq_ids[i + 1] == sq && pos[i + 1] as i64 == ps as i64 + 1)
+                {
+                    break;
+                }
+                let Some(c) = compressed(map, tokens[i]).0 else {
+                    break;
+                };
+                let Some(Some(page)) = self.seqs[s].pages.get_mut(p / PAGE) else {
+                    break;
+                };
+                let slot = &mut page[p % PAGE];
+                if (slot.wrapping_sub(MARK_BASE) as u32 as usize) < n {
+                    break;
+                }
+                saved[i] = *slot;
+                *slot = MARK_BASE + i as i32;
+                cs[i] = c;
+                claims[*nc] = Claim { s, p, len: 1 };
+                *nc += 1;
+                i += 1;
+            }
+            if i >= n {
+                return Ok(());
+            }
             let (s, p) = match (usize::try_from(seq_ids[i]), usize::try_from(pos[i])) {
                 (Ok(s), Ok(p)) if s < max_seqs && p < max_pos => (s, p),
                 // The checks word the error.
@@ -512,32 +493,6 @@ impl History {
                 && pos[e] as i64 == pos[e - 1] as i64 + 1
             {
                 e += 1;
-            }
-            if e == i + 1 {
-                // One token (a decode step's): the loops below, written out.
-                let Some(c) = compressed(map, tokens[i]).0 else {
-                    return Err(t
-                        .compress(i, tokens[i])
-                        .expect_err("a token `compressed` refuses"));
-                };
-                cs[i] = c;
-                let (page, r) = self.seqs[s].page_mut(p)?;
-                if let Some(r) = r {
-                    sc.reserved.push((s, r));
-                }
-                let slot = &mut page[p % PAGE];
-                let first = slot.wrapping_sub(MARK_BASE) as u32 as usize;
-                if first < n {
-                    bail!(
-                        ErrInvalidSequence,
-                        "tokens {first} and {i}: sequence {s} position {p} appears twice in one batch"
-                    );
-                }
-                saved[i] = *slot;
-                *slot = MARK_BASE + i as i32;
-                sc.claims.push(Claim { s, p, len: 1 });
-                i = e;
-                continue;
             }
             // A page at a time: compress, allocate the page, claim.
             let mut a = i;
@@ -579,11 +534,12 @@ impl History {
                         // A marker of this batch: `MARK_BASE + token`.
                         let first = old.wrapping_sub(MARK_BASE) as u32 as usize;
                         if first < n {
-                            sc.claims.push(Claim {
+                            claims[*nc] = Claim {
                                 s,
                                 p: pa,
                                 len: j - a,
-                            });
+                            };
+                            *nc += 1;
                             let q = pa + (j - a);
                             bail!(
                                 ErrInvalidSequence,
@@ -592,11 +548,12 @@ impl History {
                         }
                         *slot = MARK_BASE + j as i32;
                     }
-                    sc.claims.push(Claim {
+                    claims[*nc] = Claim {
                         s,
                         p: pa,
                         len: f - a,
-                    });
+                    };
+                    *nc += 1;
                 }
                 if f < b {
                     // The general check words the error (token, id, map).
@@ -608,15 +565,152 @@ impl History {
             }
             i = e;
         }
-        Ok(())
+    }
+
+    /// Pass 2 of [`History::hash_with`]: lay the batch in (each claim's
+    /// markers become its ids) and build the runs, token by token, into
+    /// `sc.xs` and `sc.runs`, returning how many entries of each it wrote. A
+    /// claim that does not continue the previous one (same sequence, next
+    /// position) starts a run from the history's look-back, which reads a
+    /// marker still there as the id it stands for (the batch's tokens see
+    /// each other whatever their order); a dead token ends the run (its rows
+    /// are dead, consecutive dead tokens one run) and blocks the look-back of
+    /// the tokens after it. `BACK`, when not 0, is `N - 1` known at compile
+    /// time. The caller restores on error.
+    fn build_runs<const BACK: usize>(
+        &mut self,
+        t: &HashTables,
+        n: usize,
+        sc: &mut Scratch,
+    ) -> Result<(usize, usize)> {
+        let back = if BACK > 0 { BACK } else { t.max_ngram - 1 };
+        let pad = t.pad_id;
+        let claims = &sc.claims[..sc.n_claims];
+        let (xs, runs, cs) = (&mut sc.xs[..], &mut sc.runs[..], &sc.cs[..n]);
+        let (mut nx, mut nr) = (0usize, 0usize);
+        // The open run (none while `len` is 0).
+        let mut cur = Run { x: 0, len: 0 };
+        // The next position of the previous claim's sequence.
+        let mut next: Option<(usize, usize)> = None;
+        let (mut ci, mut i) = (0usize, 0usize);
+        while ci < claims.len() {
+            // The common case of a decode step: a one-token claim that
+            // starts a run, live, whose look-back lies in its page and was
+            // hashed. Anything else leaves this loop for the general one
+            // below, which takes the claim from the start.
+            while ci < claims.len() {
+                let c = claims[ci];
+                let (id, off) = (cs[i], c.p % PAGE);
+                if c.len != 1 || next == Some((c.s, c.p)) || id == -1 || off < back {
+                    break;
+                }
+                let page = self.seqs[c.s].pages[c.p / PAGE]
+                    .as_deref_mut()
+                    .expect("a claimed page");
+                let ctx = &mut xs[nx..nx + back + 1];
+                let before = &page[off - back..off];
+                let mut k = back;
+                while k > 0 {
+                    let mut v = before[k - 1];
+                    if v < -1 {
+                        if v == UNSET {
+                            break;
+                        }
+                        v = cs[v.wrapping_sub(MARK_BASE) as usize];
+                    }
+                    if v == -1 {
+                        ctx[..k].fill(pad);
+                        k = 0;
+                        break;
+                    }
+                    ctx[k - 1] = v as i64;
+                    k -= 1;
+                }
+                if k > 0 {
+                    break; // never hashed: the general path says where
+                }
+                page[off] = id;
+                ctx[back] = id as i64;
+                if cur.len > 0 {
+                    runs[nr] = cur;
+                    nr += 1;
+                }
+                cur = Run { x: nx, len: 1 };
+                nx += back + 1;
+                next = Some((c.s, c.p + 1));
+                ci += 1;
+                i += 1;
+            }
+            let Some(&c) = claims.get(ci) else {
+                break;
+            };
+            let starts = next != Some((c.s, c.p));
+            next = Some((c.s, c.p + c.len));
+            let ids = &cs[i..i + c.len];
+            let page = self.seqs[c.s].pages[c.p / PAGE]
+                .as_deref_mut()
+                .expect("a claimed page");
+            let off = c.p % PAGE;
+            if c.len == 1 {
+                page[off] = ids[0]; // (no call to memcpy)
+            } else {
+                page[off..off + c.len].copy_from_slice(ids);
+            }
+            for (j, &id) in ids.iter().enumerate() {
+                if id == -1 {
+                    if cur.x != Run::DEAD {
+                        if cur.len > 0 {
+                            runs[nr] = cur;
+                            nr += 1;
+                        }
+                        cur = Run {
+                            x: Run::DEAD,
+                            len: 0,
+                        };
+                    }
+                    cur.len += 1;
+                    continue;
+                }
+                let first = starts && j == 0;
+                if cur.x == Run::DEAD || cur.len == 0 || first {
+                    if cur.len > 0 {
+                        runs[nr] = cur;
+                        nr += 1;
+                    }
+                    cur = Run { x: nx, len: 0 };
+                    let ctx = &mut xs[nx..nx + back];
+                    nx += back;
+                    if !first {
+                        ctx.fill(pad);
+                    } else if let Err(q) = self.seqs[c.s].lookback(c.p, pad, ctx, cs) {
+                        let (s, p) = (c.s, c.p);
+                        bail!(
+                            ErrMissingHistory,
+                            "token {i}: sequence {s} position {p} looks back to position {q}, which was never hashed"
+                        );
+                    }
+                }
+                xs[nx] = id as i64;
+                nx += 1;
+                cur.len += 1;
+            }
+            ci += 1;
+            i += c.len;
+        }
+        if cur.len > 0 {
+            runs[nr] = cur;
+            nr += 1;
+        }
+        Ok((nx, nr))
     }
 
     /// Put back what the claimed positions held, newest first, then free the
     /// pages the call allocated, newest first (so each page table ends with
     /// the length and capacity it had before the call).
     fn restore(&mut self, sc: &Scratch) {
-        let mut end: usize = sc.claims.iter().map(|c| c.len).sum();
-        for c in sc.claims.iter().rev() {
+        let claims = &sc.claims[..sc.n_claims];
+        let mut end: usize = claims.iter().map(|c| c.len).sum();
+        for c in claims.iter().rev() {
             let old = &sc.saved[end - c.len..end];
             end -= c.len;
             if let Some(Some(page)) = self.seqs[c.s].pages.get_mut(c.p / PAGE) {
