@@ -109,6 +109,28 @@ impl SeqHistory {
         Ok((self.pages[pi].as_deref_mut().expect("reserved above"), r))
     }
 
+    /// [`History::step`] off its common case: the look-back of `p` into
+    /// `ctx` (for a live token) across a page edge, then `p`'s page
+    /// allocated if it is not and `c` written at `p`. `None`: the look-back
+    /// was never hashed or the page cannot be had (the two passes report
+    /// which), nothing changed; else what `p` held and what the allocation
+    /// changed.
+    #[inline(never)]
+    fn step_cold(
+        &mut self,
+        p: usize,
+        c: i32,
+        pad: i64,
+        ctx: Option<&mut [i64]>,
+    ) -> Option<(i32, Option<Reserved>)> {
+        if let Some(ctx) = ctx {
+            // No marker is left between calls: `cs` is never read.
+            self.lookback(p, pad, ctx, &[]).ok()?;
+        }
+        let (page, r) = self.page_mut(p).ok()?;
+        Some((std::mem::replace(&mut page[p % PAGE], c), r))
+    }
+
     /// The look-back entries of position `p` (SPEC section 1, step 2) into
     /// `ctx`, the `N-1` entries before the position's own in a sliding
     /// buffer: `ctx[N-1-k]` is the compressed id at `p - k`, or the pad once
@@ -226,6 +248,9 @@ struct Scratch {
     /// windows slide over, and the runs ([`HashTables::hash_runs`]).
     xs: Vec<i64>,
     runs: Vec<Run>,
+    /// One bit per sequence, set while a decode step ([`History::step`])
+    /// has a token of it; all clear between calls.
+    seen: Vec<u64>,
 }
 
 /// Grow `v` to at least `len` entries (fallibly; never shrinks).
@@ -290,6 +315,7 @@ impl History {
             + vec_bytes(&sc.reserved)
             + vec_bytes(&sc.xs)
             + vec_bytes(&sc.runs)
+            + vec_bytes(&sc.seen)
     }
 
     /// Positions hashed so far in `seq` (one past the highest written).
@@ -395,11 +421,20 @@ impl History {
         grow(&mut sc.xs, n * nn, 0).map_err(cap)?;
         grow(&mut sc.runs, n, Run { x: 0, len: 0 }).map_err(cap)?;
         sc.reserved.try_reserve_exact(n).map_err(cap)?;
+        // V4.1's look-back (3) known at compile time.
+        let step = if nn == 4 {
+            self.step::<3>(t, tokens, seq_ids, pos, sc)
+        } else {
+            self.step::<0>(t, tokens, seq_ids, pos, sc)
+        };
+        if let Some((nx, nr)) = step {
+            t.hash_runs(&sc.xs[..nx], &sc.runs[..nr], out);
+            return Ok(());
+        }
         if let Err(e) = self.claim_all(t, tokens, seq_ids, pos, sc) {
             self.restore(sc);
             return Err(e);
         }
-        // V4.1's look-back (3) known at compile time.
         let built = if nn == 4 {
             self.build_runs::<3>(t, n, sc)
         } else {
@@ -416,6 +451,125 @@ impl History {
                 Err(e)
             }
         }
+    }
+
+    /// A decode step in one pass: when every token is the only one of its
+    /// sequence in the batch, valid, and its look-back was hashed, no token
+    /// can see or claim another's positions, so each is laid in and its run
+    /// (its look-back, then itself) built as it is read. Returns the entries
+    /// of `sc.xs` and the runs written; or, at the first token that is not
+    /// such a token (or whose page cannot be allocated), `None`, having put
+    /// back what it changed and freed what it allocated, for the two passes
+    /// to take the call from the start (and report any error).
+    fn step<const BACK: usize>(
+        &mut self,
+        t: &HashTables,
+        tokens: &[i32],
+        seq_ids: &[i32],
+        pos: &[i32],
+        sc: &mut Scratch,
+    ) -> Option<(usize, usize)> {
+        let n = tokens.len();
+        let back = if BACK > 0 { BACK } else { t.max_ngram - 1 };
+        let (pad, map, max_pos) = (t.pad_id, &t.token_map[..], self.limits.max_positions);
+        // (Without memory for the bits, the two passes do it all.)
+        grow(&mut sc.seen, self.seqs.len().div_ceil(64), 0).ok()?;
+        let (saved, xs, runs) = (&mut sc.saved[..n], &mut sc.xs[..], &mut sc.runs[..n]);
+        let seen = &mut sc.seen[..];
+        let (mut nx, mut nr) = (0usize, 0usize);
+        let mut i = 0;
+        'tokens: while i < n {
+            let (Ok(s), Ok(p)) = (usize::try_from(seq_ids[i]), usize::try_from(pos[i])) else {
+                break;
+            };
+            let Some(h) = self.seqs.get_mut(s).filter(|_| p < max_pos) else {
+                break;
+            };
+            let (w, bit) = (s / 64, 1u64 << (s % 64));
+            if seen[w] & bit != 0 {
+                break;
+            }
+            let Some(c) = compressed(map, tokens[i]).0 else {
+                break;
+            };
+            let (pi, off) = (p / PAGE, p % PAGE);
+            let ctx = &mut xs[nx..nx + back + 1];
+            saved[i] = match h.pages.get_mut(pi) {
+                // The common case: the page exists and holds the look-back,
+                // read as `lookback` reads it (no marker is left between
+                // calls).
+                Some(Some(page)) if off >= back => {
+                    if c != -1 {
+                        let before = &page[off - back..off];
+                        let mut k = back;
+                        while k > 0 {
+                            match before[k - 1] {
+                                UNSET => break 'tokens,
+                                -1 => {
+                                    ctx[..k].fill(pad);
+                                    k = 0;
+                                }
+                                v => {
+                                    ctx[k - 1] = v as i64;
+                                    k -= 1;
+                                }
+                            }
+                        }
+                    }
+                    std::mem::replace(&mut page[off], c)
+                }
+                _ => {
+                    let live = (c != -1).then_some(&mut ctx[..back]);
+                    match h.step_cold(p, c, pad, live) {
+                        Some((old, r)) => {
+                            if let Some(r) = r {
+                                sc.reserved.push((s, r));
+                            }
+                            old
+                        }
+                        None => break,
+                    }
+                }
+            };
+            seen[w] |= bit;
+            if c == -1 {
+                match nr.checked_sub(1).map(|r| &mut runs[r]) {
+                    Some(r) if r.x == Run::DEAD => r.len += 1,
+                    _ => {
+                        runs[nr] = Run {
+                            x: Run::DEAD,
+                            len: 1,
+                        };
+                        nr += 1;
+                    }
+                }
+            } else {
+                ctx[back] = c as i64;
+                runs[nr] = Run { x: nx, len: 1 };
+                nr += 1;
+                nx += back + 1;
+            }
+            i += 1;
+        }
+        // Tokens `0..i` were laid in (their sequences and positions valid).
+        for &sq in &seq_ids[..i] {
+            seen[sq as usize / 64] &= !(1u64 << (sq as usize % 64));
+        }
+        if i == n {
+            return Some((nx, nr));
+        }
+        for ((&sq, &ps), &old) in seq_ids[..i].iter().zip(&pos[..i]).zip(&saved[..i]) {
+            let (s, p) = (sq as usize, ps as usize);
+            let page = self.seqs[s].pages[p / PAGE]
+                .as_deref_mut()
+                .expect("a page written above");
+            page[p % PAGE] = old;
+        }
+        for (s, r) in sc.reserved.iter().rev() {
+            self.seqs[*s].unreserve(r);
+        }
+        sc.reserved.clear();
+        None
     }
 
     /// Pass 1 of [`History::hash_with`]: validate each token and claim its
@@ -436,43 +590,7 @@ impl History {
         let nc = &mut sc.n_claims;
         let (max_seqs, max_pos) = (self.limits.max_seqs, self.limits.max_positions);
         let mut i = 0;
-        loop {
-            // The common case of a decode step: a token whose successor is
-            // not the next position of its sequence, valid, on a page that
-            // exists, not claimed before in the batch. Anything else leaves
-            // this loop for the general one below, which checks the token
-            // from the start.
-            while i < n {
-                let (sq, ps) = (seq_ids[i], pos[i]);
-                let (Ok(s), Ok(p)) = (usize::try_from(sq), usize::try_from(ps)) else {
-                    break;
-                };
-                if s >= max_seqs
-                    || p >= max_pos
-                    || (i + 1 < n && seq_ids[i + 1] == sq && pos[i + 1] as i64 == ps as i64 + 1)
-                {
-                    break;
-                }
-                let Some(c) = compressed(map, tokens[i]).0 else {
-                    break;
-                };
-                let Some(Some(page)) = self.seqs[s].pages.get_mut(p / PAGE) else {
-                    break;
-                };
-                let slot = &mut page[p % PAGE];
-                if (slot.wrapping_sub(MARK_BASE) as u32 as usize) < n {
-                    break;
-                }
-                saved[i] = *slot;
-                *slot = MARK_BASE + i as i32;
-                cs[i] = c;
-                claims[*nc] = Claim { s, p, len: 1 };
-                *nc += 1;
-                i += 1;
-            }
-            if i >= n {
-                return Ok(());
-            }
+        while i < n {
             let (s, p) = match (usize::try_from(seq_ids[i]), usize::try_from(pos[i])) {
                 (Ok(s), Ok(p)) if s < max_seqs && p < max_pos => (s, p),
                 // The checks word the error.
@@ -485,15 +603,7 @@ impl History {
             // The run of tokens on the next positions of the same sequence,
             // up to max_positions (a token past it starts the next run, whose
             // check fails).
-            let room = max_pos - p;
-            let mut e = i + 1;
-            while e < n
-                && e - i < room
-                && seq_ids[e] == seq_ids[i]
-                && pos[e] as i64 == pos[e - 1] as i64 + 1
-            {
-                e += 1;
-            }
+            let e = run_end(seq_ids, pos, i, n.min(i + (max_pos - p)));
             // A page at a time: compress, allocate the page, claim.
             let mut a = i;
             while a < e {
@@ -527,26 +637,22 @@ impl History {
                     if let Some(r) = r {
                         sc.reserved.push((s, r));
                     }
-                    let off = pa % PAGE;
-                    let slots = page[off..off + (f - a)].iter_mut();
-                    for ((j, slot), old) in (a..f).zip(slots).zip(&mut saved[a..f]) {
-                        *old = *slot;
-                        // A marker of this batch: `MARK_BASE + token`.
-                        let first = old.wrapping_sub(MARK_BASE) as u32 as usize;
-                        if first < n {
-                            claims[*nc] = Claim {
-                                s,
-                                p: pa,
-                                len: j - a,
-                            };
-                            *nc += 1;
-                            let q = pa + (j - a);
-                            bail!(
-                                ErrInvalidSequence,
-                                "tokens {first} and {j}: sequence {s} position {q} appears twice in one batch"
-                            );
-                        }
-                        *slot = MARK_BASE + j as i32;
+                    let slots = &mut page[pa % PAGE..pa % PAGE + (f - a)];
+                    // A marker of this batch (`MARK_BASE + token`): the first
+                    // one found is the position claimed twice (nothing of
+                    // this page's tokens is claimed yet).
+                    let marker = |v: i32| (v.wrapping_sub(MARK_BASE) as u32 as usize) < n;
+                    if slots.iter().fold(false, |any, &v| any | marker(v)) {
+                        let k = slots.iter().position(|&v| marker(v)).expect("a marker");
+                        let (first, j, q) = ((slots[k] - MARK_BASE) as usize, a + k, pa + k);
+                        bail!(
+                            ErrInvalidSequence,
+                            "tokens {first} and {j}: sequence {s} position {q} appears twice in one batch"
+                        );
+                    }
+                    saved[a..f].copy_from_slice(slots);
+                    for (slot, j) in slots.iter_mut().zip(a as i32..) {
+                        *slot = MARK_BASE + j;
                     }
                     claims[*nc] = Claim {
                         s,
@@ -565,6 +671,7 @@ impl History {
             }
             i = e;
         }
+        Ok(())
     }
 
     /// Pass 2 of [`History::hash_with`]: lay the batch in (each claim's
@@ -592,58 +699,8 @@ impl History {
         let mut cur = Run { x: 0, len: 0 };
         // The next position of the previous claim's sequence.
         let mut next: Option<(usize, usize)> = None;
-        let (mut ci, mut i) = (0usize, 0usize);
-        while ci < claims.len() {
-            // The common case of a decode step: a one-token claim that
-            // starts a run, live, whose look-back lies in its page and was
-            // hashed. Anything else leaves this loop for the general one
-            // below, which takes the claim from the start.
-            while ci < claims.len() {
-                let c = claims[ci];
-                let (id, off) = (cs[i], c.p % PAGE);
-                if c.len != 1 || next == Some((c.s, c.p)) || id == -1 || off < back {
-                    break;
-                }
-                let page = self.seqs[c.s].pages[c.p / PAGE]
-                    .as_deref_mut()
-                    .expect("a claimed page");
-                let ctx = &mut xs[nx..nx + back + 1];
-                let before = &page[off - back..off];
-                let mut k = back;
-                while k > 0 {
-                    let mut v = before[k - 1];
-                    if v < -1 {
-                        if v == UNSET {
-                            break;
-                        }
-                        v = cs[v.wrapping_sub(MARK_BASE) as usize];
-                    }
-                    if v == -1 {
-                        ctx[..k].fill(pad);
-                        k = 0;
-                        break;
-                    }
-                    ctx[k - 1] = v as i64;
-                    k -= 1;
-                }
-                if k > 0 {
-                    break; // never hashed: the general path says where
-                }
-                page[off] = id;
-                ctx[back] = id as i64;
-                if cur.len > 0 {
-                    runs[nr] = cur;
-                    nr += 1;
-                }
-                cur = Run { x: nx, len: 1 };
-                nx += back + 1;
-                next = Some((c.s, c.p + 1));
-                ci += 1;
-                i += 1;
-            }
-            let Some(&c) = claims.get(ci) else {
-                break;
-            };
+        let mut i = 0;
+        for &c in claims {
             let starts = next != Some((c.s, c.p));
             next = Some((c.s, c.p + c.len));
             let ids = &cs[i..i + c.len];
@@ -656,8 +713,9 @@ impl History {
             } else {
                 page[off..off + c.len].copy_from_slice(ids);
             }
-            for (j, &id) in ids.iter().enumerate() {
-                if id == -1 {
+            let mut j = 0;
+            while j < ids.len() {
+                if ids[j] == -1 {
                     if cur.x != Run::DEAD {
                         if cur.len > 0 {
                             runs[nr] = cur;
@@ -669,6 +727,7 @@ impl History {
                         };
                     }
                     cur.len += 1;
+                    j += 1;
                     continue;
                 }
                 let first = starts && j == 0;
@@ -690,11 +749,18 @@ impl History {
                         );
                     }
                 }
-                xs[nx] = id as i64;
-                nx += 1;
-                cur.len += 1;
+                // The live tokens up to the next dead one join the run.
+                let live = ids[j..]
+                    .iter()
+                    .position(|&v| v == -1)
+                    .unwrap_or(ids.len() - j);
+                for (x, &v) in xs[nx..nx + live].iter_mut().zip(&ids[j..j + live]) {
+                    *x = v as i64;
+                }
+                nx += live;
+                cur.len += live;
+                j += live;
             }
-            ci += 1;
             i += c.len;
         }
         if cur.len > 0 {
@@ -721,6 +787,38 @@ impl History {
             self.seqs[*s].unreserve(r);
         }
     }
+}
+
+/// One past the last token of the run starting at token `i`: the tokens
+/// after it on the next positions of its sequence, up to token `limit`.
+/// Eight at a time while whole groups continue it (a prefill's run is
+/// thousands of tokens). Positions are in `[0, 2^31)`, so their difference
+/// is exact in wrapping i32 arithmetic, as is `e - i < 2^24`.
+#[inline]
+fn run_end(seq_ids: &[i32], pos: &[i32], i: usize, limit: usize) -> usize {
+    let (sq, p) = (seq_ids[i], pos[i]);
+    let (seq_ids, pos) = (&seq_ids[..limit], &pos[..limit]);
+    let follows =
+        |e: usize, sq_e: i32, p_e: i32| (sq_e == sq) & (p_e.wrapping_sub(p) == (e - i) as i32);
+    let mut e = i + 1;
+    while e + 8 <= limit {
+        let (s8, p8): (&[i32; 8], &[i32; 8]) = (
+            seq_ids[e..e + 8].try_into().expect("8"),
+            pos[e..e + 8].try_into().expect("8"),
+        );
+        let mut all = true;
+        for k in 0..8 {
+            all &= follows(e + k, s8[k], p8[k]);
+        }
+        if !all {
+            break;
+        }
+        e += 8;
+    }
+    while e < limit && follows(e, seq_ids[e], pos[e]) {
+        e += 1;
+    }
+    e
 }
 
 /// Raw token `tok`'s compressed id (`-1` for a dead one), or `None` for an

@@ -85,11 +85,12 @@ fn a_bad_token_inside_a_run_changes_nothing() {
     assert_eq!(a, b);
 }
 
-/// A decode step (one token for each of several sequences, the shape the
-/// claiming and run-building passes take without their general loops) that
-/// fails at one token reports it as the general checks word it, and leaves
-/// the history as it was: its bytes, its lengths, and the ids a later good
-/// step gets equal those of a history that never saw the failing step.
+/// A decode step (one token for each of several sequences, the shape
+/// `History::step` takes in one pass) that fails at one token reports it as
+/// the general checks word it, and leaves the history as it was: its bytes
+/// (a page the step allocated for an earlier token is freed), its lengths,
+/// and the ids a later good step gets equal those of a history that never
+/// saw the failing step.
 #[test]
 fn a_bad_token_inside_a_decode_step_changes_nothing() {
     let primes = derive_primes_uniform(2, 4, 8, 20_000).unwrap();
@@ -109,7 +110,7 @@ fn a_bad_token_inside_a_decode_step_changes_nothing() {
     let limits = Limits {
         max_tokens: 64,
         max_seqs: 4,
-        max_positions: 100,
+        max_positions: 10_000,
     };
     let row = t.n_layers() * t.cols();
     let (mut h, mut fresh) = (History::new(limits).unwrap(), History::new(limits).unwrap());
@@ -124,7 +125,7 @@ fn a_bad_token_inside_a_decode_step_changes_nothing() {
     }
     let step = |bad: usize| -> (Vec<i32>, Vec<i32>, Vec<i32>, EngramStatus, String) {
         let (mut tk, mut sq, mut ps) = (vec![1, 2, 3, 4], vec![0, 1, 2, 3], vec![10; 4]);
-        let (status, msg) = match bad {
+        let (status, msg) = match bad % 5 {
             0 => {
                 tk[2] = 1000;
                 (
@@ -140,10 +141,10 @@ fn a_bad_token_inside_a_decode_step_changes_nothing() {
                 )
             }
             2 => {
-                ps[2] = 100;
+                ps[2] = 10_000;
                 (
                     EngramStatus::ErrInvalidSequence,
-                    "token 2: position 100 outside [0, max_positions = 100)",
+                    "token 2: position 10000 outside [0, max_positions = 10000)",
                 )
             }
             3 => {
@@ -161,9 +162,14 @@ fn a_bad_token_inside_a_decode_step_changes_nothing() {
                 )
             }
         };
+        if bad >= 5 {
+            // Token 0 dead, far out: the step allocates its page.
+            tk[0] = crate::hash::TOKEN_DEAD;
+            ps[0] = 9000;
+        }
         (tk, sq, ps, status, msg.to_string())
     };
-    for bad in 0..5 {
+    for bad in 0..10 {
         let (tk, sq, ps, status, msg) = step(bad);
         let mut out = vec![7i64; 4 * row];
         let e = h.hash(&t, &tk, &sq, &ps, &mut out).unwrap_err();
