@@ -478,23 +478,33 @@ impl History {
         let seen = &mut sc.seen[..];
         let (mut nx, mut nr) = (0usize, 0usize);
         let mut i = 0;
-        'tokens: while i < n {
-            let (Ok(s), Ok(p)) = (usize::try_from(seq_ids[i]), usize::try_from(pos[i])) else {
+        let batch = tokens.iter().zip(seq_ids).zip(pos).zip(saved.iter_mut());
+        'tokens: for (((&tok, &sq), &ps), saved) in batch {
+            let (Ok(s), Ok(p)) = (usize::try_from(sq), usize::try_from(ps)) else {
                 break;
             };
             let Some(h) = self.seqs.get_mut(s).filter(|_| p < max_pos) else {
                 break;
             };
-            let (w, bit) = (s / 64, 1u64 << (s % 64));
-            if seen[w] & bit != 0 {
+            let Some(word) = seen.get_mut(s / 64) else {
+                break;
+            };
+            let bit = 1u64 << (s % 64);
+            if *word & bit != 0 {
                 break;
             }
-            let Some(c) = compressed(map, tokens[i]).0 else {
+            // A decode step's tokens are each a random entry of the map,
+            // which is larger than L2: ask for the entry a few tokens ahead
+            // now (the prefill's loop does the same).
+            prefetch_entry(map, tokens.get(i + 8));
+            let Some(c) = compressed(map, tok).0 else {
                 break;
             };
             let (pi, off) = (p / PAGE, p % PAGE);
-            let ctx = &mut xs[nx..nx + back + 1];
-            saved[i] = match h.pages.get_mut(pi) {
+            let Some(ctx) = xs.get_mut(nx..nx + back + 1) else {
+                break;
+            };
+            *saved = match h.pages.get_mut(pi) {
                 // The common case: the page exists and holds the look-back,
                 // read as `lookback` reads it (no marker is left between
                 // calls).
@@ -531,7 +541,7 @@ impl History {
                     }
                 }
             };
-            seen[w] |= bit;
+            *word |= bit;
             if c == -1 {
                 match nr.checked_sub(1).map(|r| &mut runs[r]) {
                     Some(r) if r.x == Run::DEAD => r.len += 1,
@@ -614,16 +624,7 @@ impl History {
                     // The token map is larger than L2 and read at random:
                     // ask for the entry a few tokens ahead now, so it is in
                     // cache when needed.
-                    #[cfg(target_arch = "x86_64")]
-                    if let Some(ahead) = tokens.get(j + 16).and_then(|&a| compressed(map, a).1) {
-                        // SAFETY: a prefetch hint of an address inside
-                        // `token_map`; it reads nothing and cannot fault.
-                        unsafe {
-                            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                                ahead as *const i32 as *const i8,
-                            )
-                        };
-                    }
+                    prefetch_entry(map, tokens.get(j + 16));
                     match compressed(map, tokens[j]).0 {
                         Some(c) => cs[j] = c,
                         None => {
@@ -819,6 +820,30 @@ fn run_end(seq_ids: &[i32], pos: &[i32], i: usize, limit: usize) -> usize {
         e += 1;
     }
     e
+}
+
+/// Ask for the cache line of raw token `tok`'s entry in `map`, if it has
+/// one (a hint: nothing is read).
+#[inline(always)]
+fn prefetch_entry(map: &[i32], tok: Option<&i32>) {
+    if let Some(e) = tok.and_then(|&t| compressed(map, t).1) {
+        prefetch(e);
+    }
+}
+
+/// Ask for the cache line holding `r` (a hint: nothing is read).
+#[inline(always)]
+fn prefetch<T>(r: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch hint of the address of a live reference; it reads
+    // nothing and cannot fault.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            r as *const T as *const i8,
+        )
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = r;
 }
 
 /// Raw token `tok`'s compressed id (`-1` for a dead one), or `None` for an
