@@ -10,7 +10,7 @@ pub mod tables;
 pub use crate::call::ROW_ID_DEAD;
 pub use history::History;
 pub use primes::{derive_offsets, derive_primes, derive_primes_uniform, is_prime};
-pub use reduce::rem_fast;
+pub use reduce::{rem_fast, Run};
 pub use tables::{HashTables, HashTablesIn};
 
 /// Token id that marks a dead position explicitly (a position fed by an

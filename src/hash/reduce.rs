@@ -30,35 +30,127 @@ pub fn rem_fast(x: i64, p: i64, inv: f64) -> i64 {
     r
 }
 
+/// A run of a batch's tokens for [`crate::hash::HashTables::hash_runs`]:
+/// `len` tokens whose look-back windows slide over `xs[x..x + len + N - 1]`
+/// (token `j`'s window, look-backs `0..N`, is `xs[x + j + N - 1]`,
+/// `xs[x + j + N - 2]`, ..., `xs[x + j]`), or, with `x == Run::DEAD`, `len`
+/// dead tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub x: usize,
+    pub len: usize,
+}
+
+impl Run {
+    /// `x` of a run of dead tokens.
+    pub const DEAD: usize = usize::MAX;
+}
+
+/// Walk `runs`: fill each dead run's rows of `out` with `dead`; for every
+/// other token, layer `l` and look-back `k` in `1..N`, call
+/// `cols(rolling, c, row, H)` with the rolling hash of look-backs `0..=k`,
+/// the first column `c = l*C + (k-1)*H` of the `H` columns it reduces into,
+/// and the token's row of `out`. The reductions below run this inside their own
+/// target-feature functions, so that it and `cols` inline there.
+///
+/// `NN`, `H` and `NL`, when not 0, are `nn`, `h` and the number of layers
+/// known at compile time (the loops over layers, look-backs and heads
+/// unrolled, `c` a constant in each call of `cols`); 0 reads them from `nn`,
+/// `h` and `multipliers`.
+///
+/// # Safety
+/// `multipliers` holds `L*N` values, `N >= 2`; `out` holds `sum(len) * L*C`
+/// ids with `C = (N-1)*H`; every run that is not dead has
+/// `x + len + N - 1 <= xs.len()` ([`crate::hash::HashTables::hash_runs`]
+/// checks all of it). `cols` writes at most the row's `L*C` ids.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn slide<const NN: usize, const H: usize, const NL: usize>(
+    xs: &[i64],
+    runs: &[Run],
+    nn: usize,
+    h: usize,
+    multipliers: &[i64],
+    dead: i64,
+    out: &mut [i64],
+    mut cols: impl FnMut(i64, usize, *mut i64, usize),
+) {
+    let nn = if NN > 0 { NN } else { nn };
+    let h = if H > 0 { H } else { h };
+    let nl = if NL > 0 { NL } else { multipliers.len() / nn };
+    let row = nl * (nn - 1) * h;
+    let mut dst = out.as_mut_ptr();
+    // SAFETY: the contract above: each run's rows follow the previous run's
+    // inside `out`, and its windows lie inside `xs`.
+    unsafe {
+        for r in runs {
+            if r.x == Run::DEAD {
+                std::slice::from_raw_parts_mut(dst, r.len * row).fill(dead);
+                dst = dst.add(r.len * row);
+                continue;
+            }
+            let mut w0 = xs.as_ptr().add(r.x + nn - 1);
+            let end = w0.add(r.len);
+            while w0 < end {
+                let mut c = 0;
+                let mut m = multipliers.as_ptr();
+                for _ in 0..nl {
+                    let mut rolling = (*w0).wrapping_mul(*m);
+                    for k in 1..nn {
+                        rolling ^= (*w0.sub(k)).wrapping_mul(*m.add(k));
+                        cols(rolling, c, dst, h);
+                        c += h;
+                    }
+                    m = m.add(nn);
+                }
+                w0 = w0.add(1);
+                dst = dst.add(row);
+            }
+        }
+    }
+}
+
+/// [`slide`] with DeepSeek-V4.1's geometry (`N` 4, `H` 8) known at compile
+/// time when the tables have it.
+macro_rules! slide_fixed {
+    ($xs:expr, $runs:expr, $nn:expr, $h:expr, $m:expr, $dead:expr, $out:expr, $cols:expr) => {
+        if ($nn, $h) == (4, 8) {
+            super::slide::<4, 8, 0>($xs, $runs, $nn, $h, $m, $dead, $out, $cols)
+        } else {
+            super::slide::<0, 0, 0>($xs, $runs, $nn, $h, $m, $dead, $out, $cols)
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod simd {
+    use super::Run;
     use std::arch::x86_64::*;
 
-    /// The columns of one look-back `k` of one layer, 8 heads at a time, with
-    /// the same reduction as [`super::rem_fast`] in AVX-512 (DQ for the 64-bit
+    /// `h` columns from column pointers, 8 heads at a time, with the same
+    /// reduction as [`super::rem_fast`] in AVX-512 (DQ for the 64-bit
     /// conversions and multiply).
     ///
     /// # Safety
-    /// The CPU must have avx512f and avx512dq; the slices hold a multiple of 8.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512dq")]
-    pub unsafe fn columns(
+    /// avx512f and avx512dq; `h` a multiple of 8; each pointer has `h` values.
+    #[inline(always)]
+    unsafe fn cols(
         rolling: i64,
-        primes: &[i64],
-        inv: &[f64],
-        offsets: &[i64],
-        out: &mut [i64],
+        pp: *const i64,
+        ip: *const f64,
+        op: *const i64,
+        dst: *mut i64,
+        h: usize,
     ) {
-        // SAFETY: the caller upholds this function's `# Safety` contract
-        // (the CPU features it is compiled for, and the sizes it reads and writes).
+        // SAFETY: the contract above.
         unsafe {
             let x = _mm512_set1_epi64(rolling);
             let xf = _mm512_cvtepi64_pd(x);
             let zero = _mm512_setzero_si512();
-            for j in (0..out.len()).step_by(8) {
-                let p = _mm512_loadu_si512(primes.as_ptr().add(j) as *const _);
-                let iv = _mm512_loadu_pd(inv.as_ptr().add(j));
-                let o = _mm512_loadu_si512(offsets.as_ptr().add(j) as *const _);
+            for j in (0..h).step_by(8) {
+                let p = _mm512_loadu_si512(pp.add(j) as *const _);
+                let iv = _mm512_loadu_pd(ip.add(j));
+                let o = _mm512_loadu_si512(op.add(j) as *const _);
                 let q = _mm512_cvttpd_epi64(_mm512_mul_pd(xf, iv));
                 let mut r = _mm512_sub_epi64(x, _mm512_mullo_epi64(q, p));
                 let m = _mm512_cmplt_epi64_mask(r, zero);
@@ -67,22 +159,20 @@ pub(crate) mod simd {
                 r = _mm512_mask_add_epi64(r, m, r, p);
                 let m = _mm512_cmpge_epi64_mask(r, p);
                 r = _mm512_mask_sub_epi64(r, m, r, p);
-                _mm512_storeu_si512(out.as_mut_ptr().add(j) as *mut _, _mm512_add_epi64(r, o));
+                _mm512_storeu_si512(dst.add(j) as *mut _, _mm512_add_epi64(r, o));
             }
         }
     }
 
-    /// Row ids of every window: `windows` is `[n, N]` (a dead window has
-    /// `w[0] == -1`), `out` is `[n, L*C]`, through [`columns`]; the batch loop
-    /// lives inside a target-feature function so that `columns` inlines.
+    /// Row ids of every run (see [`super::slide`]).
     ///
     /// # Safety
-    /// As [`columns`]; `multipliers` is `[L*N]`, the column arrays `[L*C]` with
-    /// `C = (N-1)*H`, `H` a multiple of 8.
+    /// As [`super::slide`] and [`cols`]; the column arrays hold `L*C`.
     #[target_feature(enable = "avx512f,avx512dq")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn windows(
-        windows: &[i64],
+    pub unsafe fn runs(
+        xs: &[i64],
+        runs: &[Run],
         nn: usize,
         h: usize,
         multipliers: &[i64],
@@ -92,33 +182,13 @@ pub(crate) mod simd {
         dead: i64,
         out: &mut [i64],
     ) {
-        // SAFETY: the caller upholds this function's `# Safety` contract
-        // (the CPU features it is compiled for, and the sizes it reads and writes).
+        let (pp, ip, op) = (primes.as_ptr(), inv.as_ptr(), offsets.as_ptr());
+        // SAFETY: the contract above; column `c` and its `h` successors lie
+        // in the tables and in the token's row.
         unsafe {
-            let cols = (nn - 1) * h;
-            let nl = multipliers.len() / nn;
-            let row = nl * cols;
-            for (w, o) in windows.chunks_exact(nn).zip(out.chunks_exact_mut(row)) {
-                if w[0] == -1 {
-                    o.fill(dead);
-                    continue;
-                }
-                for l in 0..nl {
-                    let m = &multipliers[l * nn..(l + 1) * nn];
-                    let mut rolling = w[0].wrapping_mul(m[0]);
-                    for k in 1..nn {
-                        rolling ^= w[k].wrapping_mul(m[k]);
-                        let c = l * cols + (k - 1) * h..l * cols + k * h;
-                        columns(
-                            rolling,
-                            &primes[c.clone()],
-                            &inv[c.clone()],
-                            &offsets[c.clone()],
-                            &mut o[c],
-                        );
-                    }
-                }
-            }
+            slide_fixed!(xs, runs, nn, h, multipliers, dead, out, |r, c, row, h| {
+                cols(r, pp.add(c), ip.add(c), op.add(c), row.add(c), h)
+            })
         }
     }
 
@@ -128,18 +198,20 @@ pub(crate) mod simd {
     }
 }
 
-/// Primes the [`narrow`] reduction takes: `[2^14, 2^31)`.
+/// Primes the 32-bit reductions ([`narrow`], [`wide`]) take: `[2^14, 2^31)`.
 pub const NARROW_PRIMES: std::ops::Range<u64> = 1 << 14..1 << 31;
+
+/// `1.5 * 2^52`: added to a double of magnitude below 2^51, it leaves the
+/// nearest integer in the low bits of the mantissa (two's complement).
+#[cfg(target_arch = "x86_64")]
+const MAGIC: f64 = 6_755_399_441_055_744.0;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod narrow {
+    use super::{Run, MAGIC};
     use std::arch::x86_64::*;
 
-    /// `1.5 * 2^52`: added to a double of magnitude below 2^51, it leaves the
-    /// nearest integer in the low bits of the mantissa (two's complement).
-    const MAGIC: f64 = 6_755_399_441_055_744.0;
-
-    /// The columns of one look-back of one layer, 4 heads at a time:
+    /// `h` columns from column pointers, 4 heads at a time:
     /// `rem_euclid(x, p) + offset` for `p` in [`super::NARROW_PRIMES`] and
     /// `inv = 1/p`.
     ///
@@ -151,12 +223,52 @@ pub(crate) mod narrow {
     /// `p < 2^31`. So it is computed exactly in wrapping 32-bit arithmetic from
     /// the low 32 bits of `x`, `q` and `p` (`vpmuludq`, `vpsubd`), and one
     /// conditional addition of `p` (an unsigned minimum) makes it the
-    /// Euclidean remainder.
+    /// Euclidean remainder. `x as f64` is converted into a zeroed register
+    /// (no false dependency chaining one conversion to the previous one's).
+    ///
+    /// # Safety
+    /// avx2 and fma; `h` a multiple of 4; each pointer has `h` values; every
+    /// prime lies in [`super::NARROW_PRIMES`].
+    #[inline(always)]
+    unsafe fn cols(
+        rolling: i64,
+        pp: *const i64,
+        ip: *const f64,
+        op: *const i64,
+        dst: *mut i64,
+        h: usize,
+    ) {
+        // SAFETY: the contract above.
+        unsafe {
+            let xf = _mm256_broadcastsd_pd(_mm_cvtsi64_sd(_mm_setzero_pd(), rolling));
+            let x = _mm256_set1_epi64x(rolling);
+            let magic = _mm256_set1_pd(MAGIC);
+            let zero = _mm256_setzero_si256();
+            for j in (0..h).step_by(4) {
+                let p = _mm256_loadu_si256(pp.add(j) as *const _);
+                let iv = _mm256_loadu_pd(ip.add(j));
+                let q = _mm256_castpd_si256(_mm256_fmadd_pd(xf, iv, magic));
+                let r = _mm256_sub_epi32(x, _mm256_mul_epu32(q, p));
+                // r in [0, p) stays below r + p < 2^32; r in [-p, 0) is
+                // 2^32 + r as unsigned, and r + p wraps to [0, p): the
+                // unsigned minimum is the Euclidean remainder either way.
+                let r = _mm256_min_epu32(r, _mm256_add_epi32(r, p));
+                let o = _mm256_loadu_si256(op.add(j) as *const _);
+                _mm256_storeu_si256(
+                    dst.add(j) as *mut _,
+                    _mm256_add_epi64(_mm256_blend_epi32::<0b1010_1010>(r, zero), o),
+                );
+            }
+        }
+    }
+
+    /// The columns of one look-back of one layer (see [`cols`]), for the
+    /// tests.
     ///
     /// # Safety
     /// The CPU must have avx2 and fma; the slices hold a multiple of 4; every
     /// prime lies in [`super::NARROW_PRIMES`].
-    #[inline]
+    #[cfg(test)]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn columns(
         rolling: i64,
@@ -165,46 +277,22 @@ pub(crate) mod narrow {
         offsets: &[i64],
         out: &mut [i64],
     ) {
-        // SAFETY: the contract above; every load and store is at `j..j + 4`
-        // with `j + 4 <= out.len()`, and the other slices are as long.
+        // SAFETY: the caller upholds this function's `# Safety` contract.
         unsafe {
-            let xf = _mm256_set1_pd(rolling as f64);
-            let x = _mm256_set1_epi64x(rolling);
-            let magic = _mm256_set1_pd(MAGIC);
-            let zero = _mm256_setzero_si256();
-            for j in (0..out.len()).step_by(4) {
-                let p = _mm256_loadu_si256(primes.as_ptr().add(j) as *const _);
-                let iv = _mm256_loadu_pd(inv.as_ptr().add(j));
-                let o = _mm256_loadu_si256(offsets.as_ptr().add(j) as *const _);
-                let q = _mm256_castpd_si256(_mm256_fmadd_pd(xf, iv, magic));
-                let r = _mm256_sub_epi32(x, _mm256_mul_epu32(q, p));
-                // r in [0, p) stays below r + p < 2^32; r in [-p, 0) is
-                // 2^32 + r as unsigned, and r + p wraps to [0, p): the unsigned
-                // minimum is the Euclidean remainder either way.
-                let r = _mm256_min_epu32(r, _mm256_add_epi32(r, p));
-                _mm256_storeu_si256(
-                    out.as_mut_ptr().add(j) as *mut _,
-                    _mm256_add_epi64(_mm256_blend_epi32::<0b1010_1010>(r, zero), o),
-                );
-            }
+            let (pp, ip, op) = (primes.as_ptr(), inv.as_ptr(), offsets.as_ptr());
+            cols(rolling, pp, ip, op, out.as_mut_ptr(), out.len());
         }
     }
 
-    /// Row ids of every window (as [`super::simd::windows`]), with the
-    /// reduction of [`columns`] written out over each window's row: the
-    /// columns of a row are contiguous in the tables as in `out`, so one
-    /// running index walks both without slicing, and the `x as f64` of each
-    /// rolling hash starts from a zeroed register (no false dependency
-    /// chaining one look-back's conversion to the previous one's).
+    /// Row ids of every run (see [`super::slide`]).
     ///
     /// # Safety
-    /// As [`columns`]; `multipliers` is `[L*N]`, the column arrays `[L*C]` with
-    /// `C = (N-1)*H`, `H` a multiple of 4; `windows` is `[n, N]` and `out`
-    /// `[n, L*C]`.
+    /// As [`super::slide`] and [`cols`]; the column arrays hold `L*C`.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn windows(
-        windows: &[i64],
+    pub unsafe fn runs(
+        xs: &[i64],
+        runs: &[Run],
         nn: usize,
         h: usize,
         multipliers: &[i64],
@@ -214,59 +302,140 @@ pub(crate) mod narrow {
         dead: i64,
         out: &mut [i64],
     ) {
-        let cols = (nn - 1) * h;
-        let nl = multipliers.len() / nn;
-        let row = nl * cols;
-        assert!(h.is_multiple_of(4) && nn >= 2);
-        assert!(primes.len() == row && inv.len() == row && offsets.len() == row);
-        assert!(windows.len() / nn * row == out.len());
-        // SAFETY: the contract above and the lengths asserted here: column
-        // `c` runs over `0..row` in steps of 4 inside each window's row of
-        // `out` and inside the tables; `m` over the `L*N` multipliers.
+        let (pp, ip, op) = (primes.as_ptr(), inv.as_ptr(), offsets.as_ptr());
+        // SAFETY: the contract above; column `c` and its `h` successors lie
+        // in the tables and in the token's row.
         unsafe {
-            let (pp, ip, op) = (primes.as_ptr(), inv.as_ptr(), offsets.as_ptr());
-            let magic = _mm256_set1_pd(MAGIC);
-            let zero = _mm256_setzero_si256();
-            for (w, o) in windows.chunks_exact(nn).zip(out.chunks_exact_mut(row)) {
-                if w[0] == -1 {
-                    o.fill(dead);
-                    continue;
-                }
-                let dst = o.as_mut_ptr();
-                let mut c = 0usize;
-                let mut m = multipliers.as_ptr();
-                for _ in 0..nl {
-                    let mut rolling = w[0].wrapping_mul(*m);
-                    for &wk in &w[1..] {
-                        m = m.add(1);
-                        rolling ^= wk.wrapping_mul(*m);
-                        let xf = _mm256_broadcastsd_pd(_mm_cvtsi64_sd(_mm_setzero_pd(), rolling));
-                        let x = _mm256_set1_epi64x(rolling);
-                        let end = c + h;
-                        while c < end {
-                            let p = _mm256_loadu_si256(pp.add(c) as *const _);
-                            let iv = _mm256_loadu_pd(ip.add(c));
-                            let q = _mm256_castpd_si256(_mm256_fmadd_pd(xf, iv, magic));
-                            let r = _mm256_sub_epi32(x, _mm256_mul_epu32(q, p));
-                            // As in `columns`: the unsigned minimum is the
-                            // Euclidean remainder.
-                            let r = _mm256_min_epu32(r, _mm256_add_epi32(r, p));
-                            let off = _mm256_loadu_si256(op.add(c) as *const _);
-                            _mm256_storeu_si256(
-                                dst.add(c) as *mut _,
-                                _mm256_add_epi64(_mm256_blend_epi32::<0b1010_1010>(r, zero), off),
-                            );
-                            c += 4;
-                        }
-                    }
-                    m = m.add(1);
-                }
-            }
+            slide_fixed!(xs, runs, nn, h, multipliers, dead, out, |r, c, row, h| {
+                cols(r, pp.add(c), ip.add(c), op.add(c), row.add(c), h)
+            })
         }
     }
 
     pub fn available() -> bool {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+}
+
+/// The 32-bit reduction of [`narrow`] in AVX-512: 8 heads at a time.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod wide {
+    use super::{Run, MAGIC};
+    use std::arch::x86_64::*;
+
+    /// `h` columns from column pointers, 8 heads at a time, with the
+    /// reduction of [`super::narrow`] (the same FMA quotient and 32-bit
+    /// correction, so the same bound). The unsigned minimum zeroes each
+    /// lane's high half under a mask, which also widens it to 64 bits.
+    ///
+    /// # Safety
+    /// avx512f and avx512dq; `h` a multiple of 8; each pointer has `h`
+    /// values; every prime lies in [`super::NARROW_PRIMES`].
+    #[inline(always)]
+    unsafe fn cols(
+        rolling: i64,
+        pp: *const i64,
+        ip: *const f64,
+        op: *const i64,
+        dst: *mut i64,
+        h: usize,
+    ) {
+        // SAFETY: the contract above.
+        unsafe {
+            for j in (0..h).step_by(8) {
+                let p = _mm512_loadu_si512(pp.add(j) as *const _);
+                let iv = _mm512_loadu_pd(ip.add(j));
+                let o = _mm512_loadu_si512(op.add(j) as *const _);
+                _mm512_storeu_si512(dst.add(j) as *mut _, col8(rolling, p, iv, o));
+            }
+        }
+    }
+
+    /// 8 columns: `rem_euclid(x, p) + o` in 64-bit lanes (see [`cols`]).
+    ///
+    /// # Safety
+    /// avx512f and avx512dq; every prime in [`super::NARROW_PRIMES`].
+    #[inline(always)]
+    unsafe fn col8(rolling: i64, p: __m512i, iv: __m512d, o: __m512i) -> __m512i {
+        // SAFETY: the contract above.
+        unsafe {
+            let x = _mm512_set1_epi64(rolling);
+            // The same round-to-nearest conversion as `rolling as f64`.
+            let xf = _mm512_cvtepi64_pd(x);
+            let q = _mm512_castpd_si512(_mm512_fmadd_pd(xf, iv, _mm512_set1_pd(MAGIC)));
+            let r = _mm512_sub_epi32(x, _mm512_mul_epu32(q, p));
+            let r = _mm512_maskz_min_epu32(0x5555, r, _mm512_add_epi32(r, p));
+            _mm512_add_epi64(r, o)
+        }
+    }
+
+    /// The columns of one look-back of one layer (see [`cols`]), for the
+    /// tests.
+    ///
+    /// # Safety
+    /// The CPU must have avx512f and avx512dq; the slices hold a multiple of
+    /// 8; every prime lies in [`super::NARROW_PRIMES`].
+    #[cfg(test)]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn columns(
+        rolling: i64,
+        primes: &[i64],
+        inv: &[f64],
+        offsets: &[i64],
+        out: &mut [i64],
+    ) {
+        // SAFETY: the caller upholds this function's `# Safety` contract.
+        unsafe {
+            let (pp, ip, op) = (primes.as_ptr(), inv.as_ptr(), offsets.as_ptr());
+            cols(rolling, pp, ip, op, out.as_mut_ptr(), out.len());
+        }
+    }
+
+    /// Row ids of every run (see [`super::slide`]).
+    ///
+    /// # Safety
+    /// As [`super::slide`] and [`cols`]; the column arrays hold `L*C`.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn runs(
+        xs: &[i64],
+        runs: &[Run],
+        nn: usize,
+        h: usize,
+        multipliers: &[i64],
+        primes: &[i64],
+        inv: &[f64],
+        offsets: &[i64],
+        dead: i64,
+        out: &mut [i64],
+    ) {
+        let (pp, ip, op) = (primes.as_ptr(), inv.as_ptr(), offsets.as_ptr());
+        // SAFETY: the contract above; column `c` and its `h` successors lie
+        // in the tables and in the token's row.
+        unsafe {
+            if (nn, h, multipliers.len()) == (4, 8, 8) {
+                // DeepSeek-V4.1: two layers of 3 look-backs of 8 heads, 6
+                // vectors whose primes, inverses and offsets stay in 18
+                // registers across the batch.
+                let p: [__m512i; 6] =
+                    std::array::from_fn(|v| _mm512_loadu_si512(pp.add(8 * v) as *const _));
+                let iv: [__m512d; 6] = std::array::from_fn(|v| _mm512_loadu_pd(ip.add(8 * v)));
+                let o: [__m512i; 6] =
+                    std::array::from_fn(|v| _mm512_loadu_si512(op.add(8 * v) as *const _));
+                super::slide::<4, 8, 2>(xs, runs, nn, h, multipliers, dead, out, |r, c, row, _| {
+                    let v = c / 8;
+                    _mm512_storeu_si512(row.add(c) as *mut _, col8(r, p[v], iv[v], o[v]))
+                })
+            } else {
+                slide_fixed!(xs, runs, nn, h, multipliers, dead, out, |r, c, row, h| {
+                    cols(r, pp.add(c), ip.add(c), op.add(c), row.add(c), h)
+                })
+            }
+        }
+    }
+
+    pub fn available() -> bool {
+        super::simd::available()
     }
 }
 
@@ -311,16 +480,27 @@ mod tests {
         }
     }
 
-    /// The AVX2 32-bit correction equals `rem_euclid` at the edges of the i64
-    /// range, at and around multiples of each prime (negative ones too), for
-    /// the smallest and largest primes it takes, and on random values.
+    /// The 32-bit corrections (AVX2 and AVX-512) equal `rem_euclid` at the
+    /// edges of the i64 range, at and around multiples of each prime
+    /// (negative ones too), for the smallest and largest primes they take,
+    /// and on random values.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn narrow_equals_rem_euclid() {
-        if !narrow::available() {
-            eprintln!("skipped: no avx2/fma on this CPU");
-            return;
-        }
+        type Columns = unsafe fn(i64, &[i64], &[f64], &[i64], &mut [i64]);
+        let forms: Vec<(&str, Columns)> = [
+            ("avx2", narrow::available(), narrow::columns as _),
+            ("avx512", wide::available(), wide::columns as _),
+        ]
+        .into_iter()
+        .filter(|&(name, ok, _)| {
+            if !ok {
+                eprintln!("{name}: not on this CPU, not tested");
+            }
+            ok
+        })
+        .map(|(name, _, f)| (name, f))
+        .collect();
         let mut z = 5u64;
         let mut next = || {
             z = z.wrapping_add(0x9e3779b97f4a7c15);
@@ -360,16 +540,19 @@ mod tests {
         }
         xs.extend((0..200_000).map(|_| next() as i64));
         let mut out = [0i64; 8];
-        for &x in &xs {
-            // SAFETY: avx2 and fma checked above; 8 columns; primes in range.
-            unsafe { narrow::columns(x, &primes, &inv, &offsets, &mut out) };
-            for c in 0..8 {
-                assert_eq!(
-                    out[c],
-                    x.rem_euclid(primes[c]) + offsets[c],
-                    "{x} mod {}",
-                    primes[c]
-                );
+        for (name, columns) in &forms {
+            for &x in &xs {
+                // SAFETY: the form's CPU features checked above; 8 columns;
+                // primes in NARROW_PRIMES.
+                unsafe { columns(x, &primes, &inv, &offsets, &mut out) };
+                for c in 0..8 {
+                    assert_eq!(
+                        out[c],
+                        x.rem_euclid(primes[c]) + offsets[c],
+                        "{name}: {x} mod {}",
+                        primes[c]
+                    );
+                }
             }
         }
     }

@@ -2,8 +2,8 @@
 //! windows (SPEC section 1, step 3).
 
 #[cfg(target_arch = "x86_64")]
-use super::reduce::{narrow, simd};
-use super::reduce::{rem_fast, NARROW_PRIMES};
+use super::reduce::{narrow, simd, wide};
+use super::reduce::{rem_fast, slide, Run, NARROW_PRIMES};
 use super::{ROW_ID_DEAD, TOKEN_DEAD};
 use crate::error::{bail, Result};
 use crate::fallible::{try_map, try_vec, vec_bytes};
@@ -48,6 +48,8 @@ pub enum HashPath {
     /// AVX2: 4 heads at a time, the correction in 32-bit integers (every
     /// prime below 2^31, as the released model's are).
     Avx2Narrow,
+    /// AVX-512: 8 heads at a time, the correction of `Avx2Narrow`.
+    Avx512Narrow,
 }
 
 /// The raw tables as an engine hands them over (GGUF widths).
@@ -202,13 +204,19 @@ impl HashTables {
             + self.inv_primes.as_ref().map_or(0, vec_bytes)
     }
 
-    /// The fastest path this CPU and these tables allow: the AVX2 32-bit
-    /// correction, else AVX-512, else scalar, else the division.
+    /// The fastest path this CPU and these tables allow: the 32-bit
+    /// correction in AVX-512, else in AVX2, else the 64-bit one in AVX-512,
+    /// else scalar, else the division.
     pub fn with_best_path(self) -> HashTables {
-        let p = [HashPath::Avx2Narrow, HashPath::Avx512, HashPath::Scalar]
-            .into_iter()
-            .find(|&p| self.allows(p))
-            .unwrap_or(HashPath::Division);
+        let p = [
+            HashPath::Avx512Narrow,
+            HashPath::Avx2Narrow,
+            HashPath::Avx512,
+            HashPath::Scalar,
+        ]
+        .into_iter()
+        .find(|&p| self.allows(p))
+        .unwrap_or(HashPath::Division);
         self.with_path(p).expect("an allowed path")
     }
 
@@ -222,16 +230,22 @@ impl HashTables {
             HashPath::Avx512 => inv && self.n_heads.is_multiple_of(8) && simd::available(),
             #[cfg(target_arch = "x86_64")]
             HashPath::Avx2Narrow => {
-                inv && self.n_heads.is_multiple_of(4)
-                    && self
-                        .primes
-                        .iter()
-                        .all(|&p| NARROW_PRIMES.contains(&(p as u64)))
-                    && narrow::available()
+                inv && self.n_heads.is_multiple_of(4) && self.narrow_primes() && narrow::available()
+            }
+            #[cfg(target_arch = "x86_64")]
+            HashPath::Avx512Narrow => {
+                inv && self.n_heads.is_multiple_of(8) && self.narrow_primes() && wide::available()
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
+    }
+
+    /// Every prime lies in [`NARROW_PRIMES`] (the 32-bit corrections).
+    fn narrow_primes(&self) -> bool {
+        self.primes
+            .iter()
+            .all(|&p| NARROW_PRIMES.contains(&(p as u64)))
     }
 
     /// Use `path` (tests and benchmarks compare them); `None` if this CPU or
@@ -272,115 +286,73 @@ impl HashTables {
         }
     }
 
-    /// Row ids of every layer for a batch of look-back windows (`[n, N]`, a
-    /// dead one starting with -1) into `out` (`[n, n_layers * C]`).
-    pub fn hash_windows(&self, windows: &[i64], out: &mut [i64]) {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(inv) = &self.inv_primes {
-            let args = (
-                self.max_ngram,
-                self.n_heads,
-                &self.multipliers,
-                &self.primes,
-            );
-            match self.path {
-                // SAFETY: `path` is Avx512 only when `allows` found avx512f and
-                // avx512dq and `n_heads` a multiple of 8; the sizes are the tables'.
-                HashPath::Avx512 => unsafe {
-                    simd::windows(
-                        windows,
-                        args.0,
-                        args.1,
-                        args.2,
-                        args.3,
-                        inv,
-                        &self.offsets,
-                        ROW_ID_DEAD,
-                        out,
-                    );
-                    return;
-                },
-                // SAFETY: `path` is Avx2Narrow only when `allows` found avx2
-                // and fma, `n_heads` a multiple of 4 and every prime in
-                // NARROW_PRIMES; the sizes are the tables'.
-                HashPath::Avx2Narrow => unsafe {
-                    narrow::windows(
-                        windows,
-                        args.0,
-                        args.1,
-                        args.2,
-                        args.3,
-                        inv,
-                        &self.offsets,
-                        ROW_ID_DEAD,
-                        out,
-                    );
-                    return;
-                },
-                _ => {}
-            }
-        }
+    /// Row ids of every layer for the tokens of `runs` (see [`Run`]), in
+    /// order, into `out` (`[sum(len), n_layers * C]`): a dead run's rows are
+    /// all [`ROW_ID_DEAD`]. Panics if `out` or `xs` is not as long as the
+    /// runs say.
+    pub fn hash_runs(&self, xs: &[i64], runs: &[Run], out: &mut [i64]) {
+        let nn = self.max_ngram;
         let row = self.n_layers() * self.cols();
-        for (w, o) in windows
-            .chunks_exact(self.max_ngram)
-            .zip(out.chunks_exact_mut(row))
-        {
-            if w[0] == -1 {
-                o.fill(ROW_ID_DEAD);
-            } else {
-                self.hash_window(w, o);
-            }
+        let mut tokens = 0usize;
+        for r in runs {
+            assert!(
+                r.x == Run::DEAD
+                    || r.x
+                        .checked_add(r.len + nn - 1)
+                        .is_some_and(|e| e <= xs.len()),
+                "run {r:?} reads past the {} look-back entries",
+                xs.len()
+            );
+            tokens += r.len;
         }
-    }
-
-    /// Row ids of every layer for one position whose look-back window (compressed
-    /// ids, `w[0]` the position itself) is `w`; `out` is `[n_layers * C]`.
-    #[inline]
-    pub fn hash_window(&self, w: &[i64], out: &mut [i64]) {
-        let (n, h, cols) = (self.max_ngram, self.n_heads, self.cols());
-        for l in 0..self.n_layers() {
-            let m = &self.multipliers[l * n..(l + 1) * n];
-            let primes = &self.primes[l * cols..(l + 1) * cols];
-            let offsets = &self.offsets[l * cols..(l + 1) * cols];
-            let o = &mut out[l * cols..(l + 1) * cols];
-            let mut rolling = w[0].wrapping_mul(m[0]);
-            match &self.inv_primes {
-                #[cfg(target_arch = "x86_64")]
-                Some(inv) if matches!(self.path, HashPath::Avx512 | HashPath::Avx2Narrow) => {
-                    let inv = &inv[l * cols..(l + 1) * cols];
-                    for k in 1..n {
-                        rolling ^= w[k].wrapping_mul(m[k]);
-                        let c = (k - 1) * h..k * h;
-                        let (p, i, of) = (&primes[c.clone()], &inv[c.clone()], &offsets[c.clone()]);
-                        if self.path == HashPath::Avx512 {
-                            // SAFETY: as in `hash_windows`.
-                            unsafe { simd::columns(rolling, p, i, of, &mut o[c]) };
-                        } else {
-                            // SAFETY: as in `hash_windows`.
-                            unsafe { narrow::columns(rolling, p, i, of, &mut o[c]) };
-                        }
+        assert_eq!(
+            out.len(),
+            tokens * row,
+            "output rows against the runs' tokens"
+        );
+        let (h, m, pr, of) = (
+            self.n_heads,
+            &self.multipliers[..],
+            &self.primes[..],
+            &self.offsets[..],
+        );
+        match (&self.inv_primes, self.path) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `path` is Avx512Narrow only when `allows` found avx512f
+            // and avx512dq, `n_heads` a multiple of 8 and every prime in
+            // NARROW_PRIMES; the runs and `out` are checked above; the
+            // tables hold L*N multipliers and L*C columns (`new`).
+            (Some(inv), HashPath::Avx512Narrow) => unsafe {
+                wide::runs(xs, runs, nn, h, m, pr, inv, of, ROW_ID_DEAD, out)
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above: avx2 and fma, `n_heads` a multiple of 4,
+            // every prime in NARROW_PRIMES.
+            (Some(inv), HashPath::Avx2Narrow) => unsafe {
+                narrow::runs(xs, runs, nn, h, m, pr, inv, of, ROW_ID_DEAD, out)
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above: avx512f and avx512dq, `n_heads` a multiple of 8.
+            (Some(inv), HashPath::Avx512) => unsafe {
+                simd::runs(xs, runs, nn, h, m, pr, inv, of, ROW_ID_DEAD, out)
+            },
+            // SAFETY: the runs and `out` are checked above; each call writes
+            // columns `c..c + H` of the row, inside its `L*C`.
+            (Some(inv), HashPath::Scalar) => unsafe {
+                slide::<0, 0, 0>(xs, runs, nn, h, m, ROW_ID_DEAD, out, |x, c, row, h| {
+                    for j in c..c + h {
+                        *row.add(j) = rem_fast(x, pr[j], inv[j]) + of[j];
                     }
-                }
-                Some(inv) if self.path != HashPath::Division => {
-                    let inv = &inv[l * cols..(l + 1) * cols];
-                    for k in 1..n {
-                        rolling ^= w[k].wrapping_mul(m[k]);
-                        for hh in 0..h {
-                            let c = (k - 1) * h + hh;
-                            o[c] = rem_fast(rolling, primes[c], inv[c]) + offsets[c];
-                        }
+                })
+            },
+            // SAFETY: as for Scalar.
+            _ => unsafe {
+                slide::<0, 0, 0>(xs, runs, nn, h, m, ROW_ID_DEAD, out, |x, c, row, h| {
+                    for j in c..c + h {
+                        *row.add(j) = x.rem_euclid(pr[j]) + of[j];
                     }
-                }
-                _ => {
-                    for k in 1..n {
-                        rolling ^= w[k].wrapping_mul(m[k]);
-                        for hh in 0..h {
-                            let c = (k - 1) * h + hh;
-                            o[c] = rolling.rem_euclid(primes[c]) + offsets[c];
-                        }
-                    }
-                }
-            }
+                })
+            },
         }
     }
 }
@@ -390,13 +362,33 @@ mod tests {
     use super::*;
     use crate::hash::{derive_offsets, derive_primes_uniform};
 
-    /// Every reduction this CPU runs (AVX2 32-bit, AVX-512, scalar float)
-    /// gives the `rem_euclid` row ids, one window at a time and batched, on
-    /// windows of V4.1-like tables (negative rolling values included), at the
-    /// edge primes of each path (just above 2^14, just below 2^31, and primes
-    /// above 2^31 that only the 64-bit paths take), with 4 and 8 heads.
+    /// SPEC section 1, step 3 for one window, written out with `rem_euclid`.
+    fn reference(t: &HashTables, w: &[i64]) -> Vec<i64> {
+        let (nn, h, cols) = (t.max_ngram, t.n_heads, t.cols());
+        let mut o = vec![0i64; t.n_layers() * cols];
+        for l in 0..t.n_layers() {
+            let m = &t.multipliers[l * nn..(l + 1) * nn];
+            let mut rolling = w[0].wrapping_mul(m[0]);
+            for k in 1..nn {
+                rolling ^= w[k].wrapping_mul(m[k]);
+                for hh in 0..h {
+                    let c = l * cols + (k - 1) * h + hh;
+                    o[c] = rolling.rem_euclid(t.primes[c]) + t.offsets[c];
+                }
+            }
+        }
+        o
+    }
+
+    /// Every path this CPU runs (AVX-512 and AVX2 32-bit, AVX-512 64-bit,
+    /// scalar float, division) gives the `rem_euclid` row ids of SPEC
+    /// section 1, on random runs (dead ones among them, windows overlapping
+    /// and sliding) over entries with negative values (rolling values of
+    /// either sign), at the edge primes of each path (just above 2^14, just
+    /// below 2^31, and primes above 2^31 that only the 64-bit paths take),
+    /// with 4, 8 and 16 heads and n-grams of 2 to 5 tokens.
     #[test]
-    fn hash_window_paths_agree() {
+    fn hash_run_paths_agree() {
         let mut z = 7u64;
         let mut next = move || {
             z = z.wrapping_add(0x9e3779b97f4a7c15);
@@ -404,20 +396,30 @@ mod tests {
             x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
             x ^ (x >> 29)
         };
-        for (size, heads) in [
-            (16_000_000u64, 8usize),
-            (16_385, 4),
-            ((1 << 31) - 3000, 8),
-            (1 << 40, 8),
+        let all = [
+            HashPath::Division,
+            HashPath::Scalar,
+            HashPath::Avx512,
+            HashPath::Avx2Narrow,
+            HashPath::Avx512Narrow,
+        ];
+        for (size, heads, nn) in [
+            (16_000_000u64, 8usize, 4usize),
+            (16_385, 4, 4),
+            ((1 << 31) - 3000, 8, 4),
+            (1 << 40, 8, 4),
+            (16_000_000, 16, 3),
+            (1 << 20, 8, 2),
+            (1 << 20, 4, 5),
         ] {
-            let cols = 3 * heads;
-            let primes = derive_primes_uniform(2, 4, heads, size).unwrap();
+            let cols = (nn - 1) * heads;
+            let primes = derive_primes_uniform(2, nn, heads, size).unwrap();
             let offsets = derive_offsets(&primes, cols);
-            let multipliers: Vec<u64> = (0..8).map(|_| next() | 1).collect();
+            let multipliers: Vec<u64> = (0..2 * nn).map(|_| next() | 1).collect();
             let map = vec![0i32; 4];
             let input = HashTablesIn {
                 layer_ids: &[1, 14],
-                max_ngram: 4,
+                max_ngram: nn,
                 n_heads: heads,
                 token_map: &map,
                 pad_id: 2,
@@ -425,11 +427,7 @@ mod tests {
                 primes: &primes,
                 offsets: &offsets,
             };
-            let reference = HashTables::new(&input)
-                .unwrap()
-                .with_path(HashPath::Division)
-                .unwrap();
-            let paths: Vec<HashTables> = [HashPath::Scalar, HashPath::Avx512, HashPath::Avx2Narrow]
+            let paths: Vec<HashTables> = all
                 .into_iter()
                 .filter_map(|p| HashTables::new(&input).unwrap().with_path(p))
                 .collect();
@@ -439,39 +437,71 @@ mod tests {
                 size < 1 << 31,
                 "the edge case is not at the edge"
             );
-            assert_eq!(
-                HashTables::new(&input)
-                    .unwrap()
-                    .allows(HashPath::Avx2Narrow),
-                narrow_ok && narrow::available(),
-                "size {size}"
-            );
+            let t0 = &paths[0];
+            assert_eq!(t0.path(), HashPath::Division);
+            #[cfg(target_arch = "x86_64")]
+            {
+                assert_eq!(
+                    t0.allows(HashPath::Avx2Narrow),
+                    narrow_ok && narrow::available(),
+                    "size {size}"
+                );
+                assert_eq!(
+                    t0.allows(HashPath::Avx512Narrow),
+                    narrow_ok && heads % 8 == 0 && wide::available(),
+                    "size {size}"
+                );
+            }
             eprintln!(
-                "size {size}, {heads} heads: paths {:?}",
+                "size {size}, {heads} heads, N {nn}: paths {:?}",
                 paths.iter().map(|p| p.path()).collect::<Vec<_>>()
             );
-            let n = 2000;
-            let windows: Vec<i64> = (0..n * 4)
-                .map(|i| match i % 97 {
-                    0 => -1, // a dead window start now and then
-                    _ => (next() % 200_000) as i64 - ((i / 4) % 2) as i64 * 100,
-                })
+            let xs: Vec<i64> = (0..3000)
+                .map(|i| (next() % 200_000) as i64 - (i % 2) as i64 * 100)
                 .collect();
-            let row = 2 * cols;
-            let mut want = vec![0i64; n * row];
-            reference.hash_windows(&windows, &mut want);
-            let mut one = vec![0i64; row];
-            for t in &paths {
-                let mut got = vec![0i64; n * row];
-                t.hash_windows(&windows, &mut got);
-                assert_eq!(got, want, "{:?} batched, size {size}", t.path());
-                for (w, o) in windows.chunks(4).zip(want.chunks(row)) {
-                    if w[0] != -1 {
-                        t.hash_window(w, &mut one);
-                        assert_eq!(one, o, "{:?} one window {w:?}", t.path());
-                    }
+            let mut runs = Vec::new();
+            let mut want = Vec::new();
+            for _ in 0..400 {
+                let len = 1 + (next() % 9) as usize;
+                if next() % 7 == 0 {
+                    runs.push(Run { x: Run::DEAD, len });
+                    want.extend(std::iter::repeat_n(ROW_ID_DEAD, len * 2 * cols));
+                    continue;
+                }
+                let x = (next() % (xs.len() - len - nn + 2) as u64) as usize;
+                runs.push(Run { x, len });
+                for j in 0..len {
+                    let w: Vec<i64> = (0..nn).map(|k| xs[x + j + nn - 1 - k]).collect();
+                    want.extend(reference(t0, &w));
                 }
             }
+            for t in &paths {
+                let mut got = vec![0i64; want.len()];
+                t.hash_runs(&xs, &runs, &mut got);
+                assert_eq!(got, want, "{:?}, size {size}", t.path());
+            }
         }
+    }
+
+    /// Runs that read past the entries, or rows that do not match the runs'
+    /// tokens, are refused before anything is read or written.
+    #[test]
+    #[should_panic(expected = "reads past")]
+    fn hash_runs_checks_the_runs() {
+        let primes = derive_primes_uniform(1, 3, 4, 20_000).unwrap();
+        let offsets = derive_offsets(&primes, 8);
+        let t = HashTables::new(&HashTablesIn {
+            layer_ids: &[3],
+            max_ngram: 3,
+            n_heads: 4,
+            token_map: &[0],
+            pad_id: 0,
+            multipliers: &[3, 5, 7],
+            primes: &primes,
+            offsets: &offsets,
+        })
+        .unwrap();
+        let mut out = vec![0i64; 2 * 8];
+        t.hash_runs(&[1, 2, 3], &[Run { x: 0, len: 2 }], &mut out);
     }
 }

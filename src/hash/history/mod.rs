@@ -2,8 +2,9 @@
 //! batch hash over it (SPEC section 1, steps 1-2: compress, window with sticky
 //! blocking).
 
+use super::reduce::Run;
 use super::tables::HashTables;
-use super::UNSET;
+use super::{TOKEN_DEAD, UNSET};
 use crate::batch::Limits;
 use crate::error::{bail, Error, Result};
 use crate::fallible::vec_bytes;
@@ -96,12 +97,79 @@ impl SeqHistory {
         Ok((std::mem::replace(&mut page[pos % PAGE], v), r))
     }
 
-    /// Write a reserved position.
-    fn set(&mut self, pos: usize, v: i32) {
-        let page = self.pages[pos / PAGE]
-            .as_mut()
-            .expect("reserved before set");
-        page[pos % PAGE] = v;
+    /// The page holding `pos`, allocated (fallibly) if it is not yet, and
+    /// what the allocation changed.
+    #[inline]
+    fn page_mut(&mut self, pos: usize) -> Result<(&mut [i32], Option<Reserved>)> {
+        let pi = pos / PAGE;
+        let mut r = None;
+        if !matches!(self.pages.get(pi), Some(Some(_))) {
+            r = Some(self.reserve(pos)?);
+        }
+        Ok((self.pages[pi].as_deref_mut().expect("reserved above"), r))
+    }
+
+    /// [`History::step`] off its common case: the look-back of `p` into
+    /// `ctx` (for a live token) across a page edge, then `p`'s page
+    /// allocated if it is not and `c` written at `p`. `None`: the look-back
+    /// was never hashed or the page cannot be had (the two passes report
+    /// which), nothing changed; else what `p` held and what the allocation
+    /// changed.
+    #[inline(never)]
+    fn step_cold(
+        &mut self,
+        p: usize,
+        c: i32,
+        pad: i64,
+        ctx: Option<&mut [i64]>,
+    ) -> Option<(i32, Option<Reserved>)> {
+        if let Some(ctx) = ctx {
+            // No marker is left between calls: `cs` is never read.
+            self.lookback(p, pad, ctx, &[]).ok()?;
+        }
+        let (page, r) = self.page_mut(p).ok()?;
+        Some((std::mem::replace(&mut page[p % PAGE], c), r))
+    }
+
+    /// The look-back entries of position `p` (SPEC section 1, step 2) into
+    /// `ctx`, the `N-1` entries before the position's own in a sliding
+    /// buffer: `ctx[N-1-k]` is the compressed id at `p - k`, or the pad once
+    /// the look-back is blocked (before position 0, at a dead token and
+    /// beyond it). A batch's marker reads as its token's id in `cs`.
+    /// `Err(q)`: position `q`, which the look-back needs, was never hashed.
+    #[inline]
+    fn lookback(
+        &self,
+        p: usize,
+        pad: i64,
+        ctx: &mut [i64],
+        cs: &[i32],
+    ) -> std::result::Result<(), usize> {
+        let back = ctx.len();
+        // The common case: the whole look-back in the position's own page.
+        let page = match self.pages.get(p / PAGE) {
+            Some(Some(page)) if p % PAGE >= back => Some(&page[p % PAGE - back..p % PAGE]),
+            _ => None,
+        };
+        for k in 1..=back {
+            let mut v = match page {
+                Some(before) => before[back - k],
+                None if k > p => -1,
+                None => self.get(p - k),
+            };
+            if v < -1 && v != UNSET {
+                v = cs[v.wrapping_sub(MARK_BASE) as usize];
+            }
+            match v {
+                UNSET => return Err(p - k),
+                -1 => {
+                    ctx[..=back - k].fill(pad);
+                    return Ok(());
+                }
+                v => ctx[back - k] = v as i64,
+            }
+        }
+        Ok(())
     }
 
     /// One past the highest position written (0 for none).
@@ -158,17 +226,53 @@ pub struct History {
     scratch: Scratch,
 }
 
+/// The per-call working buffers. All but `reserved` only grow (to the
+/// largest call's need) and are written by index; `reserved` is refilled by
+/// each call.
 #[derive(Clone, Debug, Default)]
 struct Scratch {
-    /// (sequence, position, compressed id) of each token of the batch.
-    batch: Vec<(usize, usize, i32)>,
-    /// What each batch position held before the call, to restore on error.
+    /// The compressed id of each token of the batch.
+    cs: Vec<i32>,
+    /// What each claimed token's position held before the call, by token, to
+    /// restore on error.
     saved: Vec<i32>,
+    /// The positions claimed, in token order from token 0: runs of
+    /// consecutive batch tokens on consecutive positions of one sequence
+    /// inside one page; the first `n_claims` are this call's.
+    claims: Vec<Claim>,
+    n_claims: usize,
     /// (sequence, reservation) of every page this call allocated, to free on
     /// error: a failed call leaves the history's memory as it found it.
     reserved: Vec<(usize, Reserved)>,
-    /// Look-back windows `[n, N]`.
-    windows: Vec<i64>,
+    /// The look-back entries and the batch's compressed ids that the runs'
+    /// windows slide over, and the runs ([`HashTables::hash_runs`]).
+    xs: Vec<i64>,
+    runs: Vec<Run>,
+    /// One bit per sequence, set while a decode step ([`History::step`])
+    /// has a token of it; all clear between calls.
+    seen: Vec<u64>,
+}
+
+/// Grow `v` to at least `len` entries (fallibly; never shrinks).
+fn grow<T: Copy>(
+    v: &mut Vec<T>,
+    len: usize,
+    fill: T,
+) -> std::result::Result<(), std::collections::TryReserveError> {
+    if v.len() < len {
+        v.try_reserve_exact(len - v.len())?;
+        v.resize(len, fill);
+    }
+    Ok(())
+}
+
+/// `len` batch tokens, from the one after the previous claim's last, on
+/// positions `p..p + len` of sequence `s`, inside one page.
+#[derive(Clone, Copy, Debug, Default)]
+struct Claim {
+    s: usize,
+    p: usize,
+    len: usize,
 }
 
 /// A placeholder written while a batch is laid into the history: it names the
@@ -205,10 +309,13 @@ impl History {
     /// reporting): it grows to the largest call and stays.
     pub fn scratch_bytes(&self) -> usize {
         let sc = &self.scratch;
-        vec_bytes(&sc.batch)
+        vec_bytes(&sc.cs)
             + vec_bytes(&sc.saved)
+            + vec_bytes(&sc.claims)
             + vec_bytes(&sc.reserved)
-            + vec_bytes(&sc.windows)
+            + vec_bytes(&sc.xs)
+            + vec_bytes(&sc.runs)
+            + vec_bytes(&sc.seen)
     }
 
     /// Positions hashed so far in `seq` (one past the highest written).
@@ -282,7 +389,12 @@ impl History {
         r
     }
 
-    #[allow(clippy::needless_range_loop)] // look-back k indexes the window and the position
+    /// [`History::hash`] with the call's working buffers. In two passes:
+    /// claim every token's position (in token order, a run of consecutive
+    /// positions a page at a time), then lay the batch's ids in and build
+    /// each run's look-back; then hash. Every error is found in token order
+    /// and reported as the first failing token's, and puts back what was
+    /// claimed.
     fn hash_with(
         &mut self,
         t: &HashTables,
@@ -294,11 +406,7 @@ impl History {
     ) -> Result<()> {
         let n = tokens.len();
         let nn = t.max_ngram;
-        // 1. Validate each token and claim its (sequence, position) with a
-        //    marker, saving what was there; a position claimed twice is an
-        //    error. Any error puts back what was claimed.
-        sc.batch.clear();
-        sc.saved.clear();
+        sc.n_claims = 0;
         sc.reserved.clear();
         let cap = |e: std::collections::TryReserveError| {
             Error::new(
@@ -306,155 +414,448 @@ impl History {
                 format!("out of memory for the hash's working buffers ({n} tokens): {e}"),
             )
         };
-        sc.batch.try_reserve(n).map_err(cap)?;
-        sc.saved.try_reserve(n).map_err(cap)?;
-        sc.reserved.try_reserve(n).map_err(cap)?;
-        sc.windows.try_reserve(n * nn).map_err(cap)?;
-        for i in 0..n {
-            // The token map is larger than L2 and read at random: ask for the
-            // entry a few tokens ahead now, so it is in cache when needed.
-            #[cfg(target_arch = "x86_64")]
-            if let Some(&ahead) = tokens.get(i + 16) {
-                if let Some(e) = usize::try_from(ahead).ok().and_then(|a| t.token_map.get(a)) {
-                    // SAFETY: a prefetch hint of an address inside `token_map`;
-                    // it reads nothing and cannot fault.
-                    unsafe {
-                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                            e as *const i32 as *const i8,
-                        )
-                    };
-                }
+        // Each run holds at least one token and `N-1` look-back entries.
+        grow(&mut sc.cs, n, 0).map_err(cap)?;
+        grow(&mut sc.saved, n, 0).map_err(cap)?;
+        grow(&mut sc.claims, n, Claim::default()).map_err(cap)?;
+        grow(&mut sc.xs, n * nn, 0).map_err(cap)?;
+        grow(&mut sc.runs, n, Run { x: 0, len: 0 }).map_err(cap)?;
+        sc.reserved.try_reserve_exact(n).map_err(cap)?;
+        // V4.1's look-back (3) known at compile time.
+        let step = if nn == 4 {
+            self.step::<3>(t, tokens, seq_ids, pos, sc)
+        } else {
+            self.step::<0>(t, tokens, seq_ids, pos, sc)
+        };
+        if let Some((nx, nr)) = step {
+            t.hash_runs(&sc.xs[..nx], &sc.runs[..nr], out);
+            return Ok(());
+        }
+        if let Err(e) = self.claim_all(t, tokens, seq_ids, pos, sc) {
+            self.restore(sc);
+            return Err(e);
+        }
+        let built = if nn == 4 {
+            self.build_runs::<3>(t, n, sc)
+        } else {
+            self.build_runs::<0>(t, n, sc)
+        };
+        match built {
+            Ok((nx, nr)) => {
+                // Nothing below can fail.
+                t.hash_runs(&sc.xs[..nx], &sc.runs[..nr], out);
+                Ok(())
             }
-            // The common case of a prefill: the next position of the previous
-            // token's sequence, in the same page. Claimed without the general
-            // checks (the sequence was checked, the position is in range, its
-            // page exists); anything else (a token the map refuses, a position
-            // claimed twice, a page or range edge) takes the general path
-            // below, which reports it exactly as for any token.
-            if let Some(&(s, lp, _)) = sc.batch.last() {
-                let p = lp + 1;
-                if seq_ids[i] == seq_ids[i - 1]
-                    && pos[i] as i64 == pos[i - 1] as i64 + 1
-                    && !p.is_multiple_of(PAGE)
-                    && p < self.limits.max_positions
-                {
-                    if let Ok(c) = t.compress(i, tokens[i]) {
-                        let page = self.seqs[s].pages[p / PAGE]
-                            .as_mut()
-                            .expect("the previous position's page");
-                        let slot = &mut page[p % PAGE];
-                        if !(MARK_BASE..MARK_BASE + n as i32).contains(slot) {
-                            let old = std::mem::replace(slot, MARK_BASE + i as i32);
-                            sc.batch.push((s, p, c));
-                            sc.saved.push(old);
-                            continue;
+            Err(e) => {
+                self.restore(sc);
+                Err(e)
+            }
+        }
+    }
+
+    /// A decode step in one pass: when every token is the only one of its
+    /// sequence in the batch, valid, and its look-back was hashed, no token
+    /// can see or claim another's positions, so each is laid in and its run
+    /// (its look-back, then itself) built as it is read. Returns the entries
+    /// of `sc.xs` and the runs written; or, at the first token that is not
+    /// such a token (or whose page cannot be allocated), `None`, having put
+    /// back what it changed and freed what it allocated, for the two passes
+    /// to take the call from the start (and report any error).
+    fn step<const BACK: usize>(
+        &mut self,
+        t: &HashTables,
+        tokens: &[i32],
+        seq_ids: &[i32],
+        pos: &[i32],
+        sc: &mut Scratch,
+    ) -> Option<(usize, usize)> {
+        let n = tokens.len();
+        let back = if BACK > 0 { BACK } else { t.max_ngram - 1 };
+        let (pad, map, max_pos) = (t.pad_id, &t.token_map[..], self.limits.max_positions);
+        // (Without memory for the bits, the two passes do it all.)
+        grow(&mut sc.seen, self.seqs.len().div_ceil(64), 0).ok()?;
+        let (saved, xs, runs) = (&mut sc.saved[..n], &mut sc.xs[..], &mut sc.runs[..n]);
+        let seen = &mut sc.seen[..];
+        let (mut nx, mut nr) = (0usize, 0usize);
+        let mut i = 0;
+        let batch = tokens.iter().zip(seq_ids).zip(pos).zip(saved.iter_mut());
+        'tokens: for (((&tok, &sq), &ps), saved) in batch {
+            let (Ok(s), Ok(p)) = (usize::try_from(sq), usize::try_from(ps)) else {
+                break;
+            };
+            let Some(h) = self.seqs.get_mut(s).filter(|_| p < max_pos) else {
+                break;
+            };
+            let Some(word) = seen.get_mut(s / 64) else {
+                break;
+            };
+            let bit = 1u64 << (s % 64);
+            if *word & bit != 0 {
+                break;
+            }
+            // A decode step's tokens are each a random entry of the map,
+            // which is larger than L2: ask for the entry a few tokens ahead
+            // now (the prefill's loop does the same).
+            prefetch_entry(map, tokens.get(i + 8));
+            let Some(c) = compressed(map, tok).0 else {
+                break;
+            };
+            let (pi, off) = (p / PAGE, p % PAGE);
+            let Some(ctx) = xs.get_mut(nx..nx + back + 1) else {
+                break;
+            };
+            *saved = match h.pages.get_mut(pi) {
+                // The common case: the page exists and holds the look-back,
+                // read as `lookback` reads it (no marker is left between
+                // calls).
+                Some(Some(page)) if off >= back => {
+                    if c != -1 {
+                        let before = &page[off - back..off];
+                        let mut k = back;
+                        while k > 0 {
+                            match before[k - 1] {
+                                UNSET => break 'tokens,
+                                -1 => {
+                                    ctx[..k].fill(pad);
+                                    k = 0;
+                                }
+                                v => {
+                                    ctx[k - 1] = v as i64;
+                                    k -= 1;
+                                }
+                            }
+                        }
+                    }
+                    std::mem::replace(&mut page[off], c)
+                }
+                _ => {
+                    let live = (c != -1).then_some(&mut ctx[..back]);
+                    match h.step_cold(p, c, pad, live) {
+                        Some((old, r)) => {
+                            if let Some(r) = r {
+                                sc.reserved.push((s, r));
+                            }
+                            old
+                        }
+                        None => break,
+                    }
+                }
+            };
+            *word |= bit;
+            if c == -1 {
+                match nr.checked_sub(1).map(|r| &mut runs[r]) {
+                    Some(r) if r.x == Run::DEAD => r.len += 1,
+                    _ => {
+                        runs[nr] = Run {
+                            x: Run::DEAD,
+                            len: 1,
+                        };
+                        nr += 1;
+                    }
+                }
+            } else {
+                ctx[back] = c as i64;
+                runs[nr] = Run { x: nx, len: 1 };
+                nr += 1;
+                nx += back + 1;
+            }
+            i += 1;
+        }
+        // Tokens `0..i` were laid in (their sequences and positions valid).
+        for &sq in &seq_ids[..i] {
+            seen[sq as usize / 64] &= !(1u64 << (sq as usize % 64));
+        }
+        if i == n {
+            return Some((nx, nr));
+        }
+        for ((&sq, &ps), &old) in seq_ids[..i].iter().zip(&pos[..i]).zip(&saved[..i]) {
+            let (s, p) = (sq as usize, ps as usize);
+            let page = self.seqs[s].pages[p / PAGE]
+                .as_deref_mut()
+                .expect("a page written above");
+            page[p % PAGE] = old;
+        }
+        for (s, r) in sc.reserved.iter().rev() {
+            self.seqs[*s].unreserve(r);
+        }
+        sc.reserved.clear();
+        None
+    }
+
+    /// Pass 1 of [`History::hash_with`]: validate each token and claim its
+    /// (sequence, position) with a marker naming it, saving what was there,
+    /// into `sc`; a position claimed twice is an error. The caller restores
+    /// on error.
+    fn claim_all(
+        &mut self,
+        t: &HashTables,
+        tokens: &[i32],
+        seq_ids: &[i32],
+        pos: &[i32],
+        sc: &mut Scratch,
+    ) -> Result<()> {
+        let n = tokens.len();
+        let map = &t.token_map[..];
+        let (cs, saved, claims) = (&mut sc.cs[..n], &mut sc.saved[..n], &mut sc.claims[..n]);
+        let nc = &mut sc.n_claims;
+        let (max_seqs, max_pos) = (self.limits.max_seqs, self.limits.max_positions);
+        let mut i = 0;
+        while i < n {
+            let (s, p) = match (usize::try_from(seq_ids[i]), usize::try_from(pos[i])) {
+                (Ok(s), Ok(p)) if s < max_seqs && p < max_pos => (s, p),
+                // The checks word the error.
+                _ => {
+                    self.check_seq(seq_ids[i]).map_err(|e| at_token(i, e))?;
+                    self.limits.pos(i, pos[i])?;
+                    unreachable!("sequence {} position {} pass", seq_ids[i], pos[i])
+                }
+            };
+            // The run of tokens on the next positions of the same sequence,
+            // up to max_positions (a token past it starts the next run, whose
+            // check fails).
+            let e = run_end(seq_ids, pos, i, n.min(i + (max_pos - p)));
+            // A page at a time: compress, allocate the page, claim.
+            let mut a = i;
+            while a < e {
+                let pa = p + (a - i);
+                let b = e.min(a + (PAGE - pa % PAGE));
+                let mut f = b;
+                for j in a..b {
+                    // The token map is larger than L2 and read at random:
+                    // ask for the entry a few tokens ahead now, so it is in
+                    // cache when needed.
+                    prefetch_entry(map, tokens.get(j + 16));
+                    match compressed(map, tokens[j]).0 {
+                        Some(c) => cs[j] = c,
+                        None => {
+                            f = j;
+                            break;
                         }
                     }
                 }
-            }
-            let claimed = (|| {
-                let s = self.check_seq(seq_ids[i]).map_err(|e| at_token(i, e))?;
-                let p = self.limits.pos(i, pos[i])?;
-                let c = t.compress(i, tokens[i])?;
-                let (old, r) = self.seqs[s].claim(p, MARK_BASE + i as i32)?;
-                Ok((s, p, c, old, r))
-            })();
-            match claimed {
-                Ok((s, p, c, old, r)) => {
-                    // (Each push fits the capacity reserved above.)
+                if f > a {
+                    let (page, r) = self.seqs[s].page_mut(pa)?;
                     if let Some(r) = r {
                         sc.reserved.push((s, r));
                     }
-                    sc.batch.push((s, p, c));
-                    sc.saved.push(old);
-                    if (MARK_BASE..MARK_BASE + n as i32).contains(&old) {
-                        let first = (old - MARK_BASE) as usize;
-                        self.restore(sc);
+                    let slots = &mut page[pa % PAGE..pa % PAGE + (f - a)];
+                    // A marker of this batch (`MARK_BASE + token`): the first
+                    // one found is the position claimed twice (nothing of
+                    // this page's tokens is claimed yet).
+                    let marker = |v: i32| (v.wrapping_sub(MARK_BASE) as u32 as usize) < n;
+                    if slots.iter().fold(false, |any, &v| any | marker(v)) {
+                        let k = slots.iter().position(|&v| marker(v)).expect("a marker");
+                        let (first, j, q) = ((slots[k] - MARK_BASE) as usize, a + k, pa + k);
                         bail!(
                             ErrInvalidSequence,
-                            "tokens {first} and {i}: sequence {s} position {p} appears twice in one batch"
+                            "tokens {first} and {j}: sequence {s} position {q} appears twice in one batch"
                         );
                     }
-                }
-                Err(e) => {
-                    self.restore(sc);
-                    return Err(e);
-                }
-            }
-        }
-        // 2. Lay the batch in, then read every look-back window.
-        for &(s, p, c) in &sc.batch {
-            self.seqs[s].set(p, c);
-        }
-        sc.windows.clear();
-        sc.windows.resize(n * nn, 0);
-        for (i, &(s, p, c)) in sc.batch.iter().enumerate() {
-            let (done, rest) = sc.windows.split_at_mut(i * nn);
-            let w = &mut rest[..nn];
-            if c == -1 {
-                w[0] = -1;
-                continue;
-            }
-            // The common case of a prefill: the previous token of the batch
-            // is this sequence's previous position. Its window, shifted by
-            // one, is this one's look-back (blocked where it was blocked, or
-            // entirely if that token is dead), so no history is read.
-            if i > 0 && sc.batch[i - 1].0 == s && sc.batch[i - 1].1 + 1 == p {
-                let prev = &done[(i - 1) * nn..];
-                w[0] = c as i64;
-                if prev[0] == -1 {
-                    w[1..].fill(t.pad_id);
-                } else {
-                    w[1..].copy_from_slice(&prev[..nn - 1]);
-                }
-                continue;
-            }
-            let h = &self.seqs[s];
-            w[0] = c as i64;
-            let mut blocked = false;
-            for k in 1..nn {
-                if !blocked {
-                    if k > p {
-                        blocked = true;
-                    } else {
-                        let src = h.get(p - k);
-                        if src == UNSET {
-                            let q = p - k;
-                            self.restore(sc);
-                            bail!(
-                                ErrMissingHistory,
-                                "token {i}: sequence {s} position {p} looks back to position {q}, which was never hashed"
-                            );
-                        }
-                        blocked = src == -1;
-                        w[k] = src as i64;
+                    saved[a..f].copy_from_slice(slots);
+                    for (slot, j) in slots.iter_mut().zip(a as i32..) {
+                        *slot = MARK_BASE + j;
                     }
+                    claims[*nc] = Claim {
+                        s,
+                        p: pa,
+                        len: f - a,
+                    };
+                    *nc += 1;
                 }
-                if blocked {
-                    w[k] = t.pad_id;
+                if f < b {
+                    // The general check words the error (token, id, map).
+                    return Err(t
+                        .compress(f, tokens[f])
+                        .expect_err("a token `compressed` refuses"));
                 }
+                a = b;
             }
+            i = e;
         }
-        // 3. Hash; nothing below can fail.
-        t.hash_windows(&sc.windows, out);
         Ok(())
     }
 
-    /// Put back what the positions claimed so far held, newest first (so a
-    /// position claimed twice ends with its original value).
-    /// Then free the pages the call allocated, newest first (so each page
-    /// table ends with the length and capacity it had before the call).
+    /// Pass 2 of [`History::hash_with`]: lay the batch in (each claim's
+    /// markers become its ids) and build the runs, token by token, into
+    /// `sc.xs` and `sc.runs`, returning how many entries of each it wrote. A
+    /// claim that does not continue the previous one (same sequence, next
+    /// position) starts a run from the history's look-back, which reads a
+    /// marker still there as the id it stands for (the batch's tokens see
+    /// each other whatever their order); a dead token ends the run (its rows
+    /// are dead, consecutive dead tokens one run) and blocks the look-back of
+    /// the tokens after it. `BACK`, when not 0, is `N - 1` known at compile
+    /// time. The caller restores on error.
+    fn build_runs<const BACK: usize>(
+        &mut self,
+        t: &HashTables,
+        n: usize,
+        sc: &mut Scratch,
+    ) -> Result<(usize, usize)> {
+        let back = if BACK > 0 { BACK } else { t.max_ngram - 1 };
+        let pad = t.pad_id;
+        let claims = &sc.claims[..sc.n_claims];
+        let (xs, runs, cs) = (&mut sc.xs[..], &mut sc.runs[..], &sc.cs[..n]);
+        let (mut nx, mut nr) = (0usize, 0usize);
+        // The open run (none while `len` is 0).
+        let mut cur = Run { x: 0, len: 0 };
+        // The next position of the previous claim's sequence.
+        let mut next: Option<(usize, usize)> = None;
+        let mut i = 0;
+        for &c in claims {
+            let starts = next != Some((c.s, c.p));
+            next = Some((c.s, c.p + c.len));
+            let ids = &cs[i..i + c.len];
+            let page = self.seqs[c.s].pages[c.p / PAGE]
+                .as_deref_mut()
+                .expect("a claimed page");
+            let off = c.p % PAGE;
+            if c.len == 1 {
+                page[off] = ids[0]; // (no call to memcpy)
+            } else {
+                page[off..off + c.len].copy_from_slice(ids);
+            }
+            let mut j = 0;
+            while j < ids.len() {
+                if ids[j] == -1 {
+                    if cur.x != Run::DEAD {
+                        if cur.len > 0 {
+                            runs[nr] = cur;
+                            nr += 1;
+                        }
+                        cur = Run {
+                            x: Run::DEAD,
+                            len: 0,
+                        };
+                    }
+                    cur.len += 1;
+                    j += 1;
+                    continue;
+                }
+                let first = starts && j == 0;
+                if cur.x == Run::DEAD || cur.len == 0 || first {
+                    if cur.len > 0 {
+                        runs[nr] = cur;
+                        nr += 1;
+                    }
+                    cur = Run { x: nx, len: 0 };
+                    let ctx = &mut xs[nx..nx + back];
+                    nx += back;
+                    if !first {
+                        ctx.fill(pad);
+                    } else if let Err(q) = self.seqs[c.s].lookback(c.p, pad, ctx, cs) {
+                        let (s, p) = (c.s, c.p);
+                        bail!(
+                            ErrMissingHistory,
+                            "token {i}: sequence {s} position {p} looks back to position {q}, which was never hashed"
+                        );
+                    }
+                }
+                // The live tokens up to the next dead one join the run.
+                let live = ids[j..]
+                    .iter()
+                    .position(|&v| v == -1)
+                    .unwrap_or(ids.len() - j);
+                for (x, &v) in xs[nx..nx + live].iter_mut().zip(&ids[j..j + live]) {
+                    *x = v as i64;
+                }
+                nx += live;
+                cur.len += live;
+                j += live;
+            }
+            i += c.len;
+        }
+        if cur.len > 0 {
+            runs[nr] = cur;
+            nr += 1;
+        }
+        Ok((nx, nr))
+    }
+
+    /// Put back what the claimed positions held, newest first, then free the
+    /// pages the call allocated, newest first (so each page table ends with
+    /// the length and capacity it had before the call).
     fn restore(&mut self, sc: &Scratch) {
-        for (&(s, p, _), &old) in sc.batch.iter().zip(&sc.saved).rev() {
-            let h = &mut self.seqs[s];
-            if let Some(Some(page)) = h.pages.get_mut(p / PAGE) {
-                page[p % PAGE] = old;
+        let claims = &sc.claims[..sc.n_claims];
+        let mut end: usize = claims.iter().map(|c| c.len).sum();
+        for c in claims.iter().rev() {
+            let old = &sc.saved[end - c.len..end];
+            end -= c.len;
+            if let Some(Some(page)) = self.seqs[c.s].pages.get_mut(c.p / PAGE) {
+                page[c.p % PAGE..c.p % PAGE + c.len].copy_from_slice(old);
             }
         }
         for (s, r) in sc.reserved.iter().rev() {
             self.seqs[*s].unreserve(r);
         }
     }
+}
+
+/// One past the last token of the run starting at token `i`: the tokens
+/// after it on the next positions of its sequence, up to token `limit`.
+/// Eight at a time while whole groups continue it (a prefill's run is
+/// thousands of tokens). Positions are in `[0, 2^31)`, so their difference
+/// is exact in wrapping i32 arithmetic, as is `e - i < 2^24`.
+#[inline]
+fn run_end(seq_ids: &[i32], pos: &[i32], i: usize, limit: usize) -> usize {
+    let (sq, p) = (seq_ids[i], pos[i]);
+    let (seq_ids, pos) = (&seq_ids[..limit], &pos[..limit]);
+    let follows =
+        |e: usize, sq_e: i32, p_e: i32| (sq_e == sq) & (p_e.wrapping_sub(p) == (e - i) as i32);
+    let mut e = i + 1;
+    while e + 8 <= limit {
+        let (s8, p8): (&[i32; 8], &[i32; 8]) = (
+            seq_ids[e..e + 8].try_into().expect("8"),
+            pos[e..e + 8].try_into().expect("8"),
+        );
+        let mut all = true;
+        for k in 0..8 {
+            all &= follows(e + k, s8[k], p8[k]);
+        }
+        if !all {
+            break;
+        }
+        e += 8;
+    }
+    while e < limit && follows(e, seq_ids[e], pos[e]) {
+        e += 1;
+    }
+    e
+}
+
+/// Ask for the cache line of raw token `tok`'s entry in `map`, if it has
+/// one (a hint: nothing is read).
+#[inline(always)]
+fn prefetch_entry(map: &[i32], tok: Option<&i32>) {
+    if let Some(e) = tok.and_then(|&t| compressed(map, t).1) {
+        prefetch(e);
+    }
+}
+
+/// Ask for the cache line holding `r` (a hint: nothing is read).
+#[inline(always)]
+fn prefetch<T>(r: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch hint of the address of a live reference; it reads
+    // nothing and cannot fault.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            r as *const T as *const i8,
+        )
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = r;
+}
+
+/// Raw token `tok`'s compressed id (`-1` for a dead one), or `None` for an
+/// id outside `map` ([`HashTables::compress`] words the error); and, for
+/// prefetching, the map entry read.
+#[inline(always)]
+fn compressed(map: &[i32], tok: i32) -> (Option<i32>, Option<&i32>) {
+    if tok == TOKEN_DEAD {
+        return (Some(-1), None);
+    }
+    let e = usize::try_from(tok).ok().and_then(|t| map.get(t));
+    (e.copied(), e)
 }
 
 fn at_token(i: usize, e: Error) -> Error {

@@ -84,3 +84,114 @@ fn a_bad_token_inside_a_run_changes_nothing() {
         .unwrap();
     assert_eq!(a, b);
 }
+
+/// A decode step (one token for each of several sequences, the shape
+/// `History::step` takes in one pass) that fails at one token reports it as
+/// the general checks word it, and leaves the history as it was: its bytes
+/// (a page the step allocated for an earlier token is freed), its lengths,
+/// and the ids a later good step gets equal those of a history that never
+/// saw the failing step.
+#[test]
+fn a_bad_token_inside_a_decode_step_changes_nothing() {
+    let primes = derive_primes_uniform(2, 4, 8, 20_000).unwrap();
+    let offsets = derive_offsets(&primes, 24);
+    let map: Vec<i32> = (0..100).collect();
+    let t = HashTables::new(&HashTablesIn {
+        layer_ids: &[3, 5],
+        max_ngram: 4,
+        n_heads: 8,
+        token_map: &map,
+        pad_id: 0,
+        multipliers: &[3, 5, 7, 9, 11, 13, 15, 17],
+        primes: &primes,
+        offsets: &offsets,
+    })
+    .unwrap();
+    let limits = Limits {
+        max_tokens: 64,
+        max_seqs: 4,
+        max_positions: 10_000,
+    };
+    let row = t.n_layers() * t.cols();
+    let (mut h, mut fresh) = (History::new(limits).unwrap(), History::new(limits).unwrap());
+    // Sequences 0..4 at positions 0..10.
+    for hist in [&mut h, &mut fresh] {
+        for s in 0..4 {
+            let toks: Vec<i32> = (0..10).map(|p| (p * 7 + s * 3) % 100).collect();
+            let pos: Vec<i32> = (0..10).collect();
+            let mut out = vec![0i64; 10 * row];
+            hist.hash(&t, &toks, &[s; 10], &pos, &mut out).unwrap();
+        }
+    }
+    let step = |bad: usize| -> (Vec<i32>, Vec<i32>, Vec<i32>, EngramStatus, String) {
+        let (mut tk, mut sq, mut ps) = (vec![1, 2, 3, 4], vec![0, 1, 2, 3], vec![10; 4]);
+        let (status, msg) = match bad % 5 {
+            0 => {
+                tk[2] = 1000;
+                (
+                    EngramStatus::ErrInvalidToken,
+                    "token 2: id 1000 is outside token_map [0, 100) (use -1 to mark a dead position)",
+                )
+            }
+            1 => {
+                sq[2] = 9;
+                (
+                    EngramStatus::ErrInvalidSequence,
+                    "token 2: sequence id 9 outside [0, max_seqs = 4)",
+                )
+            }
+            2 => {
+                ps[2] = 10_000;
+                (
+                    EngramStatus::ErrInvalidSequence,
+                    "token 2: position 10000 outside [0, max_positions = 10000)",
+                )
+            }
+            3 => {
+                sq[2] = 1;
+                (
+                    EngramStatus::ErrInvalidSequence,
+                    "tokens 1 and 2: sequence 1 position 10 appears twice in one batch",
+                )
+            }
+            _ => {
+                ps[2] = 50;
+                (
+                    EngramStatus::ErrMissingHistory,
+                    "token 2: sequence 2 position 50 looks back to position 49, which was never hashed",
+                )
+            }
+        };
+        if bad >= 5 {
+            // Token 0 dead, far out: the step allocates its page.
+            tk[0] = crate::hash::TOKEN_DEAD;
+            ps[0] = 9000;
+        }
+        (tk, sq, ps, status, msg.to_string())
+    };
+    for bad in 0..10 {
+        let (tk, sq, ps, status, msg) = step(bad);
+        let mut out = vec![7i64; 4 * row];
+        let e = h.hash(&t, &tk, &sq, &ps, &mut out).unwrap_err();
+        assert_eq!(
+            (e.status, e.message.as_str()),
+            (status, msg.as_str()),
+            "case {bad}"
+        );
+        assert!(out.iter().all(|&r| r == 7), "case {bad}: out written");
+        assert_eq!(h.bytes(), fresh.bytes(), "case {bad}");
+        for s in 0..4 {
+            assert_eq!(h.len(s), 10, "case {bad}: sequence {s}");
+            assert_eq!(
+                h.entries(s).unwrap(),
+                fresh.entries(s).unwrap(),
+                "case {bad}"
+            );
+        }
+    }
+    let (mut a, mut b) = (vec![0i64; 4 * row], vec![0i64; 4 * row]);
+    let (tk, sq, ps) = (vec![1, 2, 3, 4], vec![0, 1, 2, 3], vec![10; 4]);
+    h.hash(&t, &tk, &sq, &ps, &mut a).unwrap();
+    fresh.hash(&t, &tk, &sq, &ps, &mut b).unwrap();
+    assert_eq!(a, b);
+}

@@ -90,3 +90,46 @@ fn failed_calls_release_what_they_reserved() {
     h.hash(&t, &[4], &[0], &[10], &mut out).unwrap();
     assert_eq!(h.len(0), 11);
 }
+
+/// `run_end` (eight tokens at a time, then one) ends every run where the
+/// token-by-token rule does: a different sequence, a position that is not
+/// the next, or the limit, at any offset inside a group of eight.
+#[test]
+fn run_end_equals_the_token_by_token_rule() {
+    let mut z = 11u64;
+    let mut next = move |n: u64| {
+        z = z
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (z >> 33) % n
+    };
+    for _ in 0..2000 {
+        let n = 1 + next(40) as usize;
+        let (mut seq_ids, mut pos) = (vec![0i32; n], vec![0i32; n]);
+        for k in 0..n {
+            // Mostly continuing, now and then another sequence or a jump.
+            let (sq, p) = if k == 0 {
+                (0, next(100) as i32)
+            } else {
+                (seq_ids[k - 1], pos[k - 1] + 1)
+            };
+            (seq_ids[k], pos[k]) = match next(12) {
+                0 => (sq + 1, p),
+                1 => (sq, p + 1),
+                2 => (sq, p - 2),
+                _ => (sq, p),
+            };
+        }
+        let i = next(n as u64) as usize;
+        let limit = i + 1 + next((n - i) as u64) as usize;
+        let mut want = i + 1;
+        while want < limit && seq_ids[want] == seq_ids[i] && pos[want] == pos[want - 1] + 1 {
+            want += 1;
+        }
+        assert_eq!(
+            run_end(&seq_ids, &pos, i, limit),
+            want,
+            "{seq_ids:?} {pos:?} from {i} to {limit}"
+        );
+    }
+}
