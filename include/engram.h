@@ -19,11 +19,6 @@
 #define ENGRAM_ROW_ID_DEAD -1
 
 /*
- Staging slots per layer (and in-place memories a backend gives a layer).
- */
-#define SLOTS 2
-
-/*
  Written as a layer's `table_types`, `wkv_types` and `qk_types` entry
  while its weights were never set (its `table_rows` entry is then 0).
  */

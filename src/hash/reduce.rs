@@ -43,7 +43,7 @@ pub struct Run {
 
 impl Run {
     /// `x` of a run of dead tokens.
-    pub const DEAD: usize = usize::MAX;
+    pub(crate) const DEAD: usize = usize::MAX;
 }
 
 /// Walk `runs`: fill each dead run's rows of `out` with `dead`; for every

@@ -617,7 +617,7 @@ impl QSrc for Q6KQ {
 }
 
 /// Tokens decoded straight into their accumulators (below: a panel).
-pub(super) const DOT_MAX_TOKENS: usize = 4;
+const DOT_MAX_TOKENS: usize = 4;
 /// Chunks of a panel's k block (256 values: one K-quant block, eight of
 /// the 32-value formats; divides [`KBC`], so a block's token chunks are
 /// contiguous in [`super::pair_split`]'s layout).
