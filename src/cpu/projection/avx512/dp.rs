@@ -26,6 +26,8 @@ use std::arch::x86_64::*;
 pub(super) trait DpW: Copy {
     type Row: Copy;
     fn row(self, o: usize) -> Self::Row;
+    /// The bytes of row `o`'s chunks `c0..c1` (start, length), to prefetch.
+    fn span(self, o: usize, c0: usize, c1: usize) -> (*const u8, usize);
     /// # Safety
     /// avx512f, avx512bw, avx512bf16, f16c; the chunk at `kk` lies in the
     /// row (a tail past `k` only for formats that mask it).
@@ -44,6 +46,14 @@ impl DpW for Bf16D {
     #[inline(always)]
     fn row(self, o: usize) -> *const u16 {
         self.w.wrapping_add(o * self.k)
+    }
+    #[inline(always)]
+    fn span(self, o: usize, c0: usize, c1: usize) -> (*const u8, usize) {
+        let end = (c1 * 32).min(self.k);
+        (
+            self.row(o).wrapping_add(c0 * 32) as *const u8,
+            2 * (end - c0 * 32),
+        )
     }
     #[inline(always)]
     unsafe fn chunk(row: *const u16, kk: usize, k: usize) -> __m512bh {
@@ -83,6 +93,11 @@ impl DpW for Fp8D {
             self.scales.wrapping_add((o / self.br) * self.nbc),
             self.shift,
         )
+    }
+    #[inline(always)]
+    fn span(self, o: usize, c0: usize, c1: usize) -> (*const u8, usize) {
+        let end = (c1 * 32).min(self.k);
+        (self.codes.wrapping_add(o * self.k + c0 * 32), end - c0 * 32)
     }
     #[inline(always)]
     unsafe fn chunk(row: Self::Row, kk: usize, _k: usize) -> __m512bh {
@@ -128,6 +143,10 @@ impl<W: DpW> Micro for Dp<W> {
     #[inline(always)]
     fn row(self, o: usize) -> W::Row {
         self.0.row(o)
+    }
+    #[inline(always)]
+    fn span(self, o: usize, c0: usize, c1: usize) -> (*const u8, usize) {
+        self.0.span(o, c0, c1)
     }
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // register tiles indexed as in the math

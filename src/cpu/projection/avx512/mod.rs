@@ -240,6 +240,8 @@ trait PairW: Copy {
     /// What a row tile keeps of row `o`.
     type Row: Copy;
     fn row(self, o: usize) -> Self::Row;
+    /// The bytes of row `o`'s chunks `c0..c1` (start, length), to prefetch.
+    fn span(self, o: usize, c0: usize, c1: usize) -> (*const u8, usize);
     /// # Safety
     /// avx512f, avx512bw, f16c; the chunk at `kk` lies in the row (a tail
     /// past `k` only for formats that mask it).
@@ -258,6 +260,14 @@ impl PairW for Bf16W {
     #[inline(always)]
     fn row(self, o: usize) -> *const u16 {
         self.w.wrapping_add(o * self.k)
+    }
+    #[inline(always)]
+    fn span(self, o: usize, c0: usize, c1: usize) -> (*const u8, usize) {
+        let end = (c1 * 32).min(self.k);
+        (
+            self.row(o).wrapping_add(c0 * 32) as *const u8,
+            2 * (end - c0 * 32),
+        )
     }
     #[inline(always)]
     unsafe fn half(row: *const u16, kk: usize, k: usize, half: usize) -> __m512 {
@@ -307,6 +317,11 @@ impl PairW for Fp8W {
         )
     }
     #[inline(always)]
+    fn span(self, o: usize, c0: usize, c1: usize) -> (*const u8, usize) {
+        let end = (c1 * 32).min(self.k);
+        (self.codes.wrapping_add(o * self.k + c0 * 32), end - c0 * 32)
+    }
+    #[inline(always)]
     unsafe fn half(row: Self::Row, kk: usize, _k: usize, half: usize) -> __m512 {
         // SAFETY: the caller's contract: `kk + 32 <= k`, the row and its
         // scale row are in the matrix.
@@ -339,6 +354,8 @@ trait Micro: Copy {
     /// What a row tile keeps of row `o`.
     type Row: Copy;
     fn row(self, o: usize) -> Self::Row;
+    /// The bytes of row `o`'s chunks `c0..c1` (start, length), to prefetch.
+    fn span(self, o: usize, c0: usize, c1: usize) -> (*const u8, usize);
     /// # Safety
     /// The CPU features of the weights' kernel; rows and tokens hold chunks
     /// `c0..c1`, `acc` holds `T * RB` accumulators.
@@ -364,6 +381,10 @@ impl<W: PairW> Micro for Fma<W> {
         self.0.row(o)
     }
     #[inline(always)]
+    fn span(self, o: usize, c0: usize, c1: usize) -> (*const u8, usize) {
+        self.0.span(o, c0, c1)
+    }
+    #[inline(always)]
     unsafe fn tile<const RR: usize, const TT: usize>(
         wp: &[W::Row; RB],
         xp: &[*const f32; T],
@@ -374,6 +395,17 @@ impl<W: PairW> Micro for Fma<W> {
     ) {
         // SAFETY: forwarded contract.
         unsafe { pairs::<W, RR, TT>(wp, xp, k, c0, c1, acc) }
+    }
+}
+
+/// Ask for `len` bytes from `p` in the caches (a hint: no access is made).
+#[inline(always)]
+fn prefetch(p: *const u8, len: usize) {
+    let mut at = 0;
+    while at < len {
+        // SAFETY: a prefetch is a hint that never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(at) as *const i8) };
+        at += 64;
     }
 }
 
@@ -411,6 +443,12 @@ unsafe fn range_pairs<M: Micro>(
                 let mut c0 = 0;
                 while c0 < chunks {
                     let c1 = (c0 + KBC).min(chunks);
+                    // The next row tile's part of this k block, ahead of its
+                    // turn (this tile's weights came from memory the same way).
+                    for q in o + r..(o + 2 * r).min(hi) {
+                        let (p, len) = w.span(q, c0, c1);
+                        prefetch(p, len);
+                    }
                     let mut t = tb;
                     while t < te {
                         let tt = (te - t).min(T);

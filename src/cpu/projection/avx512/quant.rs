@@ -782,6 +782,10 @@ impl PairW for PanelW {
         std::ptr::null()
     }
     #[inline(always)]
+    fn span(self, _: usize, _: usize, _: usize) -> (*const u8, usize) {
+        (std::ptr::null(), 0)
+    }
+    #[inline(always)]
     unsafe fn half(row: *const f32, kk: usize, _k: usize, half: usize) -> __m512 {
         // SAFETY: `row` was offset back by the k block's first value, and
         // `kk` lies in the k block (the caller's contract), so the address
