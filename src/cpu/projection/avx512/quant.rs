@@ -827,6 +827,12 @@ unsafe fn panel_range<S: QSrc>(
                 let mut c0 = 0;
                 while c0 < chunks {
                     let c1 = (c0 + KQ).min(chunks);
+                    // The next row tile's blocks of this k block, ahead of
+                    // their turn.
+                    let (b0, b1) = (c0 / cpb * S::BB, c1 / cpb * S::BB);
+                    for q in o + r..(o + 2 * r).min(hi) {
+                        super::prefetch(base.wrapping_add(q * rb + b0), b1 - b0);
+                    }
                     for i in 0..r {
                         let row = base.add((o + i) * rb);
                         let p = panel.as_mut_ptr().add(i * KQ * 32);
