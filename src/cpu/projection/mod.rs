@@ -251,40 +251,41 @@ impl Projection {
             return Ok(());
         }
         // Outputs are computed o-major (`[n_out, n]`) so that each task owns a
-        // contiguous slice, then transposed into `kv`.
+        // contiguous slice; each task then writes its columns of `kv`.
         let mut kvt = try_vec(n_out * n, 0f32, "the projection's outputs")?;
+        let sink = Sink {
+            kv: kv.as_mut_ptr(),
+            n_out,
+            raw: self.raw_sums,
+        };
         match self.kernel {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => self.run_avx2(rows, n, k, w, &mut kvt)?,
+            Kernel::Avx2 => self.run_avx2(rows, n, k, w, &mut kvt, &sink)?,
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => self.run_avx512(rows, n, k, w, &mut kvt, false)?,
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Bf16 => self.run_avx512(rows, n, k, w, &mut kvt, true)?,
+            Kernel::Avx512 | Kernel::Avx512Bf16 => {
+                self.run_avx512(rows, n, k, w, &mut kvt, &sink)?
+            }
             _ => {
                 let mut xs = try_vec(n * k, 0f32, "the token rows")?;
                 for (x, &b) in xs.iter_mut().zip(rows) {
                     *x = bf16_to_f32(b);
                 }
-                self.tasks(n, &mut kvt, |lo, hi, out| {
+                self.tasks(n, &mut kvt, &sink, |lo, hi, out| {
                     portable_range(&xs, n, k, w, lo, hi, out)
                 })?
-            }
-        }
-        for o in 0..n_out {
-            for t in 0..n {
-                let x = kvt[o * n + t];
-                kv[t * n_out + o] = if self.raw_sums { x } else { to_bf16_value(x) };
             }
         }
         Ok(())
     }
 
     /// Run `body(lo, hi, out)` for every chunk of output rows (`out` is
-    /// `[hi - lo, n]` of `kvt`), on the pool when there is more than one.
+    /// `[hi - lo, n]` of `kvt`), then `sink.store` it, on the pool when there
+    /// is more than one.
     fn tasks(
         &self,
         n: usize,
         kvt: &mut [f32],
+        sink: &Sink,
         body: impl Fn(usize, usize, &mut [f32]) -> Result<()> + Sync,
     ) -> Result<()> {
         let n_out = kvt.len() / n;
@@ -295,8 +296,12 @@ impl Projection {
         let threads = pool.as_ref().map_or(1, |p| p.current_num_threads());
         let chunk = (n_out / (8 * threads)).max(CHUNK).next_multiple_of(16);
         let f = |(ci, out): (usize, &mut [f32])| {
-            let lo = ci * chunk;
-            body(lo, (lo + chunk).min(n_out), out)
+            let (lo, hi) = (ci * chunk, (ci * chunk + chunk).min(n_out));
+            body(lo, hi, out)?;
+            // SAFETY: tasks own disjoint output rows `lo..hi`, so their
+            // columns of `kv` never overlap, and `kv` outlives the tasks.
+            unsafe { sink.store(lo, hi, n, out) };
+            Ok(())
         };
         match &*pool {
             Some(p) if n_out > chunk => {
@@ -314,6 +319,7 @@ impl Projection {
         k: usize,
         w: Weights<'_>,
         kvt: &mut [f32],
+        sink: &Sink,
     ) -> Result<()> {
         use avx2::{Bf16, Fp8, CH, F32, MR, NR, Q2K, Q3K, Q4K, Q4_0, Q5K, Q6K, Q8_0};
         let kp = k.div_ceil(CH) * CH;
@@ -353,7 +359,7 @@ impl Projection {
             }};
         }
         let fast = k.is_multiple_of(CH);
-        self.tasks(n, kvt, |lo, hi, out| match w {
+        self.tasks(n, kvt, sink, |lo, hi, out| match w {
             Weights::Bf16(v) if fast => {
                 go!(
                     dot_bf16,
@@ -465,19 +471,20 @@ impl Projection {
         k: usize,
         w: Weights<'_>,
         kvt: &mut [f32],
-        bf16_dot: bool,
+        sink: &Sink,
     ) -> Result<()> {
         // Every format in one order (see `avx512/`): tokens as f32, each
         // 32-value chunk split into its odd and even elements; or, for
-        // `vdpbf16ps` (bf16 and fp8 weights, `bf16_dot`), as bf16 pairs.
-        let dot = bf16_dot && matches!(w, Weights::Bf16(_) | Weights::Fp8Block(_));
+        // `vdpbf16ps` (bf16 and fp8 weights, `Kernel::Avx512Bf16`), as bf16 pairs.
+        let dot = self.kernel == Kernel::Avx512Bf16
+            && matches!(w, Weights::Bf16(_) | Weights::Fp8Block(_));
         let (xs, xb) = if dot {
             (Vec::new(), avx512::pack_bf16(rows, n, k)?)
         } else {
             (avx512::pair_split(rows, n, k)?, Vec::new())
         };
         let chunks = k.div_ceil(32);
-        self.tasks(n, kvt, |lo, hi, out| {
+        self.tasks(n, kvt, sink, |lo, hi, out| {
             macro_rules! q {
                 ($f:ident, $base:expr, $rb:expr) => {
                     // SAFETY: `Kernel::Avx512` is only selected when the CPU
@@ -585,6 +592,37 @@ fn dense(
     // holds rows 0..hi-lo of `kp` values, `xs` is `[n, kp]` in `pair_split`
     // layout.
     unsafe { avx512::range_f32(wf.as_ptr() as *const u8, 4 * kp, xs, n, kp, 0, hi - lo, out) }
+}
+
+/// Where the tasks write `kv` (`[n, n_out]`): each its own output columns,
+/// rounded to bf16 unless `raw`.
+struct Sink {
+    kv: *mut f32,
+    n_out: usize,
+    raw: bool,
+}
+
+// SAFETY: the tasks write disjoint columns of `kv` (`Sink::store`'s
+// contract) while `Projection::run` holds `kv` borrowed mutably.
+unsafe impl Sync for Sink {}
+
+impl Sink {
+    /// Outputs `lo..hi` of every token (`out`: `[hi - lo, n]`) into `kv`.
+    ///
+    /// # Safety
+    /// `lo..hi` is within `n_out` and no other thread stores those outputs
+    /// while this runs; `kv` is `[n, n_out]` and alive.
+    unsafe fn store(&self, lo: usize, hi: usize, n: usize, out: &[f32]) {
+        for t in 0..n {
+            for o in lo..hi {
+                let x = out[(o - lo) * n + t];
+                // SAFETY: `t < n`, `o < n_out` (the contract).
+                unsafe {
+                    *self.kv.add(t * self.n_out + o) = if self.raw { x } else { to_bf16_value(x) };
+                }
+            }
+        }
+    }
 }
 
 /// Round an f32 sum to bf16, held as f32.
