@@ -548,13 +548,35 @@ impl Src for Q3K {
         // SAFETY: block `u` lies inside the row.
         unsafe {
             let b = row.add(u * 110);
-            let d = f16(b.add(108));
-            let sc = &*(b.add(96) as *const [u8; 12]);
+            let d = f16x8(b.add(108));
+            let sc = b.add(96);
+            // Scale s: low 4 bits the low (s < 8) or high nibble of byte
+            // s % 8, high 2 bits those of byte 8 + s % 4 at bit 2 * (s / 4);
+            // minus 32. Eight at a time.
+            let bytes = _mm_loadl_epi64(sc as *const __m128i);
+            let nib = _mm_set1_epi8(15);
+            let lo = [
+                _mm_and_si128(bytes, nib),
+                _mm_and_si128(_mm_srli_epi16::<4>(bytes), nib),
+            ];
+            let h =
+                _mm256_cvtepu8_epi32(_mm_set1_epi32((sc.add(8) as *const i32).read_unaligned()));
             let mut st = K3St { dl: [0.0; 16] };
-            for (s, o) in st.dl.iter_mut().enumerate() {
-                let lo = if s < 8 { sc[s] & 0xF } else { sc[s - 8] >> 4 };
-                let hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
-                *o = d * ((lo | (hi << 4)) as i32 - 32) as f32;
+            for (half, lo) in lo.into_iter().enumerate() {
+                let sh = if half == 0 {
+                    _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)
+                } else {
+                    _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6)
+                };
+                let hi = _mm256_and_si256(_mm256_srlv_epi32(h, sh), _mm256_set1_epi32(3));
+                let v = _mm256_sub_epi32(
+                    _mm256_or_si256(_mm256_cvtepu8_epi32(lo), _mm256_slli_epi32::<4>(hi)),
+                    _mm256_set1_epi32(32),
+                );
+                _mm256_storeu_ps(
+                    st.dl.as_mut_ptr().add(8 * half),
+                    _mm256_mul_ps(d, _mm256_cvtepi32_ps(v)),
+                );
             }
             st
         }
