@@ -27,6 +27,9 @@
 
 #include "simt.h"
 
+// The kernels' grid barrier (standalone: needs none of the engram defines).
+#include "grid_sync.cuh"
+
 // ---- harness -------------------------------------------------------------------------
 static int g_failures = 0;
 static int g_checks = 0;
@@ -200,6 +203,48 @@ __global__ void k_misaligned_load(const unsigned char *p, uint4 *out) {
     out[glob_tid()] = __ldg((const uint4 *)(p + 8));
 }
 __global__ void k_misaligned_store(unsigned char *p) { __stcg((uint2 *)(p + 4), make_uint2(1u, 2u)); }
+
+// Rounds of a grid-wide exchange: each block writes its slot, all meet at the
+// kernels' grid barrier, each block sums every slot, all meet again before
+// the next round overwrites them. Right only if the barrier holds every block
+// until all have arrived.
+__global__ void k_grid_rounds(int *slots, long long *sums, unsigned *bar, int rounds) {
+    const unsigned b = blockIdx.x, nb = gridDim.x;
+    for (int r = 0; r < rounds; r++) {
+        if (threadIdx.x == 0) ((volatile int *)slots)[b] = r * 1000 + (int)b;
+        eng_grid_sync(bar);
+        if (threadIdx.x == 0) {
+            long long s = 0;
+            for (unsigned i = 0; i < nb; i++) s += ((volatile int *)slots)[i];
+            sums[(size_t)b * rounds + r] = s;
+        }
+        eng_grid_sync(bar);
+    }
+}
+
+// Block 1 leaves without meeting the others: they wait for it forever.
+__global__ void k_grid_missing(unsigned *bar) {
+    if (blockIdx.x == 1) return;
+    eng_grid_sync(bar);
+}
+
+// Block 2 traps while the others wait at the barrier.
+__global__ void k_grid_trap(unsigned *bar) {
+    if (blockIdx.x == 2 && threadIdx.x == 7) __trap();
+    eng_grid_sync(bar);
+}
+
+// Fills `words` 16-byte words of dynamic shared memory, then sums them back.
+__global__ void k_big_shared(unsigned long long *out, unsigned words) {
+    uint4 *s = (uint4 *)simt_dynamic_shared();
+    for (unsigned i = threadIdx.x; i < words; i += blockDim.x) s[i] = make_uint4(i, 2 * i, 3 * i, blockIdx.x);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long t = 0;
+        for (unsigned i = 0; i < words; i++) t += (unsigned long long)s[i].x + s[i].y + s[i].z + s[i].w;
+        out[blockIdx.x] = t;
+    }
+}
 
 static const int NSHFL = 30;
 
@@ -439,6 +484,119 @@ static void test_errors() {
     CHECK_RC(simt_launch(nullptr, 1, 1, 1, 32, 1, 1, 0, args, 1), SIMT_ERR_UNKNOWN_KERNEL);
     CHECK_RC(simt_launch("engram_gather", 1, 1, 1, 32, 1, 1, 0, nullptr, 1), SIMT_ERR_INVALID_VALUE);
     CHECK_RC(simt_launch_fn(nullptr, 1, 1, 1, 32, 1, 1, 0, args, 1), SIMT_ERR_UNKNOWN_KERNEL);
+}
+
+static void test_cooperative() {
+    Section sec("cooperative launches: the grid barrier, too large, a block missing, a trap");
+    const unsigned sms = simt_sm_count();
+    CHECK(simt_max_active_blocks(256, 0) == 8 && simt_max_active_blocks(1024, 0) == 2 &&
+              simt_max_active_blocks(32, 0) == 32 && simt_max_active_blocks(256, 100 * 1024) == 2 &&
+              simt_max_active_blocks(256, 227 * 1024) == 1 && simt_max_active_blocks(256, 227 * 1024 + 1) == 0 &&
+              simt_max_active_blocks(2048, 0) == 0,
+          "occupancy: %u %u %u %u %u", simt_max_active_blocks(256, 0), simt_max_active_blocks(1024, 0),
+          simt_max_active_blocks(32, 0), simt_max_active_blocks(256, 100 * 1024),
+          simt_max_active_blocks(256, 227 * 1024));
+    // Every grid the device holds at once, a few seeds, the barrier word
+    // used by launch after launch (it must come back to bit 31 only).
+    unsigned bar = 0;
+    const unsigned max_blocks = sms * simt_max_active_blocks(64, 0);
+    for (unsigned nb : {1u, 2u, 5u, max_blocks}) {
+        for (uint64_t seed = 1; seed <= 3; seed++) {
+            const int rounds = 4;
+            std::vector<int> slots(nb, -1);
+            std::vector<long long> sums((size_t)nb * rounds, -1);
+            int *ps = slots.data();
+            long long *pm = sums.data();
+            unsigned *pb = &bar;
+            int r = rounds;
+            void *args[] = {&ps, &pm, &pb, &r};
+            CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_rounds), nb, 1, 1, 64, 1, 1, 0, args, seed),
+                     SIMT_OK);
+            long bad = 0;
+            for (unsigned b = 0; b < nb; b++)
+                for (int k = 0; k < rounds; k++)
+                    bad += sums[(size_t)b * rounds + k] != (long long)k * 1000 * nb + (long long)nb * (nb - 1) / 2;
+            CHECK(bad == 0, "%u blocks, seed %llu: %ld sums saw another round's slots", nb,
+                  (unsigned long long)seed, bad);
+            CHECK((bar & 0x7FFFFFFFu) == 0u, "the barrier word's low bits after a launch: %#x", bar);
+        }
+    }
+    // More blocks than the emulated device holds at once: refused whole,
+    // nothing run (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE).
+    {
+        std::vector<long long> sums(4, -7);
+        long long *pm = sums.data();
+        int *ps = nullptr;
+        unsigned *pb = &bar;
+        int r = 1;
+        void *args[] = {&ps, &pm, &pb, &r};
+        CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_rounds), max_blocks + 1, 1, 1, 64, 1, 1, 0, args, 1),
+                 SIMT_ERR_COOP_TOO_LARGE);
+        CHECK(strstr(simt_last_error(), "cooperative launch") != nullptr, "message: %s", simt_last_error());
+        CHECK(sums[0] == -7, "a refused cooperative launch ran");
+        CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_rounds), sms * 2 + 1, 1, 1, 1024, 1, 1, 0, args, 1),
+                 SIMT_ERR_COOP_TOO_LARGE);
+    }
+    // More blocks than the emulated device holds: an SM count that fits them.
+    simt_set_sm_count(sms + 3);
+    CHECK(simt_sm_count() == sms + 3, "simt_set_sm_count");
+    simt_set_sm_count(0);
+    CHECK(simt_sm_count() == sms, "simt_set_sm_count(0) restores the default");
+    // A block that never reaches the barrier: the others end with a
+    // deadlock once they have waited the spin limit, not a hang.
+    simt_set_spin_limit_ms(300);
+    {
+        unsigned b2 = 0, *pb = &b2;
+        void *args[] = {&pb};
+        const double t0 = now_s();
+        CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_missing), 4, 1, 1, 64, 1, 1, 0, args, 1),
+                 SIMT_ERR_DEADLOCK);
+        CHECK(strstr(simt_last_error(), "grid barrier") != nullptr, "message: %s", simt_last_error());
+        CHECK(now_s() - t0 < 30.0, "the deadlock took %.1f s to show", now_s() - t0);
+        // A block that traps while the others wait: its trap is the error,
+        // and the waiting blocks give up at once.
+        b2 = 0;
+        const double t1 = now_s();
+        CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_trap), 4, 1, 1, 64, 1, 1, 0, args, 1), SIMT_ERR_TRAP);
+        CHECK(now_s() - t1 < 0.25, "the waiting blocks took %.2f s to give up", now_s() - t1);
+    }
+    simt_set_spin_limit_ms(0);
+    // After the failures, cooperative and plain launches work again.
+    {
+        std::vector<int> slots(3, -1);
+        std::vector<long long> sums(3, -1);
+        int *ps = slots.data();
+        long long *pm = sums.data();
+        unsigned b3 = 0, *pb = &b3;
+        int r = 1;
+        void *args[] = {&ps, &pm, &pb, &r};
+        CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_rounds), 3, 1, 1, 64, 1, 1, 0, args, 5), SIMT_OK);
+        CHECK(sums[0] == 3 && sums[1] == 3 && sums[2] == 3, "after the failures: %lld %lld %lld", sums[0], sums[1],
+              sums[2]);
+    }
+}
+
+static void test_shared_optin() {
+    Section sec("dynamic shared memory past 48 KiB: the kernel's opt-in");
+    const unsigned bytes = 200 * 1024, words = bytes / 16;
+    std::vector<unsigned long long> out(3, 0);
+    unsigned long long *po = out.data();
+    unsigned w = words;
+    void *args[] = {&po, &w};
+    CHECK_RC(simt_launch_fn(SIMT_ENTRY(k_big_shared), 3, 1, 1, 256, 1, 1, bytes, args, 1), SIMT_ERR_INVALID_VALUE);
+    CHECK(strstr(simt_last_error(), "opt-in") != nullptr, "message: %s", simt_last_error());
+    CHECK_RC(simt_set_max_dynamic_shared_fn(SIMT_ENTRY(k_big_shared), SIMT_MAX_SHARED_OPTIN + 1),
+             SIMT_ERR_INVALID_VALUE);
+    CHECK_RC(simt_set_max_dynamic_shared_fn(SIMT_ENTRY(k_big_shared), bytes), SIMT_OK);
+    CHECK_RC(simt_launch_fn(SIMT_ENTRY(k_big_shared), 3, 1, 1, 256, 1, 1, bytes, args, 1), SIMT_OK);
+    const unsigned long long per = 6ull * ((unsigned long long)words * (words - 1) / 2);
+    for (unsigned b = 0; b < 3; b++)
+        CHECK(out[b] == per + (unsigned long long)b * words, "block %u: %llu, want %llu", b, out[b],
+              per + (unsigned long long)b * words);
+    CHECK_RC(simt_launch_fn(SIMT_ENTRY(k_big_shared), 1, 1, 1, 256, 1, 1, bytes + 16, args, 1),
+             SIMT_ERR_INVALID_VALUE);
+    CHECK_RC(simt_set_max_dynamic_shared("no_such_kernel", 1024), SIMT_ERR_UNKNOWN_KERNEL);
+    CHECK_RC(simt_set_max_dynamic_shared("engram_gather", SIMT_DEFAULT_DYNAMIC_SHARED), SIMT_OK);
 }
 
 static void test_vector_access() {
@@ -1556,6 +1714,8 @@ int main(int argc, char **argv) {
     test_nan_rules();
     test_order();
     test_shared_memory();
+    test_cooperative();
+    test_shared_optin();
     test_gather();
     test_gemv();
     test_gate();

@@ -7,7 +7,8 @@
 //   - the execution-space keywords (__global__, __device__, __host__,
 //     __forceinline__, __noinline__, __launch_bounds__, __constant__) and
 //     __shared__ (a per-OS-thread static: each OS thread runs one block at a
-//     time, and its fibers are that block's threads);
+//     time, and its fibers are that block's threads), `extern __shared__`
+//     included (dynamic shared memory, defined by kernels_host.cpp);
 //   - threadIdx, blockIdx, blockDim, gridDim, warpSize;
 //   - __syncthreads(_count/_and/_or), __syncwarp, warp shuffles, votes;
 //   - atomics on any memory (real atomics, relaxed order, as CUDA's are);
@@ -67,10 +68,13 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
-// One static per OS thread: an OS thread runs one block at a time, and all of a
-// block's threads run as fibers on it. `extern __shared__` (dynamic shared
-// memory) does not compile: use simt_dynamic_shared().
-#define __shared__ static thread_local
+// One variable per OS thread: an OS thread runs one block at a time, and all
+// of a block's threads run as fibers on it (a thread_local at block scope is
+// static). `extern __shared__ T name[];` (dynamic shared memory) declares a
+// thread-local array that kernels_host.cpp defines, SIMT_MAX_SHARED_OPTIN
+// bytes long (build.sh finds the names); kernels compiled elsewhere (the
+// self-test's) use simt_dynamic_shared() instead.
+#define __shared__ thread_local
 
 // ---- builtin variables -------------------------------------------------------
 namespace simt {
