@@ -13,12 +13,14 @@ use std::ffi::{c_char, CStr, CString};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Every kernel source, as NVRTC sees it: `(include name, text)`.
-pub const SOURCES: [(&str, &str); 7] = [
+pub const SOURCES: [(&str, &str); 9] = [
     (
         "engram_common.cuh",
         include_str!("../../kernels/engram_common.cuh"),
     ),
     ("latch.cuh", include_str!("../../kernels/latch.cuh")),
+    ("gather.cuh", include_str!("../../kernels/gather.cuh")),
+    ("gate.cuh", include_str!("../../kernels/gate.cuh")),
     ("gather.cu", include_str!("../../kernels/gather.cu")),
     ("gate.cu", include_str!("../../kernels/gate.cu")),
     ("gemv.cu", include_str!("../../kernels/gemv.cu")),
