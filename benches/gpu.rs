@@ -370,6 +370,42 @@ impl Gpu for Prof {
             self.inner.launch(k, grid, block, stream, args)
         })
     }
+    unsafe fn launch_shared(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> engram::Result<()> {
+        // SAFETY: passed on.
+        self.st.around(k.name(), stream, || unsafe {
+            self.inner
+                .launch_shared(k, grid, block, shared, stream, args)
+        })
+    }
+    unsafe fn launch_cooperative(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> engram::Result<bool> {
+        // SAFETY: passed on.
+        self.st.around(k.name(), stream, || unsafe {
+            self.inner
+                .launch_cooperative(k, grid, block, shared, stream, args)
+        })
+    }
+    fn device_limits(&self) -> engram::Result<engram::cuda::gpu::DeviceLimits> {
+        self.inner.device_limits()
+    }
+    fn occupancy(&self, k: Kernel, block: u32, shared: u32) -> engram::Result<u32> {
+        self.inner.occupancy(k, block, shared)
+    }
     fn new_blas(&self) -> engram::Result<Box<dyn Blas>> {
         Ok(Box::new(ProfBlas {
             inner: self.inner.new_blas()?,
@@ -499,6 +535,7 @@ fn main() {
             cuda: engram::cuda::CudaTuning {
                 gemv_max_tokens: gemv,
                 device: Some(gpu.clone()),
+                ..Default::default()
             },
             ..Default::default()
         },
@@ -994,6 +1031,7 @@ fn device_hash_rows(gpu: &Arc<dyn Gpu>, stream: sys::CUstream, set: &dyn Fn(&Con
             cuda: engram::cuda::CudaTuning {
                 gemv_max_tokens: None,
                 device: Some(gpu.clone()),
+                ..Default::default()
             },
             ..Default::default()
         },

@@ -1,6 +1,6 @@
 // The engram kernels, unmodified, as host C++: the translation unit the CUDA
 // backend hands NVRTC (src/cuda/kernels.rs MODULE_MAIN: gather.cu, gate.cu,
-// gemv.cu, hash.cu, gemv_q.cu, in that order; build.sh checks the list against it and against
+// gemv.cu, hash.cu, gemv_q.cu, decode.cu, in that order; build.sh checks the list against it and against
 // kernels/*.cu), preceded by the SIMT shim, followed by the kernel registry.
 //
 // Built by build.sh in two passes: the first (SIMT_REGISTRY_INC undefined)
@@ -22,6 +22,7 @@
 #include "gemv.cu"
 #include "hash.cu"
 #include "gemv_q.cu"
+#include "decode.cu"
 #pragma GCC diagnostic pop
 
 // The kernels' dynamic shared memory: each `extern __shared__` array they
