@@ -344,6 +344,31 @@ fn kv_is_the_documented_sum_in_batches_of_1_to_64() {
     );
 }
 
+/// `applies` applies ran the decode kernel with one cooperative launch each:
+/// the driver took them. Under MPS (`ENGRAM_MPS_CHECK=1`, set by
+/// `scripts/gpu-check.sh`'s MPS step) the driver may refuse the grid as too
+/// large for the client's share of the SMs: then every apply from the first
+/// refusal on took the split path, and the test says so.
+fn cooperative_or_refused(stats: &engram::backend::DecodeStats, applies: u64) {
+    assert_eq!(
+        stats.cooperative + stats.split,
+        applies,
+        "every apply ran the decode kernel: {stats:?}"
+    );
+    if std::env::var("ENGRAM_MPS_CHECK").is_ok_and(|v| v == "1") && stats.refused {
+        println!(
+            "under MPS the driver refused the cooperative launch after {} applies: the split path ran {}",
+            stats.cooperative, stats.split
+        );
+        return;
+    }
+    assert!(
+        !stats.refused && stats.split == 0,
+        "every apply was one cooperative launch (on a GPU: the driver took them): {stats:?}"
+    );
+    println!("{} applies, each one cooperative launch", stats.cooperative);
+}
+
 /// A token's kv (read back) and its updated highway (a whole apply: the
 /// cooperative decode kernel with its gate) are the same bits in every batch
 /// of 1 to 64 tokens as in a batch of its own.
@@ -363,6 +388,8 @@ fn a_token_gets_the_same_bits_in_every_batch_of_1_to_64() {
         })
         .collect();
     let fused = coop_launches(&dev, "engram_decode_bf16");
+    let stats = ctx.info().decode;
+    cooperative_or_refused(&stats, MAX_N as u64);
     for n in 2..=MAX_N {
         let hw = m.apply(&ctx, 0, n, RowIds::Host(m.ids(0, n)));
         let (_, kv) = m.stages(&ctx, 0, n);
@@ -377,10 +404,17 @@ fn a_token_gets_the_same_bits_in_every_batch_of_1_to_64() {
             );
         }
     }
+    let stats = ctx.info().decode;
+    cooperative_or_refused(&stats, 2 * MAX_N as u64 - 1);
+    assert_eq!(
+        stats.read_back,
+        2 * MAX_N as u64 - 1,
+        "every read-back ran phase A alone"
+    );
     if dev.emu.is_some() {
         assert!(
             coop_launches(&dev, "engram_decode_bf16") >= fused + (MAX_N as u64 - 1),
-            "every apply ran the cooperative decode kernel"
+            "the emulation ran the cooperative launches"
         );
     }
 }
@@ -525,6 +559,12 @@ fn without_a_cooperative_launch_the_split_path_gives_the_same_bits() {
         assert_eq!((fused(f0), split(s0)), (0, 1));
     }
     assert_eq!(emu.cooperative_refusals(), r0 + 1, "the context remembers");
+    let stats = ctx.info().decode;
+    assert_eq!(
+        (stats.cooperative, stats.split, stats.refused),
+        (0, 2, true),
+        "the context reports the refusal and the split path"
+    );
     emu.set_refuse_cooperative(false);
     drop(ctx);
     // A capture (device ids; the emulation runs the work anyway).

@@ -704,14 +704,21 @@ impl CudaBackend {
         if let Some((hw, ty)) = highway {
             if !capturing && self.limits.cooperative && !st.coop_refused {
                 if launch(hw, (ty == HighwayType::Bf16) as u32, true)? {
+                    st.decode_stats.cooperative += 1;
                     return Ok(());
                 }
                 // The grid cannot be resident at once (nothing was queued):
                 // the split path, now and from now on.
                 st.coop_refused = true;
+                st.decode_stats.refused = true;
             }
         }
         launch(0, 0, false)?;
+        if highway.is_some() {
+            st.decode_stats.split += 1;
+        } else {
+            st.decode_stats.read_back += 1;
+        }
         if let Some((hw, ty)) = highway {
             self.queue_gate(st, li, n, hw, ty, kv, false, stream)?;
         }

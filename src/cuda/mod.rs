@@ -363,6 +363,8 @@ struct State {
     /// The driver refused a cooperative launch of the decode kernel as too
     /// large to be resident at once: its split path from then on.
     coop_refused: bool,
+    /// How the decode kernel ran so far.
+    decode_stats: crate::backend::DecodeStats,
     /// The occupancy of the decode kernel (`Decode { fp8 }` at `fp8`) per
     /// tile; `u32::MAX`: not asked yet.
     decode_occupancy: [[u32; kernels::DECODE_TILE + 1]; 2],
@@ -469,6 +471,7 @@ impl CudaBackend {
                 .min(kernels::DECODE_MAX),
             barrier: buf(4, "the decode kernel's grid barrier")?,
             coop_refused: false,
+            decode_stats: Default::default(),
             decode_occupancy: [[u32::MAX; kernels::DECODE_TILE + 1]; 2],
         };
         let limits = gpu.device_limits()?;
@@ -845,6 +848,7 @@ impl<'w> Backend<'w> for CudaBackend {
             host_bytes: self.pinned_bytes(),
             device_bytes: self.device_bytes(),
             stage: self.stager.stats(),
+            decode: self.state().decode_stats,
         }
     }
 
