@@ -1548,6 +1548,111 @@ static void test_gate() {
     printf("     gate vs the f64 formula: the largest f32-highway error is %.3f of its bound\n", g_gate_worst);
 }
 
+// engram_decode_bf16 (kernels/decode.cu): phase A alone (an ordinary launch,
+// no highway) against the gather's rows and the GEMV's order, for 1 to 40
+// tokens (tiles of up to ENG_DECODE_TILE = 16, so up to 3 tiles) and an odd
+// number of outputs; then with an f32 highway, launched cooperatively, whose
+// gate must give the bits of engram_gate_f32_bf16 on the same kv.
+static void test_decode() {
+    Section sec("engram_decode_bf16: gather + GEMV order; cooperative, its gate = the gate kernel");
+    std::mt19937_64 rng(8);
+    const uint32_t hd = 128, cols = 4, k = cols * hd, n_out = 99, hc = 4, d = 24, nr = 300;
+    // n_out is odd: the last pair's second row is past the end.
+    CHECK_RC(simt_set_max_dynamic_shared("engram_decode_bf16", SIMT_MAX_SHARED_OPTIN), SIMT_OK);
+    std::vector<uint16_t> table((size_t)nr * hd), w((size_t)n_out * k);
+    bf16_fill(table, rng, 1.0);
+    bf16_fill(w, rng, 0.05);
+    for (uint32_t nt : {1u, 3u, 17u, 40u}) {
+        std::vector<int64_t> ids((size_t)nt * cols);
+        for (auto &v : ids) v = (int64_t)(rng() % nr);
+        const uint32_t tile = nt < 16 ? nt : 16;
+        std::vector<uint16_t> rows((size_t)nt * k, 0xDEAD), kv((size_t)nt * n_out, 0xBEEF);
+        std::vector<uint32_t> flags((size_t)nt * cols, 77);
+        uint32_t latch[12] = {0};
+        uint64_t tp = ptr(table.data()), trows = nr, ip = ptr(ids.data()), zero = 0;
+        uint32_t fmt = T_BF16, uhd = hd, rb = hd * 2, stride = cols, off = 0, ucols = cols;
+        uint64_t ro = ptr(rows.data()), fl = ptr(flags.data()), lp = ptr(latch);
+        uint32_t lid = 3, serial = 4;
+        uint64_t wp = ptr(w.data());
+        uint32_t br = 0, bc = 0, nbc = 0, un = n_out, uk = k, unt = nt, ut = tile;
+        uint64_t kvp = ptr(kv.data());
+        uint32_t hw_bf16 = 0, uhc = hc, ud = d;
+        float eps = 1e-6f, inv = 1.0f / std::sqrt((float)d);
+        uint64_t qk = 0, mirror = 0, barrier = 0;
+        void *args[] = {&tp,  &trows, &fmt,    &uhd,  &rb,  &ip,  &stride, &off, &ucols, &zero,
+                        &zero, &zero, &ro,     &fl,   &lp,  &lid, &serial, &wp,  &zero,  &br,
+                        &bc,  &nbc,   &kvp,    &un,   &uk,  &unt, &ut,     &zero, &hw_bf16, &qk,
+                        &uhc, &ud,    &eps,    &inv,  &mirror, &barrier};
+        const unsigned grid = nt == 17 ? 1 : 3;
+        CHECK_RC(simt_launch("engram_decode_bf16", grid, 1, 1, 256, 1, 1, tile * k * 2, args, nt), SIMT_OK);
+        long row_bad = 0, kv_bad = 0;
+        for (uint32_t t = 0; t < nt; t++) {
+            for (uint32_t c = 0; c < cols; c++)
+                for (uint32_t i = 0; i < hd; i++)
+                    row_bad += rows[(size_t)t * k + c * hd + i] != table[(size_t)ids[t * cols + c] * hd + i] ||
+                               flags[t * cols + c] != 0;
+            for (uint32_t o = 0; o < n_out; o++)
+                kv_bad += kv[(size_t)t * n_out + o] != ref_bf16(gemv_order_ref(&w[(size_t)o * k], &rows[(size_t)t * k], k));
+        }
+        CHECK(row_bad == 0 && latch[0] == 0, "%u tokens: %ld rows or flags differ from the table's", nt, row_bad);
+        CHECK(kv_bad == 0, "%u tokens: %ld kv values differ from the GEMV's order", nt, kv_bad);
+    }
+    // The cooperative launch with a highway: its gate against the gate kernel.
+    {
+        const uint32_t nt = 5, tile = 5, n_out2 = (hc + 1) * d;
+        std::vector<uint16_t> w2((size_t)n_out2 * k);
+        bf16_fill(w2, rng, 0.05);
+        std::vector<int64_t> ids((size_t)nt * cols);
+        for (auto &v : ids) v = (int64_t)(rng() % nr);
+        ids[1 * cols + 2] = -1; // token 1 partly dead: left alone, the error latched
+        std::vector<float> qkv((size_t)hc * d), hw((size_t)nt * hc * d);
+        std::normal_distribution<double> nd(0.0, 1.0);
+        for (auto &q : qkv) q = (float)(1.0 + 0.1 * nd(rng));
+        for (auto &x : hw) x = (float)nd(rng);
+        const std::vector<float> hw_in = hw;
+        std::vector<float> hw_gate = hw;
+        std::vector<uint16_t> rows((size_t)nt * k), kv((size_t)nt * n_out2);
+        std::vector<uint32_t> flags((size_t)nt * cols);
+        uint32_t latch[12] = {0}, mirror[12] = {0}, bar = 0;
+        uint64_t tp = ptr(table.data()), trows = nr, ip = ptr(ids.data()), zero = 0;
+        uint32_t fmt = T_BF16, uhd = hd, rb = hd * 2, stride = cols, off = 0, ucols = cols;
+        uint64_t ro = ptr(rows.data()), fl = ptr(flags.data()), lp = ptr(latch);
+        uint32_t lid = 3, serial = 4;
+        uint64_t wp = ptr(w2.data());
+        uint32_t br = 0, bc = 0, nbc = 0, un = n_out2, uk = k, unt = nt, ut = tile;
+        uint64_t kvp = ptr(kv.data()), hwp = ptr(hw.data()), qk = ptr(qkv.data()), mp = ptr(mirror), bp = ptr(&bar);
+        uint32_t hw_bf16 = 0, uhc = hc, ud = d;
+        float eps = 1e-6f, inv = 1.0f / std::sqrt((float)d);
+        void *args[] = {&tp,  &trows, &fmt, &uhd, &rb,  &ip,  &stride, &off, &ucols, &zero,
+                        &zero, &zero, &ro,  &fl,  &lp,  &lid, &serial, &wp,  &zero,  &br,
+                        &bc,  &nbc,   &kvp, &un,  &uk,  &unt, &ut,     &hwp, &hw_bf16, &qk,
+                        &uhc, &ud,    &eps, &inv, &mp,  &bp};
+        CHECK_RC(simt_launch_cooperative("engram_decode_bf16", 3, 1, 1, 256, 1, 1, tile * k * 2, args, 9), SIMT_OK);
+        CHECK(mirror[0] == 2 && mirror[1] == 1 && mirror[2] == 2 && latch[0] == 0 && (bar & 0x7FFFFFFFu) == 0,
+              "the partly dead token's error moved to the mirror (%u %u %u), the barrier word reset (%#x)", mirror[0],
+              mirror[1], mirror[2], bar);
+        // The gate kernel on the kv and flags the decode kernel left.
+        uint32_t latch2[12] = {0}, mirror2[12] = {0};
+        uint64_t hgp = ptr(hw_gate.data()), lp2 = ptr(latch2), mp2 = ptr(mirror2);
+        uint32_t streams = nt * hc;
+        CHECK_RC(launch_named("engram_gate_f32_bf16", gate_grid(streams), 256, 22, hgp, kvp, qk, fl, ucols, uhc, ud, eps,
+                              inv, lp2, mp2, streams),
+                 SIMT_OK);
+        long differ = 0, changed = 0, touched = 0;
+        for (size_t i = 0; i < hw.size(); i++) {
+            differ += bits_of(hw[i]) != bits_of(hw_gate[i]);
+            if (i / (hc * d) == 1) {
+                touched += bits_of(hw[i]) != bits_of(hw_in[i]);
+            } else {
+                changed += bits_of(hw[i]) != bits_of(hw_in[i]);
+            }
+        }
+        CHECK(differ == 0, "the cooperative decode kernel's gate: %ld values differ from the gate kernel's", differ);
+        CHECK(touched == 0 && changed > (long)(hw.size() / 2),
+              "the partly dead token left alone (%ld changed), the others updated (%ld)", touched, changed);
+    }
+}
+
 // The same launches under other seeds and worker counts give the same bytes.
 static void test_determinism() {
     Section sec("determinism across seeds and worker counts");
@@ -1719,6 +1824,7 @@ int main(int argc, char **argv) {
     test_gather();
     test_gemv();
     test_gate();
+    test_decode();
     test_determinism();
     printf("%d checks, %d failures, %.1f s\n", g_checks, g_failures, now_s() - t0);
     return g_failures ? 1 : 0;
