@@ -12,7 +12,8 @@
 // flips exactly when the last block adds its share (before that the sum of
 // the shares is below 2^31), and the low 31 bits are zero again afterwards,
 // ready for the next launch. Each thread 0 waits until bit 31 differs from
-// the value its own addition returned, then the block's threads go on
+// the value its own addition returned (polling with ld.global.cv, which
+// fetches the word again each time), then the block's threads go on
 // (__syncthreads); what any block wrote before the barrier is visible to
 // every block after it.
 //
@@ -27,7 +28,7 @@ __device__ __forceinline__ void eng_grid_sync(unsigned int *bar) {
         const unsigned int share = first ? 0x80000000u - (blocks - 1u) : 1u;
         __threadfence();
         const unsigned int before = atomicAdd(bar, share);
-        while (((*(volatile unsigned int *)bar ^ before) & 0x80000000u) == 0u) __nanosleep(64);
+        while (((__ldcv(bar) ^ before) & 0x80000000u) == 0u) __nanosleep(64);
         __threadfence();
     }
     __syncthreads();

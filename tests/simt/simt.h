@@ -354,7 +354,6 @@ SIMT_LOAD(__ldcg)
 SIMT_LOAD(__ldca)
 SIMT_LOAD(__ldcs)
 SIMT_LOAD(__ldlu)
-SIMT_LOAD(__ldcv)
 SIMT_STORE(__stwb)
 SIMT_STORE(__stcg)
 SIMT_STORE(__stcs)
@@ -449,6 +448,26 @@ SIMT_INL double atomicAdd(double *p, double v) {
         unsigned long long rb;
         std::memcpy(&rb, &r, 8);
         if (__atomic_compare_exchange_n(q, &old, rb, true, SIMT_RMW, SIMT_LD)) return o;
+    }
+}
+
+// ld.global.cv (__ldcv): "fetch again", the load a thread polls memory that
+// other blocks write with: an atomic load here where the type allows (1, 2,
+// 4 or 8 bytes), so that a poll is not a data race to the C++ memory model
+// (or to ThreadSanitizer); wider types are plain loads, as the other hints.
+template <class T> SIMT_INL T __ldcv(const T *p) {
+    simt::check_aligned<T>(p, "__ldcv: misaligned address");
+    if constexpr (sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8) {
+        using U = std::conditional_t<sizeof(T) == 1, unsigned char,
+                                     std::conditional_t<sizeof(T) == 2, unsigned short,
+                                                        std::conditional_t<sizeof(T) == 4, unsigned,
+                                                                           unsigned long long>>>;
+        const U u = __atomic_load_n(reinterpret_cast<const U *>(p), SIMT_LD);
+        T v;
+        std::memcpy(static_cast<void *>(&v), &u, sizeof v);
+        return v;
+    } else {
+        return *p;
     }
 }
 
