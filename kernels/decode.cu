@@ -38,7 +38,8 @@
 
 static_assert(ENG_DECODE_THREADS % 32 == 0 && ENG_DECODE_THREADS >= 32 && ENG_DECODE_THREADS <= 1024,
               "a decode block is whole warps (ENG_DECODE_THREADS, src/cuda/kernels.rs)");
-static_assert(ENG_DECODE_TILE >= 1 && ENG_DECODE_PREFETCH >= 1, "src/cuda/kernels.rs decode constants");
+static_assert(ENG_DECODE_TILE >= 1 && ENG_DECODE_PREFETCH >= 1 && ENG_DECODE_MIN_BLOCKS >= 1,
+              "src/cuda/kernels.rs decode constants");
 #define ENG_DECODE_ROWS 2
 
 // The block's gathered rows: [tile][k / 8] 16-byte words (the launch's
@@ -294,7 +295,7 @@ __device__ __noinline__ void eng_decode_gate(const eng_decode_args a, eng_u64 b,
 // phase B; then the kernel must be launched cooperatively (all blocks
 // resident at once), or the barrier may wait forever.
 #define ENG_DECODE_ENTRY(NAME, FP8)                                                                              \
-    extern "C" __global__ void __launch_bounds__(ENG_DECODE_THREADS)                                             \
+    extern "C" __global__ void __launch_bounds__(ENG_DECODE_THREADS, ENG_DECODE_MIN_BLOCKS)                      \
         NAME(ENG_DECODE_PARAMS, void *highway, eng_u32 hw_bf16, const float *qk, eng_u32 hc, eng_u32 d,          \
              float eps, float inv_sqrt_d, eng_u32 *mirror, eng_u32 *barrier) {                                   \
         const eng_decode_args a = ENG_DECODE_ARGS;                                                               \

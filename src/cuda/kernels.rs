@@ -84,6 +84,7 @@ pub fn defines() -> Vec<String> {
     v.push(format!("-DENG_DECODE_THREADS={DECODE_THREADS}"));
     v.push(format!("-DENG_DECODE_TILE={DECODE_TILE}"));
     v.push(format!("-DENG_DECODE_PREFETCH={DECODE_PREFETCH}"));
+    v.push(format!("-DENG_DECODE_MIN_BLOCKS={DECODE_BLOCKS_PER_SM}"));
     v
 }
 
@@ -328,7 +329,9 @@ pub const DECODE_PREFETCH: u32 = 2;
 /// Most tokens the decode kernel takes (the range issue 17 asks for).
 pub const DECODE_MAX: usize = 64;
 /// Most decode blocks per multiprocessor: more would only gather the same
-/// rows more times (every block gathers the whole tile).
+/// rows more times (every block gathers the whole tile). Also the kernel's
+/// `__launch_bounds__` minimum, so that its registers leave room for 2
+/// (at most 128 a thread) where shared memory does.
 pub const DECODE_BLOCKS_PER_SM: u32 = 2;
 
 /// Output rows a decode warp sums together (`ENG_DECODE_ROWS`).
