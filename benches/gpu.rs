@@ -193,6 +193,9 @@ fn q4_k_random(rng: &mut Rng, blocks: usize) -> Vec<u8> {
 struct ProfState {
     on: AtomicBool,
     marks: Mutex<Vec<(String, usize, usize)>>,
+    /// Refuse every cooperative launch as the driver refuses a grid too
+    /// large (the decode kernel's split path, for its row of the bench).
+    refuse_coop: AtomicBool,
 }
 
 impl ProfState {
@@ -370,6 +373,45 @@ impl Gpu for Prof {
             self.inner.launch(k, grid, block, stream, args)
         })
     }
+    unsafe fn launch_shared(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> engram::Result<()> {
+        // SAFETY: passed on.
+        self.st.around(k.name(), stream, || unsafe {
+            self.inner
+                .launch_shared(k, grid, block, shared, stream, args)
+        })
+    }
+    unsafe fn launch_cooperative(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> engram::Result<bool> {
+        if self.st.refuse_coop.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        // SAFETY: passed on.
+        self.st.around(k.name(), stream, || unsafe {
+            self.inner
+                .launch_cooperative(k, grid, block, shared, stream, args)
+        })
+    }
+    fn device_limits(&self) -> engram::Result<engram::cuda::gpu::DeviceLimits> {
+        self.inner.device_limits()
+    }
+    fn occupancy(&self, k: Kernel, block: u32, shared: u32) -> engram::Result<u32> {
+        self.inner.occupancy(k, block, shared)
+    }
     fn new_blas(&self) -> engram::Result<Box<dyn Blas>> {
         Ok(Box::new(ProfBlas {
             inner: self.inner.new_blas()?,
@@ -470,7 +512,7 @@ fn main() {
     let rows = offsets[C - 1] + primes[C - 1];
     let token_map: Vec<i32> = (0..1000).collect();
     let mult: Vec<u64> = (0..N as u64).map(|i| 2 * i + 1).collect();
-    let cfg_for = |gemv: Option<usize>| ContextConfig {
+    let cfg_with = |gemv: Option<usize>, decode: Option<usize>| ContextConfig {
         geometry: Geometry {
             d: D,
             hc: HC,
@@ -498,11 +540,15 @@ fn main() {
         tuning: engram::Tuning {
             cuda: engram::cuda::CudaTuning {
                 gemv_max_tokens: gemv,
+                decode_max_tokens: decode,
                 device: Some(gpu.clone()),
             },
             ..Default::default()
         },
     };
+    // The defaults but for the GEMV limit (with Some: the decode kernel
+    // off, so that the rows below time the paths they name).
+    let cfg_for = |gemv: Option<usize>| cfg_with(gemv, gemv.map(|_| 0));
 
     // Random data: fp8 rows (no NaN codes, scales near 1), bf16 wkv, q, k.
     let mut rng = Rng(7);
@@ -564,9 +610,10 @@ fn main() {
         })
         .unwrap();
     };
-    // Three contexts on the same weights: the defaults (the bf16 GEMV at
-    // engram::cuda::DEFAULT_GEMV_MAX_TOKENS_BF16 tokens), the GEMV for every
-    // count it takes, and cuBLAS only.
+    // Three contexts on the same weights: the defaults (the decode kernel up
+    // to engram::cuda::DEFAULT_DECODE_MAX_TOKENS tokens, cuBLAS beyond), and
+    // with the decode kernel off the GEMV for every count it takes, and
+    // cuBLAS only.
     let make = |gemv: Option<usize>| {
         let ctx = Context::new(&cfg_for(gemv)).expect("CUDA context");
         set(&ctx, d_table.ptr, d_wkv.ptr, EngramType::Bf16);
@@ -691,11 +738,71 @@ fn main() {
             if a <= b { "GEMV" } else { "cuBLAS" }
         ));
     }
+    // The decode kernel (issue 17) against the path before it, bf16 wkv:
+    // cooperative (gather, projection and gate in one launch), its split path
+    // (phase A, then the gate kernel), the GEMV kernels (up to 8 tokens) and
+    // cuBLAS, 1 to 64 tokens, each against the roofline of its bytes.
+    let ctx_decode = {
+        let c = Context::new(&cfg_with(None, Some(engram::cuda::kernels::DECODE_MAX)))
+            .expect("CUDA context");
+        set(&c, d_table.ptr, d_wkv.ptr, EngramType::Bf16);
+        c
+    };
+    prof.refuse_coop.store(true, Ordering::Relaxed);
+    let ctx_split = {
+        let c = Context::new(&cfg_with(None, Some(engram::cuda::kernels::DECODE_MAX)))
+            .expect("CUDA context");
+        set(&c, d_table.ptr, d_wkv.ptr, EngramType::Bf16);
+        c
+    };
+    // Refused once, the context keeps to the split path.
+    apply_with(&ctx_split, 1, false);
+    prof.refuse_coop.store(false, Ordering::Relaxed);
+    let mut decode_lines = Vec::new();
+    for n in [1usize, 2, 4, 8, 16, 32, 64] {
+        let flops = 2.0 * n as f64 * K_IN as f64 * K_OUT as f64;
+        let roof = (bytes_of(n) / bw).max(flops / rate) * 1e3;
+        let t_coop = time_ms(stream, 50, || apply_with(&ctx_decode, n, false));
+        let t_split = time_ms(stream, 50, || apply_with(&ctx_split, n, false));
+        let t_gemv = (n <= engram::cuda::kernels::GEMV_MAX)
+            .then(|| time_ms(stream, 50, || apply_with(&ctx_gemv, n, false)));
+        let t_blas = time_ms(stream, 50, || apply_with(&ctx_cublas, n, false));
+        let k_coop = breakdown(&prof, stream, || apply_with(&ctx_decode, n, false));
+        let k_split = breakdown(&prof, stream, || apply_with(&ctx_split, n, false));
+        decode_lines.push(format!(
+            "| {n} | {t_coop:.4} | {:.2} | {t_split:.4} | {} | {t_blas:.4} | {roof:.4} | {k_coop} | {k_split} |",
+            t_coop / roof,
+            t_gemv.map_or("-".into(), |t| format!("{t:.4}")),
+        ));
+    }
+    let dstats = (ctx_decode.info().decode, ctx_split.info().decode);
+    // The grid the decode kernel gets here, per tile.
+    let limits = gpu.device_limits().unwrap();
+    let mut grids = Vec::new();
+    for tile in [1usize, 8, 16] {
+        let shared = (tile * K_IN * 2) as u32;
+        let occ = gpu
+            .occupancy(
+                engram::cuda::gpu::Kernel::Decode { fp8: false },
+                engram::cuda::kernels::DECODE_THREADS,
+                shared,
+            )
+            .unwrap();
+        grids.push(format!(
+            "tile {tile}: {} KiB shared, {occ} block(s)/SM, grid {}",
+            shared >> 10,
+            engram::cuda::kernels::decode_grid(K_OUT, limits.sms, occ)
+        ));
+    }
     ctx.check(s).unwrap();
     ctx_cublas.check(s).unwrap();
     ctx_gemv.check(s).unwrap();
+    ctx_decode.check(s).unwrap();
+    ctx_split.check(s).unwrap();
     drop(ctx_cublas);
     drop(ctx_gemv);
+    drop(ctx_decode);
+    drop(ctx_split);
 
     // Quantised wkv, read in place: the fused GEMV (1 and 8 tokens) and the
     // bf16 tiles + cuBLAS (512 tokens), against each format's own roofline
@@ -736,6 +843,7 @@ fn main() {
         }
     }
 
+    let mut decode_fp8_lines = Vec::new();
     // The checkpoint's block-scaled fp8 wkv (codes + 128 x 128 e8m0 scales)
     // read in place: its GEMV at 1 token (and at 8 with the GEMV limit
     // raised), exact bf16 tiles + cuBLAS beyond, against its own roofline
@@ -777,7 +885,8 @@ fn main() {
             l.wkv_block = (br as u32, bc as u32);
             ctx.set_layer(l).unwrap();
         };
-        let fctx = Context::new(&cfg_for(None)).expect("CUDA context");
+        // The GEMV at 1 token, the tiles from 2 (the decode kernel off).
+        let fctx = Context::new(&cfg_for(Some(1))).expect("CUDA context");
         set_fp8(&fctx);
         let t1 = time_ms(stream, 50, || apply_with(&fctx, 1, false));
         let t8_tiles = time_ms(stream, 50, || apply_with(&fctx, 8, false));
@@ -788,8 +897,31 @@ fn main() {
         let gctx = Context::new(&cfg_for(Some(8))).expect("CUDA context");
         set_fp8(&gctx);
         let t8 = time_ms(stream, 50, || apply_with(&gctx, 8, false));
+        let t1_gemv = time_ms(stream, 50, || apply_with(&gctx, 1, false));
         gctx.check(s).unwrap();
         drop(gctx);
+        // The decode kernel on the fp8 codes, 1 to 64 tokens.
+        let dctx = Context::new(&cfg_with(None, Some(engram::cuda::kernels::DECODE_MAX)))
+            .expect("CUDA context");
+        set_fp8(&dctx);
+        for n in [1usize, 8, 16, 64] {
+            let t = time_ms(stream, 50, || apply_with(&dctx, n, false));
+            let roof = ((codes.len() + scales.len()) as f64 + bytes_of(n) - wkv_bytes) / bw * 1e3;
+            let k = breakdown(&prof, stream, || apply_with(&dctx, n, false));
+            decode_fp8_lines.push(format!(
+                "| {n} | {t:.4} | {roof:.4} | {:.2} | {} | {k} |",
+                t / roof,
+                if n == 1 {
+                    format!("{t1_gemv:.4}")
+                } else if n == 8 {
+                    format!("{t8:.4}")
+                } else {
+                    "-".into()
+                }
+            ));
+        }
+        dctx.check(s).unwrap();
+        drop(dctx);
         let bytes = (codes.len() + scales.len()) as f64;
         let roof1 = bytes / bw * 1e3;
         quant_lines.push(format!(
@@ -911,6 +1043,27 @@ fn main() {
     for l in gemv_lines {
         println!("{l}");
     }
+    println!("\n## the decode kernel (issue 17), bf16 wkv: one cooperative launch against its split path and the path before it (device ids, ms per apply)");
+    println!(
+        "{}; roofline as above. Decode applies here: cooperative {}, split {} (the split context: cooperative {}, split {}, refused {})",
+        grids.join("; "),
+        dstats.0.cooperative,
+        dstats.0.split,
+        dstats.1.cooperative,
+        dstats.1.split,
+        dstats.1.refused
+    );
+    println!("| tokens | decode, cooperative | / roofline | decode, split | GEMV (decode off) | cuBLAS (decode off) | roofline | kernels, cooperative (ms) | kernels, split (ms) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---|---|");
+    for l in decode_lines {
+        println!("{l}");
+    }
+    println!("\n## the decode kernel on the checkpoint's fp8 wkv (codes + 128 x 128 scales read in place; roofline: their bytes plus the tokens' rows, ids and highway)");
+    println!("| tokens | decode, cooperative | roofline | ratio | fp8 GEMV (decode off) | kernels (ms) |");
+    println!("|---:|---:|---:|---:|---:|---|");
+    for l in decode_fp8_lines {
+        println!("{l}");
+    }
     println!("\n## quantised wkv read in place (device ids, ms per apply; roofline: the format's bytes plus one token's rows, ids and highway, over the copy bandwidth)");
     println!("| wkv | MB | 1 token (fused GEMV) | roofline | ratio | 8 tokens (fused GEMV) | 8 tokens (bf16 tiles + cuBLAS) | 512 tokens (bf16 tiles + cuBLAS) |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
@@ -994,6 +1147,7 @@ fn device_hash_rows(gpu: &Arc<dyn Gpu>, stream: sys::CUstream, set: &dyn Fn(&Con
             cuda: engram::cuda::CudaTuning {
                 gemv_max_tokens: None,
                 device: Some(gpu.clone()),
+                ..Default::default()
             },
             ..Default::default()
         },

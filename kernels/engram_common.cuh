@@ -132,6 +132,13 @@ ENG_DEV float eng_e8m0_to_f32(eng_u8 code) {
     return eng_f32_from_bits(((eng_u32)code) << 23);
 }
 
+// The value of a block-scaled fp8 weight (ENG_FP8_E4M3_E8M0_BLOCK): e4m3 code
+// `code` at column `col` of a row whose block scales are `srow` (one per `bc`
+// columns), exact in f32 (and in bf16: the host checks at set_layer).
+ENG_DEV float eng_fp8_block_value(eng_u8 code, const eng_u8 *srow, eng_u32 col, eng_u32 bc) {
+    return ENG_MUL(eng_e4m3_to_f32(code), eng_e8m0_to_f32(srow[col / bc]));
+}
+
 // ---------------------------------------------------------------------------
 // Bytes of one row of `hd` values; 0 for an unknown format.
 ENG_DEV eng_u32 eng_row_bytes(eng_u32 fmt, eng_u32 hd) {

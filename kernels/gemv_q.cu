@@ -291,11 +291,6 @@ extern "C" __global__ void __launch_bounds__(ENG_DEQUANT_THREADS)
 // - engram_dequant_fp8_block: rows row0 .. row0 + n_rows to bf16 (exact) into
 //   a tile for cuBLAS (larger batches), as the quantised formats do.
 
-// Value j of the 8 at column 8c of code row `codes` (row o).
-__device__ __forceinline__ float eng_fp8_block_value(eng_u8 code, const eng_u8 *srow, eng_u32 col, eng_u32 bc) {
-    return ENG_MUL(eng_e4m3_to_f32(code), eng_e8m0_to_f32(srow[col / bc]));
-}
-
 extern "C" __global__ void __launch_bounds__(ENG_GEMV_THREADS)
     engram_gemv_fp8_block(const eng_u8 *__restrict__ w, const eng_u8 *__restrict__ scales, eng_u32 br,
                           eng_u32 bc, eng_u32 nbc, const uint4 *__restrict__ rows, eng_u16 *__restrict__ kv,

@@ -28,9 +28,20 @@
 #   gpu-streams  tests/cuda_streams.rs: misaligned device pointers refused with
 #                nothing queued, a token's bits the same in every batch of 1-8
 #                tokens, a graph re-captured after set_layer uses the new weights
+#                (captured: the decode kernel's split path; direct: cooperative)
 #   gpu-fp8-wkv  tests/cuda_fp8_wkv.rs: the checkpoint's block-scaled fp8 wkv read
 #                in place (engram_gemv_fp8_block; exact bf16 tiles + cuBLAS) gives
 #                the bits of the same weights widened to bf16, 1..512 tokens
+#   gpu-decode   tests/cuda_decode.rs: the decode kernel (issue 17) launched
+#                cooperatively on the GPU (the driver takes it: its
+#                DecodeStats say so), kv the documented sum bit for bit for
+#                1..64 tokens, each token's kv and highway the same bits in
+#                every batch of 1..64, the GEMV's bits for 1..8
+#   gpu-decode-mps  the same under MPS (ENGRAM_GPU_CHECK_MPS=1: starts its own
+#                control daemon, pipes under OUTDIR), with all SMs and with
+#                CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25: the cooperative launch
+#                taken, or refused and the split path giving the same bits;
+#                SKIP unless asked for or without nvidia-cuda-mps-control
 #   device-hash  tests/device_hash.rs on the GPU (engram_hash_device against the
 #                host hash: golden regimes, V4.1 texts, dead tokens, many sequences,
 #                errors, random steps) and tests/cuda_golden.rs's capture of the
@@ -42,6 +53,9 @@
 #                engram_stage + graph replay; GGUF on CUDA (needs the toolkit)
 #   cpp-host     examples/cpp_host with ENGRAM_EXAMPLE_CUDA (needs the toolkit)
 #   bench        benches/gpu.rs: apply at the V4.1 geometry for 1..4096 tokens
+#                (and the decode kernel, cooperative and split, against the
+#                GEMV and cuBLAS for 1..64 tokens, bf16 and fp8 wkv, with its
+#                grid and occupancy)
 #                against torch eager and the measured roofline (GEMM rate at the
 #                real shape on random data, highway bytes counted), each kernel's
 #                time per row (a separate pass), quantised wkv, the host-table
@@ -152,6 +166,25 @@ step host-tables 90 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_host_tables" --test-thre
 step gpu-split 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/fp8_split" --test-threads=1 --nocapture
 step gpu-streams 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_streams" --test-threads=1 --nocapture
 step gpu-fp8-wkv 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_fp8_wkv" --test-threads=1 --nocapture
+step gpu-decode 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_decode" --test-threads=1 --nocapture
+
+# The decode kernel's cooperative launch under MPS (optional: it starts a
+# control daemon of its own for the step's duration).
+decode_mps() {
+    [ "${ENGRAM_GPU_CHECK_MPS:-0}" = 1 ] || { echo "MPS not asked for (ENGRAM_GPU_CHECK_MPS=1)"; exit 77; }
+    command -v nvidia-cuda-mps-control >/dev/null 2>&1 || { echo "no nvidia-cuda-mps-control"; exit 77; }
+    export CUDA_MPS_PIPE_DIRECTORY="$OUT/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$OUT/mps/log"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d || { echo "the MPS control daemon did not start"; exit 77; }
+    local rc=0
+    ENGRAM_REQUIRE_GPU=1 ENGRAM_MPS_CHECK=1 "$BIN/cuda_decode" --test-threads=1 --nocapture || rc=1
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 ENGRAM_REQUIRE_GPU=1 ENGRAM_MPS_CHECK=1 \
+        "$BIN/cuda_decode" --test-threads=1 --nocapture || rc=1
+    echo quit | nvidia-cuda-mps-control
+    return $rc
+}
+export -f decode_mps
+step gpu-decode-mps 120 decode_mps
 
 # The device hash (issue 18, docs/device-hash.md); SKIP where no driver loads.
 device_hash() {

@@ -12,6 +12,8 @@
 #                       invariance up to 8 tokens, a graph re-captured after
 #                       set_layer (the stream-order tests are emulation-only)
 #     cuda_fp8_wkv      tests/cuda_fp8_wkv.rs: the block-scaled fp8 wkv against bf16
+#     cuda_decode       tests/cuda_decode.rs: the decode kernel's documented order,
+#                       batch invariance 1-64, the GEMV's bits, its cooperative launch
 #     cuda_nvrtc        tests/cuda_nvrtc.rs: every kernel compiles without a warning
 #     device_hash       tests/device_hash.rs: engram_hash_device against the host hash
 #     gpu_bench         benches/gpu.rs
@@ -37,7 +39,7 @@ ROOT="$(pwd)"
 B=target/gpu-bundle
 rm -rf "$B"
 mkdir -p "$B"
-TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv cuda_nvrtc device_hash)
+TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv cuda_decode cuda_nvrtc device_hash)
 
 exe_of() { # the test/bench executable cargo built, from its JSON messages
     python3 -c '
@@ -83,7 +85,7 @@ fi
 
 if [ "${ENGRAM_PREBUILD_SMOKE:-1}" = 1 ]; then
     echo "== smoke: the bundled test binaries on the emulated device"
-    for t in cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv; do
+    for t in cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv cuda_decode; do
         ENGRAM_TEST_DEVICE=emulated "$B/$t" --test-threads=2 -q 2>&1 | tail -n 3
     done
     "$B/gpu_bench" --list >/dev/null

@@ -7,8 +7,8 @@
 
 use crate::call::LiveIds;
 pub use crate::call::{
-    ApplyIn, BackendInfo, CheckedLayer, DeviceHashIn, DeviceSeqOp, EngramBackend, Highway, Ids,
-    LayerIn, ReadBack, RowIds, StageStats, Stream, TableIn, TableSource,
+    ApplyIn, BackendInfo, CheckedLayer, DecodeStats, DeviceHashIn, DeviceSeqOp, EngramBackend,
+    Highway, Ids, LayerIn, ReadBack, RowIds, StageStats, Stream, TableIn, TableSource,
 };
 use crate::error::{bail, Result};
 

@@ -285,6 +285,26 @@ pub struct BackendInfo {
     /// Device bytes the backend allocated (0 on the CPU).
     pub device_bytes: usize,
     pub stage: StageStats,
+    /// How the CUDA backend's decode kernel ran (zero on the CPU).
+    pub decode: DecodeStats,
+}
+
+/// How the CUDA backend's decode kernel ran (docs/cuda.md "The decode
+/// kernel"), counted per call since the context was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeStats {
+    /// Applies whose gather, projection and gate ran in one cooperative
+    /// launch.
+    pub cooperative: u64,
+    /// Applies that ran its phase A and then the gate kernel (during a
+    /// capture, on a device without cooperative launches, or after the
+    /// driver refused one).
+    pub split: u64,
+    /// Read-backs (phase A alone).
+    pub read_back: u64,
+    /// The driver refused a cooperative launch as too large to be resident
+    /// at once; the context has used the split path since.
+    pub refused: bool,
 }
 
 /// The highway's element type.

@@ -526,6 +526,7 @@ fn wkv_formats_against_the_cpu(dev: &Dev, heads: usize, ngram: usize, order: boo
             cuda: engram::cuda::CudaTuning {
                 gemv_max_tokens: gemv,
                 device: Some(dev.gpu.clone()),
+                ..Default::default()
             },
             ..Default::default()
         },

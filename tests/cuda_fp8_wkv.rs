@@ -1,10 +1,12 @@
 //! The block-scaled fp8 `wkv` (`ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK`) on the CUDA
 //! backend: `kv` bit for bit that of the same weights widened to bf16 and
-//! given as `ENGRAM_TYPE_BF16`, for 1 ... 512 tokens, with the GEMV where the
-//! bf16 path runs its GEMV (by default 1 token; 8 with `gemv_max_tokens = 8`)
-//! and bf16 tiles + cuBLAS elsewhere; codes and scales in device memory or
-//! host memory (copied at `set_layer`); and `set_layer`'s refusal of a bad
-//! block, naming it, with the layer left as it was.
+//! given as `ENGRAM_TYPE_BF16`, for 1 ... 512 tokens, with the decode kernel
+//! where the bf16 path runs it (by default up to 16 tokens; 64 with
+//! `decode_max_tokens = 64`), and with it off the GEMV where the bf16 path
+//! runs its GEMV (8 tokens with `gemv_max_tokens = 8`) and bf16 tiles +
+//! cuBLAS elsewhere; codes and scales in device memory or host memory
+//! (copied at `set_layer`); and `set_layer`'s refusal of a bad block, naming
+//! it, with the layer left as it was.
 //!
 //! On the GPU when there is one, else on the emulation (see
 //! `tests/common/device.rs`); `ENGRAM_REQUIRE_GPU=1` requires the GPU.
@@ -18,7 +20,7 @@ use engram::hash::{derive_offsets, derive_primes_uniform};
 use engram::memory::Region;
 use engram::{
     Context, ContextConfig, EngramBackend, EngramStatus, EngramType, Geometry, HashTablesIn,
-    LayerIn, Limits,
+    LayerIn, Limits, RowIds,
 };
 
 const HD: usize = 256;
@@ -38,7 +40,7 @@ fn fp8_wkv_on_the_device_is_bit_identical_to_bf16() {
         .collect();
     let token_map: Vec<i32> = (0..48).collect();
     let max_n = 512;
-    let cfg = |gemv: Option<usize>| ContextConfig {
+    let cfg = |gemv: Option<usize>, decode: Option<usize>| ContextConfig {
         geometry: Geometry {
             d,
             hc,
@@ -66,6 +68,7 @@ fn fp8_wkv_on_the_device_is_bit_identical_to_bf16() {
         tuning: engram::Tuning {
             cuda: engram::cuda::CudaTuning {
                 gemv_max_tokens: gemv,
+                decode_max_tokens: decode,
                 device: Some(dev.gpu.clone()),
             },
             ..Default::default()
@@ -96,7 +99,12 @@ fn fp8_wkv_on_the_device_is_bit_identical_to_bf16() {
         w.to_f32(0, &mut vals);
         let widened: Vec<u16> = vals.iter().map(|&x| f32_to_bf16(x)).collect();
         let (d_wide, d_scales) = (dev.upload(&widened), dev.upload(&scales));
-        for gemv in [None, Some(8)] {
+        for (gemv, decode) in [
+            (None, Some(0)),
+            (Some(8), Some(0)),
+            (None, None),
+            (None, Some(64)),
+        ] {
             let layer = |wkv: u64, ty: EngramType| {
                 // SAFETY: device buffers of the sizes the geometry implies,
                 // alive for the test.
@@ -121,13 +129,13 @@ fn fp8_wkv_on_the_device_is_bit_identical_to_bf16() {
                 }
                 l
             };
-            let bf16 = Context::new(&cfg(gemv)).expect("a CUDA context");
+            let bf16 = Context::new(&cfg(gemv, decode)).expect("a CUDA context");
             bf16.set_layer(layer(d_wide.ptr, EngramType::Bf16)).unwrap();
-            let fp8 = Context::new(&cfg(gemv)).expect("a CUDA context");
+            let fp8 = Context::new(&cfg(gemv, decode)).expect("a CUDA context");
             fp8.set_layer(layer(d_codes.ptr, EngramType::Fp8E4m3E8m0Block))
                 .unwrap();
             // Codes and scales in host memory: copied to the device.
-            let host = Context::new(&cfg(gemv)).expect("a CUDA context");
+            let host = Context::new(&cfg(gemv, decode)).expect("a CUDA context");
             let mut hl = layer(d_codes.ptr, EngramType::Fp8E4m3E8m0Block);
             hl.wkv = Region::of(&codes[..]);
             hl.wkv_scales = Some(Region::of(&scales[..]));
@@ -140,21 +148,49 @@ fn fp8_wkv_on_the_device_is_bit_identical_to_bf16() {
                 let (rows_b, kv_b) = fp8.stages(1, &ids, n).unwrap();
                 let (_, kv_c) = host.stages(1, &ids, n).unwrap();
                 assert_eq!(rows_a, rows_b);
-                let path = match gemv {
-                    Some(g) if n <= g => "GEMV",
-                    None if n == 1 => "GEMV",
+                let path = match (gemv, decode) {
+                    (_, None) if n <= engram::cuda::DEFAULT_DECODE_MAX_TOKENS => "decode",
+                    (_, Some(d)) if n <= d => "decode",
+                    (Some(g), _) if n <= g => "GEMV",
+                    (None, _) if n <= engram::cuda::DEFAULT_GEMV_MAX_TOKENS_BF16 => "GEMV",
                     _ => "tiles + cuBLAS",
                 };
                 assert!(
                     kv_a == kv_b && kv_a == kv_c,
                     "blocks {br} x {bc}, {n} tokens ({path}): fp8 kv differs from the bf16 path's"
                 );
+                // The whole apply (the decode kernel's gate too): the same
+                // highway bits.
+                let hw_in = values("cuda.fp8wkv.highway", n * hc * d, 1.0, 0.0);
+                let (hw_a, hw_b) = (dev.upload(&hw_in), dev.upload(&hw_in));
+                let null = std::ptr::null_mut();
+                bf16.apply_device(1, RowIds::Host(&ids), n, hw_a.ptr, 0, null)
+                    .unwrap();
+                fp8.apply_device(1, RowIds::Host(&ids), n, hw_b.ptr, 0, null)
+                    .unwrap();
+                bf16.check_device(null).unwrap();
+                fp8.check_device(null).unwrap();
+                let bits = |b: &engram::cuda::gpu::DevBuf| -> Vec<u32> {
+                    b.read::<f32>(n * hc * d)
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect()
+                };
+                assert!(
+                    bits(&hw_a) == bits(&hw_b),
+                    "blocks {br} x {bc}, {n} tokens ({path}): the fp8 apply's highway differs from the bf16 one's"
+                );
             }
         }
     }
     if let Some(e) = &dev.emu {
         let l = e.launches();
-        for k in ["engram_gemv_fp8_block", "engram_dequant_fp8_block"] {
+        for k in [
+            "engram_gemv_fp8_block",
+            "engram_dequant_fp8_block",
+            "engram_decode_fp8",
+        ] {
             assert!(l.contains_key(k), "{k} ran");
         }
     }
@@ -171,7 +207,7 @@ fn fp8_wkv_on_the_device_is_bit_identical_to_bf16() {
         dev.upload(&bad_scales),
         dev.upload(&scales),
     );
-    let ctx = Context::new(&cfg(None)).expect("a CUDA context");
+    let ctx = Context::new(&cfg(None, None)).expect("a CUDA context");
     // SAFETY: as above.
     let r = |a: u64| unsafe { Region::from_raw(a as usize, None) };
     let mk = |codes: u64, scales: u64| {

@@ -1,7 +1,9 @@
 //! The CUDA backend against the golden data: every golden regime (rows
 //! bit-identical to the CPU backend, kv and highway within the bounds of
-//! `tests/golden.rs`), f32 and bf16 highways, host and device row ids, the
-//! GEMV kernel at every size it takes, errors found on the device, the
+//! `tests/golden.rs`), f32 and bf16 highways, host and device row ids, with
+//! the decode kernel (the default for few tokens), the GEMV kernels and
+//! cuBLAS; the GEMV kernel at every size it takes, errors found on the
+//! device (through the decode kernel), the
 //! argument checks, allocations mapped in pieces, 64-bit offsets into a
 //! table of the real row count; on a GPU also a CUDA graph replay and two
 //! contexts on two streams at once.
@@ -91,17 +93,29 @@ fn dev_model(dev: &Dev, tiny: &Tiny) -> DevModel {
     }
 }
 
-/// A CUDA context of the tiny model on `dev` with both layers set, the GEMV
-/// kernels used up to `gemv_max` tokens (`None`: the default).
-fn cuda_context<'a>(
-    dev: &Dev,
-    tiny: &'a Tiny,
-    m: &DevModel,
-    gemv_max: Option<usize>,
-) -> Context<'a> {
+/// The projection a test context uses for few tokens: the defaults (the
+/// decode kernel up to `DEFAULT_DECODE_MAX_TOKENS`), or with the decode
+/// kernel off, the GEMV kernels up to 8 tokens or cuBLAS for every call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Proj {
+    Default,
+    Gemv,
+    Blas,
+}
+
+/// A CUDA context of the tiny model on `dev` with both layers set, its
+/// projection `proj`.
+fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny, m: &DevModel, proj: Proj) -> Context<'a> {
     let mut cfg = tiny.config(Tiny::limits());
     cfg.backend = EngramBackend::Cuda as u32;
-    cfg.tuning.cuda.gemv_max_tokens = gemv_max;
+    (
+        cfg.tuning.cuda.gemv_max_tokens,
+        cfg.tuning.cuda.decode_max_tokens,
+    ) = match proj {
+        Proj::Default => (None, None),
+        Proj::Gemv => (Some(engram::cuda::kernels::GEMV_MAX), Some(0)),
+        Proj::Blas => (Some(0), Some(0)),
+    };
     cfg.tuning.cuda.device = Some(dev.gpu.clone());
     let ctx = Context::new(&cfg).expect("create a CUDA context");
     for (l, (t, w, q, k)) in tiny.layers.iter().zip(&m.layers) {
@@ -213,11 +227,12 @@ fn every_golden_regime_on_the_device() {
     let k_out = d * (hc + 1);
     let mut worst = 0f64;
     let (mut kv_diff, mut kv_vals) = (0usize, 0usize);
-    // The GEMV kernels for every call they take, then cuBLAS for every call.
-    for gemv_max in [engram::cuda::kernels::GEMV_MAX, 0] {
+    // The decode kernel for every call it takes (the default), the GEMV
+    // kernels for every call they take, then cuBLAS for every call.
+    for proj in [Proj::Default, Proj::Gemv, Proj::Blas] {
         for regime in REGIMES {
             let cpu = tiny.context();
-            let gpu = cuda_context(&dev, &tiny, &m, Some(gemv_max));
+            let gpu = cuda_context(&dev, &tiny, &m, proj);
             for (ci, c) in calls(&tiny, regime).iter().enumerate() {
                 let n = c.tokens.len();
                 let per = cpu.ids_per_token();
@@ -233,9 +248,8 @@ fn every_golden_regime_on_the_device() {
                 for (li, lg) in c.layers.iter().enumerate() {
                     let layer = &tiny.layers[li];
                     let lid = layer.layer_id;
-                    let at = |t: usize| {
-                        format!("{regime} call {ci} layer {lid} token {t} (gemv_max {gemv_max})")
-                    };
+                    let at =
+                        |t: usize| format!("{regime} call {ci} layer {lid} token {t} ({proj:?})");
                     let gold_kv = u16s(&lg["kv_bf16"]);
                     let gold_f32 = f32_bits(&lg["highway_out_f32"]);
                     let gold_bf16 = u16s(&lg["highway_out_bf16"]);
@@ -360,7 +374,7 @@ fn the_gate_at_numeric_edges_on_the_device() {
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
     let (ids, n) = prefill(&tiny);
-    let gpu = cuda_context(&dev, &tiny, &m, None);
+    let gpu = cuda_context(&dev, &tiny, &m, Proj::Default);
     let (hc, d) = (tiny.hc, tiny.d);
     let k_out = d * (hc + 1);
     let per = gpu.ids_per_token();
@@ -460,8 +474,8 @@ fn the_gemv_kernel_at_every_size() {
     let m = dev_model(&dev, &tiny);
     let (ids, n_all) = prefill(&tiny);
     let cpu = tiny.context();
-    let gemv = cuda_context(&dev, &tiny, &m, Some(8));
-    let blas = cuda_context(&dev, &tiny, &m, Some(0));
+    let gemv = cuda_context(&dev, &tiny, &m, Proj::Gemv);
+    let blas = cuda_context(&dev, &tiny, &m, Proj::Blas);
     let per = cpu.ids_per_token();
     let (k_in, k_out) = (tiny.cols() * tiny.hd, tiny.d * (tiny.hc + 1));
     let layer = &tiny.layers[0];
@@ -518,7 +532,7 @@ fn a_captured_graph_replays_the_same_bits() {
     let d = drv();
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
-    let ctx = cuda_context(&dev, &tiny, &m, None);
+    let ctx = cuda_context(&dev, &tiny, &m, Proj::Default);
     let (ids, n_all) = prefill(&tiny);
     let per = ctx.ids_per_token();
     let (hc, dd) = (tiny.hc, tiny.d);
@@ -612,7 +626,7 @@ fn two_contexts_on_two_streams_at_once_equal_one_after_the_other() {
         values("streams.b", n * hc * d, 1.0, 0.0),
     ];
     // One after the other, on one context and the legacy stream.
-    let one = cuda_context(&dev, &tiny, &m, None);
+    let one = cuda_context(&dev, &tiny, &m, Proj::Default);
     let mut want = Vec::new();
     for hw_in in &inputs {
         let hw = dev.upload(hw_in);
@@ -634,8 +648,8 @@ fn two_contexts_on_two_streams_at_once_equal_one_after_the_other() {
     // At once: two contexts, two streams (the emulation: the legacy
     // stream), two host threads.
     let ctxs = [
-        cuda_context(&dev, &tiny, &m, None),
-        cuda_context(&dev, &tiny, &m, None),
+        cuda_context(&dev, &tiny, &m, Proj::Default),
+        cuda_context(&dev, &tiny, &m, Proj::Default),
     ];
     let bufs: Vec<DevBuf> = inputs.iter().map(|h| dev.upload(h)).collect();
     let streams = if dev.is_real() {
@@ -682,7 +696,7 @@ fn errors_found_on_the_device_leave_the_token_and_are_reported_once() {
     let Some(dev) = device() else { return };
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
-    let ctx = cuda_context(&dev, &tiny, &m, None);
+    let ctx = cuda_context(&dev, &tiny, &m, Proj::Default);
     let (ids, n) = prefill(&tiny);
     let per = ctx.ids_per_token();
     let (hc, d, cols) = (tiny.hc, tiny.d, tiny.cols());
@@ -811,7 +825,7 @@ fn device_arguments_are_checked() {
     let Some(dev) = device() else { return };
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
-    let ctx = cuda_context(&dev, &tiny, &m, None);
+    let ctx = cuda_context(&dev, &tiny, &m, Proj::Default);
     let (ids, n) = prefill(&tiny);
     let (hc, d) = (tiny.hc, tiny.d);
     let lid = tiny.layers[0].layer_id;
@@ -912,7 +926,7 @@ fn allocations_mapped_in_pieces_are_walked() {
     let emu = dev.emu.clone().unwrap();
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
-    let ctx = cuda_context(&dev, &tiny, &m, None);
+    let ctx = cuda_context(&dev, &tiny, &m, Proj::Default);
     let (ids, n) = prefill(&tiny);
     let (hc, d) = (tiny.hc, tiny.d);
     let bytes = n * hc * d * 4;
@@ -1122,10 +1136,10 @@ fn a_captured_device_hash_and_apply_replays_64_decode_steps() {
     let d = drv();
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
-    let graph_ctx = cuda_context(&dev, &tiny, &m, None)
+    let graph_ctx = cuda_context(&dev, &tiny, &m, Proj::Default)
         .with_device_history(8)
         .expect("a device history");
-    let host_ctx = cuda_context(&dev, &tiny, &m, None);
+    let host_ctx = cuda_context(&dev, &tiny, &m, Proj::Default);
     let cpu = tiny.context();
     let per = graph_ctx.ids_per_token();
     let (hc, dd) = (tiny.hc, tiny.d);

@@ -193,6 +193,7 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
             host_bytes: layers.iter().flatten().map(|l| l.qk.len() * 4).sum(),
             device_bytes: 0,
             stage: self.stager.stats(),
+            decode: Default::default(),
         }
     }
 

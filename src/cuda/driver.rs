@@ -2,7 +2,9 @@
 //! primary context, the kernels compiled for it, and cuBLAS.
 
 use super::blas::RealBlas;
-use super::gpu::{Arg, Blas, DevPtr, Gpu, Guard, Kernel, MemKind, PtrInfo, Stream, KERNEL_NAMES};
+use super::gpu::{
+    Arg, Blas, DevPtr, DeviceLimits, Gpu, Guard, Kernel, MemKind, PtrInfo, Stream, KERNEL_NAMES,
+};
 use super::kernels;
 pub use super::status::{api, check, error_text};
 use super::sys::{self, CUcontext, CUdevice, DriverApi, CUDA_SUCCESS};
@@ -97,9 +99,11 @@ pub struct RealGpu {
     pub name: String,
     /// What the kernels are compiled to (`"sm_90"` for a cubin, `"compute_90"` for PTX).
     pub arch: String,
+    /// Multiprocessors, shared memory opt-in, cooperative launch.
+    pub limits: DeviceLimits,
     /// The loaded modules of [`kernels::MODULES`] (0: not yet), behind the
     /// lock that loading holds.
-    modules: Mutex<[usize; 2]>,
+    modules: Mutex<[usize; kernels::MODULES.len()]>,
     /// Every kernel's `CUfunction` (0 until its module is loaded).
     functions: Vec<AtomicUsize>,
 }
@@ -156,6 +160,12 @@ impl RealGpu {
                 "cuDeviceGetName",
             )?;
             let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
+            let limits = DeviceLimits {
+                sms: attr(sys::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(0) as u32,
+                max_shared: attr(sys::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(0)
+                    as u32,
+                cooperative: attr(sys::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? != 0,
+            };
             let mut ctx = std::ptr::null_mut();
             check(
                 (d.cuDevicePrimaryCtxRetain)(&mut ctx, dev),
@@ -168,7 +178,8 @@ impl RealGpu {
                 cc,
                 name,
                 arch: String::new(),
-                modules: Mutex::new([0; 2]),
+                limits,
+                modules: Mutex::new([0; kernels::MODULES.len()]),
                 functions: KERNEL_NAMES.iter().map(|_| AtomicUsize::new(0)).collect(),
             };
             // From here on, Drop releases the context.
@@ -206,6 +217,20 @@ impl RealGpu {
             let mut f = std::ptr::null_mut();
             // SAFETY: the module is loaded; the name is a live CString.
             let r = unsafe { (d.cuModuleGetFunction)(&mut f, module, c.as_ptr()) };
+            // The decode kernels take more than 48 KiB of dynamic shared
+            // memory: opt in to the device's most.
+            let r = if r == CUDA_SUCCESS && k.big_shared() {
+                // SAFETY: a function of the loaded module.
+                unsafe {
+                    (d.cuFuncSetAttribute)(
+                        f,
+                        sys::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        self.limits.max_shared.min(i32::MAX as u32) as i32,
+                    )
+                }
+            } else {
+                r
+            };
             if let Err(e) = check(r, &format!("kernel {}", k.name())) {
                 // SAFETY: loaded above, unloaded once.
                 unsafe {
@@ -233,6 +258,16 @@ impl RealGpu {
 
     fn ctx_guard(&self) -> Result<Guard> {
         enter_ctx(self.ctx)
+    }
+
+    /// `k`'s function, its module loaded first if it is not yet.
+    fn function(&self, k: Kernel) -> Result<sys::CUfunction> {
+        let mut f = self.functions[k.index()].load(Ordering::Acquire);
+        if f == 0 {
+            self.load_module(k.module())?;
+            f = self.functions[k.index()].load(Ordering::Acquire);
+        }
+        Ok(f as sys::CUfunction)
     }
 }
 
@@ -604,12 +639,21 @@ impl Gpu for RealGpu {
         stream: Stream,
         args: &[Arg],
     ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_shared(k, grid, block, 0, stream, args) }
+    }
+
+    unsafe fn launch_shared(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> Result<()> {
         let d = api()?;
-        let mut f = self.functions[k.index()].load(Ordering::Acquire);
-        if f == 0 {
-            self.load_module(k.module())?;
-            f = self.functions[k.index()].load(Ordering::Acquire);
-        }
+        let f = self.function(k)?;
         let _g = self.ctx_guard()?;
         let mut ptrs: Vec<*mut c_void> = args.iter().map(|a| a.ptr).collect();
         // SAFETY: the caller's contract (arguments matching the kernel, valid
@@ -617,14 +661,14 @@ impl Gpu for RealGpu {
         unsafe {
             check(
                 (d.cuLaunchKernel)(
-                    f as sys::CUfunction,
+                    f,
                     grid,
                     1,
                     1,
                     block,
                     1,
                     1,
-                    0,
+                    shared,
                     stream as sys::CUstream,
                     ptrs.as_mut_ptr(),
                     std::ptr::null_mut(),
@@ -632,6 +676,65 @@ impl Gpu for RealGpu {
                 &format!("launching {}", k.name()),
             )
         }
+    }
+
+    unsafe fn launch_cooperative(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> Result<bool> {
+        let d = api()?;
+        let f = self.function(k)?;
+        let _g = self.ctx_guard()?;
+        let mut ptrs: Vec<*mut c_void> = args.iter().map(|a| a.ptr).collect();
+        // SAFETY: the caller's contract; the argument array lives for the call.
+        let r = unsafe {
+            (d.cuLaunchCooperativeKernel)(
+                f,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                shared,
+                stream as sys::CUstream,
+                ptrs.as_mut_ptr(),
+            )
+        };
+        if r == sys::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE {
+            return Ok(false);
+        }
+        check(r, &format!("launching {} cooperatively", k.name()))?;
+        Ok(true)
+    }
+
+    fn device_limits(&self) -> Result<DeviceLimits> {
+        Ok(self.limits)
+    }
+
+    fn occupancy(&self, k: Kernel, block: u32, shared: u32) -> Result<u32> {
+        let d = api()?;
+        let f = self.function(k)?;
+        let _g = self.ctx_guard()?;
+        let mut n = 0;
+        // SAFETY: a loaded function; `n` is a local.
+        unsafe {
+            check(
+                (d.cuOccupancyMaxActiveBlocksPerMultiprocessor)(
+                    &mut n,
+                    f,
+                    block as i32,
+                    shared as usize,
+                ),
+                &format!("the occupancy of {}", k.name()),
+            )?;
+        }
+        Ok(n.max(0) as u32)
     }
 
     fn new_blas(&self) -> Result<Box<dyn Blas>> {

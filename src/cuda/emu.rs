@@ -10,7 +10,8 @@
 //!   and more are mapped lazily, so a table of the real row count can be
 //!   reserved without being touched);
 //! - copies are copies, done when they are queued; events and streams are
-//!   trivial (nothing is ever in flight); no stream is ever capturing;
+//!   trivial (nothing is ever in flight); no stream is ever capturing (but
+//!   for [`Emulator::set_capturing`], a test hook);
 //!   unless the emulation defers ([`Emulator::set_deferred`]): then work
 //!   queued on a stream runs only when something waits for it (an event or
 //!   stream synchronisation, a stream waiting on an event, a context-wide
@@ -20,21 +21,25 @@
 //!   for copies' events), one thread at a time, so a wait returns once
 //!   every op up to its mark has finished;
 //! - a launch is `simt_launch` on the same argument array the backend built,
-//!   after checking the argument sizes against the kernel's parameters;
+//!   after checking the argument sizes against the kernel's parameters; a
+//!   cooperative launch `simt_launch_cooperative` (every block at once), on
+//!   a device of `simt_sm_count()` multiprocessors that takes them (test
+//!   hooks: [`Emulator::set_cooperative`], [`Emulator::set_refuse_cooperative`]);
 //! - the GEMM is a host loop: f32 sums in k order of exact products (bf16 x
 //!   bf16, or f32 x f32 rounded once), rounded once to the output type: an
 //!   f32 sum in some order, as cuBLAS's is, within the same bound
 //!   (`tests/common/bounds.rs` `kv_bound`).
 
 use super::gpu::{
-    Arg, Blas, DevPtr, Gemm, Gpu, Guard, Kernel, MemKind, PtrInfo, Stream, KERNEL_NAMES,
+    Arg, Blas, DevPtr, DeviceLimits, Gemm, Gpu, Guard, Kernel, MemKind, PtrInfo, Stream,
+    KERNEL_NAMES,
 };
 use crate::error::{bail, EngramStatus, Error, Result};
 use crate::formats::{bf16_to_f32, f32_to_bf16};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 type LaunchFn = unsafe extern "C" fn(
@@ -52,6 +57,13 @@ type LaunchFn = unsafe extern "C" fn(
 type ParamsFn = unsafe extern "C" fn(*const c_char, *mut c_uint, c_uint) -> c_int;
 type StrFn = unsafe extern "C" fn() -> *const c_char;
 type WorkersFn = unsafe extern "C" fn(c_uint);
+type CountFn = unsafe extern "C" fn() -> c_uint;
+type OccupancyFn = unsafe extern "C" fn(c_uint, c_uint) -> c_uint;
+type SetSharedFn = unsafe extern "C" fn(*const c_char, c_uint) -> c_int;
+
+/// Most dynamic shared memory an emulated block can have once its kernel
+/// opts in (`SIMT_MAX_SHARED_OPTIN` of `tests/simt/simt_abi.h`: an sm_90's).
+pub const MAX_SHARED_OPTIN: u32 = 227 << 10;
 
 /// Allocations at least this large are mapped lazily (never touched by the
 /// emulation itself).
@@ -250,11 +262,24 @@ pub struct Emulator {
     last_error_fn: StrFn,
     build_info: String,
     set_workers_fn: WorkersFn,
+    coop_launch_fn: LaunchFn,
+    sm_count_fn: CountFn,
+    occupancy_fn: OccupancyFn,
+    /// Test hooks: the device takes cooperative launches (its attribute),
+    /// the "driver" refuses them as too large for the device (an MPS client
+    /// limited to fewer SMs), streams say they are capturing.
+    cooperative: AtomicBool,
+    refuse_cooperative: AtomicBool,
+    capturing: AtomicBool,
+    /// Cooperative launches refused as too large so far.
+    refused: AtomicU64,
     allocs: Mutex<BTreeMap<u64, Alloc>>,
     seed: AtomicU64,
     events: AtomicUsize,
-    /// Launches so far, by kernel (tests check which kernels ran).
+    /// Launches so far, by kernel (tests check which kernels ran), and the
+    /// cooperative ones among them.
     launches: Mutex<BTreeMap<&'static str, u64>>,
+    coop_launches: Mutex<BTreeMap<&'static str, u64>>,
     deferral: Arc<Deferral>,
     streams: AtomicUsize,
 }
@@ -336,6 +361,25 @@ impl Emulator {
                     "simt_set_workers",
                     &p,
                 )?),
+                coop_launch_fn: std::mem::transmute::<*mut c_void, LaunchFn>(sym(
+                    h,
+                    "simt_launch_cooperative",
+                    &p,
+                )?),
+                sm_count_fn: std::mem::transmute::<*mut c_void, CountFn>(sym(
+                    h,
+                    "simt_sm_count",
+                    &p,
+                )?),
+                occupancy_fn: std::mem::transmute::<*mut c_void, OccupancyFn>(sym(
+                    h,
+                    "simt_max_active_blocks",
+                    &p,
+                )?),
+                cooperative: AtomicBool::new(true),
+                refuse_cooperative: AtomicBool::new(false),
+                capturing: AtomicBool::new(false),
+                refused: AtomicU64::new(0),
                 build_info: {
                     let f =
                         std::mem::transmute::<*mut c_void, StrFn>(sym(h, "simt_build_info", &p)?);
@@ -346,6 +390,7 @@ impl Emulator {
                 seed: AtomicU64::new(0x5eed),
                 events: AtomicUsize::new(1),
                 launches: Mutex::new(BTreeMap::new()),
+                coop_launches: Mutex::new(BTreeMap::new()),
                 deferral: Arc::new(Deferral::default()),
                 streams: AtomicUsize::new(1),
             }
@@ -359,7 +404,149 @@ impl Emulator {
                 );
             }
         }
+        // The decode kernels' shared memory opt-in, as the real device sets
+        // it when it loads them (cuFuncSetAttribute).
+        // SAFETY: the C function of simt_abi.h with this signature.
+        let set_shared = unsafe {
+            std::mem::transmute::<*mut c_void, SetSharedFn>(sym(
+                h,
+                "simt_set_max_dynamic_shared",
+                &emu.path,
+            )?)
+        };
+        for k in Kernel::all().into_iter().filter(|k| k.big_shared()) {
+            let c = CString::new(k.name()).expect("no NUL");
+            // SAFETY: a NUL-terminated name.
+            if unsafe { set_shared(c.as_ptr(), MAX_SHARED_OPTIN) } != 0 {
+                bail!(
+                    ErrDevice,
+                    "{}: the shared memory opt-in of {}: {}",
+                    emu.path,
+                    k.name(),
+                    last_error_of(emu.last_error_fn)
+                );
+            }
+        }
         Ok(Arc::new(emu))
+    }
+
+    /// Test hook: whether the emulated device takes cooperative launches
+    /// (`CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH`; yes by default).
+    pub fn set_cooperative(&self, on: bool) {
+        self.cooperative.store(on, Ordering::SeqCst);
+    }
+
+    /// Test hook: refuse every cooperative launch as the driver refuses a
+    /// grid that cannot be resident at once
+    /// (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`, e.g. an MPS client given
+    /// fewer SMs than the occupancy query counts).
+    pub fn set_refuse_cooperative(&self, on: bool) {
+        self.refuse_cooperative.store(on, Ordering::SeqCst);
+    }
+
+    /// Cooperative launches refused as too large so far (each returned
+    /// `Ok(false)` with nothing queued).
+    pub fn cooperative_refusals(&self) -> u64 {
+        self.refused.load(Ordering::SeqCst)
+    }
+
+    /// Test hook: every stream says it is capturing a graph (the work still
+    /// runs: the emulation has no graphs), so that the backend takes the
+    /// paths it takes during a capture.
+    pub fn set_capturing(&self, on: bool) {
+        self.capturing.store(on, Ordering::SeqCst);
+    }
+
+    /// Queue launch of `k` (cooperative or not) on `stream`.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn submit_launch(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        coop: bool,
+        stream: Stream,
+        args: &[Arg],
+    ) -> Result<()> {
+        let name = k.name();
+        let want = self.params(name).unwrap_or_default();
+        let got: Vec<usize> = args.iter().map(|a| a.size).collect();
+        if want != got {
+            bail!(
+                ErrInternal,
+                "launching {name}: argument sizes {got:?}, the kernel's parameters are {want:?}"
+            );
+        }
+        *self
+            .launches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name)
+            .or_default() += 1;
+        if coop {
+            *self
+                .coop_launches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(name)
+                .or_default() += 1;
+        }
+        if grid == 0 {
+            return Ok(());
+        }
+        // The argument values, copied now (the caller's array may be gone
+        // when deferred work runs, as with cuLaunchKernel).
+        let mut values: Vec<Vec<u8>> = args
+            .iter()
+            // SAFETY: each argument points to `size` readable bytes (the
+            // caller's contract).
+            .map(|a| unsafe { std::slice::from_raw_parts(a.ptr as *const u8, a.size) }.to_vec())
+            .collect();
+        let seed = self.seed.fetch_add(1, Ordering::Relaxed);
+        let launch_fn = if coop {
+            self.coop_launch_fn
+        } else {
+            self.launch_fn
+        };
+        let last_error_fn = self.last_error_fn;
+        self.deferral.submit(
+            stream,
+            Box::new(move || {
+                let mut ptrs: Vec<*mut c_void> = values
+                    .iter_mut()
+                    .map(|v| v.as_mut_ptr() as *mut c_void)
+                    .collect();
+                let c = CString::new(name).expect("no NUL");
+                // SAFETY: the caller's contract; the sizes were checked above.
+                let r = unsafe {
+                    launch_fn(
+                        c.as_ptr(),
+                        grid,
+                        1,
+                        1,
+                        block,
+                        1,
+                        1,
+                        shared,
+                        ptrs.as_mut_ptr(),
+                        seed,
+                    )
+                };
+                if r != 0 {
+                    bail!(
+                        ErrDevice,
+                        "launching {name}{} in the SIMT emulation: error {r}: {}",
+                        if coop { " cooperatively" } else { "" },
+                        last_error_of(last_error_fn)
+                    );
+                }
+                Ok(())
+            }),
+        )
     }
 
     /// Defer the work queued on streams until something waits for it (see
@@ -405,6 +592,14 @@ impl Emulator {
     /// Launches of each kernel so far.
     pub fn launches(&self) -> BTreeMap<&'static str, u64> {
         self.launches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Cooperative launches of each kernel so far (also in [`Self::launches`]).
+    pub fn cooperative_launches(&self) -> BTreeMap<&'static str, u64> {
+        self.coop_launches
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -730,7 +925,7 @@ impl Gpu for Emulator {
     }
 
     fn stream_capturing(&self, _stream: Stream) -> Result<bool> {
-        Ok(false)
+        Ok(self.capturing.load(Ordering::SeqCst))
     }
 
     fn pointer(&self, p: u64) -> Option<PtrInfo> {
@@ -751,67 +946,67 @@ impl Gpu for Emulator {
         stream: Stream,
         args: &[Arg],
     ) -> Result<()> {
-        let name = k.name();
-        let want = self.params(name).unwrap_or_default();
-        let got: Vec<usize> = args.iter().map(|a| a.size).collect();
-        if want != got {
+        // SAFETY: the caller's contract.
+        unsafe { self.submit_launch(k, grid, block, 0, false, stream, args) }
+    }
+
+    unsafe fn launch_shared(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.submit_launch(k, grid, block, shared, false, stream, args) }
+    }
+
+    unsafe fn launch_cooperative(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> Result<bool> {
+        if !self.cooperative.load(Ordering::SeqCst) {
             bail!(
-                ErrInternal,
-                "launching {name}: argument sizes {got:?}, the kernel's parameters are {want:?}"
+                ErrDevice,
+                "launching {} cooperatively: the (emulated) device takes no cooperative launch",
+                k.name()
             );
         }
-        *self
-            .launches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(name)
-            .or_default() += 1;
-        if grid == 0 {
-            return Ok(());
+        // The driver checks the grid when the launch is queued: refused
+        // whole, nothing queued.
+        let fit = self
+            .device_limits()?
+            .sms
+            .saturating_mul(self.occupancy(k, block, shared)?);
+        if grid > fit || self.refuse_cooperative.load(Ordering::SeqCst) {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            return Ok(false);
         }
-        // The argument values, copied now (the caller's array may be gone
-        // when deferred work runs, as with cuLaunchKernel).
-        let mut values: Vec<Vec<u8>> = args
-            .iter()
-            // SAFETY: each argument points to `size` readable bytes (the
-            // caller's contract).
-            .map(|a| unsafe { std::slice::from_raw_parts(a.ptr as *const u8, a.size) }.to_vec())
-            .collect();
-        let seed = self.seed.fetch_add(1, Ordering::Relaxed);
-        let (launch_fn, last_error_fn) = (self.launch_fn, self.last_error_fn);
-        self.deferral.submit(
-            stream,
-            Box::new(move || {
-                let mut ptrs: Vec<*mut c_void> = values
-                    .iter_mut()
-                    .map(|v| v.as_mut_ptr() as *mut c_void)
-                    .collect();
-                let c = CString::new(name).expect("no NUL");
-                // SAFETY: the caller's contract; the sizes were checked above.
-                let r = unsafe {
-                    launch_fn(
-                        c.as_ptr(),
-                        grid,
-                        1,
-                        1,
-                        block,
-                        1,
-                        1,
-                        0,
-                        ptrs.as_mut_ptr(),
-                        seed,
-                    )
-                };
-                if r != 0 {
-                    bail!(
-                        ErrDevice,
-                        "launching {name} in the SIMT emulation: error {r}: {}",
-                        last_error_of(last_error_fn)
-                    );
-                }
-                Ok(())
-            }),
-        )
+        // SAFETY: the caller's contract.
+        unsafe { self.submit_launch(k, grid, block, shared, true, stream, args)? };
+        Ok(true)
+    }
+
+    fn device_limits(&self) -> Result<DeviceLimits> {
+        // SAFETY: a plain getter of the library.
+        let sms = unsafe { (self.sm_count_fn)() };
+        Ok(DeviceLimits {
+            sms,
+            max_shared: MAX_SHARED_OPTIN,
+            cooperative: self.cooperative.load(Ordering::SeqCst),
+        })
+    }
+
+    fn occupancy(&self, _k: Kernel, block: u32, shared: u32) -> Result<u32> {
+        // SAFETY: a plain function of the library.
+        Ok(unsafe { (self.occupancy_fn)(block, shared) })
     }
 
     fn new_blas(&self) -> Result<Box<dyn Blas>> {

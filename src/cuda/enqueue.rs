@@ -1,5 +1,7 @@
 //! The work one `apply` queues on the caller's stream: the staged copy of
-//! host row ids (and of a host table's rows), the gather, the projection
+//! host row ids (and of a host table's rows), then the decode kernel
+//! (gather, projection and gate in one cooperative launch, or its phase A
+//! and the gate kernel) where it applies, else the gather, the projection
 //! (a GEMV kernel, cuBLAS, or dequantised tiles and cuBLAS) and the gate.
 //! Nothing here allocates; the host waits only for a staging slot's previous
 //! copy.
@@ -8,12 +10,79 @@ use super::gpu::{args, Gemm, Kernel};
 use super::kernels;
 use super::{CudaBackend, DevLayer, State, TableLoc, WkvKind, STAGING_SLOTS};
 use crate::backend::{Ids, Stream};
+use crate::batch::Shape;
 use crate::batch::{HighwayType, LiveIds};
 use crate::cpu::stager::InPlace;
 use crate::error::{bail, Result};
 use std::sync::Arc;
 
+/// How the decode kernel runs one call (docs/cuda.md "The decode kernel").
+#[derive(Clone, Copy, Debug)]
+struct DecodePlan {
+    /// A block-scaled fp8 `wkv` (its scales and block shape), else bf16.
+    fp8: bool,
+    wscales: u64,
+    br: u32,
+    bc: u32,
+    /// Tokens a block gathers into shared memory at once, and the bytes.
+    tile: u32,
+    shared: u32,
+    /// Blocks: `kernels::decode_grid` for the kernel's occupancy.
+    grid: u32,
+}
+
 impl CudaBackend {
+    /// The decode kernel's plan for `n` tokens of `layer`, or `None` where
+    /// the path before it runs: a batch over the decode limit, a `wkv` that
+    /// is neither bf16 nor block-scaled fp8, `C*Hd` not a multiple of 8, a
+    /// `wkv` off the alignment of its 16-byte (bf16) or 8-byte (fp8) loads,
+    /// or a row of `C*Hd` bf16 values that does not fit in shared memory
+    /// (or a block of the kernel on a multiprocessor).
+    fn decode_plan(
+        &self,
+        st: &mut State,
+        layer: &DevLayer,
+        n: usize,
+    ) -> Result<Option<DecodePlan>> {
+        let k_in = self.shape.k_in;
+        if n == 0 || n > st.decode_max || !k_in.is_multiple_of(8) {
+            return Ok(None);
+        }
+        let (fp8, wscales, br, bc) = match layer.wkv_kind {
+            WkvKind::Bf16 if layer.wkv.is_multiple_of(16) => (false, 0, 0, 0),
+            WkvKind::Fp8Block { scales, br, bc } if layer.wkv.is_multiple_of(8) => {
+                (true, scales, br, bc)
+            }
+            _ => return Ok(None),
+        };
+        let tile = kernels::decode_tile(n, k_in, self.limits.max_shared as usize);
+        if tile == 0 {
+            return Ok(None);
+        }
+        let mut plan = DecodePlan {
+            fp8,
+            wscales,
+            br,
+            bc,
+            tile: tile as u32,
+            shared: (tile * k_in * 2) as u32,
+            grid: 0,
+        };
+        // The occupancy (blocks per multiprocessor, 0: not even one fits),
+        // asked once per format and tile.
+        let cached = &mut st.decode_occupancy[fp8 as usize][tile];
+        if *cached == u32::MAX {
+            *cached =
+                self.gpu
+                    .occupancy(Kernel::Decode { fp8 }, kernels::DECODE_THREADS, plan.shared)?;
+        }
+        if *cached == 0 {
+            return Ok(None);
+        }
+        plan.grid = kernels::decode_grid(self.shape.k_out, self.limits.sms, *cached);
+        Ok(Some(plan))
+    }
+
     fn layer(&self, st: &State, li: usize) -> Result<Arc<DevLayer>> {
         match &st.layers[li] {
             Some(l) => Ok(l.clone()),
@@ -227,6 +296,16 @@ impl CudaBackend {
             } else {
                 (st.rows.ptr, st.kv.ptr)
             };
+            // The decode kernel, where it applies: the gather, the
+            // projection and (with a highway) the gate.
+            if !f32_path {
+                if let Some(plan) = self.decode_plan(st, &layer, n)? {
+                    return self.queue_decode(
+                        st, li, &layer, &plan, ids_ptr, id_stride, id_offset, staged, n, highway,
+                        capturing, stream,
+                    );
+                }
+            }
             // Gather + dequantise.
             {
                 let (table, scales) = match layer.table {
@@ -452,28 +531,7 @@ impl CudaBackend {
             }
             // Gate.
             if let Some((hw, ty)) = highway {
-                let (kv, qk, flags) = (kv_buf, self.qk[li].ptr, st.flags.ptr);
-                let (cols, hc, d) = (s.cols as u32, s.geo.hc as u32, s.geo.d as u32);
-                let eps = s.geo.eps;
-                let inv_sqrt_d = 1.0f32 / (s.geo.d as f32).sqrt();
-                let (latch, mirror) = (st.latch.ptr, self.mirror.dev_ptr);
-                let n_streams = (n * s.geo.hc) as u32;
-                let a = args![
-                    hw, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror, n_streams
-                ];
-                // SAFETY: arguments match engram_gate_*; the highway range was checked.
-                unsafe {
-                    self.gpu.launch(
-                        Kernel::Gate {
-                            hw_bf16: ty == HighwayType::Bf16,
-                            kv_f32: f32_path,
-                        },
-                        kernels::gate_blocks(n * s.geo.hc),
-                        kernels::GATE_THREADS,
-                        stream,
-                        &a,
-                    )?;
-                }
+                self.queue_gate(st, li, n, hw, ty, kv_buf, f32_path, stream)?;
             }
             Ok(())
         })();
@@ -483,5 +541,187 @@ impl CudaBackend {
             self.record_last(st, stream)
         };
         r.and(rec)
+    }
+
+    /// Queue the gate kernel for `n` tokens of layer `li` on the highway `hw`
+    /// of type `ty`, reading `kv` (f32 for an f32 `wkv`, else bf16).
+    #[allow(clippy::too_many_arguments)]
+    fn queue_gate(
+        &self,
+        st: &State,
+        li: usize,
+        n: usize,
+        hw: u64,
+        ty: HighwayType,
+        kv: u64,
+        kv_f32: bool,
+        stream: Stream,
+    ) -> Result<()> {
+        let s = self.shape;
+        let (qk, flags) = (self.qk[li].ptr, st.flags.ptr);
+        let (cols, hc, d) = (s.cols as u32, s.geo.hc as u32, s.geo.d as u32);
+        let eps = s.geo.eps;
+        let inv_sqrt_d = 1.0f32 / (s.geo.d as f32).sqrt();
+        let (latch, mirror) = (st.latch.ptr, self.mirror.dev_ptr);
+        let n_streams = (n * s.geo.hc) as u32;
+        let a = args![hw, kv, qk, flags, cols, hc, d, eps, inv_sqrt_d, latch, mirror, n_streams];
+        // SAFETY: arguments match engram_gate_*; the highway range was checked
+        // by the caller; the context's buffers hold max_tokens >= n tokens.
+        unsafe {
+            self.gpu.launch(
+                Kernel::Gate {
+                    hw_bf16: ty == HighwayType::Bf16,
+                    kv_f32,
+                },
+                kernels::gate_blocks(n * s.geo.hc),
+                kernels::GATE_THREADS,
+                stream,
+                &a,
+            )
+        }
+    }
+
+    /// Queue the decode kernel for `n` tokens of layer `li` (docs/cuda.md
+    /// "The decode kernel"): with a highway and outside a capture, phase A,
+    /// the grid barrier and the gate in one cooperative launch; where that
+    /// cannot be (a capture, no cooperative launch on the device, the driver
+    /// refusing the grid once, which the context then remembers), phase A
+    /// with an ordinary launch and the gate kernel after it: the same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_decode(
+        &self,
+        st: &mut State,
+        li: usize,
+        layer: &DevLayer,
+        plan: &DecodePlan,
+        ids: u64,
+        id_stride: u32,
+        id_offset: u32,
+        staged: Option<(u64, u64)>,
+        n: usize,
+        highway: Option<(u64, HighwayType)>,
+        capturing: bool,
+        stream: Stream,
+    ) -> Result<()> {
+        let s: Shape = self.shape;
+        let (table, table_scales) = match layer.table {
+            TableLoc::Device { table, scales } => (table, scales),
+            TableLoc::Host { .. } => (0u64, 0u64),
+        };
+        let (staged_rows, staged_ids) = staged.unwrap_or((0, 0));
+        let table_rows = layer.rows;
+        let fmt = layer.format as u32;
+        let hd = s.geo.hd as u32;
+        let row_bytes = layer.row_bytes as u32;
+        let cols = s.cols as u32;
+        let (rows_out, flags, latch) = (st.rows.ptr, st.flags.ptr, st.latch.ptr);
+        let (layer_id, serial) = (layer.layer_id, st.serial);
+        let (w, wscales, br, bc) = (layer.wkv, plan.wscales, plan.br, plan.bc);
+        let nbc = if plan.fp8 {
+            (s.k_in as u32).div_ceil(bc)
+        } else {
+            0
+        };
+        let kv = st.kv.ptr;
+        let (n_out, k, nt, tile) = (s.k_out as u32, s.k_in as u32, n as u32, plan.tile);
+        let (qk, hc, d) = (self.qk[li].ptr, s.geo.hc as u32, s.geo.d as u32);
+        let eps = s.geo.eps;
+        let inv_sqrt_d = 1.0f32 / (s.geo.d as f32).sqrt();
+        let (mirror, barrier) = (self.mirror.dev_ptr, st.barrier.ptr);
+        let kernel = Kernel::Decode { fp8: plan.fp8 };
+        // With a highway (the cooperative launch) phase B runs too; with
+        // NULL, phase A alone.
+        let launch = |hw: u64, hw_bf16: u32, coop: bool| -> Result<bool> {
+            let a = args![
+                table,
+                table_rows,
+                fmt,
+                hd,
+                row_bytes,
+                ids,
+                id_stride,
+                id_offset,
+                cols,
+                staged_rows,
+                staged_ids,
+                table_scales,
+                rows_out,
+                flags,
+                latch,
+                layer_id,
+                serial,
+                w,
+                wscales,
+                br,
+                bc,
+                nbc,
+                kv,
+                n_out,
+                k,
+                nt,
+                tile,
+                hw,
+                hw_bf16,
+                qk,
+                hc,
+                d,
+                eps,
+                inv_sqrt_d,
+                mirror,
+                barrier
+            ];
+            // SAFETY: arguments match engram_decode_<w>; the buffers hold
+            // max_tokens >= n tokens; the table, wkv (and its scales) were
+            // checked at set_layer, wkv's alignment by decode_plan, the
+            // highway's range by the caller; `shared` is within the device's
+            // opt-in (decode_tile); a highway (the grid barrier) only in a
+            // cooperative launch, whose barrier word is the context's (and
+            // the context's calls are ordered).
+            unsafe {
+                if coop {
+                    self.gpu.launch_cooperative(
+                        kernel,
+                        plan.grid,
+                        kernels::DECODE_THREADS,
+                        plan.shared,
+                        stream,
+                        &a,
+                    )
+                } else {
+                    self.gpu
+                        .launch_shared(
+                            kernel,
+                            plan.grid,
+                            kernels::DECODE_THREADS,
+                            plan.shared,
+                            stream,
+                            &a,
+                        )
+                        .map(|()| true)
+                }
+            }
+        };
+        if let Some((hw, ty)) = highway {
+            if !capturing && self.limits.cooperative && !st.coop_refused {
+                if launch(hw, (ty == HighwayType::Bf16) as u32, true)? {
+                    st.decode_stats.cooperative += 1;
+                    return Ok(());
+                }
+                // The grid cannot be resident at once (nothing was queued):
+                // the split path, now and from now on.
+                st.coop_refused = true;
+                st.decode_stats.refused = true;
+            }
+        }
+        launch(0, 0, false)?;
+        if highway.is_some() {
+            st.decode_stats.split += 1;
+        } else {
+            st.decode_stats.read_back += 1;
+        }
+        if let Some((hw, ty)) = highway {
+            self.queue_gate(st, li, n, hw, ty, kv, false, stream)?;
+        }
+        Ok(())
     }
 }

@@ -95,10 +95,17 @@ pub enum Kernel {
     HashShiftScan,
     HashShiftWrite,
     HashShiftDone,
+    /// `engram_decode_<bf16|fp8>`: the decode kernel (docs/cuda.md): phase A
+    /// (the gather into shared memory, the projection in the GEMV's order)
+    /// with any launch, or with a highway phase A, the grid barrier and the
+    /// gate, launched cooperatively.
+    Decode {
+        fp8: bool,
+    },
 }
 
 /// Every kernel's name, in [`Kernel::index`] order.
-pub const KERNEL_NAMES: [&str; 32] = [
+pub const KERNEL_NAMES: [&str; 34] = [
     "engram_gather",
     "engram_gate_f32_bf16",
     "engram_gate_f32_f32",
@@ -131,6 +138,8 @@ pub const KERNEL_NAMES: [&str; 32] = [
     "engram_hash_shift_scan",
     "engram_hash_shift_write",
     "engram_hash_shift_done",
+    "engram_decode_bf16",
+    "engram_decode_fp8",
 ];
 
 /// The `wkv` formats of [`Kernel::GemvQ`], in [`KERNEL_NAMES`] order.
@@ -144,6 +153,7 @@ impl Kernel {
     pub fn module(self) -> usize {
         match self {
             Kernel::GemvQ(_) | Kernel::Dequant | Kernel::GemvFp8 | Kernel::DequantFp8 => 1,
+            Kernel::Decode { .. } => 2,
             _ => 0,
         }
     }
@@ -172,7 +182,14 @@ impl Kernel {
             Kernel::HashShiftWrite,
             Kernel::HashShiftDone,
         ]);
+        v.extend([false, true].map(|fp8| Kernel::Decode { fp8 }));
         v
+    }
+
+    /// Whether its launches take more than 48 KiB of dynamic shared memory
+    /// (the device's opt-in is set for it when its module is loaded).
+    pub fn big_shared(self) -> bool {
+        matches!(self, Kernel::Decode { .. })
     }
 
     /// Its position in [`KERNEL_NAMES`].
@@ -203,6 +220,7 @@ impl Kernel {
             Kernel::HashShiftScan => 13 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::HashShiftWrite => 14 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::HashShiftDone => 15 + GEMV_MAX + GEMV_Q_FORMATS.len(),
+            Kernel::Decode { fp8 } => 16 + GEMV_MAX + GEMV_Q_FORMATS.len() + fp8 as usize,
         }
     }
 
@@ -237,6 +255,18 @@ pub trait Blas: Send {
     unsafe fn gemm(&mut self, stream: Stream, g: &Gemm) -> Result<()>;
     /// Device bytes it holds (its workspace).
     fn device_bytes(&self) -> usize;
+}
+
+/// What the decode kernel needs to know of the device
+/// ([`Gpu::device_limits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// Multiprocessors.
+    pub sms: u32,
+    /// Most dynamic shared memory a block can have (with the kernel's opt-in).
+    pub max_shared: u32,
+    /// Whether the device takes cooperative launches.
+    pub cooperative: bool,
 }
 
 /// A device, as [`super::CudaBackend`] uses it.
@@ -368,6 +398,46 @@ pub trait Gpu: Send + Sync {
         stream: Stream,
         args: &[Arg],
     ) -> Result<()>;
+
+    /// As [`Gpu::launch`], with `shared` bytes of dynamic shared memory
+    /// (more than 48 KiB only for kernels whose [`Kernel::big_shared`] says so).
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`].
+    unsafe fn launch_shared(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> Result<()>;
+
+    /// A cooperative launch (`cuLaunchCooperativeKernel`): every block of
+    /// the grid resident at once. `Ok(false)` when the driver refuses it
+    /// because the grid cannot be resident at once
+    /// (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`: nothing was queued).
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`].
+    unsafe fn launch_cooperative(
+        &self,
+        k: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        stream: Stream,
+        args: &[Arg],
+    ) -> Result<bool>;
+
+    /// The device's multiprocessors, shared memory and cooperative launch.
+    fn device_limits(&self) -> Result<DeviceLimits>;
+
+    /// Blocks of `k` of `block` threads with `shared` bytes of dynamic shared
+    /// memory one multiprocessor holds at once
+    /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`).
+    fn occupancy(&self, k: Kernel, block: u32, shared: u32) -> Result<u32>;
 
     /// A GEMM for one context.
     fn new_blas(&self) -> Result<Box<dyn Blas>>;
@@ -606,13 +676,12 @@ mod tests {
         assert_eq!(all.len(), KERNEL_NAMES.len());
         for (i, k) in all.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
-            assert_eq!(
-                k.module(),
-                k.name().starts_with("engram_gemv_q_") as usize
-                    | k.name().ends_with("fp8_block") as usize
-                    | (k.name() == "engram_dequant_bf16") as usize,
-                "{k:?}"
-            );
+            assert_eq!(k.big_shared(), k.name().starts_with("engram_decode_"));
+            let quant = k.name().starts_with("engram_gemv_q_")
+                || k.name().ends_with("fp8_block")
+                || k.name() == "engram_dequant_bf16";
+            let decode = k.name().starts_with("engram_decode_");
+            assert_eq!(k.module(), quant as usize + 2 * decode as usize, "{k:?}");
         }
     }
 }

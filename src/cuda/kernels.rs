@@ -13,34 +13,43 @@ use std::ffi::{c_char, CStr, CString};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Every kernel source, as NVRTC sees it: `(include name, text)`.
-pub const SOURCES: [(&str, &str); 7] = [
+pub const SOURCES: [(&str, &str); 11] = [
     (
         "engram_common.cuh",
         include_str!("../../kernels/engram_common.cuh"),
     ),
     ("latch.cuh", include_str!("../../kernels/latch.cuh")),
+    ("grid_sync.cuh", include_str!("../../kernels/grid_sync.cuh")),
+    ("gather.cuh", include_str!("../../kernels/gather.cuh")),
+    ("gate.cuh", include_str!("../../kernels/gate.cuh")),
     ("gather.cu", include_str!("../../kernels/gather.cu")),
     ("gate.cu", include_str!("../../kernels/gate.cu")),
     ("gemv.cu", include_str!("../../kernels/gemv.cu")),
     ("gemv_q.cu", include_str!("../../kernels/gemv_q.cu")),
     ("hash.cu", include_str!("../../kernels/hash.cu")),
+    ("decode.cu", include_str!("../../kernels/decode.cu")),
 ];
 
 /// Every kernel in one translation unit (the NVRTC check compiles it; the
 /// SIMT build checks its include order against tests/simt/kernels_host.cpp).
 pub const MODULE_MAIN: &str =
-    "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n#include \"hash.cu\"\n#include \"gemv_q.cu\"\n";
+    "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n#include \"hash.cu\"\n#include \"gemv_q.cu\"\n#include \"decode.cu\"\n";
 
 /// The modules the backend loads, `(name, translation unit)`: the one every
-/// context needs, and the quantised-`wkv` kernels, compiled and loaded the
-/// first time a layer with such a `wkv` is set (they take as long to compile
-/// as the rest together). Together they are the whole of the main unit above.
-pub const MODULES: [(&str, &str); 2] = [
+/// context needs; the quantised-`wkv` kernels, compiled and loaded the first
+/// time a layer with such a `wkv` is set (they take as long to compile as
+/// the rest together); and the decode kernels, the first time a layer with a
+/// bf16 or block-scaled fp8 `wkv` is set where the decode kernel is on
+/// (about 5 s with NVRTC 12.9 for sm_90 on this project's build machine,
+/// the first module about 4 s). Together they are the whole of the main
+/// unit above.
+pub const MODULES: [(&str, &str); 3] = [
     (
         "engram_kernels.cu",
         "#include \"gather.cu\"\n#include \"gate.cu\"\n#include \"gemv.cu\"\n#include \"hash.cu\"\n",
     ),
     ("engram_quant.cu", "#include \"gemv_q.cu\"\n"),
+    ("engram_decode.cu", "#include \"decode.cu\"\n"),
 ];
 
 /// The options every compile uses besides the architecture and [`defines`].
@@ -72,6 +81,10 @@ pub fn defines() -> Vec<String> {
     v.push(format!("-DENG_GEMV_ROWS={GEMV_ROWS_PER_WARP}"));
     v.push(format!("-DENG_GEMV_MAX={GEMV_MAX}"));
     v.push(format!("-DENG_DEQUANT_THREADS={DEQUANT_THREADS}"));
+    v.push(format!("-DENG_DECODE_THREADS={DECODE_THREADS}"));
+    v.push(format!("-DENG_DECODE_TILE={DECODE_TILE}"));
+    v.push(format!("-DENG_DECODE_PREFETCH={DECODE_PREFETCH}"));
+    v.push(format!("-DENG_DECODE_MIN_BLOCKS={DECODE_BLOCKS_PER_SM}"));
     v
 }
 
@@ -300,6 +313,49 @@ pub const GEMV_THREADS: u32 = 256;
 pub const GEMV_ROWS_PER_WARP: u32 = 2;
 pub const DEQUANT_THREADS: u32 = 256;
 
+/// Threads of a decode block (`kernels/decode.cu`; docs/cuda.md "The decode
+/// kernel").
+pub const DECODE_THREADS: u32 = 256;
+/// Most tokens a decode block holds in shared memory at once (a tile):
+/// `wkv` is streamed once per tile. 16 tokens of V4.1's `C*Hd` = 6144 are
+/// 192 KiB, within an H100's or H200's 227 KiB.
+pub const DECODE_TILE: usize = 16;
+/// Chunks (16 bytes of bf16 weights, 8 of fp8 codes) per row of its pair a
+/// decode lane loads at a time, and keeps in flight while it sums the
+/// previous ones: 2 rows x 2 x 16 bytes a lane, 16 KiB a block of 8 warps.
+/// (4 added 2 s of NVRTC time for the same bytes per load; untimed on a
+/// GPU, which must show whether more in flight pays.)
+pub const DECODE_PREFETCH: u32 = 2;
+/// Most tokens the decode kernel takes (the range issue 17 asks for).
+pub const DECODE_MAX: usize = 64;
+/// Most decode blocks per multiprocessor: more would only gather the same
+/// rows more times (every block gathers the whole tile). Also the kernel's
+/// `__launch_bounds__` minimum, so that its registers leave room for 2
+/// (at most 128 a thread) where shared memory does.
+pub const DECODE_BLOCKS_PER_SM: u32 = 2;
+
+/// Output rows a decode warp sums together (`ENG_DECODE_ROWS`).
+pub const DECODE_ROWS: usize = 2;
+
+/// The tokens of a decode tile for `n` tokens of `k_in` = `C*Hd` values,
+/// with `max_shared` bytes of dynamic shared memory per block: 0 when one
+/// token's row does not fit.
+pub fn decode_tile(n: usize, k_in: usize, max_shared: usize) -> usize {
+    n.min(DECODE_TILE).min(max_shared / (2 * k_in).max(1))
+}
+
+/// The decode grid: `min(sms * min(blocks_per_sm, DECODE_BLOCKS_PER_SM),
+/// ceil(pairs / warps))` blocks, at least 1, for `n_out` output rows.
+pub fn decode_grid(n_out: usize, sms: u32, blocks_per_sm: u32) -> u32 {
+    let pairs = n_out.div_ceil(DECODE_ROWS);
+    let warps = (DECODE_THREADS / 32) as usize;
+    let want = pairs.div_ceil(warps).clamp(1, u32::MAX as usize) as u32;
+    let fit = sms
+        .saturating_mul(blocks_per_sm.min(DECODE_BLOCKS_PER_SM))
+        .max(1);
+    want.min(fit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,6 +372,24 @@ mod tests {
         assert_eq!(gate_blocks(8), 1);
         assert_eq!(gate_blocks(9), 2);
         assert_eq!(gate_blocks(4096 * 4), 2048);
+    }
+
+    #[test]
+    fn the_decode_tile_and_grid() {
+        // V4.1: C*Hd = 6144, an H200's 227 KiB: 16 tokens a tile.
+        assert_eq!(decode_tile(1, 6144, 227 << 10), 1);
+        assert_eq!(decode_tile(64, 6144, 227 << 10), DECODE_TILE);
+        // An A100's 163 KiB: 13 tokens.
+        assert_eq!(decode_tile(64, 6144, 163 << 10), 13);
+        // A row that does not fit: none.
+        assert_eq!(decode_tile(1, 1 << 20, 227 << 10), 0);
+        // 25600 outputs: 12800 pairs, 1600 blocks of 8 warps wanted; an
+        // H200's 132 SMs hold 2 each.
+        assert_eq!(decode_grid(25600, 132, 1), 132);
+        assert_eq!(decode_grid(25600, 132, 8), 264);
+        assert_eq!(decode_grid(320, 4, 8), 8);
+        assert_eq!(decode_grid(3, 4, 8), 1);
+        assert_eq!(decode_grid(320, 4, 0), 1);
     }
 
     #[test]

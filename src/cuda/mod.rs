@@ -51,7 +51,7 @@ use crate::batch::{try_map, try_room, try_vec_with, LiveIds, Shape};
 use crate::cpu::stager::{InPlace, Source, Stager};
 use crate::error::{bail, EngramStatus, Error, Result};
 use crate::formats::{bf16_to_f32, EngramType, Fp8Blocks};
-use gpu::{DevBuf, Event, Gpu, MemKind, PinnedBuf};
+use gpu::{DevBuf, DeviceLimits, Event, Gpu, MemKind, PinnedBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -64,8 +64,13 @@ pub use hash::MAX_RING;
 #[derive(Clone, Default)]
 pub struct CudaTuning {
     /// Tokens up to which the GEMV kernels are used, for every `wkv` format
-    /// (`None`: the defaults, which differ by format).
+    /// (`None`: the defaults, which differ by format), where the decode
+    /// kernel is not.
     pub gemv_max_tokens: Option<usize>,
+    /// Tokens up to which a bf16 or block-scaled fp8 `wkv` goes through the
+    /// decode kernel (`None`: [`DEFAULT_DECODE_MAX_TOKENS`]; 0: never; at
+    /// most [`kernels::DECODE_MAX`]).
+    pub decode_max_tokens: Option<usize>,
     /// The device to run on instead of opening the context's device ordinal:
     /// a device object shared with the caller, or the emulation of [`emu`]
     /// (tests without a GPU).
@@ -76,6 +81,7 @@ impl std::fmt::Debug for CudaTuning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaTuning")
             .field("gemv_max_tokens", &self.gemv_max_tokens)
+            .field("decode_max_tokens", &self.decode_max_tokens)
             .field("device", &self.device.as_ref().map(|d| d.describe()))
             .finish()
     }
@@ -102,6 +108,16 @@ pub const DEFAULT_GEMV_MAX_TOKENS_BF16: usize = kernels::GEMV_MAX;
 /// of dequantising bf16 tiles for cuBLAS, which reads the weight once and
 /// writes and reads twice its bf16 size.
 pub const DEFAULT_GEMV_MAX_TOKENS_QUANT: usize = 8;
+
+/// Tokens up to which a bf16 or block-scaled fp8 `wkv` goes through the
+/// decode kernel (docs/cuda.md "The decode kernel"): a token's `kv` is then
+/// the same bits in every batch of 1 to this many tokens, and for 1 to
+/// [`kernels::GEMV_MAX`] tokens the bits the GEMV kernels give. 16: one tile
+/// of V4.1's `C*Hd` on an H100 or H200, so `wkv` is read once; from there
+/// every 16 more tokens read it again and the CUDA cores' multiply-adds
+/// bound the kernel (untimed: a GPU run must compare it with cuBLAS from 9
+/// to 64 tokens before this moves).
+pub const DEFAULT_DECODE_MAX_TOKENS: usize = kernels::DECODE_TILE;
 
 /// Bytes of the bf16 tile a quantised `wkv` is dequantised into for cuBLAS.
 pub const TILE_BYTES: usize = 32 << 20;
@@ -340,6 +356,18 @@ struct State {
     /// Tokens up to which the GEMV kernels project (bf16, quantised `wkv`).
     gemv_max_bf16: usize,
     gemv_max_quant: usize,
+    /// Tokens up to which the decode kernel runs (0: never).
+    decode_max: usize,
+    /// The decode kernel's grid barrier: one word, zero between launches.
+    barrier: DevBuf,
+    /// The driver refused a cooperative launch of the decode kernel as too
+    /// large to be resident at once: its split path from then on.
+    coop_refused: bool,
+    /// How the decode kernel ran so far.
+    decode_stats: crate::backend::DecodeStats,
+    /// The occupancy of the decode kernel (`Decode { fp8 }` at `fp8`) per
+    /// tile; `u32::MAX`: not asked yet.
+    decode_occupancy: [[u32; kernels::DECODE_TILE + 1]; 2],
 }
 
 /// The CUDA backend of one context.
@@ -360,6 +388,8 @@ pub struct CudaBackend {
     shape: Shape,
     max_tokens: usize,
     layer_ids: Vec<u32>,
+    /// The device's multiprocessors, shared memory and cooperative launch.
+    limits: DeviceLimits,
 }
 
 // SAFETY: all mutable state is behind `state`'s mutex; the device is `Sync`.
@@ -435,9 +465,21 @@ impl CudaBackend {
             gemv_max_quant: gemv_max
                 .unwrap_or(DEFAULT_GEMV_MAX_TOKENS_QUANT)
                 .min(kernels::GEMV_MAX),
+            decode_max: tuning
+                .decode_max_tokens
+                .unwrap_or(DEFAULT_DECODE_MAX_TOKENS)
+                .min(kernels::DECODE_MAX),
+            barrier: buf(4, "the decode kernel's grid barrier")?,
+            coop_refused: false,
+            decode_stats: Default::default(),
+            decode_occupancy: [[u32::MAX; kernels::DECODE_TILE + 1]; 2],
         };
-        // SAFETY: our own allocation of LATCH_WORDS words.
-        unsafe { gpu.memset_async(state.latch.ptr, 0, latch::LATCH_WORDS * 4, own.s)? };
+        let limits = gpu.device_limits()?;
+        // SAFETY: our own allocations of LATCH_WORDS words and of one word.
+        unsafe {
+            gpu.memset_async(state.latch.ptr, 0, latch::LATCH_WORDS * 4, own.s)?;
+            gpu.memset_async(state.barrier.ptr, 0, 4, own.s)?;
+        }
         gpu.stream_synchronize(own.s)?;
         let mut qk = try_room(n_layers, "engram layers")?;
         for _ in 0..n_layers {
@@ -455,6 +497,7 @@ impl CudaBackend {
             shape,
             max_tokens,
             layer_ids: try_map(layer_ids, |&a| a, "layer_ids")?,
+            limits,
         };
         b.grow_slots(0)?;
         Ok(b)
@@ -511,11 +554,17 @@ impl CudaBackend {
     }
 
     /// Tokens up to which the projection uses a GEMV kernel, for every `wkv`
-    /// format (0: always cuBLAS).
+    /// format (0: always cuBLAS), where the decode kernel is not used.
     pub fn set_gemv_max_tokens(&self, n: usize) {
         let mut st = self.state();
         st.gemv_max_bf16 = n.min(kernels::GEMV_MAX);
         st.gemv_max_quant = st.gemv_max_bf16;
+    }
+
+    /// Tokens up to which a bf16 or block-scaled fp8 `wkv` goes through the
+    /// decode kernel (0: never; at most [`kernels::DECODE_MAX`]).
+    pub fn set_decode_max_tokens(&self, n: usize) {
+        self.state().decode_max = n.min(kernels::DECODE_MAX);
     }
 
     /// (Re)allocate the pinned slots to hold, per (token, column), an id and
@@ -650,6 +699,7 @@ impl CudaBackend {
             + s.ids.bytes
             + s.flags.bytes
             + s.latch.bytes
+            + s.barrier.bytes
             + s.blas.device_bytes()
             + self.qk.iter().map(|b| b.bytes).sum::<usize>()
             + self.hash.as_ref().map_or(0, |h| h.device_bytes())
@@ -798,6 +848,7 @@ impl<'w> Backend<'w> for CudaBackend {
             host_bytes: self.pinned_bytes(),
             device_bytes: self.device_bytes(),
             stage: self.stager.stats(),
+            decode: self.state().decode_stats,
         }
     }
 
@@ -899,6 +950,12 @@ impl<'w> Backend<'w> for CudaBackend {
             WkvKind::Quant(f) => self.gpu.preload(gpu::Kernel::GemvQ(f))?,
             WkvKind::Fp8Block { .. } => self.gpu.preload(gpu::Kernel::GemvFp8)?,
             _ => {}
+        }
+        // And the decode kernels where they may run.
+        if matches!(wkv_kind, WkvKind::Bf16 | WkvKind::Fp8Block { .. })
+            && self.state().decode_max > 0
+        {
+            self.gpu.preload(gpu::Kernel::Decode { fp8: false })?;
         }
         let mut st = self.state();
         let (m, k_in, k_out) = (self.max_tokens, s.k_in, s.k_out);

@@ -57,6 +57,12 @@ pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const NVRTC_SUCCESS: nvrtcResult = 0;
 pub const CUBLAS_STATUS_SUCCESS: cublasStatus_t = 0;
 
+pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
+
+pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: c_int = 95;
+pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: c_int = 97;
+pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
 pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
@@ -163,6 +169,11 @@ api! {
             cuModuleUnload: fn(CUmodule) -> CUresult;
             cuModuleGetFunction: fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult;
             cuLaunchKernel: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult;
+            // The decode kernel (docs/cuda.md): its shared memory opt-in, its
+            // occupancy and its cooperative launch.
+            cuFuncSetAttribute: fn(CUfunction, c_int, c_int) -> CUresult;
+            cuOccupancyMaxActiveBlocksPerMultiprocessor: fn(*mut c_int, CUfunction, c_int, usize) -> CUresult;
+            cuLaunchCooperativeKernel: fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult;
             cuGetErrorName: fn(CUresult, *mut *const c_char) -> CUresult;
             cuGetErrorString: fn(CUresult, *mut *const c_char) -> CUresult;
             // The cuBLAS handle's own blocking stream (cuda::blas::RealBlas).

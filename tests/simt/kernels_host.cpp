@@ -1,6 +1,6 @@
 // The engram kernels, unmodified, as host C++: the translation unit the CUDA
 // backend hands NVRTC (src/cuda/kernels.rs MODULE_MAIN: gather.cu, gate.cu,
-// gemv.cu, hash.cu, gemv_q.cu, in that order; build.sh checks the list against it and against
+// gemv.cu, hash.cu, gemv_q.cu, decode.cu, in that order; build.sh checks the list against it and against
 // kernels/*.cu), preceded by the SIMT shim, followed by the kernel registry.
 //
 // Built by build.sh in two passes: the first (SIMT_REGISTRY_INC undefined)
@@ -22,7 +22,33 @@
 #include "gemv.cu"
 #include "hash.cu"
 #include "gemv_q.cu"
+#include "decode.cu"
 #pragma GCC diagnostic pop
+
+// The kernels' dynamic shared memory: each `extern __shared__` array they
+// declare, defined here as SIMT_MAX_SHARED_OPTIN bytes of thread-local
+// storage, whatever its element type (in assembly: a C++ definition would
+// have to repeat the type), and its name listed for the runtime (which fills
+// a launch's shared_bytes of it with garbage at each block start). build.sh
+// writes SIMT_DYNSHARED_INC: one SIMT_DYNAMIC_SHARED(name) line per array.
+#define SIMT_STR2(x) #x
+#define SIMT_STR(x) SIMT_STR2(x)
+#define SIMT_DYNAMIC_SHARED(name)                                                                                \
+    __asm__(".section .tbss,\"awT\",@nobits\n\t.globl " #name "\n\t.hidden " #name "\n\t.type " #name       \
+            ",@object\n\t.size " #name "," SIMT_STR(SIMT_MAX_SHARED_OPTIN_BYTES) "\n\t.p2align 4\n" #name        \
+            ":\n\t.zero " SIMT_STR(SIMT_MAX_SHARED_OPTIN_BYTES) "\n\t.previous\n");
+#define SIMT_MAX_SHARED_OPTIN_BYTES 232448
+static_assert(SIMT_MAX_SHARED_OPTIN_BYTES == SIMT_MAX_SHARED_OPTIN, "the size of the arrays defined below");
+#ifdef SIMT_DYNSHARED_INC
+#include SIMT_DYNSHARED_INC
+#endif
+#undef SIMT_DYNAMIC_SHARED
+#define SIMT_DYNAMIC_SHARED(name) #name,
+extern "C" const char *const simt_dynamic_shared_names[] = {
+#ifdef SIMT_DYNSHARED_INC
+#include SIMT_DYNSHARED_INC
+#endif
+    nullptr};
 
 #define SIMT_REGISTER(k)                                                                                         \
     {#k, SIMT_ENTRY(k), reinterpret_cast<const void *>(&k), simt::Thunk<decltype(&k), &k>::nparams,               \

@@ -27,6 +27,9 @@
 
 #include "simt.h"
 
+// The kernels' grid barrier (standalone: needs none of the engram defines).
+#include "grid_sync.cuh"
+
 // ---- harness -------------------------------------------------------------------------
 static int g_failures = 0;
 static int g_checks = 0;
@@ -200,6 +203,48 @@ __global__ void k_misaligned_load(const unsigned char *p, uint4 *out) {
     out[glob_tid()] = __ldg((const uint4 *)(p + 8));
 }
 __global__ void k_misaligned_store(unsigned char *p) { __stcg((uint2 *)(p + 4), make_uint2(1u, 2u)); }
+
+// Rounds of a grid-wide exchange: each block writes its slot, all meet at the
+// kernels' grid barrier, each block sums every slot, all meet again before
+// the next round overwrites them. Right only if the barrier holds every block
+// until all have arrived.
+__global__ void k_grid_rounds(int *slots, long long *sums, unsigned *bar, int rounds) {
+    const unsigned b = blockIdx.x, nb = gridDim.x;
+    for (int r = 0; r < rounds; r++) {
+        if (threadIdx.x == 0) ((volatile int *)slots)[b] = r * 1000 + (int)b;
+        eng_grid_sync(bar);
+        if (threadIdx.x == 0) {
+            long long s = 0;
+            for (unsigned i = 0; i < nb; i++) s += ((volatile int *)slots)[i];
+            sums[(size_t)b * rounds + r] = s;
+        }
+        eng_grid_sync(bar);
+    }
+}
+
+// Block 1 leaves without meeting the others: they wait for it forever.
+__global__ void k_grid_missing(unsigned *bar) {
+    if (blockIdx.x == 1) return;
+    eng_grid_sync(bar);
+}
+
+// Block 2 traps while the others wait at the barrier.
+__global__ void k_grid_trap(unsigned *bar) {
+    if (blockIdx.x == 2 && threadIdx.x == 7) __trap();
+    eng_grid_sync(bar);
+}
+
+// Fills `words` 16-byte words of dynamic shared memory, then sums them back.
+__global__ void k_big_shared(unsigned long long *out, unsigned words) {
+    uint4 *s = (uint4 *)simt_dynamic_shared();
+    for (unsigned i = threadIdx.x; i < words; i += blockDim.x) s[i] = make_uint4(i, 2 * i, 3 * i, blockIdx.x);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long t = 0;
+        for (unsigned i = 0; i < words; i++) t += (unsigned long long)s[i].x + s[i].y + s[i].z + s[i].w;
+        out[blockIdx.x] = t;
+    }
+}
 
 static const int NSHFL = 30;
 
@@ -439,6 +484,122 @@ static void test_errors() {
     CHECK_RC(simt_launch(nullptr, 1, 1, 1, 32, 1, 1, 0, args, 1), SIMT_ERR_UNKNOWN_KERNEL);
     CHECK_RC(simt_launch("engram_gather", 1, 1, 1, 32, 1, 1, 0, nullptr, 1), SIMT_ERR_INVALID_VALUE);
     CHECK_RC(simt_launch_fn(nullptr, 1, 1, 1, 32, 1, 1, 0, args, 1), SIMT_ERR_UNKNOWN_KERNEL);
+}
+
+static void test_cooperative() {
+    Section sec("cooperative launches: the grid barrier, too large, a block missing, a trap");
+    const unsigned sms = simt_sm_count();
+    CHECK(simt_max_active_blocks(256, 0) == 8 && simt_max_active_blocks(1024, 0) == 2 &&
+              simt_max_active_blocks(32, 0) == 32 && simt_max_active_blocks(256, 100 * 1024) == 2 &&
+              simt_max_active_blocks(256, 227 * 1024) == 1 && simt_max_active_blocks(256, 227 * 1024 + 1) == 0 &&
+              simt_max_active_blocks(2048, 0) == 0,
+          "occupancy: %u %u %u %u %u", simt_max_active_blocks(256, 0), simt_max_active_blocks(1024, 0),
+          simt_max_active_blocks(32, 0), simt_max_active_blocks(256, 100 * 1024),
+          simt_max_active_blocks(256, 227 * 1024));
+    // Every grid the device holds at once, a few seeds, the barrier word
+    // used by launch after launch (it must come back to bit 31 only).
+    unsigned bar = 0;
+    const unsigned max_blocks = sms * simt_max_active_blocks(64, 0);
+    // ThreadSanitizer cannot map the traces of 128 OS threads and their
+    // fibers: a smaller grid there.
+    const bool tsan = strstr(simt_build_info(), "sanitize=thread") != nullptr;
+    for (unsigned nb : {1u, 2u, 5u, tsan ? 12u : max_blocks}) {
+        for (uint64_t seed = 1; seed <= 3; seed++) {
+            const int rounds = 4;
+            std::vector<int> slots(nb, -1);
+            std::vector<long long> sums((size_t)nb * rounds, -1);
+            int *ps = slots.data();
+            long long *pm = sums.data();
+            unsigned *pb = &bar;
+            int r = rounds;
+            void *args[] = {&ps, &pm, &pb, &r};
+            CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_rounds), nb, 1, 1, 64, 1, 1, 0, args, seed),
+                     SIMT_OK);
+            long bad = 0;
+            for (unsigned b = 0; b < nb; b++)
+                for (int k = 0; k < rounds; k++)
+                    bad += sums[(size_t)b * rounds + k] != (long long)k * 1000 * nb + (long long)nb * (nb - 1) / 2;
+            CHECK(bad == 0, "%u blocks, seed %llu: %ld sums saw another round's slots", nb,
+                  (unsigned long long)seed, bad);
+            CHECK((bar & 0x7FFFFFFFu) == 0u, "the barrier word's low bits after a launch: %#x", bar);
+        }
+    }
+    // More blocks than the emulated device holds at once: refused whole,
+    // nothing run (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE).
+    {
+        std::vector<long long> sums(4, -7);
+        long long *pm = sums.data();
+        int *ps = nullptr;
+        unsigned *pb = &bar;
+        int r = 1;
+        void *args[] = {&ps, &pm, &pb, &r};
+        CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_rounds), max_blocks + 1, 1, 1, 64, 1, 1, 0, args, 1),
+                 SIMT_ERR_COOP_TOO_LARGE);
+        CHECK(strstr(simt_last_error(), "cooperative launch") != nullptr, "message: %s", simt_last_error());
+        CHECK(sums[0] == -7, "a refused cooperative launch ran");
+        CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_rounds), sms * 2 + 1, 1, 1, 1024, 1, 1, 0, args, 1),
+                 SIMT_ERR_COOP_TOO_LARGE);
+    }
+    // More blocks than the emulated device holds: an SM count that fits them.
+    simt_set_sm_count(sms + 3);
+    CHECK(simt_sm_count() == sms + 3, "simt_set_sm_count");
+    simt_set_sm_count(0);
+    CHECK(simt_sm_count() == sms, "simt_set_sm_count(0) restores the default");
+    // A block that never reaches the barrier: the others end with a
+    // deadlock once they have waited the spin limit, not a hang.
+    simt_set_spin_limit_ms(300);
+    {
+        unsigned b2 = 0, *pb = &b2;
+        void *args[] = {&pb};
+        const double t0 = now_s();
+        CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_missing), 4, 1, 1, 64, 1, 1, 0, args, 1),
+                 SIMT_ERR_DEADLOCK);
+        CHECK(strstr(simt_last_error(), "grid barrier") != nullptr, "message: %s", simt_last_error());
+        CHECK(now_s() - t0 < 30.0, "the deadlock took %.1f s to show", now_s() - t0);
+        // A block that traps while the others wait: its trap is the error,
+        // and the waiting blocks give up at once.
+        b2 = 0;
+        const double t1 = now_s();
+        CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_trap), 4, 1, 1, 64, 1, 1, 0, args, 1), SIMT_ERR_TRAP);
+        CHECK(now_s() - t1 < 0.25, "the waiting blocks took %.2f s to give up", now_s() - t1);
+    }
+    simt_set_spin_limit_ms(0);
+    // After the failures, cooperative and plain launches work again.
+    {
+        std::vector<int> slots(3, -1);
+        std::vector<long long> sums(3, -1);
+        int *ps = slots.data();
+        long long *pm = sums.data();
+        unsigned b3 = 0, *pb = &b3;
+        int r = 1;
+        void *args[] = {&ps, &pm, &pb, &r};
+        CHECK_RC(simt_launch_fn_cooperative(SIMT_ENTRY(k_grid_rounds), 3, 1, 1, 64, 1, 1, 0, args, 5), SIMT_OK);
+        CHECK(sums[0] == 3 && sums[1] == 3 && sums[2] == 3, "after the failures: %lld %lld %lld", sums[0], sums[1],
+              sums[2]);
+    }
+}
+
+static void test_shared_optin() {
+    Section sec("dynamic shared memory past 48 KiB: the kernel's opt-in");
+    const unsigned bytes = 200 * 1024, words = bytes / 16;
+    std::vector<unsigned long long> out(3, 0);
+    unsigned long long *po = out.data();
+    unsigned w = words;
+    void *args[] = {&po, &w};
+    CHECK_RC(simt_launch_fn(SIMT_ENTRY(k_big_shared), 3, 1, 1, 256, 1, 1, bytes, args, 1), SIMT_ERR_INVALID_VALUE);
+    CHECK(strstr(simt_last_error(), "opt-in") != nullptr, "message: %s", simt_last_error());
+    CHECK_RC(simt_set_max_dynamic_shared_fn(SIMT_ENTRY(k_big_shared), SIMT_MAX_SHARED_OPTIN + 1),
+             SIMT_ERR_INVALID_VALUE);
+    CHECK_RC(simt_set_max_dynamic_shared_fn(SIMT_ENTRY(k_big_shared), bytes), SIMT_OK);
+    CHECK_RC(simt_launch_fn(SIMT_ENTRY(k_big_shared), 3, 1, 1, 256, 1, 1, bytes, args, 1), SIMT_OK);
+    const unsigned long long per = 6ull * ((unsigned long long)words * (words - 1) / 2);
+    for (unsigned b = 0; b < 3; b++)
+        CHECK(out[b] == per + (unsigned long long)b * words, "block %u: %llu, want %llu", b, out[b],
+              per + (unsigned long long)b * words);
+    CHECK_RC(simt_launch_fn(SIMT_ENTRY(k_big_shared), 1, 1, 1, 256, 1, 1, bytes + 16, args, 1),
+             SIMT_ERR_INVALID_VALUE);
+    CHECK_RC(simt_set_max_dynamic_shared("no_such_kernel", 1024), SIMT_ERR_UNKNOWN_KERNEL);
+    CHECK_RC(simt_set_max_dynamic_shared("engram_gather", SIMT_DEFAULT_DYNAMIC_SHARED), SIMT_OK);
 }
 
 static void test_vector_access() {
@@ -1390,6 +1551,111 @@ static void test_gate() {
     printf("     gate vs the f64 formula: the largest f32-highway error is %.3f of its bound\n", g_gate_worst);
 }
 
+// engram_decode_bf16 (kernels/decode.cu): phase A alone (an ordinary launch,
+// no highway) against the gather's rows and the GEMV's order, for 1 to 40
+// tokens (tiles of up to ENG_DECODE_TILE = 16, so up to 3 tiles) and an odd
+// number of outputs; then with an f32 highway, launched cooperatively, whose
+// gate must give the bits of engram_gate_f32_bf16 on the same kv.
+static void test_decode() {
+    Section sec("engram_decode_bf16: gather + GEMV order; cooperative, its gate = the gate kernel");
+    std::mt19937_64 rng(8);
+    const uint32_t hd = 128, cols = 4, k = cols * hd, n_out = 99, hc = 4, d = 24, nr = 300;
+    // n_out is odd: the last pair's second row is past the end.
+    CHECK_RC(simt_set_max_dynamic_shared("engram_decode_bf16", SIMT_MAX_SHARED_OPTIN), SIMT_OK);
+    std::vector<uint16_t> table((size_t)nr * hd), w((size_t)n_out * k);
+    bf16_fill(table, rng, 1.0);
+    bf16_fill(w, rng, 0.05);
+    for (uint32_t nt : {1u, 3u, 17u, 40u}) {
+        std::vector<int64_t> ids((size_t)nt * cols);
+        for (auto &v : ids) v = (int64_t)(rng() % nr);
+        const uint32_t tile = nt < 16 ? nt : 16;
+        std::vector<uint16_t> rows((size_t)nt * k, 0xDEAD), kv((size_t)nt * n_out, 0xBEEF);
+        std::vector<uint32_t> flags((size_t)nt * cols, 77);
+        uint32_t latch[12] = {0};
+        uint64_t tp = ptr(table.data()), trows = nr, ip = ptr(ids.data()), zero = 0;
+        uint32_t fmt = T_BF16, uhd = hd, rb = hd * 2, stride = cols, off = 0, ucols = cols;
+        uint64_t ro = ptr(rows.data()), fl = ptr(flags.data()), lp = ptr(latch);
+        uint32_t lid = 3, serial = 4;
+        uint64_t wp = ptr(w.data());
+        uint32_t br = 0, bc = 0, nbc = 0, un = n_out, uk = k, unt = nt, ut = tile;
+        uint64_t kvp = ptr(kv.data());
+        uint32_t hw_bf16 = 0, uhc = hc, ud = d;
+        float eps = 1e-6f, inv = 1.0f / std::sqrt((float)d);
+        uint64_t qk = 0, mirror = 0, barrier = 0;
+        void *args[] = {&tp,  &trows, &fmt,    &uhd,  &rb,  &ip,  &stride, &off, &ucols, &zero,
+                        &zero, &zero, &ro,     &fl,   &lp,  &lid, &serial, &wp,  &zero,  &br,
+                        &bc,  &nbc,   &kvp,    &un,   &uk,  &unt, &ut,     &zero, &hw_bf16, &qk,
+                        &uhc, &ud,    &eps,    &inv,  &mirror, &barrier};
+        const unsigned grid = nt == 17 ? 1 : 3;
+        CHECK_RC(simt_launch("engram_decode_bf16", grid, 1, 1, 256, 1, 1, tile * k * 2, args, nt), SIMT_OK);
+        long row_bad = 0, kv_bad = 0;
+        for (uint32_t t = 0; t < nt; t++) {
+            for (uint32_t c = 0; c < cols; c++)
+                for (uint32_t i = 0; i < hd; i++)
+                    row_bad += rows[(size_t)t * k + c * hd + i] != table[(size_t)ids[t * cols + c] * hd + i] ||
+                               flags[t * cols + c] != 0;
+            for (uint32_t o = 0; o < n_out; o++)
+                kv_bad += kv[(size_t)t * n_out + o] != ref_bf16(gemv_order_ref(&w[(size_t)o * k], &rows[(size_t)t * k], k));
+        }
+        CHECK(row_bad == 0 && latch[0] == 0, "%u tokens: %ld rows or flags differ from the table's", nt, row_bad);
+        CHECK(kv_bad == 0, "%u tokens: %ld kv values differ from the GEMV's order", nt, kv_bad);
+    }
+    // The cooperative launch with a highway: its gate against the gate kernel.
+    {
+        const uint32_t nt = 5, tile = 5, n_out2 = (hc + 1) * d;
+        std::vector<uint16_t> w2((size_t)n_out2 * k);
+        bf16_fill(w2, rng, 0.05);
+        std::vector<int64_t> ids((size_t)nt * cols);
+        for (auto &v : ids) v = (int64_t)(rng() % nr);
+        ids[1 * cols + 2] = -1; // token 1 partly dead: left alone, the error latched
+        std::vector<float> qkv((size_t)hc * d), hw((size_t)nt * hc * d);
+        std::normal_distribution<double> nd(0.0, 1.0);
+        for (auto &q : qkv) q = (float)(1.0 + 0.1 * nd(rng));
+        for (auto &x : hw) x = (float)nd(rng);
+        const std::vector<float> hw_in = hw;
+        std::vector<float> hw_gate = hw;
+        std::vector<uint16_t> rows((size_t)nt * k), kv((size_t)nt * n_out2);
+        std::vector<uint32_t> flags((size_t)nt * cols);
+        uint32_t latch[12] = {0}, mirror[12] = {0}, bar = 0;
+        uint64_t tp = ptr(table.data()), trows = nr, ip = ptr(ids.data()), zero = 0;
+        uint32_t fmt = T_BF16, uhd = hd, rb = hd * 2, stride = cols, off = 0, ucols = cols;
+        uint64_t ro = ptr(rows.data()), fl = ptr(flags.data()), lp = ptr(latch);
+        uint32_t lid = 3, serial = 4;
+        uint64_t wp = ptr(w2.data());
+        uint32_t br = 0, bc = 0, nbc = 0, un = n_out2, uk = k, unt = nt, ut = tile;
+        uint64_t kvp = ptr(kv.data()), hwp = ptr(hw.data()), qk = ptr(qkv.data()), mp = ptr(mirror), bp = ptr(&bar);
+        uint32_t hw_bf16 = 0, uhc = hc, ud = d;
+        float eps = 1e-6f, inv = 1.0f / std::sqrt((float)d);
+        void *args[] = {&tp,  &trows, &fmt, &uhd, &rb,  &ip,  &stride, &off, &ucols, &zero,
+                        &zero, &zero, &ro,  &fl,  &lp,  &lid, &serial, &wp,  &zero,  &br,
+                        &bc,  &nbc,   &kvp, &un,  &uk,  &unt, &ut,     &hwp, &hw_bf16, &qk,
+                        &uhc, &ud,    &eps, &inv, &mp,  &bp};
+        CHECK_RC(simt_launch_cooperative("engram_decode_bf16", 3, 1, 1, 256, 1, 1, tile * k * 2, args, 9), SIMT_OK);
+        CHECK(mirror[0] == 2 && mirror[1] == 1 && mirror[2] == 2 && latch[0] == 0 && (bar & 0x7FFFFFFFu) == 0,
+              "the partly dead token's error moved to the mirror (%u %u %u), the barrier word reset (%#x)", mirror[0],
+              mirror[1], mirror[2], bar);
+        // The gate kernel on the kv and flags the decode kernel left.
+        uint32_t latch2[12] = {0}, mirror2[12] = {0};
+        uint64_t hgp = ptr(hw_gate.data()), lp2 = ptr(latch2), mp2 = ptr(mirror2);
+        uint32_t streams = nt * hc;
+        CHECK_RC(launch_named("engram_gate_f32_bf16", gate_grid(streams), 256, 22, hgp, kvp, qk, fl, ucols, uhc, ud, eps,
+                              inv, lp2, mp2, streams),
+                 SIMT_OK);
+        long differ = 0, changed = 0, touched = 0;
+        for (size_t i = 0; i < hw.size(); i++) {
+            differ += bits_of(hw[i]) != bits_of(hw_gate[i]);
+            if (i / (hc * d) == 1) {
+                touched += bits_of(hw[i]) != bits_of(hw_in[i]);
+            } else {
+                changed += bits_of(hw[i]) != bits_of(hw_in[i]);
+            }
+        }
+        CHECK(differ == 0, "the cooperative decode kernel's gate: %ld values differ from the gate kernel's", differ);
+        CHECK(touched == 0 && changed > (long)(hw.size() / 2),
+              "the partly dead token left alone (%ld changed), the others updated (%ld)", touched, changed);
+    }
+}
+
 // The same launches under other seeds and worker counts give the same bytes.
 static void test_determinism() {
     Section sec("determinism across seeds and worker counts");
@@ -1556,9 +1822,12 @@ int main(int argc, char **argv) {
     test_nan_rules();
     test_order();
     test_shared_memory();
+    test_cooperative();
+    test_shared_optin();
     test_gather();
     test_gemv();
     test_gate();
+    test_decode();
     test_determinism();
     printf("%d checks, %d failures, %.1f s\n", g_checks, g_failures, now_s() - t0);
     return g_failures ? 1 : 0;

@@ -7,7 +7,8 @@
 //   - the execution-space keywords (__global__, __device__, __host__,
 //     __forceinline__, __noinline__, __launch_bounds__, __constant__) and
 //     __shared__ (a per-OS-thread static: each OS thread runs one block at a
-//     time, and its fibers are that block's threads);
+//     time, and its fibers are that block's threads), `extern __shared__`
+//     included (dynamic shared memory, defined by kernels_host.cpp);
 //   - threadIdx, blockIdx, blockDim, gridDim, warpSize;
 //   - __syncthreads(_count/_and/_or), __syncwarp, warp shuffles, votes;
 //   - atomics on any memory (real atomics, relaxed order, as CUDA's are);
@@ -67,10 +68,13 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
-// One static per OS thread: an OS thread runs one block at a time, and all of a
-// block's threads run as fibers on it. `extern __shared__` (dynamic shared
-// memory) does not compile: use simt_dynamic_shared().
-#define __shared__ static thread_local
+// One variable per OS thread: an OS thread runs one block at a time, and all
+// of a block's threads run as fibers on it (a thread_local at block scope is
+// static). `extern __shared__ T name[];` (dynamic shared memory) declares a
+// thread-local array that kernels_host.cpp defines, SIMT_MAX_SHARED_OPTIN
+// bytes long (build.sh finds the names); kernels compiled elsewhere (the
+// self-test's) use simt_dynamic_shared() instead.
+#define __shared__ thread_local
 
 // ---- builtin variables -------------------------------------------------------
 namespace simt {
@@ -350,7 +354,6 @@ SIMT_LOAD(__ldcg)
 SIMT_LOAD(__ldca)
 SIMT_LOAD(__ldcs)
 SIMT_LOAD(__ldlu)
-SIMT_LOAD(__ldcv)
 SIMT_STORE(__stwb)
 SIMT_STORE(__stcg)
 SIMT_STORE(__stcs)
@@ -445,6 +448,26 @@ SIMT_INL double atomicAdd(double *p, double v) {
         unsigned long long rb;
         std::memcpy(&rb, &r, 8);
         if (__atomic_compare_exchange_n(q, &old, rb, true, SIMT_RMW, SIMT_LD)) return o;
+    }
+}
+
+// ld.global.cv (__ldcv): "fetch again", the load a thread polls memory that
+// other blocks write with: an atomic load here where the type allows (1, 2,
+// 4 or 8 bytes), so that a poll is not a data race to the C++ memory model
+// (or to ThreadSanitizer); wider types are plain loads, as the other hints.
+template <class T> SIMT_INL T __ldcv(const T *p) {
+    simt::check_aligned<T>(p, "__ldcv: misaligned address");
+    if constexpr (sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8) {
+        using U = std::conditional_t<sizeof(T) == 1, unsigned char,
+                                     std::conditional_t<sizeof(T) == 2, unsigned short,
+                                                        std::conditional_t<sizeof(T) == 4, unsigned,
+                                                                           unsigned long long>>>;
+        const U u = __atomic_load_n(reinterpret_cast<const U *>(p), SIMT_LD);
+        T v;
+        std::memcpy(static_cast<void *>(&v), &u, sizeof v);
+        return v;
+    } else {
+        return *p;
     }
 }
 

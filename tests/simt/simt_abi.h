@@ -29,6 +29,13 @@ extern "C" {
 #define SIMT_ERR_RESOURCE 7       /* fiber stacks could not be allocated; or no FMA on this CPU
                                      for a library built with FMAD=1 */
 #define SIMT_ERR_NESTED 8         /* simt_launch called from inside a kernel */
+#define SIMT_ERR_COOP_TOO_LARGE 9 /* a cooperative launch of more blocks than the emulated device holds
+                                     at once (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) */
+
+/* Most dynamic shared memory a block can have once its kernel opts in
+   (simt_set_max_dynamic_shared): an sm_90's 227 KiB. Without the opt-in, 48 KiB. */
+#define SIMT_MAX_SHARED_OPTIN (227u * 1024u)
+#define SIMT_DEFAULT_DYNAMIC_SHARED (48u * 1024u)
 
 /* A kernel entry point in the emulation: unpacks cuLaunchKernel-style
  * `args` (an array of pointers to each argument's value) and calls the
@@ -53,6 +60,44 @@ SIMT_API int simt_launch(const char *kernel_name, unsigned grid_x, unsigned grid
 SIMT_API int simt_launch_fn(simt_kernel_fn fn, unsigned grid_x, unsigned grid_y, unsigned grid_z,
                             unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
                             void **args, unsigned long long seed);
+
+/* A cooperative launch (cuLaunchCooperativeKernel): as simt_launch, with every
+ * block of the grid running at once (each on its own OS thread), so that
+ * blocks may wait for each other (a grid-wide barrier). A grid of more blocks
+ * than simt_sm_count() * simt_max_active_blocks(block threads, shared_bytes)
+ * is refused with SIMT_ERR_COOP_TOO_LARGE, nothing run. A block that waits
+ * (spins with __nanosleep or a failed atomicCAS, nothing else of its block
+ * able to run) gives the other blocks' OS threads the CPU; it ends the launch
+ * with SIMT_ERR_DEADLOCK when another block failed, or when it has waited for
+ * simt_set_spin_limit_ms (default 300 s; SIMT_SPIN_LIMIT_MS) without a break. */
+SIMT_API int simt_launch_cooperative(const char *kernel_name, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+                                     unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
+                                     void **args, unsigned long long seed);
+SIMT_API int simt_launch_fn_cooperative(simt_kernel_fn fn, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+                                        unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
+                                        void **args, unsigned long long seed);
+
+/* The emulated device's multiprocessors (SIMT_SMS, default 4; 1 .. 1024), and
+ * how many blocks of `block_threads` threads and `shared_bytes` of dynamic
+ * shared memory (plus 1 KiB each, as the GPU reserves) one of them holds at
+ * once, as cuOccupancyMaxActiveBlocksPerMultiprocessor says: at most 2048
+ * threads, 32 blocks and 228 KiB of shared memory (an sm_90's); 0 when one
+ * block does not fit. Registers are not modelled. */
+SIMT_API unsigned simt_sm_count(void);
+SIMT_API void simt_set_sm_count(unsigned n); /* 0: back to the default */
+SIMT_API unsigned simt_max_active_blocks(unsigned block_threads, unsigned shared_bytes);
+
+/* cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES): the
+ * most dynamic shared memory launches of kernel `name` may ask for (default
+ * SIMT_DEFAULT_DYNAMIC_SHARED; at most SIMT_MAX_SHARED_OPTIN). SIMT_OK, or
+ * SIMT_ERR_UNKNOWN_KERNEL / SIMT_ERR_INVALID_VALUE. simt_set_max_dynamic_shared_fn
+ * is the same for an entry point of simt_launch_fn. */
+SIMT_API int simt_set_max_dynamic_shared(const char *kernel_name, unsigned bytes);
+SIMT_API int simt_set_max_dynamic_shared_fn(simt_kernel_fn fn, unsigned bytes);
+
+/* How long a block of a cooperative launch may wait for other blocks (see
+ * simt_launch_cooperative); 0 restores the default. */
+SIMT_API void simt_set_spin_limit_ms(unsigned ms);
 
 /* The registered kernels: count, and name i (NULL past the end). */
 SIMT_API unsigned simt_kernel_count(void);
@@ -89,7 +134,9 @@ SIMT_API void simt_set_workers(unsigned n);
 SIMT_API unsigned simt_get_workers(void);
 
 /* Inside a kernel: this block's dynamic shared memory (shared_bytes of the
- * launch, 16-byte aligned, garbage-filled at block start). */
+ * launch, 16-byte aligned, garbage-filled at block start), for kernels
+ * compiled outside the library (the self-test's). The library's kernels
+ * declare it as CUDA does, `extern __shared__ T name[];` (see README.md). */
 SIMT_API void *simt_dynamic_shared(void);
 
 /* How the library was built: a static string, e.g. "fmad=1 sanitize=address,undefined". */

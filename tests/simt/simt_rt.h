@@ -79,6 +79,10 @@ struct simt_registry_entry {
     const unsigned *sizes;
 };
 extern "C" const simt_registry_entry simt_registry[];
+// The names of the kernels' `extern __shared__` arrays (dynamic shared
+// memory), each defined by kernels_host.cpp as SIMT_MAX_SHARED_OPTIN bytes of
+// thread-local storage (build.sh lists them). Null-terminated.
+extern "C" const char *const simt_dynamic_shared_names[];
 // Non-zero when the kernels were compiled to use FMA instructions (FMAD=1).
 extern "C" const int simt_kernels_use_fma;
 extern "C" const char simt_kernels_build_info[];

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -33,6 +34,7 @@
 #include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -148,6 +150,70 @@ unsigned default_workers() {
     return hw > 8 ? 8 : hw;
 }
 
+// The emulated device's multiprocessors (simt_sm_count).
+std::atomic<unsigned> g_sms{0};
+
+unsigned default_sms() {
+    const char *v = getenv("SIMT_SMS");
+    if (v && *v) {
+        long n = strtol(v, nullptr, 10);
+        if (n >= 1 && n <= 1024) return (unsigned)n;
+    }
+    return 4;
+}
+
+unsigned sm_count() {
+    const unsigned n = g_sms.load();
+    return n ? n : default_sms();
+}
+
+// An sm_90's limits per multiprocessor (simt_max_active_blocks).
+const unsigned SM_THREADS = 2048, SM_BLOCKS = 32, SM_SHARED = 228u * 1024u, BLOCK_RESERVED_SHARED = 1024u;
+
+unsigned max_active_blocks(unsigned threads, unsigned shared) {
+    if (threads == 0 || threads > 1024 || shared > SIMT_MAX_SHARED_OPTIN) return 0;
+    unsigned n = SM_THREADS / threads;
+    if (n > SM_BLOCKS) n = SM_BLOCKS;
+    const unsigned by_shared = SM_SHARED / (shared + BLOCK_RESERVED_SHARED);
+    return n < by_shared ? n : by_shared;
+}
+
+// How long a block of a cooperative launch may wait for others (ms).
+std::atomic<unsigned> g_spin_limit_ms{0};
+
+unsigned spin_limit_ms() {
+    const unsigned n = g_spin_limit_ms.load();
+    if (n) return n;
+    const char *v = getenv("SIMT_SPIN_LIMIT_MS");
+    if (v && *v) {
+        long ms = strtol(v, nullptr, 10);
+        if (ms >= 1) return (unsigned)ms;
+    }
+    return 300000;
+}
+
+// Each kernel's most dynamic shared memory (cuFuncSetAttribute), by entry point.
+std::mutex &attr_mutex() {
+    static std::mutex *m = new std::mutex();
+    return *m;
+}
+std::map<simt_kernel_fn, unsigned> &max_dynamic_shared() {
+    static std::map<simt_kernel_fn, unsigned> *m = new std::map<simt_kernel_fn, unsigned>();
+    return *m;
+}
+
+unsigned max_dynamic_shared_of(simt_kernel_fn fn) {
+    std::lock_guard<std::mutex> g(attr_mutex());
+    const auto it = max_dynamic_shared().find(fn);
+    return it == max_dynamic_shared().end() ? SIMT_DEFAULT_DYNAMIC_SHARED : it->second;
+}
+
+double mono_s() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 size_t stack_bytes() {
     static const size_t b = [] {
         const char *v = getenv("SIMT_STACK_KB");
@@ -225,6 +291,9 @@ struct ModuleInfo {
     uintptr_t base = 0;
     size_t modid = 0;
     std::vector<std::pair<uint64_t, uint64_t>> shared;
+    // `extern __shared__` arrays (simt_dynamic_shared_names): offsets; a
+    // launch's shared_bytes of each are poisoned.
+    std::vector<uint64_t> dynamic;
 };
 
 struct Launch {
@@ -235,6 +304,9 @@ struct Launch {
     unsigned shared_bytes = 0;
     uint64_t seed = 0, total = 0;
     bool linear = false, shuffle = true, poison = true;
+    // A cooperative launch: every block at once, blocks may wait for others.
+    bool coop = false;
+    unsigned spin_limit_ms = 0;
     Perm perm;
     const ModuleInfo *mod = nullptr;
     std::atomic<uint64_t> next{0};
@@ -293,7 +365,11 @@ struct Worker {
     // The first error of this block.
     int err = 0;
     char msg[768];
-    unsigned char *dyn = nullptr; // dynamic shared memory, 48 KiB
+    unsigned char *dyn = nullptr; // dynamic shared memory, SIMT_MAX_SHARED_OPTIN
+    // Lonely waits in a row in a cooperative launch (simt_yield with nothing
+    // else of the block ready) and when the run began.
+    uint64_t spin_n = 0;
+    double spin_t0 = 0;
     const simt_builtins **tl_slot = nullptr; // &simt_tl_builtins of the worker's thread
     char tsan_block_start, tsan_block_done, tsan_bar[2];
 };
@@ -410,6 +486,7 @@ void shuffle(Worker *w, unsigned *a, unsigned n) {
 // next ready fiber, or to the scheduler when none is.
 void park(Fiber *self) {
     Worker *w = self->w;
+    w->spin_n = 0;
 #if SIMT_TSAN
     // For the scheduler (which acquires this at the block's end) only, so that
     // a block abandoned after an error still happens before what follows it.
@@ -692,7 +769,13 @@ const ModuleInfo *module_info(const void *addr) {
             if (y.type != STT_TLS || y.shndx == SHN_UNDEF || y.size == 0) continue;
             if (y.name.compare(0, 5, "simt_") == 0) continue;
             if (y.value + y.size > fm.tls_size) continue;
-            m->shared.emplace_back(y.value, y.size);
+            bool dynamic = false;
+            for (const char *const *d = simt_dynamic_shared_names; *d; d++) dynamic = dynamic || y.name == *d;
+            if (dynamic) {
+                if (y.size >= SIMT_MAX_SHARED_OPTIN) m->dynamic.push_back(y.value);
+            } else {
+                m->shared.emplace_back(y.value, y.size);
+            }
         }
     }
     cache.push_back(m);
@@ -716,12 +799,13 @@ void poison_shared(Worker *w) {
             memcpy(p + i, &r, n - i < 8 ? n - i : 8);
         }
     };
-    if (L->mod && L->mod->modid && !L->mod->shared.empty()) {
+    if (L->mod && L->mod->modid && (!L->mod->shared.empty() || !L->mod->dynamic.empty())) {
         struct {
             unsigned long modid, offset;
         } ti = {L->mod->modid, 0};
         unsigned char *base = static_cast<unsigned char *>(__tls_get_addr(&ti));
         for (const auto &v : L->mod->shared) fill(base + v.first, v.second);
+        for (const uint64_t off : L->mod->dynamic) fill(base + off, L->shared_bytes);
     }
     if (L->shared_bytes) fill(w->dyn, L->shared_bytes);
 }
@@ -876,7 +960,7 @@ struct Pool {
         Worker *w = new Worker();
         simt_tl_worker = w;
         w->tl_slot = &simt_tl_builtins;
-        w->dyn = static_cast<unsigned char *>(aligned_alloc(64, 48 * 1024));
+        w->dyn = static_cast<unsigned char *>(aligned_alloc(64, SIMT_MAX_SHARED_OPTIN));
 #if SIMT_ASAN
         pthread_attr_t attr;
         if (pthread_getattr_np(pthread_self(), &attr) == 0) {
@@ -930,7 +1014,7 @@ std::mutex &launch_mutex() {
 }
 
 int launch(simt_kernel_fn fn, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-           unsigned bz, unsigned shared_bytes, void **args, unsigned long long seed) {
+           unsigned bz, unsigned shared_bytes, void **args, unsigned long long seed, bool coop) {
     simt_tl_err[0] = 0;
     if (simt_tl_worker || simt_tl_builtins) {
         set_last_error("simt_launch called from inside a kernel (no dynamic parallelism)");
@@ -946,10 +1030,25 @@ int launch(simt_kernel_fn fn, const char *name, unsigned gx, unsigned gy, unsign
                        by, bz);
         return SIMT_ERR_INVALID_VALUE;
     }
-    if (shared_bytes > 48 * 1024) {
-        set_last_error("%s: %u bytes of dynamic shared memory (at most 48 KiB without an opt-in)", name,
-                       shared_bytes);
+    const unsigned max_dyn = max_dynamic_shared_of(fn);
+    if (shared_bytes > max_dyn) {
+        set_last_error("%s: %u bytes of dynamic shared memory, the kernel's limit is %u (%s)", name, shared_bytes,
+                       max_dyn,
+                       max_dyn == SIMT_DEFAULT_DYNAMIC_SHARED
+                           ? "48 KiB without an opt-in: simt_set_max_dynamic_shared, as cuFuncSetAttribute"
+                           : "simt_set_max_dynamic_shared");
         return SIMT_ERR_INVALID_VALUE;
+    }
+    const uint64_t total_blocks = (uint64_t)gx * gy * gz;
+    if (coop) {
+        const uint64_t fit = (uint64_t)sm_count() * max_active_blocks(bx * by * bz, shared_bytes);
+        if (total_blocks > fit) {
+            set_last_error("%s: a cooperative launch of %llu blocks; the emulated device holds %llu such blocks at "
+                           "once (%u SMs x %u)",
+                           name, (unsigned long long)total_blocks, (unsigned long long)fit, sm_count(),
+                           max_active_blocks(bx * by * bz, shared_bytes));
+            return SIMT_ERR_COOP_TOO_LARGE;
+        }
     }
 #if defined(__x86_64__)
     if (simt_kernels_use_fma && !__builtin_cpu_supports("fma")) {
@@ -972,9 +1071,16 @@ int launch(simt_kernel_fn fn, const char *name, unsigned gx, unsigned gy, unsign
     L.poison = !env_is("SIMT_POISON", "0");
     L.perm.init(L.total, L.seed);
     L.mod = module_info(reinterpret_cast<const void *>(fn));
+    L.coop = coop;
+    L.spin_limit_ms = spin_limit_ms();
     std::lock_guard<std::mutex> g(launch_mutex());
     unsigned nw = g_workers.load();
     if (nw == 0) nw = default_workers();
+    // A cooperative grid runs all at once: a worker (OS thread) per block. A
+    // worker runs its block to the end before it takes another, so with as
+    // many workers as blocks, a block that waits for others never keeps one
+    // from starting.
+    if (coop) nw = (unsigned)total_blocks;
     if (nw > L.total) nw = (unsigned)L.total;
     pool().run(&L, nw);
     if (const int e = L.err.load()) {
@@ -1015,7 +1121,7 @@ SIMT_API int simt_launch(const char *kernel_name, unsigned grid_x, unsigned grid
             return SIMT_ERR_INVALID_VALUE;
         }
     }
-    return launch(e->fn, e->name, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes, args, seed);
+    return launch(e->fn, e->name, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes, args, seed, false);
 }
 
 SIMT_API int simt_launch_fn(simt_kernel_fn fn, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
@@ -1025,8 +1131,72 @@ SIMT_API int simt_launch_fn(simt_kernel_fn fn, unsigned grid_x, unsigned grid_y,
         set_last_error("simt_launch_fn: no entry point");
         return SIMT_ERR_UNKNOWN_KERNEL;
     }
-    return launch(fn, "(entry point)", grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes, args, seed);
+    return launch(fn, "(entry point)", grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes, args, seed,
+                  false);
 }
+
+SIMT_API int simt_launch_cooperative(const char *kernel_name, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+                                     unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
+                                     void **args, unsigned long long seed) {
+    const simt_registry_entry *e = find_kernel(kernel_name);
+    if (!e) {
+        set_last_error("no kernel named %s%s%s (simt_kernel_name lists them)", kernel_name ? "\"" : "",
+                       kernel_name ? kernel_name : "NULL", kernel_name ? "\"" : "");
+        return SIMT_ERR_UNKNOWN_KERNEL;
+    }
+    for (unsigned i = 0; i < e->nparams; i++) {
+        if (!args || !args[i]) {
+            set_last_error("%s: args[%u] is NULL (it must point to the parameter's value)", e->name, i);
+            return SIMT_ERR_INVALID_VALUE;
+        }
+    }
+    return launch(e->fn, e->name, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes, args, seed, true);
+}
+
+SIMT_API int simt_launch_fn_cooperative(simt_kernel_fn fn, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+                                        unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
+                                        void **args, unsigned long long seed) {
+    if (!fn) {
+        set_last_error("simt_launch_fn_cooperative: no entry point");
+        return SIMT_ERR_UNKNOWN_KERNEL;
+    }
+    return launch(fn, "(entry point)", grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes, args, seed,
+                  true);
+}
+
+SIMT_API unsigned simt_sm_count(void) { return sm_count(); }
+
+SIMT_API void simt_set_sm_count(unsigned n) { g_sms.store(n > 1024 ? 1024 : n); }
+
+SIMT_API unsigned simt_max_active_blocks(unsigned block_threads, unsigned shared_bytes) {
+    return max_active_blocks(block_threads, shared_bytes);
+}
+
+SIMT_API int simt_set_max_dynamic_shared_fn(simt_kernel_fn fn, unsigned bytes) {
+    if (!fn) {
+        set_last_error("simt_set_max_dynamic_shared_fn: no entry point");
+        return SIMT_ERR_UNKNOWN_KERNEL;
+    }
+    if (bytes > SIMT_MAX_SHARED_OPTIN) {
+        set_last_error("%u bytes of dynamic shared memory: at most %u (an sm_90's opt-in)", bytes,
+                       SIMT_MAX_SHARED_OPTIN);
+        return SIMT_ERR_INVALID_VALUE;
+    }
+    std::lock_guard<std::mutex> g(attr_mutex());
+    max_dynamic_shared()[fn] = bytes;
+    return SIMT_OK;
+}
+
+SIMT_API int simt_set_max_dynamic_shared(const char *kernel_name, unsigned bytes) {
+    const simt_registry_entry *e = find_kernel(kernel_name);
+    if (!e) {
+        set_last_error("no kernel named %s", kernel_name ? kernel_name : "NULL");
+        return SIMT_ERR_UNKNOWN_KERNEL;
+    }
+    return simt_set_max_dynamic_shared_fn(e->fn, bytes);
+}
+
+SIMT_API void simt_set_spin_limit_ms(unsigned ms) { g_spin_limit_ms.store(ms); }
 
 SIMT_API unsigned simt_kernel_count(void) {
     unsigned n = 0;
@@ -1109,6 +1279,7 @@ SIMT_API const char *simt_error_name(int code) {
     case SIMT_ERR_TRAP: return "SIMT_ERR_TRAP";
     case SIMT_ERR_RESOURCE: return "SIMT_ERR_RESOURCE";
     case SIMT_ERR_NESTED: return "SIMT_ERR_NESTED";
+    case SIMT_ERR_COOP_TOO_LARGE: return "SIMT_ERR_COOP_TOO_LARGE";
     default: return "SIMT_ERR_?";
     }
 }
@@ -1222,7 +1393,26 @@ SIMT_API void simt_yield(void) {
     Fiber *f = cur_fiber();
     if (!f) return;
     Worker *w = f->w;
-    if (w->count == 0) return;
+    if (w->count == 0) {
+        // Nothing else of the block can run. In a cooperative launch the
+        // thread waits for another block: let the other workers run, and end
+        // the wait when a block failed or when it lasts too long.
+        const Launch *L = w->L;
+        if (!L->coop) return;
+        if (L->err.load(std::memory_order_relaxed))
+            fail(f, SIMT_ERR_DEADLOCK, "thread (%u,%u,%u) waits for other blocks and another block failed",
+                 f->b.tid.x, f->b.tid.y, f->b.tid.z);
+        if (w->spin_n++ == 0) {
+            w->spin_t0 = mono_s();
+        } else if (w->spin_n % 256 == 0 && (mono_s() - w->spin_t0) * 1e3 > (double)L->spin_limit_ms) {
+            fail(f, SIMT_ERR_DEADLOCK,
+                 "thread (%u,%u,%u) waited %u ms for other blocks (nothing else of its block could run): a grid "
+                 "barrier some block never reaches?",
+                 f->b.tid.x, f->b.tid.y, f->b.tid.z, L->spin_limit_ms);
+        }
+        sched_yield();
+        return;
+    }
     push_ready(w, f->idx);
     park(f);
 }
