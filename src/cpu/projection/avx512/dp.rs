@@ -133,6 +133,33 @@ impl DpW for Fp8D {
     }
 }
 
+/// Rows `lo..hi` of `w` widened to their bf16 values (exact) into `out`
+/// (`[hi - lo, k]`), converted as [`Fp8D::chunk`] converts them.
+///
+/// # Safety
+/// avx512f, avx512bw, avx512bf16, f16c; `k` a multiple of 32; rows
+/// `lo..hi` in the matrix.
+#[inline(always)]
+pub(super) unsafe fn widen_fp8(w: Fp8D, lo: usize, hi: usize, out: &mut [u16]) {
+    // SAFETY: the contract above; every store is inside `out`.
+    unsafe {
+        assert!(out.len() == (hi - lo) * w.k && w.k.is_multiple_of(32));
+        for o in lo..hi {
+            let row = w.row(o);
+            let dst = out.as_mut_ptr().add((o - lo) * w.k);
+            let mut kk = 0;
+            while kk < w.k {
+                let v = Fp8D::chunk(row, kk, w.k);
+                _mm512_storeu_si512(
+                    dst.add(kk) as *mut _,
+                    std::mem::transmute::<__m512bh, __m512i>(v),
+                );
+                kk += 32;
+            }
+        }
+    }
+}
+
 /// The `vdpbf16ps` tile of [`super::Micro`].
 #[derive(Clone, Copy)]
 pub(super) struct Dp<W>(pub W);

@@ -230,9 +230,39 @@ pub unsafe fn range_fp8_dp(
             nbc: w.block_cols(),
             shift: w.bc.trailing_zeros(),
         };
-        range_pairs(dp::Dp(src), xs, n, k, lo, hi, out)
+        if n <= FP8_IN_TILE_TOKENS {
+            return range_pairs(dp::Dp(src), xs, n, k, lo, hi, out);
+        }
+        // Batches: each group of rows widened to bf16 once (the tiles would
+        // convert every chunk again for each 4 tokens), then the bf16 tiles:
+        // the same values, so the same bits.
+        let rows = FP8_WIDEN_ROWS.min(hi - lo);
+        let mut wb = try_vec(rows * k, 0u16, "the widened weight rows")?;
+        let mut a = lo;
+        while a < hi {
+            let e = (a + rows).min(hi);
+            dp::widen_fp8(src, a, e, &mut wb[..(e - a) * k]);
+            let bf = dp::Bf16D { w: wb.as_ptr(), k };
+            range_pairs(
+                dp::Dp(bf),
+                xs,
+                n,
+                k,
+                0,
+                e - a,
+                &mut out[(a - lo) * n..(e - lo) * n],
+            )?;
+            a = e;
+        }
+        Ok(())
     }
 }
+
+/// Tokens up to which [`range_fp8_dp`] converts fp8 chunks inside the tiles.
+const FP8_IN_TILE_TOKENS: usize = 4;
+/// Rows [`range_fp8_dp`] widens at a time for batches (288 KB of bf16 at the
+/// V4.1 geometry: they stay in L2 while the tokens pass).
+const FP8_WIDEN_ROWS: usize = 24;
 
 /// How [`pairs`] reads a weight row: per chunk of 32 values, its 16 odd
 /// elements (`half == 0`) or its 16 even ones, as f32.
