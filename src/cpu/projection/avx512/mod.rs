@@ -474,14 +474,22 @@ unsafe fn range_pairs<M: Micro>(
                 while c0 < chunks {
                     let c1 = (c0 + KBC).min(chunks);
                     // The next row tile's part of this k block, ahead of its
-                    // turn (this tile's weights came from memory the same way).
-                    for q in o + r..(o + 2 * r).min(hi) {
-                        let (p, len) = w.span(q, c0, c1);
-                        prefetch(p, len);
-                    }
+                    // turn (this tile's weights came from memory the same way),
+                    // a share of it before each token tile: asked for all at
+                    // once, the lines queue up behind the misses and stall the
+                    // tiles' loads.
+                    let next = (o + r)..(o + 2 * r).min(hi);
+                    let tiles = (te - tb).div_ceil(T);
                     let mut t = tb;
                     while t < te {
                         let tt = (te - t).min(T);
+                        let share = (t - tb) / T;
+                        for q in next.clone() {
+                            let (p, len) = w.span(q, c0, c1);
+                            let lines = len.div_ceil(64);
+                            let (a, b) = (lines * share / tiles, lines * (share + 1) / tiles);
+                            prefetch(p.wrapping_add(a * 64), (b - a) * 64);
+                        }
                         let mut xp = [xs.as_ptr(); T];
                         for (j, p) in xp.iter_mut().enumerate().take(tt) {
                             *p = xs.as_ptr().add(pair_offset(n, chunks, t + j, c0));
