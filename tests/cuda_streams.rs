@@ -6,6 +6,9 @@
 //!   deferred streams (work runs only when something waits for it, the
 //!   legacy stream first at a context-wide wait), where a missing wait shows
 //!   as wrong values and a context-wide wait is counted;
+//! - the library's own copies (the device hash at create, a block fp8 `wkv`
+//!   in host memory at `set_layer`, `gate_weights`' read) wait for its own
+//!   stream, not the whole context;
 //! - misaligned device pointers (row ids, highway) are refused with a status
 //!   before anything is queued;
 //! - batch invariance: a token's rows and `kv` are the same bits in every
@@ -25,7 +28,8 @@ use engram::cuda::emu::Emulator;
 use engram::cuda::gpu::{DevBuf, Gpu};
 use engram::cuda::sys;
 use engram::formats::{bf16_to_f32, f32_to_bf16};
-use engram::{Context, EngramBackend, EngramStatus, EngramType, RowIds};
+use engram::memory::Region;
+use engram::{Context, EngramBackend, EngramStatus, EngramType, LayerIn, RowIds};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -478,4 +482,109 @@ fn a_graph_recaptured_after_set_layer_uses_the_new_weights() {
     ctx.check_device(s).unwrap();
     // SAFETY: created above, idle.
     unsafe { ok((d.cuStreamDestroy_v2)(stream), "destroy stream") };
+}
+
+/// What the library copies to or from the device outside `engram_free` waits
+/// for its own stream, never the whole context (docs/cuda-streams.md): the
+/// device hash's tables and ring at create, a block fp8 `wkv` given in host
+/// memory (codes and scales) at `set_layer`, and `gate_weights`' read of
+/// q * k. Each counted on an emulator of the test's own; the copies' content
+/// checked (the layer's kv against the same codes on the device, q * k
+/// against the CPU backend's).
+#[test]
+fn host_copies_wait_for_the_own_stream_not_the_context() {
+    let Some((dev, emu)) = own_emulator() else {
+        return;
+    };
+    let tiny = Tiny::load();
+    let m = dev_model(&dev, &tiny);
+    let l0 = &tiny.layers[0];
+    let cols = (tiny.ngram - 1) * tiny.heads;
+    let (k_in, k_out) = (cols * tiny.hd, tiny.d * (tiny.hc + 1));
+    let f = Filler::new("streams.fp8.codes");
+    let codes: Vec<u8> = (0..k_in * k_out)
+        .map(|i| f.bits(i as u64) as u8)
+        .map(|c| if c & 0x7F == 0x7F { c ^ 1 } else { c })
+        .collect();
+    let g = Filler::new("streams.fp8.scales");
+    let scales: Vec<u8> = (0..k_out.div_ceil(128) * k_in.div_ceil(128))
+        .map(|i| 118 + (g.bits(i as u64) % 12) as u8)
+        .collect();
+    let (d_codes, d_scales) = (dev.upload(&codes), dev.upload(&scales));
+    let mut cfg = tiny.config(Tiny::limits());
+    cfg.backend = EngramBackend::Cuda as u32;
+    cfg.tuning.cuda.device = Some(dev.gpu.clone());
+    let layer = |codes, scales| fp8_layer(l0, &m[0], codes, scales);
+    // SAFETY: device addresses (the emulation's), alive for the test.
+    let on_dev = |a: u64| unsafe { Region::from_raw(a as usize, None) };
+    let reference = Context::new(&cfg).expect("a CUDA context");
+    reference
+        .set_layer(layer(on_dev(d_codes.ptr), on_dev(d_scales.ptr)))
+        .unwrap();
+
+    let syncs = emu.context_syncs();
+    let ctx = Context::new(&cfg)
+        .expect("a CUDA context")
+        .with_device_history(8)
+        .expect("a device history");
+    assert_eq!(
+        emu.context_syncs(),
+        syncs,
+        "create with a device history waited for the whole context"
+    );
+    ctx.set_layer(layer(Region::of(&codes[..]), Region::of(&scales[..])))
+        .unwrap();
+    assert_eq!(
+        emu.context_syncs(),
+        syncs,
+        "set_layer of a block fp8 wkv in host memory waited for the whole context"
+    );
+    let qk = ctx.gate_weights(l0.layer_id).unwrap();
+    assert_eq!(
+        emu.context_syncs(),
+        syncs,
+        "gate_weights waited for the whole context"
+    );
+    let cpu = tiny.context();
+    assert_eq!(
+        bits(&qk),
+        bits(&cpu.gate_weights(l0.layer_id).unwrap()),
+        "q * k read back on the own stream"
+    );
+    let (ids, _, n) = prefill(&tiny);
+    let want = reference.stages(l0.layer_id, &ids, n).unwrap();
+    let got = ctx.stages(l0.layer_id, &ids, n).unwrap();
+    assert!(
+        got == want,
+        "the host codes and scales copied on the own stream give the device ones' rows and kv"
+    );
+}
+
+/// Layer `l`'s table, q and k on the device (`b`), with a block fp8 `wkv` of
+/// `codes` and `scales` in 128 x 128 blocks.
+fn fp8_layer<'a>(
+    l: &LayerData,
+    b: &[DevBuf; 4],
+    codes: Region<'a>,
+    scales: Region<'a>,
+) -> LayerIn<'a> {
+    // SAFETY: device buffers of the sizes the geometry implies (the tiny
+    // model's table, q and k), alive for the test.
+    let mut w = unsafe {
+        LayerIn::raw(
+            l.layer_id,
+            b[0].ptr,
+            l.format as u32,
+            l.rows,
+            0,
+            EngramType::Fp8E4m3E8m0Block as u32,
+            b[2].ptr,
+            b[3].ptr,
+            dense_type(&l.q),
+        )
+    };
+    w.wkv = codes;
+    w.wkv_scales = Some(scales);
+    w.wkv_block = (128, 128);
+    w
 }

@@ -936,8 +936,10 @@ impl<'w> Backend<'w> for CudaBackend {
                 Place::Host => {
                     let b = DevBuf::new(&self.gpu, n, "the device copy of weights.wkv_scales")?;
                     // SAFETY: host memory the context lends, sized by its
-                    // checks; `b` holds as many bytes.
-                    unsafe { self.gpu.upload(b.ptr, r.host().as_ptr(), n)? };
+                    // checks; `b` holds as many bytes. On the context's own
+                    // stream: a context-wide wait would wait for the
+                    // engine's unrelated work (docs/cuda-streams.md).
+                    unsafe { self.own_upload(b.ptr, r.host().as_ptr(), n)? };
                     let p = b.ptr;
                     wkv_scales_copy = Some(b);
                     p
@@ -1167,10 +1169,23 @@ impl<'w> Backend<'w> for CudaBackend {
         self.take_device_error(&st)
     }
 
-    /// Copied back from the device buffer `set_layer` filled (synchronously).
+    /// Copied back from the device buffer `set_layer` filled (synchronously),
+    /// on the context's own stream (not a context-wide wait).
     fn gate_weights(&self, li: usize) -> Result<Vec<f32>> {
         let _st = self.state();
-        self.qk[li].read::<f32>(self.shape.hw_per_token())
+        let n = self.shape.hw_per_token();
+        let b = &self.qk[li];
+        if n * 4 > b.bytes {
+            bail!(
+                ErrInternal,
+                "q * k: {n} values from a buffer of {} bytes",
+                b.bytes
+            );
+        }
+        let mut v = crate::batch::try_vec(n, 0f32, "the layer's q * k")?;
+        // SAFETY: `v` holds `n` f32 values, the buffer at least as many bytes.
+        unsafe { self.own_download(v.as_mut_ptr() as *mut u8, b.ptr, n * 4)? };
+        Ok(v)
     }
 }
 
