@@ -29,7 +29,7 @@ use engram::cuda::gpu::{DevBuf, Gpu};
 use engram::cuda::sys;
 use engram::formats::{bf16_to_f32, f32_to_bf16};
 use engram::memory::Region;
-use engram::{Context, EngramBackend, EngramStatus, EngramType, LayerIn, RowIds};
+use engram::{Context, ContextConfig, EngramBackend, EngramStatus, EngramType, LayerIn, RowIds};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -97,11 +97,16 @@ fn layer_in(tiny: &Tiny, li: usize, b: &[DevBuf; 4]) -> DeviceLayerIn {
     }
 }
 
-fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny, m: &[[DevBuf; 4]]) -> Context<'a> {
+/// The tiny model's configuration on the CUDA backend of `dev`.
+fn cuda_config<'a>(dev: &Dev, tiny: &'a Tiny) -> ContextConfig<'a> {
     let mut cfg = tiny.config(Tiny::limits());
     cfg.backend = EngramBackend::Cuda as u32;
     cfg.tuning.cuda.device = Some(dev.gpu.clone());
-    let ctx = Context::new(&cfg).expect("create a CUDA context");
+    cfg
+}
+
+fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny, m: &[[DevBuf; 4]]) -> Context<'a> {
+    let ctx = Context::new(&cuda_config(dev, tiny)).expect("create a CUDA context");
     for (li, b) in m.iter().enumerate() {
         ctx.set_layer_device(&layer_in(tiny, li, b))
             .expect("set_layer_device");
@@ -327,9 +332,7 @@ fn a_token_gets_the_same_bits_in_every_batch_up_to_the_gemv_bound() {
     let qk: Vec<u16> = (0..tiny.hc * tiny.d).map(|_| f32_to_bf16(1.0)).collect();
     m[li][2] = dev.upload(&qk);
     m[li][3] = dev.upload(&qk);
-    let mut cfg = tiny.config(Tiny::limits());
-    cfg.backend = EngramBackend::Cuda as u32;
-    cfg.tuning.cuda.device = Some(dev.gpu.clone());
+    let cfg = cuda_config(&dev, &tiny);
     let ctx = Context::new(&cfg).expect("create a CUDA context");
     let mut l = layer_in(&tiny, li, &m[li]);
     l.wkv_type = EngramType::Bf16 as u32;
@@ -511,9 +514,7 @@ fn host_copies_wait_for_the_own_stream_not_the_context() {
         .map(|i| 118 + (g.bits(i as u64) % 12) as u8)
         .collect();
     let (d_codes, d_scales) = (dev.upload(&codes), dev.upload(&scales));
-    let mut cfg = tiny.config(Tiny::limits());
-    cfg.backend = EngramBackend::Cuda as u32;
-    cfg.tuning.cuda.device = Some(dev.gpu.clone());
+    let cfg = cuda_config(&dev, &tiny);
     let layer = |codes, scales| fp8_layer(l0, &m[0], codes, scales);
     // SAFETY: device addresses (the emulation's), alive for the test.
     let on_dev = |a: u64| unsafe { Region::from_raw(a as usize, None) };

@@ -487,9 +487,14 @@ impl DevBuf {
         })
     }
 
+    /// A buffer as large as `data` (its content not set).
+    pub fn sized_as<T>(gpu: &Arc<dyn Gpu>, data: &[T], what: &str) -> Result<DevBuf> {
+        DevBuf::new(gpu, std::mem::size_of_val(data), what)
+    }
+
     /// A buffer holding `data` (uploaded, complete when it returns).
     pub fn from_slice<T: Copy>(gpu: &Arc<dyn Gpu>, data: &[T], what: &str) -> Result<DevBuf> {
-        let b = DevBuf::new(gpu, std::mem::size_of_val(data), what)?;
+        let b = DevBuf::sized_as(gpu, data, what)?;
         b.write(data)?;
         Ok(b)
     }

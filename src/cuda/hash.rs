@@ -63,7 +63,6 @@ impl DeviceHash {
         t: &HashTables,
         limits: Limits,
         ring_len: usize,
-        stream: Stream,
     ) -> Result<DeviceHash> {
         if ring_len < t.max_ngram.saturating_sub(1).max(1) || ring_len > MAX_RING {
             bail!(
@@ -98,26 +97,10 @@ impl DeviceHash {
             n_layers: t.n_layers() as u32,
             max_ngram: t.max_ngram as u32,
             n_heads: t.n_heads as u32,
-            token_map: DevBuf::new(
-                gpu,
-                std::mem::size_of_val(&t.token_map[..]),
-                "the device hash's token map",
-            )?,
-            multipliers: DevBuf::new(
-                gpu,
-                std::mem::size_of_val(&t.multipliers[..]),
-                "the device hash's multipliers",
-            )?,
-            primes: DevBuf::new(
-                gpu,
-                std::mem::size_of_val(&t.primes[..]),
-                "the device hash's primes",
-            )?,
-            offsets: DevBuf::new(
-                gpu,
-                std::mem::size_of_val(&t.offsets[..]),
-                "the device hash's offsets",
-            )?,
+            token_map: DevBuf::sized_as(gpu, &t.token_map, "the device hash's token map")?,
+            multipliers: DevBuf::sized_as(gpu, &t.multipliers, "the device hash's multipliers")?,
+            primes: DevBuf::sized_as(gpu, &t.primes, "the device hash's primes")?,
+            offsets: DevBuf::sized_as(gpu, &t.offsets, "the device hash's offsets")?,
             ring: DevBuf::new(gpu, ring_bytes, "the device history")?,
             tags: DevBuf::new(gpu, seqs * 8, "the device history's run tags")?,
             conflicts: DevBuf::new(gpu, seqs * 8, "the device history's run tags")?,
@@ -127,40 +110,6 @@ impl DeviceHash {
             shift_scratch: DevBuf::new(gpu, ring_len * 8, "the device history's shift scratch")?,
             shift_flag: DevBuf::new(gpu, 4, "the device history's shift flag")?,
         };
-        // Filled on `stream` (the context's own), waited for on it alone: a
-        // context-wide wait would wait for the engine's unrelated work
-        // (docs/cuda-streams.md). Empty entries are all ones (position -1);
-        // tags and conflicts start at serial 0, which no call has (the
-        // counter starts at 1).
-        let one = [1u64];
-        fn raw<T>(v: &[T]) -> (*const u8, usize) {
-            (v.as_ptr() as *const u8, std::mem::size_of_val(v))
-        }
-        let queued = (|| -> Result<()> {
-            // SAFETY: our own allocations, each as large as what is copied
-            // or set in it; the sources (`t`, `one`) outlive the wait below.
-            unsafe {
-                for (b, (src, n)) in [
-                    (&h.token_map, raw(&t.token_map)),
-                    (&h.multipliers, raw(&t.multipliers)),
-                    (&h.primes, raw(&t.primes)),
-                    (&h.offsets, raw(&t.offsets)),
-                    (&h.serial, raw(&one)),
-                ] {
-                    gpu.upload_async(b.ptr, src, n, stream)?;
-                }
-                gpu.memset_async(h.ring.ptr, 0xFF, ring_bytes, stream)?;
-                gpu.memset_async(h.tags.ptr, 0, seqs * 8, stream)?;
-                gpu.memset_async(h.conflicts.ptr, 0, seqs * 8, stream)?;
-                gpu.memset_async(h.latch.ptr, 0, latch::LATCH_WORDS * 4, stream)?;
-                gpu.memset_async(h.shift_flag.ptr, 0, 4, stream)?;
-            }
-            Ok(())
-        })();
-        // Waited for even after a failure, before the buffers are freed.
-        let waited = gpu.stream_synchronize(stream);
-        queued?;
-        waited?;
         Ok(h)
     }
 
@@ -194,7 +143,43 @@ impl CudaBackend {
         limits: Limits,
         ring_len: usize,
     ) -> Result<()> {
-        self.hash = Some(DeviceHash::new(&self.gpu, t, limits, ring_len, self.own.s)?);
+        let h = DeviceHash::new(&self.gpu, t, limits, ring_len)?;
+        self.fill_device_hash(&h, t)?;
+        self.hash = Some(h);
+        Ok(())
+    }
+
+    /// `h`'s tables copied in and its history emptied, on the context's own
+    /// stream and waited for there (a context-wide wait would wait for the
+    /// engine's unrelated work: docs/cuda-streams.md). Empty entries are all
+    /// ones (position -1); tags and conflicts start at serial 0, which no
+    /// call has (the counter starts at 1).
+    fn fill_device_hash(&self, h: &DeviceHash, t: &HashTables) -> Result<()> {
+        let one = [1u64];
+        // SAFETY: `DeviceHash::new` sized each table's buffer as its source
+        // slice and `serial` as one u64; the memsets cover whole buffers;
+        // every copy is waited for before its source goes.
+        unsafe {
+            let sources: [(&DevBuf, *const u8); 5] = [
+                (&h.token_map, t.token_map.as_ptr().cast()),
+                (&h.multipliers, t.multipliers.as_ptr().cast()),
+                (&h.primes, t.primes.as_ptr().cast()),
+                (&h.offsets, t.offsets.as_ptr().cast()),
+                (&h.serial, one.as_ptr().cast()),
+            ];
+            for (b, src) in sources {
+                self.own_upload(b.ptr, src, b.bytes)?;
+            }
+            for (b, v) in [
+                (&h.ring, 0xFF),
+                (&h.tags, 0),
+                (&h.conflicts, 0),
+                (&h.latch, 0),
+                (&h.shift_flag, 0),
+            ] {
+                self.own_memset(b.ptr, v, b.bytes)?;
+            }
+        }
         Ok(())
     }
 
