@@ -2,6 +2,7 @@
 //! settled, and every tensor's shape checked.
 
 use super::*;
+use std::borrow::Cow;
 
 impl Partial {
     /// Complete the model: geometry (keys, else the companion config), hash
@@ -10,10 +11,19 @@ impl Partial {
     /// `tables` holds each layer's table (the file's, or an external one the
     /// loader resolved), in layer order. Runs no cross-checks of the hash
     /// layout: [`EngramModel::check`] does.
-    pub fn finish(self, tables: Vec<TableBlobs>, comp: Companions<'_>) -> Result<EngramModel> {
-        let nl = self.layer_ids.value.len();
+    pub fn finish(mut self, tables: Vec<TableBlobs>, comp: Companions<'_>) -> Result<EngramModel> {
         let cfg = comp.tables.map(|t| &t.config);
-        // Geometry keys: the file's, else the companion config's.
+        let (n, h) = self.ngram_geometry(cfg)?;
+        self.check_constant_lengths(n, h)?;
+        let consts = self.constants(comp, n, h)?;
+        let geo = self.tensor_geometry(cfg, &tables, n, h)?;
+        let partial_layers = std::mem::take(&mut self.layers);
+        let layers = self.check_layers(partial_layers, &geo, tables)?;
+        Ok(self.into_model(geo, n, h, consts, layers))
+    }
+
+    /// N and H: the file's keys, else the companion config's, in range.
+    fn ngram_geometry(&self, cfg: Option<&EngramConfig>) -> Result<(usize, usize)> {
         let geo = |v: &Option<Named<u64>>, from_cfg: Option<usize>| {
             v.as_ref().map(|n| n.value).or(from_cfg.map(|x| x as u64))
         };
@@ -23,14 +33,7 @@ impl Partial {
         ) {
             (Some(h), Some(n)) => (h, n),
             (h, n) => {
-                let p = match self.dialect {
-                    Dialect::Vcruz305Prefix => "deepseek4.engram.".to_string(),
-                    _ => self
-                        .layer_ids
-                        .key
-                        .rsplit_once('.')
-                        .map_or(String::new(), |x| format!("{}.", x.0)),
-                };
+                let p = self.geometry_key_prefix();
                 let missing: Vec<String> = [("head_count", h), ("max_ngram_size", n)]
                     .iter()
                     .filter(|(_, v)| v.is_none())
@@ -43,18 +46,33 @@ impl Partial {
                 );
             }
         };
-        let name = |v: &Option<Named<u64>>, dflt: &str| {
-            v.as_ref().map_or(dflt.to_string(), |n| n.key.clone())
-        };
         if !(2..=64).contains(&max_ngram) || !(1..=1024).contains(&n_heads) {
             bail!(
                 ErrFormat,
                 "{} = {max_ngram}, {} = {n_heads}: out of range (N 2 to 64, H 1 to 1024)",
-                name(&self.max_ngram, "max n-gram size"),
-                name(&self.n_heads, "head count")
+                key_or(&self.max_ngram, "max n-gram size"),
+                key_or(&self.n_heads, "head count")
             );
         }
-        let (n, h) = (max_ngram as usize, n_heads as usize);
+        Ok((max_ngram as usize, n_heads as usize))
+    }
+
+    /// The prefix of this dialect's geometry keys (for naming missing ones).
+    fn geometry_key_prefix(&self) -> String {
+        match self.dialect {
+            Dialect::Vcruz305Prefix => "deepseek4.engram.".to_string(),
+            _ => self
+                .layer_ids
+                .key
+                .rsplit_once('.')
+                .map_or(String::new(), |x| format!("{}.", x.0)),
+        }
+    }
+
+    /// The constant arrays the file has hold one entry per layer and
+    /// n-gram (or column), and a token map is not empty.
+    fn check_constant_lengths(&self, n: usize, h: usize) -> Result<()> {
+        let nl = self.layer_ids.value.len();
         let cols = (n - 1) * h;
         let len_check = |v: &Option<Named<Vec<u64>>>, want: usize, what: &str| -> Result<()> {
             if let Some(x) = v {
@@ -90,11 +108,19 @@ impl Partial {
                 bail!(ErrFormat, "{} is empty", t.key);
             }
         }
+        Ok(())
+    }
 
-        // The hash constants.
-        let consts = self.constants(comp, n, h)?;
-
-        // Geometry from the tensors.
+    /// D and hc from the first layer's q, Hd from a key, the companion
+    /// config or the first table; checked against the keys that state
+    /// them, and in range.
+    fn tensor_geometry(
+        &self,
+        cfg: Option<&EngramConfig>,
+        tables: &[TableBlobs],
+        n: usize,
+        h: usize,
+    ) -> Result<Geometry> {
         let first = self.layers.first().expect("at least one layer");
         let (d, hc) = (dim(&first.q.blob, 0), dim(&first.q.blob, 1));
         let hd = match &self.hd {
@@ -124,35 +150,35 @@ impl Partial {
                 ErrFormat,
                 "geometry D = {d}, hc = {hc} (from {}) and Hd = {hd} (from {}) out of range",
                 first.q.blob.name,
-                name(&self.hd, "the tables")
+                key_or(&self.hd, "the tables")
             );
         }
-        let (d, hc, hd) = (d as usize, hc as usize, hd as usize);
-        // Shapes of every layer's tensors.
-        let two = |b: &Blob, ne0: u64, ne1: Option<u64>, what: &str| -> Result<()> {
-            if b.dims.iter().skip(2).any(|&x| x != 1)
-                || dim(b, 0) != ne0
-                || ne1.is_some_and(|r| dim(b, 1) != r)
-            {
-                bail!(
-                    ErrFormat,
-                    "tensor {} has shape {:?}, expected [{ne0}, {}] (ggml order; {what}) for D = {d}, hc = {hc}, \
-                     Hd = {hd}, C = {cols}",
-                    b.name,
-                    b.dims,
-                    ne1.map_or("rows".into(), |r| r.to_string())
-                );
-            }
-            Ok(())
-        };
+        Ok(Geometry {
+            d: d as usize,
+            hc: hc as usize,
+            hd: hd as usize,
+            cols: (n - 1) * h,
+        })
+    }
+
+    /// Every layer's q, k, wkv and table in the shapes the geometry asks
+    /// for, q and k of one type; paired with its table.
+    fn check_layers(
+        &self,
+        partial_layers: Vec<PartialLayer>,
+        g: &Geometry,
+        tables: Vec<TableBlobs>,
+    ) -> Result<Vec<EngramTensors>> {
+        let nl = self.layer_ids.value.len();
+        let Geometry { d, hc, hd, cols } = *g;
         let mut out_layers = Vec::with_capacity(nl);
         if tables.len() != nl {
             bail!(ErrInternal, "{} tables for {nl} layers", tables.len());
         }
-        for (l, table) in self.layers.into_iter().zip(tables) {
-            two(&l.q.blob, d as u64, Some(hc as u64), "q [hc, D]")?;
-            two(&l.k.blob, d as u64, Some(hc as u64), "k [hc, D]")?;
-            two(
+        for (l, table) in partial_layers.into_iter().zip(tables) {
+            g.check_shape(&l.q.blob, d as u64, Some(hc as u64), "q [hc, D]")?;
+            g.check_shape(&l.k.blob, d as u64, Some(hc as u64), "k [hc, D]")?;
+            g.check_shape(
                 &l.wkv.blob,
                 (cols * hd) as u64,
                 Some(((hc + 1) * d) as u64),
@@ -162,13 +188,14 @@ impl Partial {
                 EngramType::Fp8E4m3E8m0 => (hd + hd / FP8_SCALE_BLOCK) as u64,
                 _ => hd as u64,
             };
-            two(&table.codes, ne0, Some(table.rows), "table [Hd, rows]").map_err(|e| {
-                // Name the key the row width came from.
-                Error::new(
-                    e.status,
-                    format!("{} (Hd from {})", e.message, name(&self.hd, "the tables")),
-                )
-            })?;
+            g.check_shape(&table.codes, ne0, Some(table.rows), "table [Hd, rows]")
+                .map_err(|e| {
+                    // Name the key the row width came from.
+                    Error::new(
+                        e.status,
+                        format!("{} (Hd from {})", e.message, key_or(&self.hd, "the tables")),
+                    )
+                })?;
             EngramType::row_format(table.format as u32, hd).map_err(|e| {
                 Error::new(e.status, format!("{}: {}", table.codes.name, e.message))
             })?;
@@ -188,6 +215,18 @@ impl Partial {
                 k: l.k,
             });
         }
+        Ok(out_layers)
+    }
+
+    /// The completed model from its checked parts.
+    fn into_model(
+        self,
+        g: Geometry,
+        n: usize,
+        h: usize,
+        consts: Consts,
+        layers: Vec<EngramTensors>,
+    ) -> EngramModel {
         let Consts {
             token_map,
             pad,
@@ -198,11 +237,11 @@ impl Partial {
             source,
             keys,
         } = consts;
-        Ok(EngramModel {
+        EngramModel {
             dialect: self.dialect,
-            d,
-            hc,
-            hd,
+            d: g.d,
+            hc: g.hc,
+            hd: g.hd,
             layer_ids: self.layer_ids.value,
             max_ngram: n,
             n_heads: h,
@@ -217,14 +256,12 @@ impl Partial {
             compressed_vocab: self.compressed_vocab.map(|c| c.value),
             hash_source: source,
             keys,
-            layers: out_layers,
-        })
+            layers,
+        }
     }
 
     /// The hash constants, from the file, the companion files, or derived.
     fn constants(&self, comp: Companions<'_>, n: usize, h: usize) -> Result<Consts> {
-        let cols = (n - 1) * h;
-        let ck = &self.const_keys;
         let have = [
             self.multipliers.is_some(),
             self.primes.is_some(),
@@ -234,8 +271,32 @@ impl Partial {
         ];
         // Offsets may be absent (prefix sums); the other four make the hash.
         let complete = have[0] && have[1] && have[3] && have[4];
-        let any = have[0] || have[1] || have[2] || have[3];
-        let mut keys = Keys {
+        let mut keys = self.constant_keys();
+        let derived = self.derived_tables(comp, complete, n, h)?;
+        self.check_companions(comp, derived.as_deref(), n, h)?;
+        let chosen = if complete {
+            self.file_constants(derived.as_deref(), (n - 1) * h)?
+        } else {
+            let d = self.require_derived(derived, have)?;
+            self.derived_constants(&d, comp, &mut keys)?
+        };
+        let pad = self.pad(&chosen.token_map, chosen.pad_from_derived)?;
+        Ok(Consts {
+            token_map: chosen.token_map,
+            pad,
+            multipliers: chosen.multipliers,
+            primes: chosen.primes,
+            offsets: chosen.offsets,
+            offsets_stored: chosen.offsets_stored,
+            source: chosen.source,
+            keys,
+        })
+    }
+
+    /// The names of the keys the constants come from (the file's).
+    fn constant_keys(&self) -> Keys {
+        let ck = &self.const_keys;
+        Keys {
             layer_ids: self.layer_ids.key.clone(),
             multipliers: ck[0].clone(),
             primes: ck[1].clone(),
@@ -243,18 +304,35 @@ impl Partial {
             token_map: ck[3].clone(),
             rows: self.rows.as_ref().map(|r| r.key.clone()),
             compressed_vocab: self.compressed_vocab.as_ref().map(|c| c.key.clone()),
-        };
-        // What a config + tokenizer (or a tokenizer and the file's own config
-        // keys) derive, when given.
-        let derived: Option<std::borrow::Cow<'_, EngramTables>> =
-            match (comp.tables, comp.token_map) {
-                (Some(t), _) => Some(std::borrow::Cow::Borrowed(t)),
-                (None, Some(tm)) if !complete => {
-                    Some(std::borrow::Cow::Owned(self.derive(tm, n, h)?))
-                }
-                _ => None,
-            };
-        if let (Some(d), true) = (&derived, comp.tables.is_some()) {
+        }
+    }
+
+    /// What a config + tokenizer (or a tokenizer and the file's own config
+    /// keys) derive, when given.
+    fn derived_tables<'c>(
+        &self,
+        comp: Companions<'c>,
+        complete: bool,
+        n: usize,
+        h: usize,
+    ) -> Result<Option<Cow<'c, EngramTables>>> {
+        Ok(match (comp.tables, comp.token_map) {
+            (Some(t), _) => Some(Cow::Borrowed(t)),
+            (None, Some(tm)) if !complete => Some(Cow::Owned(self.derive(tm, n, h)?)),
+            _ => None,
+        })
+    }
+
+    /// A config.json given alongside describes the file's geometry, and a
+    /// tokenizer.json given alongside the file's token map.
+    fn check_companions(
+        &self,
+        comp: Companions<'_>,
+        derived: Option<&EngramTables>,
+        n: usize,
+        h: usize,
+    ) -> Result<()> {
+        if let (Some(d), true) = (derived, comp.tables.is_some()) {
             // A config.json given alongside must describe the same geometry.
             let c = &d.config;
             if c.layer_ids != self.layer_ids.value || c.max_ngram != n || c.n_heads != h {
@@ -279,114 +357,133 @@ impl Partial {
                 }
             }
         }
-        let (token_map, multipliers, primes, offsets, offsets_stored, source, pad_from_derived);
-        if complete {
-            let mult = self.multipliers.as_ref().expect("complete").value.clone();
-            let pr = self.primes.as_ref().expect("complete").value.clone();
-            let (offs, stored) = match &self.offsets {
-                Some(o) => (o.value.clone(), true),
-                None => (derive_offsets(&pr, cols), false),
-            };
-            let tm = self.token_map.as_ref().expect("complete").value.clone();
-            if let Some(d) = &derived {
-                let differs: Vec<&str> = [
-                    (ck[0].as_str(), d.multipliers != mult),
-                    (ck[1].as_str(), d.primes != pr),
-                    (ck[2].as_str(), stored && d.offsets != offs),
-                    (ck[3].as_str(), d.token_map != tm),
-                ]
-                .into_iter()
-                .filter(|(_, x)| *x)
-                .map(|(k, _)| k)
-                .collect();
-                if !differs.is_empty() {
+        Ok(())
+    }
+
+    /// A complete file's own constants (offsets derived as prefix sums when
+    /// absent), equal to the derived ones where those were given.
+    fn file_constants(&self, derived: Option<&EngramTables>, cols: usize) -> Result<Chosen> {
+        let ck = &self.const_keys;
+        let mult = self.multipliers.as_ref().expect("complete").value.clone();
+        let pr = self.primes.as_ref().expect("complete").value.clone();
+        let (offs, stored) = match &self.offsets {
+            Some(o) => (o.value.clone(), true),
+            None => (derive_offsets(&pr, cols), false),
+        };
+        let tm = self.token_map.as_ref().expect("complete").value.clone();
+        if let Some(d) = derived {
+            let differs: Vec<&str> = [
+                (ck[0].as_str(), d.multipliers != mult),
+                (ck[1].as_str(), d.primes != pr),
+                (ck[2].as_str(), stored && d.offsets != offs),
+                (ck[3].as_str(), d.token_map != tm),
+            ]
+            .into_iter()
+            .filter(|(_, x)| *x)
+            .map(|(k, _)| k)
+            .collect();
+            if !differs.is_empty() {
+                bail!(
+                    ErrInvalidConfig,
+                    "the file's {} differ from those derived from the config.json + tokenizer.json given alongside",
+                    differs.join(", ")
+                );
+            }
+        }
+        Ok(Chosen {
+            token_map: tm,
+            multipliers: mult,
+            primes: pr,
+            offsets: offs,
+            offsets_stored: stored,
+            source: self.const_source,
+            pad_from_derived: derived.map(|d| d.pad_id),
+        })
+    }
+
+    /// The derived constants an incomplete file needs; refused, naming what
+    /// the file lacks and what to pass, when none were derived.
+    fn require_derived<'c>(
+        &self,
+        derived: Option<Cow<'c, EngramTables>>,
+        have: [bool; 5],
+    ) -> Result<Cow<'c, EngramTables>> {
+        let any = have[0] || have[1] || have[2] || have[3];
+        let missing: Vec<&str> = self
+            .const_keys
+            .iter()
+            .zip(have)
+            .filter(|(_, h)| !h)
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let Some(d) = derived else {
+            if any {
+                bail!(
+                    ErrFormat,
+                    "the file has some hash constants but lacks {}; pass the model's config.json and \
+                     tokenizer.json to derive them",
+                    missing.join(", ")
+                );
+            }
+            if self.dialect == Dialect::Deepstrix {
+                bail!(
+                    ErrInvalidConfig,
+                    "a deepstrix file carries no hash constants (no token map, multipliers, primes or offsets): \
+                     pass the model's tokenizer.json (engram_gguf_options.tokenizer_json, or a tokenizer.json \
+                     in tables_dir) to derive them from the file's {} keys",
+                    self.layer_ids.key.trim_end_matches("layer_ids")
+                );
+            }
+            bail!(
+                ErrInvalidConfig,
+                "the file lacks the hash constants {}: pass the model's config.json and tokenizer.json to derive them",
+                missing.join(", ")
+            );
+        };
+        Ok(d)
+    }
+
+    /// The derived constants, which the ones the file has must equal; the
+    /// keys renamed to say where they came from.
+    fn derived_constants(
+        &self,
+        d: &EngramTables,
+        comp: Companions<'_>,
+        keys: &mut Keys,
+    ) -> Result<Chosen> {
+        // The constants the file has must agree with the derived ones.
+        let check = |v: &Option<Named<Vec<u64>>>, want: &[u64]| -> Result<()> {
+            if let Some(x) = v {
+                if x.value != want {
                     bail!(
                         ErrInvalidConfig,
-                        "the file's {} differ from those derived from the config.json + tokenizer.json given alongside",
-                        differs.join(", ")
+                        "{} in the file differs from the one derived from config.json + tokenizer.json",
+                        x.key
                     );
                 }
             }
-            token_map = tm;
-            multipliers = mult;
-            primes = pr;
-            offsets = offs;
-            offsets_stored = stored;
-            source = self.const_source;
-            pad_from_derived = derived.as_ref().map(|d| d.pad_id);
+            Ok(())
+        };
+        check(&self.multipliers, &d.multipliers)?;
+        check(&self.primes, &d.primes)?;
+        check(&self.offsets, &d.offsets)?;
+        let source = if comp.tables.is_some() {
+            "config+tokenizer"
         } else {
-            let missing: Vec<&str> = ck
-                .iter()
-                .zip(have)
-                .filter(|(_, h)| !h)
-                .map(|(k, _)| k.as_str())
-                .collect();
-            let Some(d) = derived else {
-                if any {
-                    bail!(
-                        ErrFormat,
-                        "the file has some hash constants but lacks {}; pass the model's config.json and \
-                         tokenizer.json to derive them",
-                        missing.join(", ")
-                    );
-                }
-                if self.dialect == Dialect::Deepstrix {
-                    bail!(
-                        ErrInvalidConfig,
-                        "a deepstrix file carries no hash constants (no token map, multipliers, primes or offsets): \
-                         pass the model's tokenizer.json (engram_gguf_options.tokenizer_json, or a tokenizer.json \
-                         in tables_dir) to derive them from the file's {} keys",
-                        self.layer_ids.key.trim_end_matches("layer_ids")
-                    );
-                }
-                bail!(
-                    ErrInvalidConfig,
-                    "the file lacks the hash constants {}: pass the model's config.json and tokenizer.json to derive them",
-                    missing.join(", ")
-                );
-            };
-            // The constants the file has must agree with the derived ones.
-            let check = |v: &Option<Named<Vec<u64>>>, want: &[u64]| -> Result<()> {
-                if let Some(x) = v {
-                    if x.value != want {
-                        bail!(
-                            ErrInvalidConfig,
-                            "{} in the file differs from the one derived from config.json + tokenizer.json",
-                            x.key
-                        );
-                    }
-                }
-                Ok(())
-            };
-            check(&self.multipliers, &d.multipliers)?;
-            check(&self.primes, &d.primes)?;
-            check(&self.offsets, &d.offsets)?;
-            token_map = d.token_map.clone();
-            multipliers = d.multipliers.clone();
-            primes = d.primes.clone();
-            offsets = d.offsets.clone();
-            offsets_stored = false;
-            source = if comp.tables.is_some() {
-                "config+tokenizer"
-            } else {
-                "tokenizer+file keys"
-            };
-            keys.multipliers = format!("multipliers (derived, {source})");
-            keys.primes = format!("primes (derived, {source})");
-            keys.offsets = format!("offsets (derived, {source})");
-            keys.token_map = format!("token_map (derived, {source})");
-            pad_from_derived = Some(d.pad_id);
-        }
-        let pad = self.pad(&token_map, pad_from_derived)?;
-        Ok(Consts {
-            token_map,
-            pad,
-            multipliers,
-            primes,
-            offsets,
-            offsets_stored,
+            "tokenizer+file keys"
+        };
+        keys.multipliers = format!("multipliers (derived, {source})");
+        keys.primes = format!("primes (derived, {source})");
+        keys.offsets = format!("offsets (derived, {source})");
+        keys.token_map = format!("token_map (derived, {source})");
+        Ok(Chosen {
+            token_map: d.token_map.clone(),
+            multipliers: d.multipliers.clone(),
+            primes: d.primes.clone(),
+            offsets: d.offsets.clone(),
+            offsets_stored: false,
             source,
-            keys,
+            pad_from_derived: Some(d.pad_id),
         })
     }
 
@@ -540,4 +637,52 @@ struct Consts {
     offsets_stored: bool,
     source: &'static str,
     keys: Keys,
+}
+
+/// The hash constants chosen (the file's or the derived ones), before the
+/// pad is settled against them.
+struct Chosen {
+    token_map: Vec<i32>,
+    multipliers: Vec<u64>,
+    primes: Vec<u64>,
+    offsets: Vec<u64>,
+    offsets_stored: bool,
+    source: &'static str,
+    /// The pad the companion files give, when they were given.
+    pad_from_derived: Option<i64>,
+}
+
+/// The model's geometry: hidden size, streams, row width, hash columns.
+#[derive(Clone, Copy)]
+struct Geometry {
+    d: usize,
+    hc: usize,
+    hd: usize,
+    cols: usize,
+}
+
+impl Geometry {
+    /// A tensor has shape `[ne0, ne1]` (ggml order; `ne1` any when `None`).
+    fn check_shape(&self, b: &Blob, ne0: u64, ne1: Option<u64>, what: &str) -> Result<()> {
+        let Geometry { d, hc, hd, cols } = *self;
+        if b.dims.iter().skip(2).any(|&x| x != 1)
+            || dim(b, 0) != ne0
+            || ne1.is_some_and(|r| dim(b, 1) != r)
+        {
+            bail!(
+                ErrFormat,
+                "tensor {} has shape {:?}, expected [{ne0}, {}] (ggml order; {what}) for D = {d}, hc = {hc}, \
+                 Hd = {hd}, C = {cols}",
+                b.name,
+                b.dims,
+                ne1.map_or("rows".into(), |r| r.to_string())
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A key's name, or `dflt` when the value did not come from a key.
+fn key_or(v: &Option<Named<u64>>, dflt: &str) -> String {
+    v.as_ref().map_or(dflt.to_string(), |n| n.key.clone())
 }
