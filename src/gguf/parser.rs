@@ -488,6 +488,29 @@ impl Gguf {
     }
 
     fn parse_impl(c: &mut Cur<'_>, len: u64) -> Result<Gguf> {
+        let version = Self::magic_and_version(c)?;
+        let (n_tensors, n_kv) = Self::counts(c)?;
+        let (kvs, keys) = Self::metadata(c, n_kv)?;
+        let alignment = Self::alignment(&kvs, &keys)?;
+        let (mut tensors, index) = Self::tensor_infos(c, n_tensors)?;
+        let header_len = c.pos;
+        let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
+        Self::place_tensors(&mut tensors, data_offset, alignment, len)?;
+        Self::check_no_overlap(&tensors)?;
+        Ok(Gguf {
+            version,
+            kvs,
+            tensors,
+            alignment,
+            data_offset,
+            header_len,
+            index,
+            keys,
+        })
+    }
+
+    /// The magic, and a version this library reads (2 or 3, little-endian).
+    fn magic_and_version(c: &mut Cur<'_>) -> Result<u32> {
         let magic = c.take(4, &|| "the magic".into()).map_err(|_| {
             fmt_err(format!(
                 "not a GGUF file: {} bytes, too short for the magic",
@@ -515,6 +538,11 @@ impl Gguf {
                 "GGUF version {version} is not supported (this library reads versions 2 and 3)"
             );
         }
+        Ok(version)
+    }
+
+    /// The tensor and metadata counts, each bounded by the bytes left.
+    fn counts(c: &mut Cur<'_>) -> Result<(u64, u64)> {
         let n_tensors = c.u64(&|| "the tensor count".into())?;
         let n_kv = c.u64(&|| "the metadata count".into())?;
         // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes, a
@@ -533,6 +561,11 @@ impl Gguf {
             );
             return Err(c.short(msg));
         }
+        Ok((n_tensors, n_kv))
+    }
+
+    /// The metadata entries and their index by key (no key twice).
+    fn metadata(c: &mut Cur<'_>, n_kv: u64) -> Result<(Vec<Kv>, HashMap<String, usize>)> {
         // The counts bound the entries by the bytes left, but an entry held in
         // memory is larger than its smallest encoding: reserve a little up
         // front and grow, fallibly, as entries are parsed (so memory follows
@@ -556,25 +589,36 @@ impl Gguf {
                 type_at,
             });
         }
-        let mut alignment = DEFAULT_ALIGNMENT;
-        if let Some(&i) = keys.get("general.alignment") {
-            let kv: &Kv = &kvs[i];
-            match kv.value {
-                Value::Int(a) if a > 0 && a <= 1 << 30 && (a as u64).is_power_of_two() => {
-                    alignment = a as u64
-                }
-                Value::Int(a) if a > 0 && a <= u64::MAX as i128 && (a as u64).is_power_of_two() => {
-                    bail!(
-                        ErrFormat,
-                        "general.alignment is {a}, a power of two above the largest accepted (2^30)"
-                    )
-                }
-                ref v => bail!(
+        Ok((kvs, keys))
+    }
+
+    /// `general.alignment` (a power of two up to 2^30), else the default.
+    fn alignment(kvs: &[Kv], keys: &HashMap<String, usize>) -> Result<u64> {
+        let Some(&i) = keys.get("general.alignment") else {
+            return Ok(DEFAULT_ALIGNMENT);
+        };
+        let kv: &Kv = &kvs[i];
+        match kv.value {
+            Value::Int(a) if a > 0 && a <= 1 << 30 && (a as u64).is_power_of_two() => Ok(a as u64),
+            Value::Int(a) if a > 0 && a <= u64::MAX as i128 && (a as u64).is_power_of_two() => {
+                bail!(
                     ErrFormat,
-                    "general.alignment is {v:?}, not a positive power of two"
-                ),
+                    "general.alignment is {a}, a power of two above the largest accepted (2^30)"
+                )
             }
+            ref v => bail!(
+                ErrFormat,
+                "general.alignment is {v:?}, not a positive power of two"
+            ),
         }
+    }
+
+    /// The tensor entries (offsets still relative to the data) and their
+    /// index by name (no name twice).
+    fn tensor_infos(
+        c: &mut Cur<'_>,
+        n_tensors: u64,
+    ) -> Result<(Vec<TensorInfo>, HashMap<String, usize>)> {
         let mut tensors: Vec<TensorInfo> = room(n_tensors, "tensor entries")?;
         let mut index: HashMap<String, usize> = map_room(n_tensors, "tensor names")?;
         for i in 0..n_tensors {
@@ -608,9 +652,18 @@ impl Gguf {
                 entry_at,
             });
         }
-        let header_len = c.pos;
-        let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
-        for t in &mut tensors {
+        Ok((tensors, index))
+    }
+
+    /// Each tensor's offset made absolute: aligned, and its data inside the
+    /// file of `len` bytes.
+    fn place_tensors(
+        tensors: &mut [TensorInfo],
+        data_offset: u64,
+        alignment: u64,
+        len: u64,
+    ) -> Result<()> {
+        for t in tensors {
             if t.offset % alignment != 0 {
                 bail!(
                     ErrFormat,
@@ -636,7 +689,11 @@ impl Gguf {
             }
             t.offset = start;
         }
-        // Sizes against the data written: no tensor may run into the next one.
+        Ok(())
+    }
+
+    /// Sizes against the data written: no tensor may run into the next one.
+    fn check_no_overlap(tensors: &[TensorInfo]) -> Result<()> {
         let mut order: Vec<usize> = (0..tensors.len()).collect();
         order.sort_by_key(|&i| tensors[i].offset);
         for w in order.windows(2) {
@@ -652,16 +709,7 @@ impl Gguf {
                 }
             }
         }
-        Ok(Gguf {
-            version,
-            kvs,
-            tensors,
-            alignment,
-            data_offset,
-            header_len,
-            index,
-            keys,
-        })
+        Ok(())
     }
 
     pub fn get(&self, key: &str) -> Option<&Kv> {
