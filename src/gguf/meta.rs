@@ -219,20 +219,46 @@ impl EngramModel {
 /// order the loaders apply them (the first failure is what they report).
 /// The lengths of the constants were checked when the model was read.
 pub fn validate(m: &EngramModel) -> Vec<Check> {
+    let sums = m.prime_rows();
+    let check = |what: &'static str, problem: Option<String>| Check { what, problem };
+    vec![
+        check(
+            "every hash bucket lies inside its table",
+            bucket_outside_table(m),
+        ),
+        check(
+            "offsets are the prefix sums of the primes",
+            offsets_not_prefix_sums(m),
+        ),
+        check(
+            "rows per layer equal the sums of the primes",
+            stated_rows_differ(m, &sums),
+        ),
+        check(
+            "each table has its layer's rows",
+            table_rows_short(m, &sums),
+        ),
+        check("primes are distinct and prime", bad_prime(m)),
+        check("multipliers are odd", bad_multiplier(m)),
+        check(
+            "the token map stays inside the compressed vocabulary",
+            token_map_outside_vocab(m),
+        ),
+        check("the pad is a compressed id", pad_outside_vocab(m)),
+    ]
+}
+
+/// Every column's bucket lies inside its layer's table.
+fn bucket_outside_table(m: &EngramModel) -> Option<String> {
     let cols = m.cols();
     let k = &m.keys;
-    let mut out = Vec::new();
-    let mut push = |what: &'static str, problem: Option<String>| out.push(Check { what, problem });
-
-    // Every column's bucket lies inside its layer's table.
-    let mut p = None;
-    'cover: for (li, l) in m.layers.iter().enumerate() {
+    for (li, l) in m.layers.iter().enumerate() {
         for c in 0..cols {
             let i = li * cols + c;
             let (o, pr) = (m.offsets[i], m.primes[i]);
             let end = o.checked_add(pr);
             if end.is_none_or(|e| e > l.table.rows) {
-                p = Some(format!(
+                return Some(format!(
                     "{}: layer {}'s column {c} covers rows [{o}, {}) of {} (its prime {pr} from {}), \
                      past the {} rows of {}",
                     k.offsets,
@@ -243,128 +269,133 @@ pub fn validate(m: &EngramModel) -> Vec<Check> {
                     l.table.rows,
                     l.table.codes.name
                 ));
-                break 'cover;
             }
         }
     }
-    push("every hash bucket lies inside its table", p);
+    None
+}
 
-    // Offsets are the per-layer exclusive prefix sums of the primes.
-    let mut p = None;
-    if m.offsets_stored {
-        'prefix: for (li, (pl, ol)) in m
-            .primes
-            .chunks(cols)
-            .zip(m.offsets.chunks(cols))
-            .enumerate()
-        {
-            let mut acc = 0u64;
-            for (c, (&pr, &o)) in pl.iter().zip(ol).enumerate() {
-                if o != acc {
-                    p = Some(format!(
-                        "{} and {} disagree: layer {}'s column {c} has offset {o}, but the primes before it sum to {acc} \
-                         (offsets are the per-layer prefix sums of the primes)",
-                        k.primes, k.offsets, m.layer_ids[li]
-                    ));
-                    break 'prefix;
-                }
-                acc = acc.saturating_add(pr);
+/// Stored offsets are the per-layer exclusive prefix sums of the primes.
+fn offsets_not_prefix_sums(m: &EngramModel) -> Option<String> {
+    if !m.offsets_stored {
+        return None;
+    }
+    let cols = m.cols();
+    let k = &m.keys;
+    for (li, (pl, ol)) in m
+        .primes
+        .chunks(cols)
+        .zip(m.offsets.chunks(cols))
+        .enumerate()
+    {
+        let mut acc = 0u64;
+        for (c, (&pr, &o)) in pl.iter().zip(ol).enumerate() {
+            if o != acc {
+                return Some(format!(
+                    "{} and {} disagree: layer {}'s column {c} has offset {o}, but the primes before it sum to {acc} \
+                     (offsets are the per-layer prefix sums of the primes)",
+                    k.primes, k.offsets, m.layer_ids[li]
+                ));
             }
+            acc = acc.saturating_add(pr);
         }
     }
-    push("offsets are the prefix sums of the primes", p);
+    None
+}
 
-    // The stated rows per layer equal the sums of the primes.
-    let sums = m.prime_rows();
-    let mut p = None;
-    if let (Some(rows), Some(key)) = (&m.stated_rows, &k.rows) {
-        if let Some(li) = (0..rows.len()).find(|&i| rows[i] != sums[i]) {
-            p = Some(format!(
-                "{key} says layer {} has {} rows, but its primes in {} sum to {}",
-                m.layer_ids[li], rows[li], k.primes, sums[li]
-            ));
-        }
-    }
-    push("rows per layer equal the sums of the primes", p);
+/// The stated rows per layer equal the sums of the primes.
+fn stated_rows_differ(m: &EngramModel, sums: &[u64]) -> Option<String> {
+    let k = &m.keys;
+    let (Some(rows), Some(key)) = (&m.stated_rows, &k.rows) else {
+        return None;
+    };
+    let li = (0..rows.len()).find(|&i| rows[i] != sums[i])?;
+    Some(format!(
+        "{key} says layer {} has {} rows, but its primes in {} sum to {}",
+        m.layer_ids[li], rows[li], k.primes, sums[li]
+    ))
+}
 
-    // The tables hold those rows.
-    let mut p = None;
+/// The tables hold those rows (exactly, when the rows are stated).
+fn table_rows_short(m: &EngramModel, sums: &[u64]) -> Option<String> {
+    let k = &m.keys;
     for (li, l) in m.layers.iter().enumerate() {
         let want = m.stated_rows.as_ref().map_or(sums[li], |r| r[li]);
         let exact = m.stated_rows.is_some();
         if (exact && l.table.rows != want) || l.table.rows < want {
-            p = Some(format!(
+            return Some(format!(
                 "{} has {} rows, but {} says layer {} has {want}",
                 l.table.codes.name,
                 l.table.rows,
                 k.rows.as_deref().unwrap_or(&k.primes),
                 l.layer_id
             ));
-            break;
         }
     }
-    push("each table has its layer's rows", p);
+    None
+}
 
-    // Primes: prime, and no two columns share one.
-    let mut p = None;
+/// Primes: prime, and no two columns share one.
+fn bad_prime(m: &EngramModel) -> Option<String> {
+    let cols = m.cols();
+    let k = &m.keys;
     let mut seen = std::collections::HashSet::new();
     for (i, &pr) in m.primes.iter().enumerate() {
         let (li, c) = (i / cols, i % cols);
         if !is_prime(pr) {
-            p = Some(format!(
+            return Some(format!(
                 "{}: layer {}'s column {c} has {pr}, which is not prime",
                 k.primes, m.layer_ids[li]
             ));
-            break;
         }
         if !seen.insert(pr) {
-            p = Some(format!(
+            return Some(format!(
                 "{}: {pr} appears twice (layer {}'s column {c} repeats an earlier prime; each column takes its own)",
                 k.primes, m.layer_ids[li]
             ));
-            break;
         }
     }
-    push("primes are distinct and prime", p);
+    None
+}
 
-    // Multipliers: odd, positive i64 values.
-    let p = m
-        .multipliers
+/// Multipliers: odd, positive i64 values.
+fn bad_multiplier(m: &EngramModel) -> Option<String> {
+    m.multipliers
         .iter()
         .position(|&x| x % 2 == 0 || x > i64::MAX as u64)
         .map(|i| {
             format!(
                 "{}: entry {i} (layer {}, look-back {}) is {}, not an odd positive i64",
-                k.multipliers,
+                m.keys.multipliers,
                 m.layer_ids[i / m.max_ngram],
                 i % m.max_ngram,
                 m.multipliers[i]
             )
-        });
-    push("multipliers are odd", p);
+        })
+}
 
-    // The token map's range against the compressed vocabulary.
+/// The token map's range against the compressed vocabulary.
+fn token_map_outside_vocab(m: &EngramModel) -> Option<String> {
     let max = m.token_map.iter().copied().max().unwrap_or(-1);
-    let p = match (m.compressed_vocab, &k.compressed_vocab) {
+    match (m.compressed_vocab, &m.keys.compressed_vocab) {
         (Some(cv), Some(key)) if max >= 0 && max as u64 >= cv => {
             let i = m.token_map.iter().position(|&x| x == max).unwrap_or(0);
             Some(format!(
                 "{}[{i}] = {max}, outside the compressed vocabulary of {key} = {cv}",
-                k.token_map
+                m.keys.token_map
             ))
         }
         _ => None,
-    };
-    push("the token map stays inside the compressed vocabulary", p);
+    }
+}
 
-    // The pad.
-    let p = match (m.compressed_vocab, &k.compressed_vocab) {
+/// The pad against the compressed vocabulary.
+fn pad_outside_vocab(m: &EngramModel) -> Option<String> {
+    match (m.compressed_vocab, &m.keys.compressed_vocab) {
         (Some(cv), Some(key)) if m.pad_id as u64 >= cv => Some(format!(
             "{} = {} gives the compressed pad {}, outside the compressed vocabulary of {key} = {cv}",
             m.pad.key, m.pad.stored, m.pad_id
         )),
         _ => None,
-    };
-    push("the pad is a compressed id", p);
-    out
+    }
 }
