@@ -200,6 +200,63 @@ pub(super) fn vcruz305(m: &Meta<'_>, dialect: Dialect) -> Result<Partial> {
 pub(super) fn ds4(m: &Meta<'_>) -> Result<Partial> {
     let p = "deepseek41.engram.";
     let k = |s: &str| format!("{p}{s}");
+    ds4_refuse_external(m, p)?;
+    let enc_key = k("encoding");
+    let enc = m.string(&enc_key)?.expect("detected by it");
+    let row_bytes = ds4_row_bytes(&enc_key, &enc)?;
+    let layer_ids = layer_ids(m, &k("layer_ids"))?;
+    let encoding = Ds4Encoding {
+        key: &enc_key,
+        value: &enc,
+        row_bytes,
+    };
+    let hd = ds4_hd(m, &encoding, &layer_ids)?;
+    let Ds4Ngram {
+        multipliers,
+        primes,
+        n,
+        h,
+    } = ds4_ngram(m, p, &layer_ids)?;
+    let mut layers = Vec::new();
+    for &lid in &layer_ids.value {
+        layers.push(ds4_layer(m, lid, &encoding)?);
+    }
+    Ok(Partial {
+        dialect: Dialect::Ds4,
+        n_heads: Some(named(&format!("{} (length)", primes.key), h as u64)),
+        max_ngram: Some(named(&format!("{} (length)", multipliers.key), n as u64)),
+        hd: Some(named(&enc_key, hd)),
+        offsets: None,
+        token_map: m.ints(&k("token_map"), to_token, "a compressed id or -1")?,
+        pad: m.uint(&k("pad_id"))?.map(|v| (v, PadReading::Compressed)),
+        rows: m.ints(&k("rows"), to_pos_i64, "a row count")?,
+        compressed_vocab: m.uint(&k("compressed_vocab_size"))?,
+        engram_vocab: None,
+        d_key: m.uint("deepseek41.hidden_size")?,
+        hc_key: m.uint("deepseek41.hc_mult")?,
+        const_keys: keys5(
+            p,
+            ["multipliers", "primes", "offsets", "token_map", "pad_id"],
+        ),
+        const_source: "gguf",
+        multipliers: Some(multipliers),
+        primes: Some(primes),
+        layer_ids,
+        layers,
+    })
+}
+
+/// ds4's table encoding: the key, its value, and the bytes a row it says.
+struct Ds4Encoding<'a> {
+    key: &'a str,
+    value: &'a str,
+    row_bytes: u64,
+}
+
+/// A ds4 file whose tables are in sidecar files is refused, saying what to
+/// open instead.
+fn ds4_refuse_external(m: &Meta<'_>, p: &str) -> Result<()> {
+    let k = |s: &str| format!("{p}{s}");
     if let Some(st) = m.string(&k("storage"))? {
         if st == "external" {
             bail!(
@@ -213,10 +270,12 @@ pub(super) fn ds4(m: &Meta<'_>) -> Result<Partial> {
             );
         }
     }
-    let enc_key = k("encoding");
-    let enc = m.string(&enc_key)?.expect("detected by it");
-    let row_bytes = enc
-        .strip_prefix("e4m3_e8m0_32_row")
+    Ok(())
+}
+
+/// The bytes a row from the encoding's name, `e4m3_e8m0_32_row<B>`.
+fn ds4_row_bytes(enc_key: &str, enc: &str) -> Result<u64> {
+    enc.strip_prefix("e4m3_e8m0_32_row")
         .and_then(|b| b.parse::<u64>().ok())
         .ok_or_else(|| {
             Error::new(
@@ -226,8 +285,12 @@ pub(super) fn ds4(m: &Meta<'_>) -> Result<Partial> {
                      Hd e4m3 codes, then Hd/32 e8m0 scales)"
                 ),
             )
-        })?;
-    let layer_ids = layer_ids(m, &k("layer_ids"))?;
+        })
+}
+
+/// Hd from the bytes a row (`Hd + Hd/32`), refused when none fits.
+fn ds4_hd(m: &Meta<'_>, e: &Ds4Encoding<'_>, layer_ids: &Named<Vec<u32>>) -> Result<u64> {
+    let (enc_key, enc, row_bytes) = (e.key, e.value, e.row_bytes);
     if row_bytes == 0 || !row_bytes.is_multiple_of(33) {
         let first = format!("blk.{}.engram_embd.weight", layer_ids.value[0]);
         let table = m
@@ -240,7 +303,20 @@ pub(super) fn ds4(m: &Meta<'_>) -> Result<Partial> {
             "{enc_key} = {enc}: {row_bytes} bytes a row is not Hd + Hd/32 for any Hd ({table})"
         );
     }
-    let hd = row_bytes / 33 * 32;
+    Ok(row_bytes / 33 * 32)
+}
+
+/// ds4's multipliers and primes, and N and H from their lengths.
+struct Ds4Ngram {
+    multipliers: Named<Vec<u64>>,
+    primes: Named<Vec<u64>>,
+    n: usize,
+    h: usize,
+}
+
+/// The multipliers and primes, and N and H from their lengths.
+fn ds4_ngram(m: &Meta<'_>, p: &str, layer_ids: &Named<Vec<u32>>) -> Result<Ds4Ngram> {
+    let k = |s: &str| format!("{p}{s}");
     let nl = layer_ids.value.len();
     let multipliers = m
         .ints(
@@ -273,59 +349,44 @@ pub(super) fn ds4(m: &Meta<'_>) -> Result<Partial> {
         );
     }
     let h = np / (nl * (n - 1));
-    let mut layers = Vec::new();
-    for &lid in &layer_ids.value {
-        let t = |s: &str| format!("blk.{lid}.{s}.weight");
-        let what = format!("for engram layer {lid}");
-        let e = m.tensor_req(&t("engram_embd"), &what)?;
-        let blob = m.blob(e)?;
-        if e.1.ty != GGML_I8 || blob.dims.len() > 2 || dim(&blob, 0) != row_bytes {
-            bail!(
-                ErrFormat,
-                "tensor {} is {} {:?}, but {enc_key} = {enc} says rows of {row_bytes} bytes (i8 [{row_bytes}, rows])",
-                blob.name,
-                crate::formats::GGML_BLOCKS
-                    .iter()
-                    .find(|x| x.0 == e.1.ty)
-                    .map_or("unknown", |x| x.1),
-                blob.dims
-            );
-        }
-        layers.push(PartialLayer {
-            layer_id: lid,
-            table: TableSpec::InFile(TableBlobs {
-                format: EngramType::Fp8E4m3E8m0,
-                rows: dim(&blob, 1),
-                codes: blob,
-                scales: None,
-            }),
-            wkv: weight(m, &t("engram_kv"), &what)?,
-            q: weight(m, &t("engram_q_norm"), &what)?,
-            k: weight(m, &t("engram_k_norm"), &what)?,
-        });
+    Ok(Ds4Ngram {
+        multipliers,
+        primes,
+        n,
+        h,
+    })
+}
+
+/// One ds4 layer: its table (i8 rows of the encoding's bytes) and weights.
+fn ds4_layer(m: &Meta<'_>, lid: u32, encoding: &Ds4Encoding<'_>) -> Result<PartialLayer> {
+    let (enc_key, enc, row_bytes) = (encoding.key, encoding.value, encoding.row_bytes);
+    let t = |s: &str| format!("blk.{lid}.{s}.weight");
+    let what = format!("for engram layer {lid}");
+    let e = m.tensor_req(&t("engram_embd"), &what)?;
+    let blob = m.blob(e)?;
+    if e.1.ty != GGML_I8 || blob.dims.len() > 2 || dim(&blob, 0) != row_bytes {
+        bail!(
+            ErrFormat,
+            "tensor {} is {} {:?}, but {enc_key} = {enc} says rows of {row_bytes} bytes (i8 [{row_bytes}, rows])",
+            blob.name,
+            crate::formats::GGML_BLOCKS
+                .iter()
+                .find(|x| x.0 == e.1.ty)
+                .map_or("unknown", |x| x.1),
+            blob.dims
+        );
     }
-    Ok(Partial {
-        dialect: Dialect::Ds4,
-        n_heads: Some(named(&format!("{} (length)", primes.key), h as u64)),
-        max_ngram: Some(named(&format!("{} (length)", multipliers.key), n as u64)),
-        hd: Some(named(&enc_key, hd)),
-        offsets: None,
-        token_map: m.ints(&k("token_map"), to_token, "a compressed id or -1")?,
-        pad: m.uint(&k("pad_id"))?.map(|v| (v, PadReading::Compressed)),
-        rows: m.ints(&k("rows"), to_pos_i64, "a row count")?,
-        compressed_vocab: m.uint(&k("compressed_vocab_size"))?,
-        engram_vocab: None,
-        d_key: m.uint("deepseek41.hidden_size")?,
-        hc_key: m.uint("deepseek41.hc_mult")?,
-        const_keys: keys5(
-            p,
-            ["multipliers", "primes", "offsets", "token_map", "pad_id"],
-        ),
-        const_source: "gguf",
-        multipliers: Some(multipliers),
-        primes: Some(primes),
-        layer_ids,
-        layers,
+    Ok(PartialLayer {
+        layer_id: lid,
+        table: TableSpec::InFile(TableBlobs {
+            format: EngramType::Fp8E4m3E8m0,
+            rows: dim(&blob, 1),
+            codes: blob,
+            scales: None,
+        }),
+        wkv: weight(m, &t("engram_kv"), &what)?,
+        q: weight(m, &t("engram_q_norm"), &what)?,
+        k: weight(m, &t("engram_k_norm"), &what)?,
     })
 }
 
