@@ -246,87 +246,109 @@ impl GgufSet {
         })
     }
 
-    fn assemble(first: Shard, mut open: impl FnMut(&str) -> Result<Shard>) -> Result<GgufSet> {
-        let count = first.split_key("split.count")?;
-        let shards = match count {
-            None | Some(1) => {
-                if let Some(no) = first.split_key("split.no")?.filter(|&n| n != 0) {
-                    bail!(
-                        ErrFormat,
-                        "{}: split.no is {no} but split.count is 1 (or absent)",
-                        first.name
-                    );
-                }
-                vec![first]
-            }
+    fn assemble(first: Shard, open: impl FnMut(&str) -> Result<Shard>) -> Result<GgufSet> {
+        let shards = match first.split_key("split.count")? {
+            None | Some(1) => vec![Self::single(first)?],
             Some(n) if !(2..=99_999).contains(&n) => bail!(
                 ErrFormat,
                 "{}: split.count is {n} (a split set has 1 to 99999 shards)",
                 first.name
             ),
-            Some(n) => {
-                let n = n as u32;
-                let Some((prefix, k, n_name)) = split_name(&first.name) else {
-                    bail!(
-                        ErrFormat,
-                        "{}: split.count is {n}, but the file name does not follow PREFIX-0000k-of-0000n.gguf, \
-                         so the other shards cannot be found",
-                        first.name
-                    );
-                };
-                if n_name != n {
-                    bail!(
-                        ErrFormat,
-                        "{}: split.count is {n} but the file name says {n_name} shards",
-                        first.name
-                    );
-                }
-                if k == 0 || k > n {
-                    bail!(ErrFormat, "{}: shard {k} of {n} does not exist", first.name);
-                }
-                let mut first = Some((k, first));
-                let mut shards = Vec::with_capacity(n as usize);
-                for j in 1..=n {
-                    let s = match first.take() {
-                        Some((kk, s)) if kk == j => s,
-                        other => {
-                            first = other;
-                            let name = shard_name(&prefix, j, n);
-                            open(&name).map_err(|e| {
-                                Error::new(
-                                    e.status,
-                                    format!(
-                                        "split GGUF: shard {j} of {n} ({name}) cannot be used: {}",
-                                        e.message
-                                    ),
-                                )
-                            })?
-                        }
-                    };
-                    let no = s.split_key("split.no")?;
-                    if no != Some(j as i128 - 1) {
-                        bail!(
-                            ErrFormat,
-                            "split GGUF: {} is shard {j} of {n} by its name, but its split.no is {} (expected {})",
-                            s.name,
-                            no.map_or("absent".into(), |v| v.to_string()),
-                            j - 1
-                        );
-                    }
-                    let c = s.split_key("split.count")?;
-                    if c != Some(n as i128) {
-                        bail!(
-                            ErrFormat,
-                            "split GGUF: {}: split.count is {}, the set has {n} shards",
-                            s.name,
-                            c.map_or("absent".into(), |v| v.to_string())
-                        );
-                    }
-                    shards.push(s);
-                }
-                shards
-            }
+            Some(n) => Self::open_split(first, n as u32, open)?,
         };
+        let tensors = Self::index_tensors(&shards)?;
+        Self::check_tensor_count(&shards, &tensors)?;
+        Ok(GgufSet { shards, tensors })
+    }
+
+    /// A file that is not split: its split.no, if any, is 0.
+    fn single(first: Shard) -> Result<Shard> {
+        if let Some(no) = first.split_key("split.no")?.filter(|&n| n != 0) {
+            bail!(
+                ErrFormat,
+                "{}: split.no is {no} but split.count is 1 (or absent)",
+                first.name
+            );
+        }
+        Ok(first)
+    }
+
+    /// Every shard of the set of `n` that `first` (found by its file name)
+    /// belongs to, in order, the others opened by name.
+    fn open_split(
+        first: Shard,
+        n: u32,
+        mut open: impl FnMut(&str) -> Result<Shard>,
+    ) -> Result<Vec<Shard>> {
+        let Some((prefix, k, n_name)) = split_name(&first.name) else {
+            bail!(
+                ErrFormat,
+                "{}: split.count is {n}, but the file name does not follow PREFIX-0000k-of-0000n.gguf, \
+                 so the other shards cannot be found",
+                first.name
+            );
+        };
+        if n_name != n {
+            bail!(
+                ErrFormat,
+                "{}: split.count is {n} but the file name says {n_name} shards",
+                first.name
+            );
+        }
+        if k == 0 || k > n {
+            bail!(ErrFormat, "{}: shard {k} of {n} does not exist", first.name);
+        }
+        let mut first = Some((k, first));
+        let mut shards = Vec::with_capacity(n as usize);
+        for j in 1..=n {
+            let s = match first.take() {
+                Some((kk, s)) if kk == j => s,
+                other => {
+                    first = other;
+                    let name = shard_name(&prefix, j, n);
+                    open(&name).map_err(|e| {
+                        Error::new(
+                            e.status,
+                            format!(
+                                "split GGUF: shard {j} of {n} ({name}) cannot be used: {}",
+                                e.message
+                            ),
+                        )
+                    })?
+                }
+            };
+            Self::check_split_keys(&s, j, n)?;
+            shards.push(s);
+        }
+        Ok(shards)
+    }
+
+    /// Shard `j` of `n` by its name says so in its split keys.
+    fn check_split_keys(s: &Shard, j: u32, n: u32) -> Result<()> {
+        let no = s.split_key("split.no")?;
+        if no != Some(j as i128 - 1) {
+            bail!(
+                ErrFormat,
+                "split GGUF: {} is shard {j} of {n} by its name, but its split.no is {} (expected {})",
+                s.name,
+                no.map_or("absent".into(), |v| v.to_string()),
+                j - 1
+            );
+        }
+        let c = s.split_key("split.count")?;
+        if c != Some(n as i128) {
+            bail!(
+                ErrFormat,
+                "split GGUF: {}: split.count is {}, the set has {n} shards",
+                s.name,
+                c.map_or("absent".into(), |v| v.to_string())
+            );
+        }
+        Ok(())
+    }
+
+    /// Where each tensor is (shard, entry); no tensor in two shards.
+    fn index_tensors(shards: &[Shard]) -> Result<HashMap<String, (usize, usize)>> {
         let mut tensors = HashMap::new();
         for (si, s) in shards.iter().enumerate() {
             for (ti, t) in s.header.tensors.iter().enumerate() {
@@ -341,6 +363,15 @@ impl GgufSet {
                 }
             }
         }
+        Ok(tensors)
+    }
+
+    /// A split set holds the tensors its first shard's
+    /// split.tensors.count says (when stated and not negative).
+    fn check_tensor_count(
+        shards: &[Shard],
+        tensors: &HashMap<String, (usize, usize)>,
+    ) -> Result<()> {
         if shards.len() > 1 {
             if let Some(total) = shards[0].split_key("split.tensors.count")? {
                 if total >= 0 && total != tensors.len() as i128 {
@@ -354,7 +385,7 @@ impl GgufSet {
                 }
             }
         }
-        Ok(GgufSet { shards, tensors })
+        Ok(())
     }
 
     /// The first shard's header (all metadata is there).
