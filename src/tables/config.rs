@@ -200,65 +200,11 @@ impl EngramConfig {
         let l = Lookup {
             scopes: scopes(&root),
         };
-        let layer_ids = l.uints("layer ids")?;
-        let layer_ids = l.required("layer ids", layer_ids)?;
-        let layer_ids = layer_ids
-            .iter()
-            .map(|&x| {
-                u32::try_from(x).map_err(|_| bad(format!("config.json: layer id {x} is too large")))
-            })
-            .collect::<Result<Vec<u32>>>()?;
-        if layer_ids.is_empty() {
-            bail!(
-                ErrInvalidConfig,
-                "config.json: the engram layer id list is empty"
-            );
-        }
-        let max_ngram = l.uint("max n-gram size")?;
-        let max_ngram = l.required("max n-gram size", max_ngram)? as usize;
-        if !(2..=64).contains(&max_ngram) {
-            bail!(
-                ErrInvalidConfig,
-                "config.json: max n-gram size {max_ngram} (2 to 64)"
-            );
-        }
-        let n_heads = l.uint("heads per n-gram")?;
-        let n_heads = l.required("heads per n-gram", n_heads)? as usize;
-        if !(1..=1024).contains(&n_heads) {
-            bail!(
-                ErrInvalidConfig,
-                "config.json: {n_heads} heads per n-gram (1 to 1024)"
-            );
-        }
-        let vocab_per_ngram = match l.get("table size per n-gram") {
-            None => l.required("table size per n-gram", None)?,
-            Some((n, v)) => {
-                let sizes = if let Some(x) = v.as_u64() {
-                    vec![x; max_ngram - 1]
-                } else {
-                    l.uints("table size per n-gram")?.unwrap_or_default()
-                };
-                if sizes.len() != max_ngram - 1 {
-                    bail!(
-                        ErrInvalidConfig,
-                        "config.json: {n} has {} sizes, max n-gram size {max_ngram} needs {} (one per n-gram size 2..={max_ngram}) or one integer",
-                        sizes.len(),
-                        max_ngram - 1
-                    );
-                }
-                if let Some(&s) = sizes.iter().find(|&&s| s == 0 || s > 1 << 62) {
-                    bail!(ErrInvalidConfig, "config.json: {n} holds {s} (1 to 2^62)");
-                }
-                sizes
-            }
-        };
-        let pad = l.uint("pad token id")?;
-        let pad_token_id = l.required("pad token id", pad)?;
-        let pad_token_id = u32::try_from(pad_token_id).map_err(|_| {
-            bad(format!(
-                "config.json: pad token id {pad_token_id} is too large"
-            ))
-        })?;
+        let layer_ids = l.layer_ids()?;
+        let max_ngram = l.max_ngram()?;
+        let n_heads = l.n_heads()?;
+        let vocab_per_ngram = l.vocab_per_ngram(max_ngram)?;
+        let pad_token_id = l.pad_token_id()?;
         let seed = l.uint("seed")?.unwrap_or(0);
         let head_dim = match l.uint("head dim")? {
             Some(h) => Some(h as usize),
@@ -268,32 +214,8 @@ impl EngramConfig {
         };
         let hidden_size = l.uint("hidden size")?.map(|x| x as usize);
         let hc = l.uint("hyper-connection streams")?.map(|x| x as usize);
-        let num_embeddings = l.uints("rows per layer (checked)")?;
-        if let Some(ne) = &num_embeddings {
-            if ne.len() != layer_ids.len() {
-                bail!(
-                    ErrInvalidConfig,
-                    "config.json: engram_num_embeddings has {} entries for {} engram layers",
-                    ne.len(),
-                    layer_ids.len()
-                );
-            }
-        }
-        let weight_block_size = match root
-            .get("quantization_config")
-            .and_then(|q| q.get("weight_block_size"))
-        {
-            None => None,
-            Some(v) => match v.as_array().map(|a| a.iter().map(Value::as_u64).collect::<Vec<_>>()) {
-                Some(a) if a.len() == 2 && a.iter().all(|x| x.is_some_and(|x| (1..=1 << 16).contains(&x))) => {
-                    Some([a[0].unwrap_or(1), a[1].unwrap_or(1)])
-                }
-                _ => bail!(
-                    ErrInvalidConfig,
-                    "config.json: quantization_config.weight_block_size = {v} is not two block sizes"
-                ),
-            },
-        };
+        let num_embeddings = l.num_embeddings(layer_ids.len())?;
+        let weight_block_size = weight_block_size(&root)?;
         Ok(EngramConfig {
             weight_block_size,
             layer_ids,
@@ -321,5 +243,133 @@ impl EngramConfig {
         })?;
         EngramConfig::from_json(&text)
             .map_err(|e| Error::new(e.status, format!("{}: {}", path.display(), e.message)))
+    }
+}
+
+/// The fields of [`EngramConfig`] that take more than a lookup: required,
+/// converted and range-checked.
+impl Lookup<'_> {
+    /// The engram layer ids: present, not empty, each a u32.
+    fn layer_ids(&self) -> Result<Vec<u32>> {
+        let layer_ids = self.uints("layer ids")?;
+        let layer_ids = self.required("layer ids", layer_ids)?;
+        let layer_ids = layer_ids
+            .iter()
+            .map(|&x| {
+                u32::try_from(x).map_err(|_| bad(format!("config.json: layer id {x} is too large")))
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        if layer_ids.is_empty() {
+            bail!(
+                ErrInvalidConfig,
+                "config.json: the engram layer id list is empty"
+            );
+        }
+        Ok(layer_ids)
+    }
+
+    /// N: present, 2 to 64.
+    fn max_ngram(&self) -> Result<usize> {
+        let max_ngram = self.uint("max n-gram size")?;
+        let max_ngram = self.required("max n-gram size", max_ngram)? as usize;
+        if !(2..=64).contains(&max_ngram) {
+            bail!(
+                ErrInvalidConfig,
+                "config.json: max n-gram size {max_ngram} (2 to 64)"
+            );
+        }
+        Ok(max_ngram)
+    }
+
+    /// H: present, 1 to 1024.
+    fn n_heads(&self) -> Result<usize> {
+        let n_heads = self.uint("heads per n-gram")?;
+        let n_heads = self.required("heads per n-gram", n_heads)? as usize;
+        if !(1..=1024).contains(&n_heads) {
+            bail!(
+                ErrInvalidConfig,
+                "config.json: {n_heads} heads per n-gram (1 to 1024)"
+            );
+        }
+        Ok(n_heads)
+    }
+
+    /// The table size per n-gram size: one integer for all, or one per
+    /// n-gram size 2..=N, each 1 to 2^62.
+    fn vocab_per_ngram(&self, max_ngram: usize) -> Result<Vec<u64>> {
+        let Some((n, v)) = self.get("table size per n-gram") else {
+            return self.required("table size per n-gram", None);
+        };
+        let sizes = if let Some(x) = v.as_u64() {
+            vec![x; max_ngram - 1]
+        } else {
+            self.uints("table size per n-gram")?.unwrap_or_default()
+        };
+        if sizes.len() != max_ngram - 1 {
+            bail!(
+                ErrInvalidConfig,
+                "config.json: {n} has {} sizes, max n-gram size {max_ngram} needs {} (one per n-gram size 2..={max_ngram}) or one integer",
+                sizes.len(),
+                max_ngram - 1
+            );
+        }
+        if let Some(&s) = sizes.iter().find(|&&s| s == 0 || s > 1 << 62) {
+            bail!(ErrInvalidConfig, "config.json: {n} holds {s} (1 to 2^62)");
+        }
+        Ok(sizes)
+    }
+
+    /// The raw pad token id: present, a u32.
+    fn pad_token_id(&self) -> Result<u32> {
+        let pad = self.uint("pad token id")?;
+        let pad_token_id = self.required("pad token id", pad)?;
+        u32::try_from(pad_token_id).map_err(|_| {
+            bad(format!(
+                "config.json: pad token id {pad_token_id} is too large"
+            ))
+        })
+    }
+
+    /// The rows per layer, when stated: one per engram layer.
+    fn num_embeddings(&self, n_layers: usize) -> Result<Option<Vec<u64>>> {
+        let num_embeddings = self.uints("rows per layer (checked)")?;
+        if let Some(ne) = &num_embeddings {
+            if ne.len() != n_layers {
+                bail!(
+                    ErrInvalidConfig,
+                    "config.json: engram_num_embeddings has {} entries for {} engram layers",
+                    ne.len(),
+                    n_layers
+                );
+            }
+        }
+        Ok(num_embeddings)
+    }
+}
+
+/// `quantization_config.weight_block_size`, when given: two block sizes,
+/// each 1 to 2^16.
+fn weight_block_size(root: &Value) -> Result<Option<[u64; 2]>> {
+    let Some(v) = root
+        .get("quantization_config")
+        .and_then(|q| q.get("weight_block_size"))
+    else {
+        return Ok(None);
+    };
+    match v
+        .as_array()
+        .map(|a| a.iter().map(Value::as_u64).collect::<Vec<_>>())
+    {
+        Some(a)
+            if a.len() == 2
+                && a.iter()
+                    .all(|x| x.is_some_and(|x| (1..=1 << 16).contains(&x))) =>
+        {
+            Ok(Some([a[0].unwrap_or(1), a[1].unwrap_or(1)]))
+        }
+        _ => bail!(
+            ErrInvalidConfig,
+            "config.json: quantization_config.weight_block_size = {v} is not two block sizes"
+        ),
     }
 }
