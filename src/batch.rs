@@ -293,94 +293,23 @@ pub fn check_layer<'w>(
     let layer_id = w.layer_id;
     let rows = w.table.rows;
     let format = EngramType::row_format(w.table.ty, g.hd)?;
-    let too_large = |what: &str| {
-        Error::new(
-            EngramStatus::ErrInvalidArgument,
-            format!("layer {layer_id}: {what} is too large"),
-        )
-    };
-    let source = match w.table.source {
-        TableSource::Memory(r) => {
-            if r.is_null() {
-                bail!(ErrNullArgument, "weights.table is NULL");
-            }
-            TableSource::Memory(r)
-        }
-        f @ TableSource::File { .. } => f,
-    };
     // The arrays' bytes per row: one array, or codes and scales (split fp8).
     let (rb, scale_rb) = format.planes(g.hd);
-    let bytes = |per_row: usize, what: &str| {
-        rows.checked_mul(per_row as u64)
-            .filter(|&b| b <= isize::MAX as u64)
-            .ok_or_else(|| too_large(&format!("{what}: {rows} rows of {per_row} bytes")))
-    };
-    let table = bytes(rb, "the table")?;
-    let source = match source {
-        TableSource::Memory(r) => {
-            TableSource::Memory(r.sized(table as usize, 1, "weights.table")?)
-        }
-        f => f,
-    };
-    let (scales, scales_bytes) = match (scale_rb, w.table.scales) {
-        (None, None) => (None, 0),
-        (None, Some(_)) => bail!(
-            ErrInvalidArgument,
-            "weights.table_scales is set, but a {} table keeps its scales in its rows \
-             (only ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT takes a separate scale array)",
-            format.name()
-        ),
-        (Some(_), None) => bail!(
-            ErrNullArgument,
-            "weights.table_scales is NULL: a {} table needs its e8m0 scale array",
-            format.name()
-        ),
-        (Some(srb), Some(src)) => {
-            let n = bytes(srb, "the table's scales")?;
-            let src = match src {
-                TableSource::Memory(r) => {
-                    if r.is_null() {
-                        bail!(
-                            ErrNullArgument,
-                            "weights.table_scales is NULL: a {} table needs its e8m0 scale array",
-                            format.name()
-                        );
-                    }
-                    TableSource::Memory(r.sized(n as usize, 1, "weights.table_scales")?)
-                }
-                f => f,
-            };
-            (Some(src), n)
-        }
-    };
-    // A weight's type, then its region: `(type, bytes, region)`.
-    let weight =
-        |r: Region<'w>, ty: u32, rows: usize, row_len: usize, quant_ok: bool, what: &str| {
-            let f = if quant_ok {
-                WeightFormat::new(ty, row_len, what)?
-            } else {
-                WeightFormat::Dense(WeightDtype::new(ty, what)?)
-            };
-            let bytes = f.bytes(rows, row_len).ok_or_else(|| too_large(what))?;
-            let align = match f {
-                WeightFormat::Dense(d) => d.size(),
-                WeightFormat::Quant(_) | WeightFormat::Fp8Block => 1,
-            };
-            let t = EngramType::from_u32(ty).expect("a weight format is a type");
-            Ok::<_, Error>((t, bytes, r.sized(bytes, align, what)?))
-        };
+    let sizes = TableSizes { layer_id, rows };
+    let (source, table) = table_codes(w.table.source, &sizes, rb)?;
+    let (scales, scales_bytes) = table_scales(w.table.scales, &sizes, format, scale_rb)?;
     let (wkv_type, wkv_bytes, wkv) = weight(
+        layer_id,
         w.wkv,
         w.wkv_type,
-        shape.k_out,
-        shape.k_in,
+        (shape.k_out, shape.k_in),
         true,
         "weights.wkv",
     )?;
     let (wkv_scales, wkv_block, wkv_scales_bytes) =
         wkv_scales(wkv_type, w.wkv_scales, w.wkv_block, shape)?;
-    let (qk_type, qk_bytes, q) = weight(w.q, w.qk_type, g.hc, g.d, false, "weights.q")?;
-    let (_, _, k) = weight(w.k, w.qk_type, g.hc, g.d, false, "weights.k")?;
+    let (qk_type, qk_bytes, q) = weight(layer_id, w.q, w.qk_type, (g.hc, g.d), false, "weights.q")?;
+    let (_, _, k) = weight(layer_id, w.k, w.qk_type, (g.hc, g.d), false, "weights.k")?;
     if rows < rows_needed {
         bail!(
             ErrInvalidConfig,
@@ -409,6 +338,125 @@ pub fn check_layer<'w>(
             qk: qk_bytes,
         },
     })
+}
+
+/// `layer {layer_id}: {what} is too large`.
+fn too_large(layer_id: u32, what: &str) -> Error {
+    Error::new(
+        EngramStatus::ErrInvalidArgument,
+        format!("layer {layer_id}: {what} is too large"),
+    )
+}
+
+/// A layer's table: its id and rows, for sizing its arrays.
+struct TableSizes {
+    layer_id: u32,
+    rows: u64,
+}
+
+impl TableSizes {
+    /// The bytes of an array of `per_row` bytes a row (at most `isize::MAX`).
+    fn bytes(&self, per_row: usize, what: &str) -> Result<u64> {
+        let rows = self.rows;
+        rows.checked_mul(per_row as u64)
+            .filter(|&b| b <= isize::MAX as u64)
+            .ok_or_else(|| {
+                too_large(
+                    self.layer_id,
+                    &format!("{what}: {rows} rows of {per_row} bytes"),
+                )
+            })
+    }
+}
+
+/// The table's codes (or its whole rows): non-NULL and sized in memory, or
+/// a file. Returns the source and its bytes.
+fn table_codes<'w>(
+    source: TableSource<'w>,
+    sizes: &TableSizes,
+    rb: usize,
+) -> Result<(TableSource<'w>, u64)> {
+    if let TableSource::Memory(r) = &source {
+        if r.is_null() {
+            bail!(ErrNullArgument, "weights.table is NULL");
+        }
+    }
+    let table = sizes.bytes(rb, "the table")?;
+    let source = match source {
+        TableSource::Memory(r) => {
+            TableSource::Memory(r.sized(table as usize, 1, "weights.table")?)
+        }
+        f => f,
+    };
+    Ok((source, table))
+}
+
+/// The table's separate scale array: required (non-NULL, sized) for the
+/// split fp8 format, refused for every other. Returns it and its bytes.
+fn table_scales<'w>(
+    scales: Option<TableSource<'w>>,
+    sizes: &TableSizes,
+    format: EngramType,
+    scale_rb: Option<usize>,
+) -> Result<(Option<TableSource<'w>>, u64)> {
+    Ok(match (scale_rb, scales) {
+        (None, None) => (None, 0),
+        (None, Some(_)) => bail!(
+            ErrInvalidArgument,
+            "weights.table_scales is set, but a {} table keeps its scales in its rows \
+             (only ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT takes a separate scale array)",
+            format.name()
+        ),
+        (Some(_), None) => bail!(
+            ErrNullArgument,
+            "weights.table_scales is NULL: a {} table needs its e8m0 scale array",
+            format.name()
+        ),
+        (Some(srb), Some(src)) => {
+            let n = sizes.bytes(srb, "the table's scales")?;
+            let src = match src {
+                TableSource::Memory(r) => {
+                    if r.is_null() {
+                        bail!(
+                            ErrNullArgument,
+                            "weights.table_scales is NULL: a {} table needs its e8m0 scale array",
+                            format.name()
+                        );
+                    }
+                    TableSource::Memory(r.sized(n as usize, 1, "weights.table_scales")?)
+                }
+                f => f,
+            };
+            (Some(src), n)
+        }
+    })
+}
+
+/// A weight's type, then its region, `[rows, row_len]`: `(type, bytes,
+/// region)`. `quant_ok`: the GGUF block formats are accepted (else only
+/// the dense ones).
+fn weight<'w>(
+    layer_id: u32,
+    r: Region<'w>,
+    ty: u32,
+    (rows, row_len): (usize, usize),
+    quant_ok: bool,
+    what: &str,
+) -> Result<(EngramType, usize, Region<'w>)> {
+    let f = if quant_ok {
+        WeightFormat::new(ty, row_len, what)?
+    } else {
+        WeightFormat::Dense(WeightDtype::new(ty, what)?)
+    };
+    let bytes = f
+        .bytes(rows, row_len)
+        .ok_or_else(|| too_large(layer_id, what))?;
+    let align = match f {
+        WeightFormat::Dense(d) => d.size(),
+        WeightFormat::Quant(_) | WeightFormat::Fp8Block => 1,
+    };
+    let t = EngramType::from_u32(ty).expect("a weight format is a type");
+    Ok((t, bytes, r.sized(bytes, align, what)?))
 }
 
 /// `wkv`'s block scales: required (non-NULL, a positive block shape, sized)
