@@ -64,112 +64,148 @@ pub struct HashTablesIn<'a> {
     pub offsets: &'a [u64],
 }
 
-impl HashTables {
-    pub fn new(t: &HashTablesIn<'_>) -> Result<HashTables> {
-        let nl = t.layer_ids.len();
-        if nl == 0 {
-            bail!(ErrInvalidConfig, "no engram layers (n_layers = 0)");
-        }
-        // Sorted, so that a caller's long list costs n log n, not n^2.
-        let mut sorted = try_map(t.layer_ids, |&a| a, "layer_ids")?;
-        sorted.sort_unstable();
-        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+/// At least one layer, and no layer id twice.
+fn check_layer_ids(layer_ids: &[u32]) -> Result<()> {
+    if layer_ids.is_empty() {
+        bail!(ErrInvalidConfig, "no engram layers (n_layers = 0)");
+    }
+    // Sorted, so that a caller's long list costs n log n, not n^2.
+    let mut sorted = try_map(layer_ids, |&a| a, "layer_ids")?;
+    sorted.sort_unstable();
+    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+        bail!(
+            ErrInvalidConfig,
+            "engram layer id {} appears twice in layer_ids",
+            w[0]
+        );
+    }
+    Ok(())
+}
+
+/// N in 2..=64 and H in 1..=1024.
+fn check_geometry(t: &HashTablesIn<'_>) -> Result<()> {
+    if t.max_ngram < 2 {
+        bail!(
+            ErrInvalidConfig,
+            "max_ngram is {}, must be at least 2",
+            t.max_ngram
+        );
+    }
+    if t.n_heads == 0 {
+        bail!(ErrInvalidConfig, "n_heads is 0");
+    }
+    if t.max_ngram > 64 || t.n_heads > 1024 {
+        bail!(
+            ErrInvalidConfig,
+            "max_ngram {} / n_heads {} out of range (at most 64 / 1024)",
+            t.max_ngram,
+            t.n_heads
+        );
+    }
+    Ok(())
+}
+
+/// A token map of compressed ids or -1, and a compressed pad.
+fn check_token_map(t: &HashTablesIn<'_>) -> Result<()> {
+    if t.token_map.is_empty() {
+        bail!(ErrInvalidConfig, "token_map is empty");
+    }
+    if let Some(i) = t.token_map.iter().position(|&m| m < -1) {
+        bail!(
+            ErrInvalidConfig,
+            "token_map[{i}] = {} (entries are compressed ids >= 0, or -1)",
+            t.token_map[i]
+        );
+    }
+    if t.pad_id < 0 || t.pad_id > i32::MAX as i64 {
+        bail!(
+            ErrInvalidConfig,
+            "pad_id {} is not a compressed id",
+            t.pad_id
+        );
+    }
+    Ok(())
+}
+
+/// The constants hold one entry per layer and look-back (multipliers) or
+/// column (primes, offsets).
+fn check_lengths(t: &HashTablesIn<'_>) -> Result<()> {
+    let nl = t.layer_ids.len();
+    let cols = (t.max_ngram - 1) * t.n_heads;
+    let check_len = |name: &str, got: usize, want: usize| -> Result<()> {
+        if got != want {
             bail!(
                 ErrInvalidConfig,
-                "engram layer id {} appears twice in layer_ids",
-                w[0]
+                "{name} has {got} entries, expected {want} (n_layers {nl} x {})",
+                if name == "multipliers" {
+                    "max_ngram"
+                } else {
+                    "C"
+                }
             );
         }
-        drop(sorted);
-        if t.max_ngram < 2 {
-            bail!(
-                ErrInvalidConfig,
-                "max_ngram is {}, must be at least 2",
-                t.max_ngram
-            );
-        }
-        if t.n_heads == 0 {
-            bail!(ErrInvalidConfig, "n_heads is 0");
-        }
-        if t.max_ngram > 64 || t.n_heads > 1024 {
-            bail!(
-                ErrInvalidConfig,
-                "max_ngram {} / n_heads {} out of range (at most 64 / 1024)",
-                t.max_ngram,
-                t.n_heads
-            );
-        }
-        let cols = (t.max_ngram - 1) * t.n_heads;
-        if t.token_map.is_empty() {
-            bail!(ErrInvalidConfig, "token_map is empty");
-        }
-        if let Some(i) = t.token_map.iter().position(|&m| m < -1) {
-            bail!(
-                ErrInvalidConfig,
-                "token_map[{i}] = {} (entries are compressed ids >= 0, or -1)",
-                t.token_map[i]
-            );
-        }
-        if t.pad_id < 0 || t.pad_id > i32::MAX as i64 {
-            bail!(
-                ErrInvalidConfig,
-                "pad_id {} is not a compressed id",
-                t.pad_id
-            );
-        }
-        let check_len = |name: &str, got: usize, want: usize| -> Result<()> {
-            if got != want {
+        Ok(())
+    };
+    check_len("multipliers", t.multipliers.len(), nl * t.max_ngram)?;
+    check_len("primes", t.primes.len(), nl * cols)?;
+    check_len("offsets", t.offsets.len(), nl * cols)
+}
+
+/// SPEC section 1: the multipliers are odd (`draw * 2 + 1`); an even one
+/// (zero included) discards the high bits of the n-gram mix.
+fn check_multipliers(t: &HashTablesIn<'_>) -> Result<()> {
+    if let Some(i) = t.multipliers.iter().position(|&m| m % 2 == 0) {
+        bail!(
+            ErrInvalidConfig,
+            "multipliers[{i}] (layer {}, look-back {}) = {} is even; the multipliers are odd",
+            t.layer_ids[i / t.max_ngram],
+            i % t.max_ngram,
+            t.multipliers[i] as i64
+        );
+    }
+    Ok(())
+}
+
+/// Rows each layer's table needs (the largest `offset + prime` of its
+/// columns); every prime a positive i64 and no end past i64.
+fn rows_needed(t: &HashTablesIn<'_>) -> Result<Vec<u64>> {
+    let cols = (t.max_ngram - 1) * t.n_heads;
+    let mut rows_needed = try_vec(t.layer_ids.len(), 0u64, "layer_ids")?;
+    for (l, need_out) in rows_needed.iter_mut().enumerate() {
+        let mut need = 0u64;
+        for c in 0..cols {
+            let i = l * cols + c;
+            let (p, o) = (t.primes[i], t.offsets[i]);
+            if p == 0 || p > i64::MAX as u64 {
                 bail!(
                     ErrInvalidConfig,
-                    "{name} has {got} entries, expected {want} (n_layers {nl} x {})",
-                    if name == "multipliers" {
-                        "max_ngram"
-                    } else {
-                        "C"
-                    }
+                    "primes[{i}] (layer {}, column {c}) = {p} is not a positive i64",
+                    t.layer_ids[l]
                 );
             }
-            Ok(())
-        };
-        check_len("multipliers", t.multipliers.len(), nl * t.max_ngram)?;
-        check_len("primes", t.primes.len(), nl * cols)?;
-        check_len("offsets", t.offsets.len(), nl * cols)?;
-        // SPEC section 1: the multipliers are odd (`draw * 2 + 1`); an even
-        // one (zero included) discards the high bits of the n-gram mix.
-        if let Some(i) = t.multipliers.iter().position(|&m| m % 2 == 0) {
-            bail!(
-                ErrInvalidConfig,
-                "multipliers[{i}] (layer {}, look-back {}) = {} is even; the multipliers are odd",
-                t.layer_ids[i / t.max_ngram],
-                i % t.max_ngram,
-                t.multipliers[i] as i64
-            );
+            let end = o.checked_add(p).filter(|&e| e <= i64::MAX as u64);
+            let Some(end) = end else {
+                bail!(
+                    ErrInvalidConfig,
+                    "offsets[{i}] + primes[{i}] overflows i64 (layer {}, column {c})",
+                    t.layer_ids[l]
+                );
+            };
+            need = need.max(end);
         }
-        let mut rows_needed = try_vec(nl, 0u64, "layer_ids")?;
-        for (l, need_out) in rows_needed.iter_mut().enumerate() {
-            let mut need = 0u64;
-            for c in 0..cols {
-                let i = l * cols + c;
-                let (p, o) = (t.primes[i], t.offsets[i]);
-                if p == 0 || p > i64::MAX as u64 {
-                    bail!(
-                        ErrInvalidConfig,
-                        "primes[{i}] (layer {}, column {c}) = {p} is not a positive i64",
-                        t.layer_ids[l]
-                    );
-                }
-                let end = o.checked_add(p).filter(|&e| e <= i64::MAX as u64);
-                let Some(end) = end else {
-                    bail!(
-                        ErrInvalidConfig,
-                        "offsets[{i}] + primes[{i}] overflows i64 (layer {}, column {c})",
-                        t.layer_ids[l]
-                    );
-                };
-                need = need.max(end);
-            }
-            *need_out = need;
-        }
+        *need_out = need;
+    }
+    Ok(rows_needed)
+}
+
+impl HashTables {
+    pub fn new(t: &HashTablesIn<'_>) -> Result<HashTables> {
+        check_layer_ids(t.layer_ids)?;
+        check_geometry(t)?;
+        check_token_map(t)?;
+        check_lengths(t)?;
+        check_multipliers(t)?;
+        let rows_needed = rows_needed(t)?;
         // Every copy is as long as a caller or a file said: allocated fallibly.
         let inv_primes = if t.primes.iter().all(|&p| (1 << 14..1 << 62).contains(&p)) {
             Some(try_map(t.primes, |&p| 1.0 / p as f64, "primes")?)
