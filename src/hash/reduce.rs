@@ -142,7 +142,10 @@ pub(crate) mod simd {
         dst: *mut i64,
         h: usize,
     ) {
-        // SAFETY: the contract above.
+        // SAFETY: the caller has avx512f and avx512dq, which every intrinsic here needs;
+        // `h` is a multiple of 8, so each 8-lane load at `pp`, `ip`, `op`
+        // `+ j` and store at `dst + j` (`j + 8 <= h`) stays inside the `h`
+        // values each pointer has.
         unsafe {
             let x = _mm512_set1_epi64(rolling);
             let xf = _mm512_cvtepi64_pd(x);
@@ -238,7 +241,10 @@ pub(crate) mod narrow {
         dst: *mut i64,
         h: usize,
     ) {
-        // SAFETY: the contract above.
+        // SAFETY: the caller has avx2 and fma, which every intrinsic here needs;
+        // `h` is a multiple of 4, so each 4-lane load at `pp`, `ip`, `op`
+        // `+ j` and store at `dst + j` (`j + 4 <= h`) stays inside the `h`
+        // values each pointer has.
         unsafe {
             let xf = _mm256_broadcastsd_pd(_mm_cvtsi64_sd(_mm_setzero_pd(), rolling));
             let x = _mm256_set1_epi64x(rolling);
@@ -266,8 +272,9 @@ pub(crate) mod narrow {
     /// tests.
     ///
     /// # Safety
-    /// The CPU must have avx2 and fma; the slices hold a multiple of 4; every
-    /// prime lies in [`super::NARROW_PRIMES`].
+    /// The CPU must have avx2 and fma; `out` holds a multiple of 4 values and
+    /// the other slices at least as many; every prime lies in
+    /// [`super::NARROW_PRIMES`].
     #[cfg(test)]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn columns(
@@ -277,7 +284,10 @@ pub(crate) mod narrow {
         offsets: &[i64],
         out: &mut [i64],
     ) {
-        // SAFETY: the caller upholds this function's `# Safety` contract.
+        // SAFETY: `cols` needs avx2 and fma (this function's target features,
+        // which the caller's CPU has) and `h = out.len()` a multiple of 4; it
+        // reads `h` values from each of `primes`, `inv` and `offsets`, which the
+        // caller makes as long as `out`, and writes `h` into `out`.
         unsafe {
             let (pp, ip, op) = (primes.as_ptr(), inv.as_ptr(), offsets.as_ptr());
             cols(rolling, pp, ip, op, out.as_mut_ptr(), out.len());
@@ -340,7 +350,10 @@ pub(crate) mod wide {
         dst: *mut i64,
         h: usize,
     ) {
-        // SAFETY: the contract above.
+        // SAFETY: the caller has avx512f and avx512dq, which every intrinsic here needs;
+        // `h` is a multiple of 8, so each 8-lane load at `pp`, `ip`, `op`
+        // `+ j` and store at `dst + j` (`j + 8 <= h`) stays inside the `h`
+        // values each pointer has.
         unsafe {
             for j in (0..h).step_by(8) {
                 let p = _mm512_loadu_si512(pp.add(j) as *const _);
@@ -357,7 +370,9 @@ pub(crate) mod wide {
     /// avx512f and avx512dq; every prime in [`super::NARROW_PRIMES`].
     #[inline(always)]
     unsafe fn col8(rolling: i64, p: __m512i, iv: __m512d, o: __m512i) -> __m512i {
-        // SAFETY: the contract above.
+        // SAFETY: register arithmetic on the arguments only, no memory read
+        // or written; the AVX-512 F and DQ instructions it uses are the
+        // features this function's caller has (its contract).
         unsafe {
             let x = _mm512_set1_epi64(rolling);
             // The same round-to-nearest conversion as `rolling as f64`.
@@ -373,8 +388,9 @@ pub(crate) mod wide {
     /// tests.
     ///
     /// # Safety
-    /// The CPU must have avx512f and avx512dq; the slices hold a multiple of
-    /// 8; every prime lies in [`super::NARROW_PRIMES`].
+    /// The CPU must have avx512f and avx512dq; `out` holds a multiple of 8
+    /// values and the other slices at least as many; every prime lies in
+    /// [`super::NARROW_PRIMES`].
     #[cfg(test)]
     #[target_feature(enable = "avx512f,avx512dq")]
     pub unsafe fn columns(
@@ -384,7 +400,10 @@ pub(crate) mod wide {
         offsets: &[i64],
         out: &mut [i64],
     ) {
-        // SAFETY: the caller upholds this function's `# Safety` contract.
+        // SAFETY: `cols` needs avx512f and avx512dq (this function's target features,
+        // which the caller's CPU has) and `h = out.len()` a multiple of 8; it
+        // reads `h` values from each of `primes`, `inv` and `offsets`, which the
+        // caller makes as long as `out`, and writes `h` into `out`.
         unsafe {
             let (pp, ip, op) = (primes.as_ptr(), inv.as_ptr(), offsets.as_ptr());
             cols(rolling, pp, ip, op, out.as_mut_ptr(), out.len());

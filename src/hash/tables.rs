@@ -362,18 +362,27 @@ impl HashTables {
                 wide::runs(xs, runs, nn, h, m, pr, inv, of, ROW_ID_DEAD, out)
             },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above: avx2 and fma, `n_heads` a multiple of 4,
-            // every prime in NARROW_PRIMES.
+            // SAFETY: `path` is Avx2Narrow only when `allows` found avx2 and
+            // fma, `n_heads` a multiple of 4 and every prime in
+            // NARROW_PRIMES (the 32-bit correction is exact for them); the
+            // runs and `out` are checked above; the tables hold L*N
+            // multipliers and L*C columns (`new`).
             (Some(inv), HashPath::Avx2Narrow) => unsafe {
                 narrow::runs(xs, runs, nn, h, m, pr, inv, of, ROW_ID_DEAD, out)
             },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above: avx512f and avx512dq, `n_heads` a multiple of 8.
+            // SAFETY: `path` is Avx512 only when `allows` found avx512f and
+            // avx512dq and `n_heads` a multiple of 8 (the 64-bit correction
+            // takes any prime in [2^14, 2^62), which `inv` being `Some`
+            // guarantees); the runs and `out` are checked above; the tables
+            // hold L*N multipliers and L*C columns (`new`).
             (Some(inv), HashPath::Avx512) => unsafe {
                 simd::runs(xs, runs, nn, h, m, pr, inv, of, ROW_ID_DEAD, out)
             },
-            // SAFETY: the runs and `out` are checked above; each call writes
-            // columns `c..c + H` of the row, inside its `L*C`.
+            // SAFETY: `slide` needs no CPU feature; the runs and `out` are
+            // checked above and the tables hold L*N multipliers (`new`); the
+            // closure writes columns `c..c + H` of the row, inside its `L*C`,
+            // and `pr`, `inv` and `of` hold L*C entries, so `j` stays in them.
             (Some(inv), HashPath::Scalar) => unsafe {
                 slide::<0, 0, 0>(xs, runs, nn, h, m, ROW_ID_DEAD, out, |x, c, row, h| {
                     for j in c..c + h {
@@ -381,7 +390,10 @@ impl HashTables {
                     }
                 })
             },
-            // SAFETY: as for Scalar.
+            // SAFETY: `slide` needs no CPU feature; the runs and `out` are
+            // checked above and the tables hold L*N multipliers (`new`); the
+            // closure writes columns `c..c + H` of the row, inside its `L*C`,
+            // and `pr` and `of` hold L*C entries, so `j` stays in them.
             _ => unsafe {
                 slide::<0, 0, 0>(xs, runs, nn, h, m, ROW_ID_DEAD, out, |x, c, row, h| {
                     for j in c..c + h {
