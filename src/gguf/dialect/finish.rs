@@ -553,60 +553,17 @@ impl Partial {
             });
         };
         let v = p.value;
-        let as_raw = || -> Result<i64> {
-            let Some(&c) = usize::try_from(v).ok().and_then(|i| token_map.get(i)) else {
-                bail!(
-                    ErrFormat,
-                    "{} = {v} is a raw token id outside the token map's {} tokens",
-                    p.key,
-                    token_map.len()
-                );
-            };
-            if c < 0 {
-                bail!(
-                    ErrFormat,
-                    "{} = {v} is a raw token id that the token map leaves out (-1)",
-                    p.key
-                );
-            }
-            Ok(c as i64)
-        };
-        let as_compressed = || -> Result<i64> {
-            i64::try_from(v)
-                .ok()
-                .filter(|&c| c <= i32::MAX as i64)
-                .ok_or_else(|| fmt_err(format!("{} = {v} is not a compressed id", p.key)))
-        };
+        let key = PadKey { p, token_map };
         let (compressed, how) = match reading {
             PadReading::Compressed => (
-                as_compressed()?,
+                key.as_compressed()?,
                 "a compressed id in this dialect".to_string(),
             ),
             PadReading::Raw => (
-                as_raw()?,
+                key.as_raw()?,
                 format!("a raw token id in this dialect: token_map[{v}]"),
             ),
-            PadReading::Ambiguous => {
-                let c = as_compressed()?;
-                let r = as_raw().ok();
-                match (r, from_companion) {
-                    (Some(r), _) if r == c => (
-                        c,
-                        format!("ambiguous in this dialect; both readings give {c} (token_map[{v}] = {v})"),
-                    ),
-                    (_, Some(x)) if x == c => (c, "ambiguous in this dialect; the config + tokenizer say compressed".into()),
-                    (Some(r), Some(x)) if x == r => (r, format!("ambiguous in this dialect; the config + tokenizer say raw: token_map[{v}]")),
-                    (r, _) => bail!(
-                        ErrInvalidConfig,
-                        "{} = {v} is ambiguous in this dialect (the same key holds a compressed id in vcruz305's files \
-                         and a raw token id in deepstrix's): read as a compressed id the pad is {c}, read as a raw \
-                         token id it is {}; the two differ, so the loader will not guess: pass the model's \
-                         config.json and tokenizer.json to decide",
-                        p.key,
-                        r.map_or("outside the token map".into(), |r| format!("token_map[{v}] = {r}"))
-                    ),
-                }
-            }
+            PadReading::Ambiguous => key.ambiguous(from_companion)?,
         };
         if let Some(x) = from_companion {
             if x != compressed {
@@ -624,6 +581,70 @@ impl Partial {
             reading: *reading,
             compressed,
             how,
+        })
+    }
+}
+
+/// The file's pad key and the token map it may index: its two readings.
+struct PadKey<'a> {
+    p: &'a Named<u64>,
+    token_map: &'a [i32],
+}
+
+impl PadKey<'_> {
+    /// The pad read as a raw token id: its entry in the token map.
+    fn as_raw(&self) -> Result<i64> {
+        let (p, v) = (self.p, self.p.value);
+        let Some(&c) = usize::try_from(v).ok().and_then(|i| self.token_map.get(i)) else {
+            bail!(
+                ErrFormat,
+                "{} = {v} is a raw token id outside the token map's {} tokens",
+                p.key,
+                self.token_map.len()
+            );
+        };
+        if c < 0 {
+            bail!(
+                ErrFormat,
+                "{} = {v} is a raw token id that the token map leaves out (-1)",
+                p.key
+            );
+        }
+        Ok(c as i64)
+    }
+
+    /// The pad read as a compressed id.
+    fn as_compressed(&self) -> Result<i64> {
+        let (p, v) = (self.p, self.p.value);
+        i64::try_from(v)
+            .ok()
+            .filter(|&c| c <= i32::MAX as i64)
+            .ok_or_else(|| fmt_err(format!("{} = {v} is not a compressed id", p.key)))
+    }
+
+    /// A key that is a compressed id in one dialect and a raw token id in
+    /// another: the reading both agree on, or the one the companion files
+    /// confirm; refused when neither settles it.
+    fn ambiguous(&self, from_companion: Option<i64>) -> Result<(i64, String)> {
+        let (p, v) = (self.p, self.p.value);
+        let c = self.as_compressed()?;
+        let r = self.as_raw().ok();
+        Ok(match (r, from_companion) {
+            (Some(r), _) if r == c => (
+                c,
+                format!("ambiguous in this dialect; both readings give {c} (token_map[{v}] = {v})"),
+            ),
+            (_, Some(x)) if x == c => (c, "ambiguous in this dialect; the config + tokenizer say compressed".into()),
+            (Some(r), Some(x)) if x == r => (r, format!("ambiguous in this dialect; the config + tokenizer say raw: token_map[{v}]")),
+            (r, _) => bail!(
+                ErrInvalidConfig,
+                "{} = {v} is ambiguous in this dialect (the same key holds a compressed id in vcruz305's files \
+                 and a raw token id in deepstrix's): read as a compressed id the pad is {c}, read as a raw \
+                 token id it is {}; the two differ, so the loader will not guess: pass the model's \
+                 config.json and tokenizer.json to decide",
+                p.key,
+                r.map_or("outside the token map".into(), |r| format!("token_map[{v}] = {r}"))
+            ),
         })
     }
 }
