@@ -19,6 +19,7 @@ mod common;
 
 use common::bounds::*;
 use common::device::{device, emulated, Dev};
+use common::golden_calls as calls;
 use common::*;
 use engram::cuda::gpu::DevBuf;
 use engram::cuda::sys;
@@ -60,20 +61,6 @@ fn sync(dev: &Dev, s: sys::CUstream) {
 /// The tiny model's weights on the device.
 struct DevModel {
     layers: Vec<(DevBuf, DevBuf, DevBuf, DevBuf)>,
-}
-
-fn dense_bytes(d: &Dense) -> Vec<u8> {
-    match d {
-        Dense::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Dense::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-fn dense_type(d: &Dense) -> u32 {
-    match d {
-        Dense::F32(_) => EngramType::F32 as u32,
-        Dense::Bf16(_) => EngramType::Bf16 as u32,
-    }
 }
 
 fn dev_model(dev: &Dev, tiny: &Tiny) -> DevModel {
@@ -134,45 +121,6 @@ fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny, m: &DevModel, proj: Proj) -> Cont
     }
     ctx
 }
-
-struct Call {
-    tokens: Vec<i32>,
-    seq_ids: Vec<i32>,
-    pos: Vec<i32>,
-    dead: Vec<bool>,
-    highway: String,
-    layers: Vec<serde_json::Value>,
-}
-
-fn calls(tiny: &Tiny, regime: &str) -> Vec<Call> {
-    tiny.golden["regimes"][regime]["calls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| Call {
-            tokens: i32s(&c["tokens"]),
-            seq_ids: i32s(&c["seq_ids"]),
-            pos: i32s(&c["pos"]),
-            dead: c["dead"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|b| b.as_bool().unwrap())
-                .collect(),
-            highway: c["highway_name"].as_str().unwrap().to_string(),
-            layers: c["layers"].as_array().unwrap().clone(),
-        })
-        .collect()
-}
-
-const REGIMES: [&str; 6] = [
-    "prefill",
-    "decode",
-    "chunked",
-    "interleaved",
-    "rollback",
-    "dead",
-];
 
 /// Check `kv` (`[n, k_out]` bf16 of every token) of the live tokens against
 /// `want` (the golden's or the CPU backend's), each value within `kv_bound`.

@@ -20,23 +20,9 @@ use engram::cuda::emu::Emulator;
 use engram::cuda::gpu::DevBuf;
 use engram::cuda::gpu::Gpu;
 use engram::memory::Region;
-use engram::{Context, EngramBackend, EngramStatus, EngramType, LayerIn, RowIds};
+use engram::{Context, EngramBackend, EngramStatus, LayerIn, RowIds};
 use std::ffi::c_void;
 use std::sync::Arc;
-
-fn dense_bytes(d: &Dense) -> Vec<u8> {
-    match d {
-        Dense::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Dense::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-fn dense_type(d: &Dense) -> u32 {
-    match d {
-        Dense::F32(_) => EngramType::F32 as u32,
-        Dense::Bf16(_) => EngramType::Bf16 as u32,
-    }
-}
 
 /// A CUDA context of the tiny model on `dev`, no layers set.
 fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny) -> Context<'a> {

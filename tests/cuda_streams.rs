@@ -53,20 +53,6 @@ fn fake_stream(i: usize) -> *mut c_void {
     (0x1000 * i) as *mut c_void
 }
 
-fn dense_bytes(d: &Dense) -> Vec<u8> {
-    match d {
-        Dense::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Dense::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-fn dense_type(d: &Dense) -> u32 {
-    match d {
-        Dense::F32(_) => EngramType::F32 as u32,
-        Dense::Bf16(_) => EngramType::Bf16 as u32,
-    }
-}
-
 /// The tiny model's weights on the device, per layer: table, wkv, q, k.
 fn dev_model(dev: &Dev, tiny: &Tiny) -> Vec<[DevBuf; 4]> {
     tiny.layers

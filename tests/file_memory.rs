@@ -97,10 +97,7 @@ fn limited<T>(limit: usize, f: impl FnOnce() -> T) -> T {
 const MIB: usize = 1 << 20;
 
 fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("egfm-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch_dir("egfm", tag)
 }
 
 /// A copy of the tiny checkpoint with the real V4.1 tokenizer (6 MB).

@@ -42,14 +42,7 @@ fn eps() -> f32 {
 }
 
 fn options() -> GgufOptions {
-    GgufOptions {
-        limits: Tiny::limits(),
-        n_threads: 2,
-        backend: engram::EngramBackend::Cpu as u32,
-        device: 0,
-        eps: eps(),
-        tuning: Default::default(),
-    }
+    cpu_gguf_options(eps())
 }
 
 /// The name `expected.json` gives each dialect.

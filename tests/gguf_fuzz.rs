@@ -34,6 +34,14 @@ impl Rng {
     }
 }
 
+/// The message a caught panic carries (empty if it is not a string).
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
 /// Bytes of the header (everything before the tensor data): mutations there matter.
 fn header_len(b: &[u8]) -> usize {
     Gguf::parse(b).unwrap().data_offset as usize
@@ -142,11 +150,7 @@ fn header_parser_never_panics_on_mutated_files() {
                 Ok(Ok(())) => *stats.entry("ok".into()).or_default() += 1,
                 Ok(Err(e)) => *stats.entry(format!("{:?}", e.status)).or_default() += 1,
                 Err(p) => {
-                    let what = p
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default();
+                    let what = panic_text(&*p);
                     panic!("{name}, mutation {i} (seed {seed:#x}) panicked: {what}");
                 }
             }
@@ -347,11 +351,7 @@ fn every_dialect_survives_one_changed_field_at_a_time() {
                         *stats.entry(format!("{:?}", e.status)).or_default() += 1
                     }
                     Err(p) => {
-                        let what = p
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_default();
+                        let what = panic_text(&*p);
                         panic!("{name}, {} = {v:#x} panicked: {what}", f.what);
                     }
                 }

@@ -19,21 +19,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("engram-hostile-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch_dir("engram-hostile", tag)
 }
 
 fn options() -> GgufOptions {
-    GgufOptions {
-        limits: Tiny::limits(),
-        n_threads: 2,
-        backend: engram::EngramBackend::Cpu as u32,
-        device: 0,
-        eps: 1e-6,
-        tuning: Default::default(),
-    }
+    cpu_gguf_options(1e-6)
 }
 
 /// Hash a few tokens on `ctx`, apply every layer, cut `file` to `keep`

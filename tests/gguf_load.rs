@@ -15,14 +15,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn options() -> GgufOptions {
-    GgufOptions {
-        limits: Tiny::limits(),
-        n_threads: 2,
-        backend: engram::EngramBackend::Cpu as u32,
-        device: 0,
-        eps: f32::from_bits(0x358637bd), // f32(1e-6), as the golden
-        tuning: Default::default(),
-    }
+    cpu_gguf_options(f32::from_bits(0x358637bd)) // f32(1e-6), as the golden
 }
 
 /// Open a fixture (pread mode), with config + tokenizer tables if given.
@@ -47,21 +40,11 @@ type Call = (Vec<i32>, Vec<i32>, Vec<i32>, String, Vec<i64>);
 /// Every call of every regime, by regime name.
 fn all_calls(tiny: &Tiny) -> Vec<(String, Vec<Call>)> {
     let regs = tiny.golden["regimes"].as_object().unwrap();
-    regs.iter()
-        .map(|(name, r)| {
-            let calls = r["calls"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| {
-                    (
-                        i32s(&c["tokens"]),
-                        i32s(&c["seq_ids"]),
-                        i32s(&c["pos"]),
-                        c["highway_name"].as_str().unwrap().to_string(),
-                        ints(&c["ids"]),
-                    )
-                })
+    regs.keys()
+        .map(|name| {
+            let calls = golden_calls(tiny, name)
+                .into_iter()
+                .map(|c| (c.tokens, c.seq_ids, c.pos, c.highway, c.ids))
                 .collect();
             (name.clone(), calls)
         })

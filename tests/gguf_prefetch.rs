@@ -17,18 +17,9 @@ fn calls(tiny: &Tiny) -> Vec<Vec<Call>> {
     ["prefill", "decode", "interleaved", "dead"]
         .iter()
         .map(|r| {
-            tiny.golden["regimes"][r]["calls"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| {
-                    (
-                        i32s(&c["tokens"]),
-                        i32s(&c["seq_ids"]),
-                        i32s(&c["pos"]),
-                        c["highway_name"].as_str().unwrap().to_string(),
-                    )
-                })
+            golden_calls(tiny, r)
+                .into_iter()
+                .map(|c| (c.tokens, c.seq_ids, c.pos, c.highway))
                 .collect()
         })
         .collect()

@@ -7,6 +7,7 @@
 mod common;
 
 use common::bounds::*;
+use common::golden_calls as calls;
 use common::*;
 use engram::cpu::projection::Kernel;
 use engram::formats::{bf16_to_f32, dequant_row_bf16, f32_to_bf16};
@@ -70,47 +71,6 @@ fn formats_dequantise_bit_exactly() {
         }
     }
 }
-
-struct Call {
-    tokens: Vec<i32>,
-    seq_ids: Vec<i32>,
-    pos: Vec<i32>,
-    ids: Vec<i64>,
-    dead: Vec<bool>,
-    highway: String,
-    layers: Vec<serde_json::Value>,
-}
-
-fn calls(tiny: &Tiny, regime: &str) -> Vec<Call> {
-    tiny.golden["regimes"][regime]["calls"]
-        .as_array()
-        .unwrap_or_else(|| panic!("regime {regime}"))
-        .iter()
-        .map(|c| Call {
-            tokens: i32s(&c["tokens"]),
-            seq_ids: i32s(&c["seq_ids"]),
-            pos: i32s(&c["pos"]),
-            ids: ints(&c["ids"]),
-            dead: c["dead"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|b| b.as_bool().unwrap())
-                .collect(),
-            highway: c["highway_name"].as_str().unwrap().to_string(),
-            layers: c["layers"].as_array().unwrap().clone(),
-        })
-        .collect()
-}
-
-const REGIMES: [&str; 6] = [
-    "prefill",
-    "decode",
-    "chunked",
-    "interleaved",
-    "rollback",
-    "dead",
-];
 
 #[test]
 fn hash_ids_are_exact_in_every_regime() {

@@ -1,6 +1,7 @@
 //! Shared by the Rust tests: the golden's deterministic filler (see
-//! `tests/golden/README.md`), the tiny model rebuilt from it, and the golden
-//! data loaded from `tests/golden/data/`.
+//! `tests/golden/README.md`), the tiny model rebuilt from it, the golden
+//! data loaded from `tests/golden/data/` (its regimes' calls among them),
+//! the GGUF options and scratch directories the loader tests use.
 #![allow(dead_code)]
 
 pub mod bounds;
@@ -156,6 +157,22 @@ impl Dense {
             Dense::F32(v) => v.clone(),
             Dense::Bf16(v) => v.iter().map(|&b| engram::formats::bf16_to_f32(b)).collect(),
         }
+    }
+}
+
+/// A dense weight's bytes, little-endian (as a device copy holds them).
+pub fn dense_bytes(d: &Dense) -> Vec<u8> {
+    match d {
+        Dense::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Dense::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// A dense weight's `ENGRAM_TYPE_*`.
+pub fn dense_type(d: &Dense) -> u32 {
+    match d {
+        Dense::F32(_) => EngramType::F32 as u32,
+        Dense::Bf16(_) => EngramType::Bf16 as u32,
     }
 }
 
@@ -345,6 +362,76 @@ impl Tiny {
             .expect("set_layer");
         }
         ctx
+    }
+}
+
+// ---- the golden's calls, and GGUF options ----
+
+/// One call of a golden regime (`tiny.json`, `regimes.<name>.calls`).
+pub struct GoldenCall {
+    pub tokens: Vec<i32>,
+    pub seq_ids: Vec<i32>,
+    pub pos: Vec<i32>,
+    /// The golden row ids, `[n, n_layers, C]`.
+    pub ids: Vec<i64>,
+    pub dead: Vec<bool>,
+    /// The name of the highway the call starts from.
+    pub highway: String,
+    pub layers: Vec<Value>,
+}
+
+/// The golden's regimes.
+pub const REGIMES: [&str; 6] = [
+    "prefill",
+    "decode",
+    "chunked",
+    "interleaved",
+    "rollback",
+    "dead",
+];
+
+/// Every call of `regime`, in order.
+pub fn golden_calls(tiny: &Tiny, regime: &str) -> Vec<GoldenCall> {
+    tiny.golden["regimes"][regime]["calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("regime {regime}"))
+        .iter()
+        .map(|c| GoldenCall {
+            tokens: i32s(&c["tokens"]),
+            seq_ids: i32s(&c["seq_ids"]),
+            pos: i32s(&c["pos"]),
+            ids: ints(&c["ids"]),
+            dead: c["dead"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_bool().unwrap())
+                .collect(),
+            highway: c["highway_name"].as_str().unwrap().to_string(),
+            layers: c["layers"].as_array().unwrap().clone(),
+        })
+        .collect()
+}
+
+/// A fresh, empty directory `<temp>/{prefix}-{pid}-{tag}` (whatever an
+/// earlier run left there removed).
+pub fn scratch_dir(prefix: &str, tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("{prefix}-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Options for a GGUF model's context: the CPU backend, two threads, the
+/// tiny model's limits, and `eps`.
+pub fn cpu_gguf_options(eps: f32) -> engram::gguf::GgufOptions {
+    engram::gguf::GgufOptions {
+        limits: Tiny::limits(),
+        n_threads: 2,
+        backend: engram::EngramBackend::Cpu as u32,
+        device: 0,
+        eps,
+        tuning: Default::default(),
     }
 }
 
