@@ -23,6 +23,24 @@ fn weight(m: &Meta<'_>, name: &str, what: &str) -> Result<WeightBlob> {
     Ok(WeightBlob { blob, source })
 }
 
+/// One layer: its table, then its wkv, q and k tensors (named in that
+/// order), each required "for engram layer {lid}".
+fn partial_layer(
+    m: &Meta<'_>,
+    lid: u32,
+    table: TableSpec,
+    [wkv, q, k]: [String; 3],
+) -> Result<PartialLayer> {
+    let what = format!("for engram layer {lid}");
+    Ok(PartialLayer {
+        layer_id: lid,
+        table,
+        wkv: weight(m, &wkv, &what)?,
+        q: weight(m, &q, &what)?,
+        k: weight(m, &k, &what)?,
+    })
+}
+
 /// A table in a ggml row format (vcruz305): `[Hd, rows]`.
 fn gguf_table(m: &Meta<'_>, name: &str, lid: u32) -> Result<TableBlobs> {
     let t = m.tensor_req(name, &format!("for engram layer {lid}"))?;
@@ -138,14 +156,9 @@ pub(super) fn vcruz305(m: &Meta<'_>, dialect: Dialect) -> Result<Partial> {
     let mut layers = Vec::new();
     for &lid in &layer_ids.value {
         let t = |n: &str| format!("blk.{lid}.{n}");
-        let w = |n: &str| weight(m, &t(n), &format!("for engram layer {lid}"));
-        layers.push(PartialLayer {
-            layer_id: lid,
-            table: TableSpec::InFile(gguf_table(m, &t("engram_embd"), lid)?),
-            wkv: w("engram_wkv")?,
-            q: w("engram_q")?,
-            k: w("engram_k")?,
-        });
+        let table = TableSpec::InFile(gguf_table(m, &t("engram_embd"), lid)?);
+        let names = [t("engram_wkv"), t("engram_q"), t("engram_k")];
+        layers.push(partial_layer(m, lid, table, names)?);
     }
     // The early prefix converter's pad key shares its name with deepstrix's
     // raw pad. A file that carries its tables is not deepstrix's (deepstrix
@@ -376,18 +389,14 @@ fn ds4_layer(m: &Meta<'_>, lid: u32, encoding: &Ds4Encoding<'_>) -> Result<Parti
             blob.dims
         );
     }
-    Ok(PartialLayer {
-        layer_id: lid,
-        table: TableSpec::InFile(TableBlobs {
-            format: EngramType::Fp8E4m3E8m0,
-            rows: dim(&blob, 1),
-            codes: blob,
-            scales: None,
-        }),
-        wkv: weight(m, &t("engram_kv"), &what)?,
-        q: weight(m, &t("engram_q_norm"), &what)?,
-        k: weight(m, &t("engram_k_norm"), &what)?,
-    })
+    let table = TableSpec::InFile(TableBlobs {
+        format: EngramType::Fp8E4m3E8m0,
+        rows: dim(&blob, 1),
+        codes: blob,
+        scales: None,
+    });
+    let names = [t("engram_kv"), t("engram_q_norm"), t("engram_k_norm")];
+    partial_layer(m, lid, table, names)
 }
 
 pub(super) fn tarruda(m: &Meta<'_>) -> Result<Partial> {
@@ -397,19 +406,10 @@ pub(super) fn tarruda(m: &Meta<'_>) -> Result<Partial> {
     let mut layers = Vec::new();
     for &lid in &layer_ids.value {
         let t = |s: &str| format!("blk.{lid}.{s}.weight");
-        let what = format!("for engram layer {lid}");
-        layers.push(PartialLayer {
-            layer_id: lid,
-            table: TableSpec::InFile(split_table(
-                m,
-                &t("engram_embd"),
-                &t("engram_embd_scale"),
-                lid,
-            )?),
-            wkv: weight(m, &t("engram_kv"), &what)?,
-            q: weight(m, &t("engram_q_weight"), &what)?,
-            k: weight(m, &t("engram_k_weight"), &what)?,
-        });
+        let codes = (t("engram_embd"), t("engram_embd_scale"));
+        let table = TableSpec::InFile(split_table(m, &codes.0, &codes.1, lid)?);
+        let names = [t("engram_kv"), t("engram_q_weight"), t("engram_k_weight")];
+        layers.push(partial_layer(m, lid, table, names)?);
     }
     Ok(Partial {
         dialect: Dialect::Tarruda,
@@ -472,19 +472,10 @@ pub(super) fn jigsawpt(m: &Meta<'_>) -> Result<Partial> {
     let mut layers = Vec::new();
     for &lid in &layer_ids.value {
         let t = |s: &str| format!("blk.{lid}.{s}.weight");
-        let what = format!("for engram layer {lid}");
-        layers.push(PartialLayer {
-            layer_id: lid,
-            table: TableSpec::InFile(split_table(
-                m,
-                &t("engram_embd"),
-                &t("engram_embd_scale"),
-                lid,
-            )?),
-            wkv: weight(m, &t("engram_wkv"), &what)?,
-            q: weight(m, &t("engram_q"), &what)?,
-            k: weight(m, &t("engram_k"), &what)?,
-        });
+        let codes = (t("engram_embd"), t("engram_embd_scale"));
+        let table = TableSpec::InFile(split_table(m, &codes.0, &codes.1, lid)?);
+        let names = [t("engram_wkv"), t("engram_q"), t("engram_k")];
+        layers.push(partial_layer(m, lid, table, names)?);
     }
     let cname = |s: &str| {
         // The constants are tensors, with or without `.weight`.
@@ -550,18 +541,13 @@ pub(super) fn deepstrix(m: &Meta<'_>) -> Result<Partial> {
     let mut layers = Vec::new();
     for (&lid, recorded) in layer_ids.value.iter().zip(shards) {
         let t = |s: &str| format!("blk.{lid}.{s}.weight");
-        let what = format!("for engram layer {lid}");
-        layers.push(PartialLayer {
+        let table = TableSpec::External(External::Shard {
+            key: shards_key.clone(),
+            recorded,
             layer_id: lid,
-            table: TableSpec::External(External::Shard {
-                key: shards_key.clone(),
-                recorded,
-                layer_id: lid,
-            }),
-            wkv: weight(m, &t("engram_wkv"), &what)?,
-            q: weight(m, &t("engram_q"), &what)?,
-            k: weight(m, &t("engram_k"), &what)?,
         });
+        let names = [t("engram_wkv"), t("engram_q"), t("engram_k")];
+        layers.push(partial_layer(m, lid, table, names)?);
     }
     Ok(Partial {
         dialect: Dialect::Deepstrix,
@@ -611,29 +597,24 @@ pub(super) fn ds4gw(m: &Meta<'_>) -> Result<Partial> {
     let mut layers = Vec::new();
     for (i, &lid) in layer_ids.value.iter().enumerate() {
         let t = |s: &str| format!("blk.{lid}.{s}.weight");
-        let what = format!("for engram layer {lid}");
         let path_key = k(&format!("{i}.table_path"));
         let weight_key = k(&format!("{i}.weight_offset"));
         let scale_key = k(&format!("{i}.scale_offset"));
         let recorded = m
             .string(&path_key)?
             .ok_or_else(|| fmt_err(format!("{path_key} is missing")))?;
-        layers.push(PartialLayer {
+        let table = TableSpec::External(External::Offsets {
+            recorded,
             layer_id: lid,
-            table: TableSpec::External(External::Offsets {
-                recorded,
-                layer_id: lid,
-                weight_offset: m.uint_req(&weight_key)?.value,
-                scale_offset: m.uint_req(&scale_key)?.value,
-                rows: rows.value[i],
-                path_key,
-                weight_key,
-                scale_key,
-            }),
-            wkv: weight(m, &t("engram_wkv"), &what)?,
-            q: weight(m, &t("engram_q"), &what)?,
-            k: weight(m, &t("engram_k"), &what)?,
+            weight_offset: m.uint_req(&weight_key)?.value,
+            scale_offset: m.uint_req(&scale_key)?.value,
+            rows: rows.value[i],
+            path_key,
+            weight_key,
+            scale_key,
         });
+        let names = [t("engram_wkv"), t("engram_q"), t("engram_k")];
+        layers.push(partial_layer(m, lid, table, names)?);
     }
     let c = |s: &str| format!("engram.{s}");
     let req = |s: &str| -> Result<String> {
