@@ -322,11 +322,10 @@ impl HashTables {
         }
     }
 
-    /// Row ids of every layer for the tokens of `runs` (see [`Run`]), in
-    /// order, into `out` (`[sum(len), n_layers * C]`): a dead run's rows are
-    /// all [`ROW_ID_DEAD`]. Panics if `out` or `xs` is not as long as the
-    /// runs say.
-    pub fn hash_runs(&self, xs: &[i64], runs: &[Run], out: &mut [i64]) {
+    /// Every run that is not dead reads inside `xs`, and `out` holds a row
+    /// of `n_layers * C` ids for each of the runs' tokens; panics otherwise
+    /// (what [`Self::hash_runs`]'s unsafe kernels rely on).
+    fn check_runs(&self, xs: &[i64], runs: &[Run], out: &[i64]) {
         let nn = self.max_ngram;
         let row = self.n_layers() * self.cols();
         let mut tokens = 0usize;
@@ -346,6 +345,15 @@ impl HashTables {
             tokens * row,
             "output rows against the runs' tokens"
         );
+    }
+
+    /// Row ids of every layer for the tokens of `runs` (see [`Run`]), in
+    /// order, into `out` (`[sum(len), n_layers * C]`): a dead run's rows are
+    /// all [`ROW_ID_DEAD`]. Panics if `out` or `xs` is not as long as the
+    /// runs say.
+    pub fn hash_runs(&self, xs: &[i64], runs: &[Run], out: &mut [i64]) {
+        self.check_runs(xs, runs, out);
+        let nn = self.max_ngram;
         let (h, m, pr, of) = (
             self.n_heads,
             &self.multipliers[..],
@@ -356,7 +364,7 @@ impl HashTables {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `path` is Avx512Narrow only when `allows` found avx512f
             // and avx512dq, `n_heads` a multiple of 8 and every prime in
-            // NARROW_PRIMES; the runs and `out` are checked above; the
+            // NARROW_PRIMES; `check_runs` checked the runs and `out`; the
             // tables hold L*N multipliers and L*C columns (`new`).
             (Some(inv), HashPath::Avx512Narrow) => unsafe {
                 wide::runs(xs, runs, nn, h, m, pr, inv, of, ROW_ID_DEAD, out)
@@ -364,8 +372,8 @@ impl HashTables {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `path` is Avx2Narrow only when `allows` found avx2 and
             // fma, `n_heads` a multiple of 4 and every prime in
-            // NARROW_PRIMES (the 32-bit correction is exact for them); the
-            // runs and `out` are checked above; the tables hold L*N
+            // NARROW_PRIMES (the 32-bit correction is exact for them);
+            // `check_runs` checked the runs and `out`; the tables hold L*N
             // multipliers and L*C columns (`new`).
             (Some(inv), HashPath::Avx2Narrow) => unsafe {
                 narrow::runs(xs, runs, nn, h, m, pr, inv, of, ROW_ID_DEAD, out)
@@ -374,13 +382,13 @@ impl HashTables {
             // SAFETY: `path` is Avx512 only when `allows` found avx512f and
             // avx512dq and `n_heads` a multiple of 8 (the 64-bit correction
             // takes any prime in [2^14, 2^62), which `inv` being `Some`
-            // guarantees); the runs and `out` are checked above; the tables
-            // hold L*N multipliers and L*C columns (`new`).
+            // guarantees); `check_runs` checked the runs and `out`; the
+            // tables hold L*N multipliers and L*C columns (`new`).
             (Some(inv), HashPath::Avx512) => unsafe {
                 simd::runs(xs, runs, nn, h, m, pr, inv, of, ROW_ID_DEAD, out)
             },
-            // SAFETY: `slide` needs no CPU feature; the runs and `out` are
-            // checked above and the tables hold L*N multipliers (`new`); the
+            // SAFETY: `slide` needs no CPU feature; `check_runs` checked the
+            // runs and `out`, and the tables hold L*N multipliers (`new`); the
             // closure writes columns `c..c + H` of the row, inside its `L*C`,
             // and `pr`, `inv` and `of` hold L*C entries, so `j` stays in them.
             (Some(inv), HashPath::Scalar) => unsafe {
@@ -390,8 +398,8 @@ impl HashTables {
                     }
                 })
             },
-            // SAFETY: `slide` needs no CPU feature; the runs and `out` are
-            // checked above and the tables hold L*N multipliers (`new`); the
+            // SAFETY: `slide` needs no CPU feature; `check_runs` checked the
+            // runs and `out`, and the tables hold L*N multipliers (`new`); the
             // closure writes columns `c..c + H` of the row, inside its `L*C`,
             // and `pr` and `of` hold L*C entries, so `j` stays in them.
             _ => unsafe {

@@ -133,20 +133,7 @@ fn keys5(p: &str, names: [&str; 5]) -> [String; 5] {
 pub(super) fn vcruz305(m: &Meta<'_>, dialect: Dialect) -> Result<Partial> {
     let arch = architecture(m.set)?;
     let own = format!("{arch}.engram.");
-    // The prefix variant's keys are spelled deepseek4.engram.*; a key present
-    // under both spellings is refused.
-    let key = |k: &str| -> Result<String> {
-        let a = format!("{own}{k}");
-        if dialect == Dialect::Vcruz305 {
-            return Ok(a);
-        }
-        let b = format!("deepseek4.engram.{k}");
-        match (m.has(&a), m.has(&b)) {
-            (true, true) if a != b => bail!(ErrFormat, "{a} and {b} are both present"),
-            (true, _) => Ok(a),
-            _ => Ok(b),
-        }
-    };
+    let key = |k: &str| vcruz305_key(m, dialect, &own, k);
     let p = if dialect == Dialect::Vcruz305 {
         own.clone()
     } else {
@@ -160,23 +147,9 @@ pub(super) fn vcruz305(m: &Meta<'_>, dialect: Dialect) -> Result<Partial> {
         let names = [t("engram_wkv"), t("engram_q"), t("engram_k")];
         layers.push(partial_layer(m, lid, table, names)?);
     }
-    // The early prefix converter's pad key shares its name with deepstrix's
-    // raw pad. A file that carries its tables is not deepstrix's (deepstrix
-    // files never do): its pad is vcruz305's compressed id. Only a file
-    // without that evidence would be ambiguous (refused where the two
-    // readings differ and nothing else decides).
-    let tables_inside = !layers.is_empty()
-        && layers
-            .iter()
-            .all(|l| matches!(l.table, TableSpec::InFile(_)));
-    let pad = m.uint(&key("pad_id")?)?.map(|v| {
-        let r = if dialect == Dialect::Vcruz305 || tables_inside {
-            PadReading::Compressed
-        } else {
-            PadReading::Ambiguous
-        };
-        (v, r)
-    });
+    let pad = m
+        .uint(&key("pad_id")?)?
+        .map(|v| (v, vcruz305_pad_reading(dialect, &layers)));
     Ok(Partial {
         dialect,
         n_heads: m.uint(&key("head_count")?)?,
@@ -208,6 +181,39 @@ pub(super) fn vcruz305(m: &Meta<'_>, dialect: Dialect) -> Result<Partial> {
         layer_ids,
         layers,
     })
+}
+
+/// A vcruz305 key's name: `{arch}.engram.{k}`. The prefix variant's keys
+/// are spelled deepseek4.engram.* (the first spelling taken where only it
+/// is present); a key present under both spellings is refused.
+fn vcruz305_key(m: &Meta<'_>, dialect: Dialect, own: &str, k: &str) -> Result<String> {
+    let a = format!("{own}{k}");
+    if dialect == Dialect::Vcruz305 {
+        return Ok(a);
+    }
+    let b = format!("deepseek4.engram.{k}");
+    match (m.has(&a), m.has(&b)) {
+        (true, true) if a != b => bail!(ErrFormat, "{a} and {b} are both present"),
+        (true, _) => Ok(a),
+        _ => Ok(b),
+    }
+}
+
+/// How a vcruz305 file's pad reads. The early prefix converter's pad key
+/// shares its name with deepstrix's raw pad. A file that carries its tables
+/// is not deepstrix's (deepstrix files never do): its pad is vcruz305's
+/// compressed id. Only a file without that evidence would be ambiguous
+/// (refused where the two readings differ and nothing else decides).
+fn vcruz305_pad_reading(dialect: Dialect, layers: &[PartialLayer]) -> PadReading {
+    let tables_inside = !layers.is_empty()
+        && layers
+            .iter()
+            .all(|l| matches!(l.table, TableSpec::InFile(_)));
+    if dialect == Dialect::Vcruz305 || tables_inside {
+        PadReading::Compressed
+    } else {
+        PadReading::Ambiguous
+    }
 }
 
 pub(super) fn ds4(m: &Meta<'_>) -> Result<Partial> {
