@@ -9,39 +9,6 @@ use common::*;
 use engram::formats::{bf16_to_f32, dequant_row_f32, f32_to_bf16};
 use engram::{Context, EngramType, LayerIn, Weights};
 
-/// Quantise `vals` (rows of whole 32-blocks) to Q8_0 the way llama.cpp's
-/// reference quantiser does: `d = max|x| / 127` as f16, `q = round(x / d)`.
-fn q8_0(vals: &[f32]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for b in vals.chunks(32) {
-        let amax = b.iter().fold(0f32, |m, &x| m.max(x.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        out.extend(half::f16::from_f32(d).to_bits().to_le_bytes());
-        out.extend(b.iter().map(|&x| (x * id).round() as i8 as u8));
-    }
-    out
-}
-
-/// Q4_0: `d = max / -8` (the signed value of largest magnitude), nibbles `q + 8`.
-fn q4_0(vals: &[f32]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for b in vals.chunks(32) {
-        let max = b
-            .iter()
-            .fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
-        let d = max / -8.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        out.extend(half::f16::from_f32(d).to_bits().to_le_bytes());
-        for j in 0..16 {
-            let lo = ((b[j] * id + 8.5) as i32).clamp(0, 15) as u8;
-            let hi = ((b[j + 16] * id + 8.5) as i32).clamp(0, 15) as u8;
-            out.push(lo | (hi << 4));
-        }
-    }
-    out
-}
-
 #[test]
 fn quantised_wkv_matches_the_dense_paths() {
     let tiny = Tiny::load();
