@@ -453,18 +453,6 @@ pub extern "C" fn engram_hash(
     })
 }
 
-/// Make sequence `dst`'s history an exact copy of `src`'s (fork, shared prefix).
-#[no_mangle]
-pub extern "C" fn engram_seq_copy(ctx: *mut EngramContext, src: i32, dst: i32) -> EngramStatus {
-    ffi_boundary!({ self::ctx(ctx)?.seq_copy(src, dst) })
-}
-
-/// Forget every position of sequence `seq`.
-#[no_mangle]
-pub extern "C" fn engram_seq_drop(ctx: *mut EngramContext, seq: i32) -> EngramStatus {
-    ffi_boundary!({ self::ctx(ctx)?.seq_drop(seq) })
-}
-
 /// Hash a batch on the device, over the context's device history (a
 /// context created with `device_history > 0`, CUDA backend): `tokens`,
 /// `seq_ids` and `pos` are device pointers to `n_tokens` int32 each (raw
@@ -512,31 +500,6 @@ pub extern "C" fn engram_hash_device(
             stream,
         })
     })
-}
-
-/// Make sequence `dst`'s device history a copy of `src`'s (a fork or a
-/// shared prefix), queued on `stream` (capturable). A context with a device
-/// history only (else `ENGRAM_STATUS_ERR_UNSUPPORTED`); the ids are checked
-/// here.
-#[no_mangle]
-pub extern "C" fn engram_seq_copy_device(
-    ctx: *mut EngramContext,
-    src: i32,
-    dst: i32,
-    stream: *mut c_void,
-) -> EngramStatus {
-    ffi_boundary!({ self::ctx(ctx)?.seq_copy_device(src, dst, stream) })
-}
-
-/// Forget every position of sequence `seq`'s device history, queued on
-/// `stream` (capturable). As `engram_seq_copy_device`.
-#[no_mangle]
-pub extern "C" fn engram_seq_drop_device(
-    ctx: *mut EngramContext,
-    seq: i32,
-    stream: *mut c_void,
-) -> EngramStatus {
-    ffi_boundary!({ self::ctx(ctx)?.seq_drop_device(seq, stream) })
 }
 
 /// The highway argument of `engram_apply*`: memory of the context's backend.

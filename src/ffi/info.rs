@@ -125,7 +125,7 @@ pub extern "C" fn engram_info_init_sized(info: *mut EngramInfo, struct_size: usi
 /// arrays hold `layers_cap` elements.
 #[no_mangle]
 pub extern "C" fn engram_context_info(
-    ctx: *mut EngramContext,
+    ctx: *const EngramContext,
     info: *mut EngramInfo,
 ) -> EngramStatus {
     ffi_boundary!({

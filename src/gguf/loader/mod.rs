@@ -143,7 +143,7 @@ pub struct Inspected {
 }
 
 /// The epsilon of a model whose files do not state one.
-pub const DEFAULT_EPS: f32 = 1e-6;
+pub(crate) const DEFAULT_EPS: f32 = 1e-6;
 
 /// The GGUF key of the RMS epsilon: llama.cpp's
 /// `{general.architecture}.attention.layer_norm_rms_epsilon` (`deepseek41.`
