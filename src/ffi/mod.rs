@@ -20,14 +20,16 @@
 //! - [`gguf`]: a context straight from a GGUF file (any dialect, split sets).
 //! - [`safetensors`]: a context straight from the released checkpoint.
 
+// Private: the exports and their structs are re-exported below, the rest
+// is the boundary's own.
 #[macro_use]
-pub mod boundary;
-pub mod context;
-pub mod gguf;
-pub mod history;
-pub mod info;
-pub mod safetensors;
-pub mod tables;
+mod boundary;
+mod context;
+mod gguf;
+mod history;
+mod info;
+mod safetensors;
+mod tables;
 
 pub use boundary::{engram_last_error, engram_status_str, engram_version};
 pub use context::*;
