@@ -2,6 +2,7 @@
 
 use super::boundary::{
     give_object, non_null, object, read_options, slice, slice_mut, take_object, write_options,
+    Options,
 };
 use crate::backend::{DeviceHashIn, EngramBackend, Highway, LayerIn, RowIds, TableIn, TableSource};
 use crate::batch::{Geometry, HighwayType, Limits};
@@ -105,6 +106,10 @@ const CONFIG_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramConfig, device_history),
     size_of::<EngramConfig>(),
 ];
+
+impl Options for EngramConfig {
+    const INIT: &'static str = "engram_config_init";
+}
 
 impl Default for EngramConfig {
     fn default() -> Self {
@@ -228,6 +233,10 @@ const LAYER_WEIGHTS_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramLayerWeights, wkv_scales),
     size_of::<EngramLayerWeights>(),
 ];
+
+impl Options for EngramLayerWeights {
+    const INIT: &'static str = "engram_layer_weights_init";
+}
 
 impl Default for EngramLayerWeights {
     fn default() -> Self {

@@ -1,6 +1,6 @@
 //! A context straight from a GGUF file (any dialect, split sets).
 
-use super::boundary::{give_object, non_null, path_arg, read_options, write_options};
+use super::boundary::{give_object, non_null, path_arg, read_options, write_options, Options};
 use super::context::EngramContext;
 use crate::backend::EngramBackend;
 use crate::batch::Limits;
@@ -70,6 +70,10 @@ const GGUF_OPTIONS_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramGgufOptions, tables_dir),
     size_of::<EngramGgufOptions>(),
 ];
+
+impl Options for EngramGgufOptions {
+    const INIT: &'static str = "engram_gguf_options_init";
+}
 
 impl Default for EngramGgufOptions {
     fn default() -> Self {
