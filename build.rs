@@ -70,15 +70,25 @@ from config.json + tokenizer.json.",
     (
         "The step",
         "Once per batch: hash the tokens, then in each engram layer apply (after \
-an optional prefetch or stage); read back and check to validate an integration.",
+an optional prefetch or stage); read back and check to validate an \
+integration. The checked forms (engram_apply_checked, ...) take every \
+buffer's length and refuse a mismatch: use them; the unchecked ones stay \
+for engines that already call them.",
         &[
             "engram_row_ids_per_token",
             "engram_hash",
             "engram_hash_device",
+            "engram_apply_args",
+            "engram_apply_args_init_sized",
+            "engram_apply_checked",
+            "engram_apply_device_ids_checked",
             "engram_apply",
             "engram_apply_device_ids",
             "engram_prefetch",
             "engram_stage",
+            "engram_read_back_args",
+            "engram_read_back_args_init_sized",
+            "engram_read_back_checked",
             "engram_read_back",
             "engram_check",
         ],
@@ -222,7 +232,13 @@ fn item_name(chunk: &str) -> Option<String> {
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
             .collect()
     };
-    for p in ["#define ", "typedef struct ", "typedef enum ", "enum ", "struct "] {
+    for p in [
+        "#define ",
+        "typedef struct ",
+        "typedef enum ",
+        "enum ",
+        "struct ",
+    ] {
         // (A function returning `enum engram_status` is not an enum.)
         let function = first.contains('(') && !p.starts_with('#');
         if let Some(rest) = first.strip_prefix(p).filter(|_| !function) {

@@ -864,7 +864,9 @@ size_t engram_tables_compressed_vocab(const struct engram_tables *tables);
  *
  * Once per batch: hash the tokens, then in each engram layer apply (after
  * an optional prefetch or stage); read back and check to validate an
- * integration.
+ * integration. The checked forms (engram_apply_checked, ...) take every
+ * buffer's length and refuse a mismatch: use them; the unchecked ones stay
+ * for engines that already call them.
  * ========================================================================= */
 
 /*
@@ -928,6 +930,104 @@ enum engram_status engram_hash_device(struct engram_context *ctx,
                                       uint32_t n_tokens,
                                       int64_t *row_ids,
                                       void *stream);
+
+/*
+ The arguments of `engram_apply_checked` and
+ `engram_apply_device_ids_checked`. Fill it with `engram_apply_args_init`,
+ which sets `struct_size` and zeroes the rest, then set every field: each
+ length is checked against what the call will read or write, and a
+ mismatch is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` naming the field, what
+ the call expected and what was given, before anything is touched. The
+ struct is read during the call only; its pointers are borrowed as the
+ unchecked calls borrow them.
+ */
+typedef struct engram_apply_args {
+  /*
+   `sizeof(engram_apply_args)` of the caller's header (set by `engram_apply_args_init`).
+   */
+  size_t struct_size;
+  /*
+   The engram layer to apply (one of the config's `layer_ids`).
+   */
+  uint32_t layer_id;
+  /*
+   Tokens in the step.
+   */
+  uint32_t n_tokens;
+  /*
+   The step's row ids, `[n_tokens, n_layers, C]` int64 as `engram_hash`
+   wrote them: host memory for `engram_apply_checked`, device memory for
+   `engram_apply_device_ids_checked`.
+   */
+  const int64_t *row_ids;
+  /*
+   Elements `row_ids` holds: must equal
+   `n_tokens * engram_row_ids_per_token(ctx)`.
+   */
+  size_t row_ids_len;
+  /*
+   The highway, `[n_tokens, hc, D]` of `highway_type`, updated in place
+   (memory of the context's backend, as for `engram_apply`).
+   */
+  void *highway;
+  /*
+   Bytes the highway buffer holds: must equal
+   `n_tokens * highway_token_stride` (a larger buffer is refused too: it
+   means a token count or a type other than the caller meant).
+   */
+  size_t highway_bytes;
+  /*
+   Bytes from one token's `hc * D` values to the next token's: must equal
+   `hc * D * sizeof(element)` (the highway is dense).
+   */
+  size_t highway_token_stride;
+  /*
+   `ENGRAM_TYPE_F32` or `ENGRAM_TYPE_BF16` (any other type is
+   `ENGRAM_STATUS_ERR_UNSUPPORTED`).
+   */
+  uint32_t highway_type;
+  /*
+   The CUDA stream (ignored by the CPU backend), as for `engram_apply`.
+   */
+  void *stream;
+} engram_apply_args;
+
+/*
+ Fill `args`' first `struct_size` bytes with the defaults (`struct_size`
+ set, everything else zero or NULL). NULL is ignored. Call it through the
+ header's `engram_apply_args_init(args)`, which passes `sizeof *args`.
+ */
+void engram_apply_args_init_sized(struct engram_apply_args *args, size_t struct_size);
+
+/*
+ `engram_apply` with every length checked: the checked form, for every
+ engine. `args` (see `engram_apply_args`) gives the layer, the host row
+ ids and their length, the highway with its type, its length in bytes and
+ its token stride, and the stream. A length that differs from what the
+ call reads or writes (row ids for another token count or model, a
+ highway that overflows or is shorter, a strided highway, a bf16 buffer
+ labelled f32 or the reverse) is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`
+ naming the field, the expected and the given value, and nothing is read
+ or written. Then it is `engram_apply` in every respect (checks, result,
+ streams, errors).
+
+ `ctx` as in `engram_free`; `args` read during the call only.
+ */
+enum engram_status engram_apply_checked(struct engram_context *ctx,
+                                        const struct engram_apply_args *args);
+
+/*
+ `engram_apply_device_ids` with every length checked, as
+ `engram_apply_checked` checks them: `args.row_ids` is device memory
+ (only its stated length can be checked here; its ids are checked on the
+ device as `engram_apply_device_ids` checks them). On a mismatch nothing is
+ queued. Then it is `engram_apply_device_ids` in every respect (capturable
+ in a CUDA graph; the CPU backend returns `ENGRAM_STATUS_ERR_UNSUPPORTED`).
+
+ `ctx` as in `engram_free`; `args` read during the call only.
+ */
+enum engram_status engram_apply_device_ids_checked(struct engram_context *ctx,
+                                                   const struct engram_apply_args *args);
 
 /*
  Apply engram layer `layer_id` to `n_tokens` tokens: `row_ids` is the
@@ -1063,6 +1163,71 @@ enum engram_status engram_stage(struct engram_context *ctx,
                                 const int64_t *row_ids,
                                 uint32_t n_tokens,
                                 void *stream);
+
+/*
+ The arguments of `engram_read_back_checked`. Fill it with
+ `engram_read_back_args_init`, then set every field; each length must
+ equal what the call reads or writes (else
+ `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`, naming the field, expected and
+ given, and nothing is written). Read during the call only; every
+ pointer is host memory borrowed for the call.
+ */
+typedef struct engram_read_back_args {
+  /*
+   `sizeof(engram_read_back_args)` of the caller's header (set by `engram_read_back_args_init`).
+   */
+  size_t struct_size;
+  /*
+   The engram layer to read back.
+   */
+  uint32_t layer_id;
+  /*
+   Tokens.
+   */
+  uint32_t n_tokens;
+  /*
+   Host row ids, `[n_tokens, n_layers, C]`.
+   */
+  const int64_t *row_ids;
+  /*
+   Elements `row_ids` holds: `n_tokens * engram_row_ids_per_token(ctx)`.
+   */
+  size_t row_ids_len;
+  /*
+   Out: the gathered rows as bf16, `[n_tokens, C*Hd]`.
+   */
+  uint16_t *rows;
+  /*
+   Elements `rows` holds: `n_tokens * C * Hd`.
+   */
+  size_t rows_len;
+  /*
+   Out: the projection `kv` as bf16, `[n_tokens, D*(hc+1)]`.
+   */
+  uint16_t *kv;
+  /*
+   Elements `kv` holds: `n_tokens * D * (hc + 1)`.
+   */
+  size_t kv_len;
+} engram_read_back_args;
+
+/*
+ As `engram_apply_args_init_sized`, for `engram_read_back_args`; call it
+ through `engram_read_back_args_init(args)`.
+ */
+void engram_read_back_args_init_sized(struct engram_read_back_args *args, size_t struct_size);
+
+/*
+ `engram_read_back` with every length checked: `args` (see
+ `engram_read_back_args`) gives the row ids with their length and the two
+ outputs with theirs; each must equal what the call reads or writes, else
+ `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` naming the field, expected and
+ given, and nothing is written. Then it is `engram_read_back`.
+
+ `ctx` as in `engram_free`; `args` read during the call only.
+ */
+enum engram_status engram_read_back_checked(struct engram_context *ctx,
+                                            const struct engram_read_back_args *args);
 
 /*
  Read back what `engram_apply` computes for layer `layer_id` and
@@ -1630,6 +1795,16 @@ static inline void engram_safetensors_options_init(engram_safetensors_options *o
 
 /** Fill `*info` with the defaults for this header's `engram_info`. */
 static inline void engram_info_init(engram_info *info) { engram_info_init_sized(info, sizeof *info); }
+
+/** Fill `*args` with the defaults for this header's `engram_apply_args`. */
+static inline void engram_apply_args_init(engram_apply_args *args) {
+    engram_apply_args_init_sized(args, sizeof *args);
+}
+
+/** Fill `*args` with the defaults for this header's `engram_read_back_args`. */
+static inline void engram_read_back_args_init(engram_read_back_args *args) {
+    engram_read_back_args_init_sized(args, sizeof *args);
+}
 
 #ifdef __cplusplus
 }

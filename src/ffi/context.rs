@@ -512,7 +512,7 @@ pub extern "C" fn engram_hash_device(
 }
 
 /// The highway argument of `engram_apply*`: memory of the context's backend.
-fn highway<'a>(p: *mut c_void, ty: u32) -> Result<Highway<'a>> {
+pub(super) fn highway<'a>(p: *mut c_void, ty: u32) -> Result<Highway<'a>> {
     let ty = HighwayType::new(ty)?;
     // SAFETY: the header requires `highway` to be memory of the context's
     // backend holding `[n_tokens, hc, D]` of `highway_type`, not accessed by

@@ -13,6 +13,8 @@
 //!   small helpers that turn C pointers into Rust values (the only `unsafe`
 //!   of the ABI).
 //! - [`context`]: contexts, layers, hashing, apply, read-back.
+//! - [`checked`]: the step's calls with every buffer's length checked
+//!   (`engram_apply_checked`, `_device_ids_checked`, `engram_read_back_checked`).
 //! - [`history`]: the KV cache's history operations, sequence states, and
 //!   the deprecated whole-sequence aliases (`engram_seq_copy`, `_drop`).
 //! - [`info`]: what a context says about itself; threads at run time.
@@ -24,6 +26,7 @@
 // is the boundary's own.
 #[macro_use]
 mod boundary;
+mod checked;
 mod context;
 mod gguf;
 mod history;
@@ -32,6 +35,7 @@ mod safetensors;
 mod tables;
 
 pub use boundary::{engram_last_error, engram_status_str, engram_version};
+pub use checked::*;
 pub use context::*;
 pub use gguf::*;
 pub use history::*;

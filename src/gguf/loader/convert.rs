@@ -33,4 +33,3 @@ pub(super) fn convert_f16(raw: &[u8], what: &str, always_f32: bool) -> Result<(A
         Ok((out, EngramType::F32 as u32))
     }
 }
-
