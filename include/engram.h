@@ -1751,8 +1751,16 @@ enum engram_status engram_set_threads(struct engram_context *ctx, uint32_t n_thr
  captured graphs are not tracked: they must have finished (synchronise
  their stream first).
 
- `ctx` must be NULL or a context from `engram_create` not yet freed, with
- no call on it in flight.
+ Calls on the context in flight on other threads when `engram_free`
+ begins are waited for: it frees nothing until each has returned (so
+ freeing a context that another thread is still using is predictable,
+ not a crash). A call that starts on the context while the free waits is
+ refused (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT`, nothing done). A call that
+ starts after `engram_free` returned is a use after free, as for any freed
+ memory; so is a second `engram_free` of the same context.
+
+ `ctx` must be NULL or a context from `engram_create` (or a loader) not
+ yet freed.
  */
 void engram_free(struct engram_context *ctx);
 

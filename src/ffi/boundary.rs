@@ -186,14 +186,16 @@ pub(crate) fn slice_mut<'a, T>(p: *mut T, n: usize, what: &str) -> Result<&'a mu
 pub(crate) fn object<'a, T>(p: *const T, what: &str) -> Result<&'a T> {
     non_null(p, what)?;
     // SAFETY: the header requires `p` to be NULL (refused above) or an object
-    // this library created and has not freed, with no free in flight.
+    // this library created whose free has not returned; a context's free
+    // waits for the calls entered on it before it frees the memory.
     Ok(unsafe { &*p })
 }
 
 /// Take back ownership of an object the library handed out (NULL: `None`).
 pub(crate) fn take_object<T>(p: *mut T) -> Option<Box<T>> {
     // SAFETY: the header requires `p` to be NULL or an object from
-    // `Box::into_raw` in this library, not yet freed, with no call on it in flight.
+    // `Box::into_raw` in this library, not yet freed, with no call on it in
+    // flight (for a context, `engram_free` has waited for its calls).
     (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
 }
 

@@ -11,13 +11,54 @@ use crate::error::{bail, EngramStatus, Result};
 use crate::hash::HashTablesIn;
 use crate::memory::{Region, RegionMut};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Opaque engram context. Create with `engram_create`, release with `engram_free`.
 pub struct EngramContext {
-    pub(crate) inner: Context<'static>,
+    inner: Context<'static>,
     /// What `inner` borrows when the library loaded it (a GGUF file or a
     /// safetensors checkpoint: mappings, files, owned weights); dropped after `inner`.
-    pub(crate) _owner: Option<Box<crate::gguf::LoadedModel>>,
+    _owner: Option<Box<crate::gguf::LoadedModel>>,
+    /// Calls in flight on this handle: every export that takes a context
+    /// enters through [`ctx`] and leaves when its guard drops.
+    calls: AtomicUsize,
+    /// Set by `engram_free`: a call that starts afterwards is refused, and
+    /// the free waits for `calls` to drain before it frees anything.
+    freeing: AtomicBool,
+}
+
+impl EngramContext {
+    /// A handle over `inner` (and what it borrows, for a loaded model).
+    pub(crate) fn new(
+        inner: Context<'static>,
+        owner: Option<Box<crate::gguf::LoadedModel>>,
+    ) -> EngramContext {
+        EngramContext {
+            inner,
+            _owner: owner,
+            calls: AtomicUsize::new(0),
+            freeing: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A call entered on a context: derefs to it, and counts as in flight (so
+/// `engram_free` waits for it) until dropped.
+pub(crate) struct Entered<'a> {
+    handle: &'a EngramContext,
+}
+
+impl std::ops::Deref for Entered<'_> {
+    type Target = Context<'static>;
+    fn deref(&self) -> &Context<'static> {
+        &self.handle.inner
+    }
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.handle.calls.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Configuration for `engram_create`. Fill it with `engram_config_init`, which
@@ -276,9 +317,21 @@ pub extern "C" fn engram_layer_weights_init_sized(w: *mut EngramLayerWeights, st
     ffi_boundary!({ write_options(w, EngramLayerWeights::default(), struct_size) })
 }
 
-/// The context behind a handle.
-pub(crate) fn ctx<'a>(p: *const EngramContext) -> Result<&'a Context<'static>> {
-    Ok(&object(p, "ctx")?.inner)
+/// Enter a call on the context behind a handle: refused once `engram_free`
+/// has begun on it; else counted in flight until the guard drops.
+pub(crate) fn ctx<'a>(p: *const EngramContext) -> Result<Entered<'a>> {
+    let handle = object(p, "ctx")?;
+    // SeqCst on both sides: either `engram_free` sees this call counted, or
+    // this call sees the free's flag (and leaves at once).
+    handle.calls.fetch_add(1, Ordering::SeqCst);
+    let entered = Entered { handle };
+    if handle.freeing.load(Ordering::SeqCst) {
+        bail!(
+            ErrInvalidArgument,
+            "ctx is being freed (engram_free on another thread): no call may start on it"
+        );
+    }
+    Ok(entered)
 }
 
 /// Create a context. On success `*out` receives it; on failure `*out` is left
@@ -326,13 +379,7 @@ pub extern "C" fn engram_create(
         if c.device_history > 0 {
             inner = inner.with_device_history(c.device_history as usize)?;
         }
-        give_object(
-            out,
-            EngramContext {
-                inner,
-                _owner: None,
-            },
-        );
+        give_object(out, EngramContext::new(inner, None));
         Ok(())
     })
 }
@@ -345,12 +392,29 @@ pub extern "C" fn engram_create(
 /// captured graphs are not tracked: they must have finished (synchronise
 /// their stream first).
 ///
-/// `ctx` must be NULL or a context from `engram_create` not yet freed, with
-/// no call on it in flight.
+/// Calls on the context in flight on other threads when `engram_free`
+/// begins are waited for: it frees nothing until each has returned (so
+/// freeing a context that another thread is still using is predictable,
+/// not a crash). A call that starts on the context while the free waits is
+/// refused (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT`, nothing done). A call that
+/// starts after `engram_free` returned is a use after free, as for any freed
+/// memory; so is a second `engram_free` of the same context.
+///
+/// `ctx` must be NULL or a context from `engram_create` (or a loader) not
+/// yet freed.
 #[no_mangle]
 pub extern "C" fn engram_free(ctx: *mut EngramContext) {
-    // Dropping frees only what the context allocated; borrowed weights are untouched.
-    ffi_boundary!({ drop(take_object(ctx)) })
+    ffi_boundary!({
+        if let Ok(handle) = object(ctx.cast_const(), "ctx") {
+            handle.freeing.store(true, Ordering::SeqCst);
+            // Free is rare and the calls it waits for are short: poll.
+            while handle.calls.load(Ordering::SeqCst) != 0 {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+        // Dropping frees only what the context allocated; borrowed weights are untouched.
+        drop(take_object(ctx))
+    })
 }
 
 /// Register (or replace) the weights of one engram layer. The pointers are

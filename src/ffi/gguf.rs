@@ -240,12 +240,6 @@ pub(crate) fn give_context(
     // drops it after the context (field order).
     let m: &'static LoadedModel = unsafe { &*(model.as_ref() as *const _) };
     let inner = m.context(opts)?;
-    give_object(
-        out,
-        EngramContext {
-            inner,
-            _owner: Some(model),
-        },
-    );
+    give_object(out, EngramContext::new(inner, Some(model)));
     Ok(())
 }
