@@ -77,6 +77,7 @@ for engines that already call them.",
         &[
             "engram_row_ids_per_token",
             "engram_hash",
+            "engram_hash_device_checked",
             "engram_hash_device",
             "engram_apply_args",
             "engram_apply_args_init_sized",

@@ -7,7 +7,8 @@
  * bf16 highway labelled f32 and the reverse, output buffers of the wrong
  * length, an args struct without struct_size) is refused with
  * ERR_INVALID_ARGUMENT (ERR_STRUCT_SIZE, ERR_NULL_ARGUMENT) naming expected
- * and given, and nothing is written.
+ * and given, and nothing is written. engram_hash_device_checked takes its
+ * output's capacity, as engram_hash does.
  */
 #include "engram.h"
 
@@ -123,6 +124,22 @@ int main(void) {
         st = (int)engram_apply_device_ids_checked(ctx, &a);
         check(st == ENGRAM_STATUS_ERR_UNSUPPORTED,
               "apply_device_ids_checked with every length right on the CPU: ERR_UNSUPPORTED (got %d)", st);
+    }
+
+    /* The device hash with its output's capacity (CPU context: the capacity
+       is checked first, then the backend refuses). */
+    {
+        char want_msg[96];
+        snprintf(want_msg, sizeof want_msg, "row_ids_cap is %d, expected at least %d", N * MM_C - 1, N * MM_C);
+        st = (int)engram_hash_device_checked(ctx, tok, seq, pos, N, ids, N * MM_C - 1, NULL);
+        check(st == ENGRAM_STATUS_ERR_INVALID_ARGUMENT && strstr(engram_last_error(), want_msg) != NULL,
+              "hash_device_checked, row_ids_cap one short: ERR_INVALID_ARGUMENT naming both (got %d: %s)", st,
+              engram_last_error());
+        st = (int)engram_hash_device_checked(ctx, tok, seq, pos, N, ids, N * MM_C, NULL);
+        check(st == ENGRAM_STATUS_ERR_UNSUPPORTED,
+              "hash_device_checked with the capacity right on a CPU context: ERR_UNSUPPORTED (got %d)", st);
+        st = (int)engram_hash_device_checked(NULL, tok, seq, pos, N, ids, N * MM_C, NULL);
+        check(st == ENGRAM_STATUS_ERR_NULL_ARGUMENT, "hash_device_checked(NULL ctx): ERR_NULL_ARGUMENT (got %d)", st);
     }
 
     /* read back */

@@ -896,6 +896,26 @@ enum engram_status engram_hash(struct engram_context *ctx,
                                size_t row_ids_cap);
 
 /*
+ `engram_hash_device` with its output's capacity, as `engram_hash` takes
+ one: `row_ids_cap` is the elements the device buffer `row_ids` holds; below
+ `n_tokens * engram_row_ids_per_token(ctx)` it is
+ `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` naming expected and given, and
+ nothing is queued (checked before anything else, on every backend).
+ Then it is `engram_hash_device` in every respect.
+
+ `ctx` as in `engram_free`; the pointers device memory as for
+ `engram_hash_device`.
+ */
+enum engram_status engram_hash_device_checked(struct engram_context *ctx,
+                                              const int32_t *tokens,
+                                              const int32_t *seq_ids,
+                                              const int32_t *pos,
+                                              uint32_t n_tokens,
+                                              int64_t *row_ids,
+                                              size_t row_ids_cap,
+                                              void *stream);
+
+/*
  Hash a batch on the device, over the context's device history (a
  context created with `device_history > 0`, CUDA backend): `tokens`,
  `seq_ids` and `pos` are device pointers to `n_tokens` int32 each (raw

@@ -6,7 +6,7 @@
 
 use super::boundary::{read_options, slice, slice_mut, write_options, Options};
 use super::context::{ctx, highway, EngramContext};
-use crate::backend::RowIds;
+use crate::backend::{DeviceHashIn, RowIds};
 use crate::batch::HighwayType;
 use crate::context::Context;
 use crate::error::{bail, EngramStatus, Result};
@@ -277,6 +277,49 @@ pub extern "C" fn engram_read_back_checked(
         rows.copy_from_slice(&r.rows);
         kv.copy_from_slice(&r.kv);
         Ok(())
+    })
+}
+
+/// `engram_hash_device` with its output's capacity, as `engram_hash` takes
+/// one: `row_ids_cap` is the elements the device buffer `row_ids` holds; below
+/// `n_tokens * engram_row_ids_per_token(ctx)` it is
+/// `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` naming expected and given, and
+/// nothing is queued (checked before anything else, on every backend).
+/// Then it is `engram_hash_device` in every respect.
+///
+/// `ctx` as in `engram_free`; the pointers device memory as for
+/// `engram_hash_device`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn engram_hash_device_checked(
+    ctx: *mut EngramContext,
+    tokens: *const i32,
+    seq_ids: *const i32,
+    pos: *const i32,
+    n_tokens: u32,
+    row_ids: *mut i64,
+    row_ids_cap: usize,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        let n = n_tokens as usize;
+        let need = n * c.ids_per_token();
+        if row_ids_cap < need {
+            bail!(
+                ErrInvalidArgument,
+                "row_ids_cap is {row_ids_cap}, expected at least {need} ({n} tokens x {} row ids per token)",
+                c.ids_per_token()
+            );
+        }
+        c.hash_device(&DeviceHashIn {
+            tokens: tokens as u64,
+            seq_ids: seq_ids as u64,
+            pos: pos as u64,
+            n,
+            row_ids: row_ids as u64,
+            stream,
+        })
     })
 }
 
