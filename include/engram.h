@@ -26,9 +26,11 @@
  - The weights of `engram_layer_weights` stay borrowed until the layer is
    set again or the context is freed (the caller keeps them valid and
    unchanged until then); nothing else the caller passes is kept.
- - Strings the library returns are its own: `engram_version` and
-   `engram_status_str` are static; `engram_last_error` is the calling
-   thread's buffer, valid until that thread's next failing call.
+ - Pointers the library hands back are its own: `engram_tables_fill_config`
+   points the config at the tables' arrays, valid until
+   `engram_tables_free`; `engram_version` and `engram_status_str` return
+   static strings; `engram_last_error` returns the calling thread's
+   buffer, valid until that thread's next failing call.
  Device pointers (CUDA backend) are borrowed for the work the call queues
  on the caller's stream: until that work has run.
 
@@ -37,8 +39,14 @@
  (`engram_row_ids_per_token`, `engram_context_info`); every other call may
  change its state (history, workspaces, the last call's event).
 
- Threads. Calls on one context from several threads are safe; `engram_free`
- waits for the calls in flight on the context to return (see it).
+ Threads. Calls on one context from several threads are safe (each call
+ says what it serialises with); `engram_free` waits for the calls in flight
+ on the context to return (see it).
+
+ Checked calls. The step's calls have checked forms
+ (`engram_apply_checked`, `engram_apply_device_ids_checked`,
+ `engram_read_back_checked`, `engram_hash_device_checked`) that take every
+ buffer's length and refuse a mismatch before touching anything: use them.
 
  Deprecated names are marked with ENGRAM_DEPRECATED, which warns where the
  compiler can; define it empty before including this header to silence it:
