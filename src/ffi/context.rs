@@ -817,3 +817,80 @@ pub extern "C" fn engram_stage(
         c.stage(layer_id, ids, n, stream)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    /// A one-layer context of the smallest geometry (as c_tests' LSan probe).
+    fn tiny() -> *mut EngramContext {
+        static LAYERS: [u32; 1] = [0];
+        static TOKEN_MAP: [i32; 1] = [0];
+        static MULT: [u64; 2] = [1, 1];
+        static PRIMES: [u64; 1] = [2];
+        static OFFSETS: [u64; 1] = [0];
+        let cfg = EngramConfig {
+            hidden_size: 1,
+            hc: 1,
+            head_dim: 1,
+            n_heads: 1,
+            max_ngram: 2,
+            layer_ids: LAYERS.as_ptr(),
+            n_layers: 1,
+            token_map: TOKEN_MAP.as_ptr(),
+            token_map_len: 1,
+            multipliers: MULT.as_ptr(),
+            n_multipliers: 2,
+            primes: PRIMES.as_ptr(),
+            n_primes: 1,
+            offsets: OFFSETS.as_ptr(),
+            n_offsets: 1,
+            max_tokens: 1,
+            max_seqs: 1,
+            max_positions: 1,
+            ..EngramConfig::default()
+        };
+        let mut out = std::ptr::null_mut();
+        assert_eq!(engram_create(&cfg, &mut out), EngramStatus::Ok);
+        out
+    }
+
+    #[test]
+    fn free_waits_for_a_call_in_flight() {
+        let p = tiny() as usize;
+        let (entered, go) = mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let call = ctx(p as *const EngramContext).unwrap();
+            entered.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            drop(call);
+        });
+        go.recv().unwrap();
+        let t0 = Instant::now();
+        engram_free(p as *mut EngramContext);
+        let waited = t0.elapsed();
+        t.join().unwrap();
+        assert!(
+            waited >= Duration::from_millis(50),
+            "engram_free returned after {waited:?}, under the call's 100 ms"
+        );
+    }
+
+    #[test]
+    fn a_call_that_starts_while_the_free_waits_is_refused() {
+        let p = tiny();
+        // SAFETY: `p` is a live context no other thread uses; the flag is
+        // what engram_free sets before it waits.
+        unsafe { (*p).freeing.store(true, Ordering::SeqCst) };
+        assert_eq!(engram_row_ids_per_token(p), 0);
+        let e = ctx(p).err().unwrap();
+        assert_eq!(e.status, EngramStatus::ErrInvalidArgument);
+        assert!(e.message.contains("being freed"), "{}", e.message);
+        // The refused calls left the in-flight count as it was.
+        // SAFETY: as above.
+        assert_eq!(unsafe { (*p).calls.load(Ordering::SeqCst) }, 0);
+        engram_free(p);
+    }
+}
