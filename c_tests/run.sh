@@ -156,6 +156,35 @@ else
 fi
 export ASAN_OPTIONS="detect_leaks=$LSAN:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1"
 
+# --- Deprecated aliases --------------------------------------------------------
+# engram_seq_copy / _drop (and the _device twins) are declared behind
+# ENGRAM_DEPRECATED: a call warns (an error under -Werror), naming the verb to
+# use, and an engine that defines the macro empty before the include compiles.
+cat >"$WORK/deprecated.c" <<'EOF2'
+#include "engram.h"
+int main(void) { return engram_seq_copy(0, 0, 1) == ENGRAM_STATUS_ERR_NULL_ARGUMENT ? 0 : 1; }
+EOF2
+for lang in c c++; do
+    x=(-x c -std=c11)
+    if [ "$lang" = c++ ]; then x=(-x c++ -std=c++17); fi
+    if "$CC" "${x[@]}" -Wall -Werror -I"$ROOT/include" -c "$WORK/deprecated.c" -o "$WORK/deprecated.o" \
+        >"$WORK/deprecated.log" 2>&1; then
+        fail "[$lang] a call of engram_seq_copy is refused under -Werror (deprecated)"
+    elif grep -q "use engram_seq_cp" "$WORK/deprecated.log"; then
+        pass "[$lang] a call of engram_seq_copy warns, naming engram_seq_cp"
+    else
+        cat "$WORK/deprecated.log"
+        fail "[$lang] a call of engram_seq_copy warns, naming engram_seq_cp"
+    fi
+    if "$CC" "${x[@]}" -Wall -Werror '-DENGRAM_DEPRECATED(msg)=' -I"$ROOT/include" -c "$WORK/deprecated.c" \
+        -o "$WORK/deprecated.o" >"$WORK/deprecated.log" 2>&1; then
+        pass "[$lang] ENGRAM_DEPRECATED defined empty silences it"
+    else
+        cat "$WORK/deprecated.log"
+        fail "[$lang] ENGRAM_DEPRECATED defined empty silences it"
+    fi
+done
+
 # --- Compile and run every test ------------------------------------------------
 # run_test TAG BINARY [ARGS...]: run it, prefix its PASS/FAIL lines with TAG, count
 # them, and add one check for its exit status (a crash or a sanitizer report

@@ -194,6 +194,50 @@ static void test_struct_size(void) {
     check(ctx == (engram_context *)(uintptr_t)0x1, "create_from_gguf: *out untouched");
 }
 
+/* An uninitialised struct (issue 34): a struct_size no header of ours could
+   have had is told apart from a newer header's, and the message names the
+   _init call; a plausible newer size still says "newer". */
+static int says_uninitialised(const char *init) {
+    const char *m = engram_last_error();
+    return strstr(m, "uninitialised") != NULL && strstr(m, init) != NULL && strstr(m, "newer") == NULL;
+}
+
+static void test_garbage_struct_size(void) {
+    const size_t garbage[] = {0, 3, (size_t)0xDEADBEEFDEADBEEFull, (size_t)0xABABABABABABABABull, 1u << 20,
+                              sizeof(engram_config) + 1};
+    for (size_t i = 0; i < sizeof garbage / sizeof garbage[0]; i++) {
+        engram_context *ctx = (engram_context *)(uintptr_t)0x1;
+        engram_config c = config();
+        c.struct_size = garbage[i];
+        int st = (int)engram_create(&c, &ctx);
+        check(st == ENGRAM_STATUS_ERR_STRUCT_SIZE && says_uninitialised("engram_config_init()") &&
+                  ctx == (engram_context *)(uintptr_t)0x1,
+              "create: struct_size %zu: ERR_STRUCT_SIZE, \"looks uninitialised\", names engram_config_init (got %d: "
+              "%s)",
+              garbage[i], st, engram_last_error());
+    }
+    engram_config c = config();
+    c.struct_size = sizeof c + 8;
+    engram_context *ctx = NULL;
+    int st = (int)engram_create(&c, &ctx);
+    check(st == ENGRAM_STATUS_ERR_STRUCT_SIZE && strstr(engram_last_error(), "newer") != NULL &&
+              strstr(engram_last_error(), "uninitialised") == NULL,
+          "create: struct_size sizeof + 8 (a newer header): still \"newer\" (got %d: %s)", st, engram_last_error());
+    /* Every options struct names its own _init. */
+    engram_gguf_options o;
+    memset(&o, 0xAB, sizeof o);
+    st = (int)engram_create_from_gguf("/nonexistent.gguf", &o, &ctx);
+    check(st == ENGRAM_STATUS_ERR_STRUCT_SIZE && says_uninitialised("engram_gguf_options_init()"),
+          "create_from_gguf with an uninitialised options struct: names engram_gguf_options_init (got %d: %s)", st,
+          engram_last_error());
+    engram_safetensors_options so;
+    memset(&so, 0xAB, sizeof so);
+    st = (int)engram_create_from_safetensors("/nonexistent", &so, &ctx);
+    check(st == ENGRAM_STATUS_ERR_STRUCT_SIZE && says_uninitialised("engram_safetensors_options_init()"),
+          "create_from_safetensors with an uninitialised options struct: names its init (got %d: %s)", st,
+          engram_last_error());
+}
+
 /* Run a failing read-back; the buffers must be untouched. */
 static void read_back_fails(engram_context *ctx, uint32_t layer, const int64_t *ids, uint32_t n, uint16_t *rows,
                             size_t rows_cap, uint16_t *kv, size_t kv_cap, int want, const char *what) {
@@ -298,6 +342,7 @@ int main(void) {
     init_model();
     test_init_sized();
     test_struct_size();
+    test_garbage_struct_size();
     test_read_back();
     return check_summary("test_abi");
 }

@@ -68,6 +68,7 @@ static int has_message(void) {
     return m != NULL && m[0] != '\0';
 }
 
+CHECK_DEPRECATED_BEGIN /* the deprecated aliases, on purpose */
 int main(void) {
     for (int i = 0; i < 16; i++) g_token_map[i] = i % 7;
     void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -219,3 +220,4 @@ int main(void) {
     }
     return check_summary("test_device_hash");
 }
+CHECK_DEPRECATED_END

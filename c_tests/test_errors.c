@@ -215,6 +215,7 @@ static engram_context *g_canary_ctx;
 static char g_canary_msg[512];
 
 /* Set engram_last_error() to a known message (seq_drop of an absent sequence). */
+CHECK_DEPRECATED_BEGIN /* the deprecated aliases, on purpose */
 static void set_canary(void) {
     int st = (int)engram_seq_drop(g_canary_ctx, 424242);
     if (st != ENGRAM_STATUS_ERR_INVALID_SEQUENCE) {
@@ -223,6 +224,7 @@ static void set_canary(void) {
     }
     snprintf(g_canary_msg, sizeof g_canary_msg, "%s", engram_last_error());
 }
+CHECK_DEPRECATED_END
 
 static char g_last_msg[1024];
 
@@ -1034,6 +1036,7 @@ static void test_apply(void) {
 /* ------------------------------------------------------------------------ */
 /* engram_seq_copy / engram_seq_drop                                          */
 
+CHECK_DEPRECATED_BEGIN /* the deprecated aliases, on purpose */
 static void test_seq(void) {
     char what[160];
     set_canary();
@@ -1135,6 +1138,7 @@ static void test_seq(void) {
         engram_free(ctx);
     }
 }
+CHECK_DEPRECATED_END
 
 /* ------------------------------------------------------------------------ */
 /* NULL-tolerant functions, status strings                                    */

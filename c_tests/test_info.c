@@ -117,7 +117,7 @@ static void apply_with(engram_context *ctx, float *hw) {
         pos[i] = i;
     }
     int64_t ids[16 * MM_C];
-    engram_seq_drop(ctx, 0);
+    engram_seq_rm(ctx, 0, -1, -1);
     engram_hash(ctx, tok, seq, pos, 16, ids, sizeof ids / sizeof ids[0]);
     mm_fill_highway(hw, 16);
     engram_apply(ctx, MM_LAYER, ids, 16, hw, ENGRAM_TYPE_F32, NULL);

@@ -143,6 +143,7 @@ static void *prefetcher(void *arg) {
     return NULL;
 }
 
+CHECK_DEPRECATED_BEGIN /* the deprecated aliases, on purpose */
 static void *sequences(void *arg) {
     (void)arg;
     int64_t ids[TOKENS * MM_C];
@@ -159,6 +160,7 @@ static void *sequences(void *arg) {
     }
     return NULL;
 }
+CHECK_DEPRECATED_END
 
 int main(void) {
     mm_fill_qk(g_q, g_k);

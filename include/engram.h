@@ -6,40 +6,76 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/*
+ How to read this header.
+
+ Sections, in the order an engine meets them: version and statuses; types;
+ creating a context; the step (hash, apply, prefetch or stage, read back,
+ check); the history; information and threads; teardown.
+
+ Errors. Every call that can fail returns an `engram_status`; on error
+ nothing changed (no output written, no state moved) and
+ `engram_last_error()` names the argument and why.
+
+ Ownership. Every pointer parameter is borrowed for the call only: the
+ caller owns it, and the library keeps no pointer to it after returning,
+ except where a call says otherwise:
+ - `engram_context *` and `engram_tables *` are owned by the caller from the
+   call that creates them (`*out`) to `engram_free` / `engram_tables_free`;
+   every other call borrows them.
+ - The weights of `engram_layer_weights` stay borrowed until the layer is
+   set again or the context is freed (the caller keeps them valid and
+   unchanged until then); nothing else the caller passes is kept.
+ - Pointers the library hands back are its own: `engram_tables_fill_config`
+   points the config at the tables' arrays, valid until
+   `engram_tables_free`; `engram_version` and `engram_status_str` return
+   static strings; `engram_last_error` returns the calling thread's
+   buffer, valid until that thread's next failing call.
+ Device pointers (CUDA backend) are borrowed for the work the call queues
+ on the caller's stream: until that work has run.
+
+ const. A pointer the call only reads is `const`; an output or in-out
+ buffer is not. The context is `const` for the calls that only describe it
+ (`engram_row_ids_per_token`, `engram_context_info`); every other call may
+ change its state (history, workspaces, the last call's event).
+
+ Threads. Calls on one context from several threads are safe (each call
+ says what it serialises with); `engram_free` waits for the calls in flight
+ on the context to return (see it).
+
+ Checked calls. The step's calls have checked forms
+ (`engram_apply_checked`, `engram_apply_device_ids_checked`,
+ `engram_read_back_checked`, `engram_hash_device_checked`) that take every
+ buffer's length and refuse a mismatch before touching anything: use them.
+
+ Deprecated names are marked with ENGRAM_DEPRECATED, which warns where the
+ compiler can; define it empty before including this header to silence it:
+   #define ENGRAM_DEPRECATED(msg)
+ */
+#ifndef ENGRAM_DEPRECATED
+#if defined(__GNUC__) || defined(__clang__)
+#define ENGRAM_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#elif defined(_MSC_VER)
+#define ENGRAM_DEPRECATED(msg) __declspec(deprecated(msg))
+#else
+#define ENGRAM_DEPRECATED(msg)
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif  // __cplusplus
+
+/* ==========================================================================
+ * Version and statuses
+ *
+ * Which library this is, and what every call that can fail returns.
+ * ========================================================================= */
+
 #define ENGRAM_VERSION_MAJOR 0
 #define ENGRAM_VERSION_MINOR 3
 #define ENGRAM_VERSION_PATCH 0
 #define ENGRAM_VERSION_STRING "0.3.0"
-
-
-/*
- Row id written for every column of a dead token. `apply` leaves such
- tokens untouched.
- */
-#define ENGRAM_ROW_ID_DEAD -1
-
-/*
- Written as a layer's `table_types`, `wkv_types` and `qk_types` entry
- while its weights were never set (its `table_rows` entry is then 0).
- */
-#define ENGRAM_INFO_NO_TYPE 4294967295
-
-/*
- Values per e8m0 scale in the fp8 row format.
- */
-#define ENGRAM_FP8_SCALE_BLOCK 32
-
-/*
- The epsilon of a model whose files do not state one.
- */
-#define DEFAULT_EPS 1e-6
-
-/*
- Token id that marks a dead position explicitly (a position fed by an
- embedding instead of a token id, an image token, ...). It hashes like a
- token whose `token_map` entry is `-1`.
- */
-#define ENGRAM_TOKEN_DEAD -1
 
 /*
  Status of every `engram_*` call. `ENGRAM_OK` is zero; every error code sits
@@ -140,6 +176,33 @@ typedef enum engram_status {
 } engram_status;
 
 /*
+ The library version, `"MAJOR.MINOR.PATCH"` (equal to the header's
+ `ENGRAM_VERSION_STRING` when header and library match).
+ */
+const char *engram_version(void);
+
+/*
+ A static description of a status code (unknown codes included).
+ */
+const char *engram_status_str(int32_t status);
+
+/*
+ The message of the last failed call on the calling thread ("" if none).
+ A successful call does not clear it: read it right after the call that
+ failed. Valid until the next failing call on this thread. Messages are
+ kept in a fixed per-thread buffer (cut at 2047 bytes) that needs no
+ destructor, so failing calls and this one work in `atexit` handlers, C++
+ static destructors and thread-exit (pthread-key) destructors too.
+ */
+const char *engram_last_error(void);
+
+/* ==========================================================================
+ * Types
+ *
+ * Value formats, backends, the special ids, and the two opaque handles.
+ * ========================================================================= */
+
+/*
  Element, row and weight formats. The numbers equal `ggml_type` where ggml
  has the format, so a GGUF tensor's type can be passed through unchanged;
  the fp8 checkpoint format, which ggml lacks, has its own number.
@@ -220,6 +283,11 @@ typedef uint32_t engram_type;
 #endif // __cplusplus
 
 /*
+ Values per e8m0 scale in the fp8 row format.
+ */
+#define ENGRAM_FP8_SCALE_BLOCK 32
+
+/*
  Where `apply` runs.
  */
 enum engram_backend
@@ -245,6 +313,19 @@ typedef uint32_t engram_backend;
 #endif // __cplusplus
 
 /*
+ Token id that marks a dead position explicitly (a position fed by an
+ embedding instead of a token id, an image token, ...). It hashes like a
+ token whose `token_map` entry is `-1`.
+ */
+#define ENGRAM_TOKEN_DEAD -1
+
+/*
+ Row id written for every column of a dead token. `apply` leaves such
+ tokens untouched.
+ */
+#define ENGRAM_ROW_ID_DEAD -1
+
+/*
  Opaque engram context. Create with `engram_create`, release with `engram_free`.
  */
 typedef struct engram_context engram_context;
@@ -254,6 +335,14 @@ typedef struct engram_context engram_context;
  (`engram_tables_from_files`). Free with `engram_tables_free`.
  */
 typedef struct engram_tables engram_tables;
+
+/* ==========================================================================
+ * Creating a context
+ *
+ * From the engine's own tables and weights (a config, then each layer's
+ * weights), from a GGUF file, from the safetensors checkpoint; hash tables
+ * from config.json + tokenizer.json.
+ * ========================================================================= */
 
 /*
  Configuration for `engram_create`. Fill it with `engram_config_init`, which
@@ -376,6 +465,24 @@ typedef struct engram_config {
 } engram_config;
 
 /*
+ Fill `cfg`'s first `struct_size` bytes with the defaults (zero everywhere,
+ `struct_size` set, the CPU backend, `eps = 1e-6`, one thread). NULL is
+ ignored. Call it through the header's `engram_config_init(cfg)`, which
+ passes `sizeof *cfg`, so a library newer than the header never writes
+ past the caller's struct.
+ */
+void engram_config_init_sized(struct engram_config *cfg, size_t struct_size);
+
+/*
+ Create a context. On success `*out` receives it; on failure `*out` is left
+ as it was and `engram_last_error()` says why.
+
+ `cfg` must be NULL or a valid `engram_config` whose pointers hold the
+ counts it states; `out` must be NULL or writable.
+ */
+enum engram_status engram_create(const struct engram_config *cfg, struct engram_context **out);
+
+/*
  One engram layer's weights for `engram_set_layer`. All pointers are
  borrowed: they must stay valid and unchanged until the layer is set again
  or the context is freed. Nothing is copied except `q * k` (`hc * D` floats).
@@ -467,6 +574,35 @@ typedef struct engram_layer_weights {
 } engram_layer_weights;
 
 /*
+ As `engram_config_init_sized`, for `engram_layer_weights` (everything zero
+ but `struct_size`); call it through `engram_layer_weights_init(w)`.
+ */
+void engram_layer_weights_init_sized(struct engram_layer_weights *w, size_t struct_size);
+
+/*
+ Register (or replace) the weights of one engram layer. The pointers are
+ borrowed (see `engram_layer_weights`).
+
+ CUDA backend: before it replaces anything it waits on the host for the
+ work of the context's last call queued outside a graph capture (an event
+ recorded on that call's stream; not `cuCtxSynchronize`, so it neither
+ waits for the engine's other work nor breaks a capture another thread
+ makes); its copies run on the context's own stream. When it returns,
+ nothing the library queued reads the replaced weights, so the engine may
+ free them. It does not wait for the engine's streams: `q` and `k`, read
+ during the call, must already hold their values (written by a finished
+ copy). A graph captured before the call holds the old weights' and
+ staging buffers' addresses: its replays must have finished before the
+ call, and it must be captured again after it (never replayed again).
+
+ `ctx` as in `engram_free`; `w` must be NULL or a valid struct whose
+ pointers hold the sizes the geometry implies and outlive their use by the
+ context.
+ */
+enum engram_status engram_set_layer(struct engram_context *ctx,
+                                    const struct engram_layer_weights *w);
+
+/*
  Options of `engram_create_from_gguf`. Fill with `engram_gguf_options_init`.
  Every field is plain data.
 
@@ -540,118 +676,48 @@ typedef struct engram_gguf_options {
 } engram_gguf_options;
 
 /*
- What `engram_context_info` reports. Fill it with `engram_info_init`, which
- sets `struct_size` and leaves every array NULL; to read the layers too, set
- the arrays you want (each `layers_cap` elements, or NULL to skip it) and
- `layers_cap`. Every other field is written by the call. A struct from an
- older header (a smaller `struct_size`) is read and written only as far as
- it goes.
+ Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
+ `eps = 0` (the file's), `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
+ 131072`, one thread, no config/tokenizer, `pread` tables, no tables
+ directory. NULL is ignored.
+ Call it through the header's `engram_gguf_options_init(o)`.
  */
-typedef struct engram_info {
-  /*
-   `sizeof(engram_info)` of the caller's header (set by `engram_info_init`).
-   */
-  size_t struct_size;
-  /*
-   In: per engram layer, in row-id order: the model layer id.
-   */
-  uint32_t *layer_ids;
-  /*
-   In: the table's `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: weights never set).
-   */
-  uint32_t *table_types;
-  /*
-   In: the table's rows as set (0: weights never set).
-   */
-  uint64_t *table_rows;
-  /*
-   In: the rows the layer's hash reaches (the largest `offset + prime`):
-   the smallest table `engram_set_layer` accepts.
-   */
-  uint64_t *rows_needed;
-  /*
-   In: `wkv`'s `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: never set).
-   */
-  uint32_t *wkv_types;
-  /*
-   In: `q` and `k`'s `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: never set).
-   */
-  uint32_t *qk_types;
-  /*
-   In: the elements each non-NULL array above holds; below `n_layers` is
-   `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` (nothing written).
-   */
-  uint32_t layers_cap;
-  /*
-   `ENGRAM_BACKEND_CPU` or `ENGRAM_BACKEND_CUDA`.
-   */
-  uint32_t backend;
-  /*
-   Hidden size `D`.
-   */
-  uint32_t hidden_size;
-  /*
-   Hyper-connection streams `hc`.
-   */
-  uint32_t hc;
-  /*
-   Row width `Hd`.
-   */
-  uint32_t head_dim;
-  /*
-   Hash heads per n-gram size `H`.
-   */
-  uint32_t n_heads;
-  /*
-   Max n-gram size `N`.
-   */
-  uint32_t max_ngram;
-  /*
-   Row ids per token per layer, `C = (N-1)*H`.
-   */
-  uint32_t cols;
-  /*
-   Engram layers.
-   */
-  uint32_t n_layers;
-  /*
-   RMS epsilon of the gate, as the context uses it.
-   */
-  float eps;
-  /*
-   Most tokens in one call.
-   */
-  uint32_t max_tokens;
-  /*
-   Sequence ids run over `[0, max_seqs)`.
-   */
-  uint32_t max_seqs;
-  /*
-   Positions run over `[0, max_positions)`.
-   */
-  uint32_t max_positions;
-  /*
-   Threads the backend uses for one call (`engram_set_threads`).
-   */
-  uint32_t n_threads;
-  /*
-   Entries of the token map (the vocabulary the hash accepts).
-   */
-  size_t token_map_len;
-  /*
-   The pad token's compressed id.
-   */
-  int64_t pad_id;
-  /*
-   Row ids per token, `n_layers * C` (`engram_row_ids_per_token`).
-   */
-  size_t row_ids_per_token;
-  /*
-   The fingerprint of the hash tables that a saved sequence state carries
-   (`engram_seq_state_write`): equal for contexts of the same model.
-   */
-  uint64_t table_fingerprint;
-} engram_info;
+void engram_gguf_options_init_sized(struct engram_gguf_options *o, size_t struct_size);
+
+/*
+ Create a context straight from a GGUF file, in the dialect of any public
+ DeepSeek-V4.1 converter (the table in docs/loading.md): llama.cpp's
+ `deepseek41.engram.*` keys (also spelled `deepseek4.engram.*`), ds4,
+ tarruda, JigSawPT, deepstrix and shard-path-plus-offsets files. The
+ dialect is recognised from the keys that identify it; hash constants in
+ any integer width that holds them (a value that does not fit is refused
+ naming the key), from metadata or tensors; the pad read as the dialect
+ stores it (a compressed or a raw id; where a key's reading is ambiguous
+ and the two readings differ, the call is refused naming both values);
+ tables as ggml rows, 264-byte fp8 rows, or fp8 codes and scales in two
+ tensors (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`), read in place. A split set
+ (`PREFIX-0000k-of-0000n.gguf`) is opened from any of its shards; every
+ shard is opened. Tables outside the file are read from the checkpoint's
+ shards (`options.tables_dir`) or the call says where they are. Every
+ layer's tensors and the hash layout are checked against each other
+ (`engram-inspect` prints the same checks). The context owns what it
+ opened (freed by `engram_free`). Statuses: `ERR_IO` (a file cannot be
+ opened or read, is not a regular file, a shard is missing),
+ `ERR_FORMAT` (not GGUF, truncated, sizes that overflow, a missing or
+ mistyped key or tensor, constants that disagree with each other or with
+ the tables), `ERR_UNSUPPORTED` (GGUF version, a tensor type this build
+ does not read, an unknown backend), `ERR_DEVICE` (the CUDA backend without
+ a usable driver or device), `ERR_INVALID_CONFIG` (missing hash constants without
+ config + tokenizer, companion files that disagree, an ambiguous pad),
+ `ERR_INVALID_DATA` (an fp8 or f16 weight holding NaN). On failure `*out`
+ is left as it was.
+
+ `path` must be NULL or a NUL-terminated path; `options` NULL or filled by
+ `engram_gguf_options_init`; `out` NULL or writable.
+ */
+enum engram_status engram_create_from_gguf(const char *path,
+                                           const struct engram_gguf_options *options,
+                                           struct engram_context **out);
 
 /*
  Options of `engram_create_from_safetensors`. Fill with
@@ -713,91 +779,103 @@ typedef struct engram_safetensors_options {
   uint32_t mmap_tables;
 } engram_safetensors_options;
 
-#ifdef __cplusplus
-extern "C" {
-#endif // __cplusplus
+/*
+ Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
+ `eps = 0` (the file's), `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
+ 131072`, one thread, the directory's tokenizer.json, `pread` tables. NULL
+ is ignored. Call it through the header's `engram_safetensors_options_init(o)`.
+ */
+void engram_safetensors_options_init_sized(struct engram_safetensors_options *o,
+                                           size_t struct_size);
 
 /*
- The library version, `"MAJOR.MINOR.PATCH"` (equal to the header's
- `ENGRAM_VERSION_STRING` when header and library match).
+ Create a context straight from the released DeepSeek-V4.1 checkpoint's
+ directory `model_dir`, without converting it: `config.json` (the engram
+ fields of `text_config`), `model.safetensors.index.json` (or a single
+ `model.safetensors`) and the shards that hold the engram tensors, each
+ opened once. Per engram layer: the table from `layers.{L}.engram.embed.weight`
+ (F8_E4M3) and `.embed.scale` (F8_E8M0) in place
+ (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`); `q_weight`, `k_weight` (BF16); `wkv`
+ (F8_E4M3 `wkv.weight` with its F8_E8M0 `wkv.scale`, one scale per
+ `quantization_config.weight_block_size` block: kept as stored,
+ `ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK`, read in place by the kernels; or
+ BF16/F32). The hash constants are derived from the
+ config and the tokenizer, as docs/math.md states. Statuses: `ERR_IO` (the
+ directory, a file or a shard cannot be opened, or is not a regular file),
+ `ERR_FORMAT` (a safetensors header that is not valid or disagrees with its
+ file, a missing tensor, a tensor of the wrong dtype or shape, a config that
+ disagrees with the tensors), `ERR_INVALID_CONFIG` (missing config fields,
+ a tokenizer that does not fit the config), `ERR_UNSUPPORTED` (a dtype this
+ build does not read, an unknown backend), `ERR_DEVICE` (the CUDA backend
+ without a usable driver or device), `ERR_INVALID_DATA` (a NaN code or scale in the fp8 `wkv`, or a block
+ that overflows: see `engram_layer_weights.wkv_scales`). On
+ failure `*out` is left as it was.
+
+ `model_dir` must be NULL or a NUL-terminated path; `options` NULL or
+ filled by `engram_safetensors_options_init`; `out` NULL or writable.
  */
-const char *engram_version(void);
+enum engram_status engram_create_from_safetensors(const char *model_dir,
+                                                  const struct engram_safetensors_options *options,
+                                                  struct engram_context **out);
 
 /*
- A static description of a status code (unknown codes included).
+ Derive the hash tables (token map, multipliers, primes, offsets) from a
+ model's `config.json` (its engram fields; docs/loading.md lists the
+ names accepted) and its Hugging Face `tokenizer.json`, as docs/math.md
+ states.
+ On success `*out` receives an object to pass to `engram_tables_fill_config`
+ and to free with `engram_tables_free`; on failure `*out` is left as it was
+ (`ENGRAM_STATUS_ERR_IO` for a file that cannot be read,
+ `ENGRAM_STATUS_ERR_INVALID_CONFIG` for missing or inconsistent fields).
+
+ `config_json` and `tokenizer_json` must be NULL or NUL-terminated paths;
+ `out` NULL or writable.
  */
-const char *engram_status_str(int32_t status);
+enum engram_status engram_tables_from_files(const char *config_json,
+                                            const char *tokenizer_json,
+                                            struct engram_tables **out);
 
 /*
- The message of the last failed call on the calling thread ("" if none).
- A successful call does not clear it: read it right after the call that
- failed. Valid until the next failing call on this thread. Messages are
- kept in a fixed per-thread buffer (cut at 2047 bytes) that needs no
- destructor, so failing calls and this one work in `atexit` handlers, C++
- static destructors and thread-exit (pthread-key) destructors too.
+ Point `cfg`'s hash fields at the tables (`n_heads`, `max_ngram`,
+ `layer_ids`/`n_layers`, `token_map`/`token_map_len`, `pad_id`,
+ `multipliers`, `primes`, `offsets` and their counts) and set
+ `hidden_size`, `hc` and `head_dim` where the config.json gave them (the
+ other fields are left as they are). A `hidden_size`, `hc` or `head_dim`
+ above 2^32 - 1, which the 32-bit fields cannot hold, is
+ `ENGRAM_STATUS_ERR_INVALID_CONFIG` and `cfg` is left as it was. The pointers stay valid until
+ `engram_tables_free`; `engram_create` copies them, so the tables may be
+ freed once the context exists.
+
+ `tables` must be NULL or from `engram_tables_from_files`; `cfg` NULL or a
+ struct filled by `engram_config_init`.
  */
-const char *engram_last_error(void);
+enum engram_status engram_tables_fill_config(const struct engram_tables *tables,
+                                             struct engram_config *cfg);
 
 /*
- Fill `cfg`'s first `struct_size` bytes with the defaults (zero everywhere,
- `struct_size` set, the CPU backend, `eps = 1e-6`, one thread). NULL is
- ignored. Call it through the header's `engram_config_init(cfg)`, which
- passes `sizeof *cfg`, so a library newer than the header never writes
- past the caller's struct.
+ Rows the table of engram layer `layer_id` has (the sum of its primes), or 0
+ when `tables` is NULL or the layer is not an engram layer.
+
+ `tables` must be NULL or from `engram_tables_from_files`.
  */
-void engram_config_init_sized(struct engram_config *cfg, size_t struct_size);
+uint64_t engram_tables_layer_rows(const struct engram_tables *tables, uint32_t layer_id);
 
 /*
- As `engram_config_init_sized`, for `engram_layer_weights` (everything zero
- but `struct_size`); call it through `engram_layer_weights_init(w)`.
+ Distinct compressed token ids of the tables' token map (0 for NULL).
+
+ `tables` must be NULL or from `engram_tables_from_files`.
  */
-void engram_layer_weights_init_sized(struct engram_layer_weights *w, size_t struct_size);
+size_t engram_tables_compressed_vocab(const struct engram_tables *tables);
 
-/*
- Create a context. On success `*out` receives it; on failure `*out` is left
- as it was and `engram_last_error()` says why.
-
- `cfg` must be NULL or a valid `engram_config` whose pointers hold the
- counts it states; `out` must be NULL or writable.
- */
-enum engram_status engram_create(const struct engram_config *cfg, struct engram_context **out);
-
-/*
- Free a context. NULL is a no-op. With the CUDA backend it first waits for
- the work of the context's last call (an event recorded after it on its
- stream), so that nothing queued still reads the workspaces it frees, and
- then, before it unloads its kernels, for the device (`cuCtxSynchronize`):
- not during another thread's graph capture in global mode. Replays of
- captured graphs are not tracked: they must have finished (synchronise
- their stream first).
-
- `ctx` must be NULL or a context from `engram_create` not yet freed, with
- no call on it in flight.
- */
-void engram_free(struct engram_context *ctx);
-
-/*
- Register (or replace) the weights of one engram layer. The pointers are
- borrowed (see `engram_layer_weights`).
-
- CUDA backend: before it replaces anything it waits on the host for the
- work of the context's last call queued outside a graph capture (an event
- recorded on that call's stream; not `cuCtxSynchronize`, so it neither
- waits for the engine's other work nor breaks a capture another thread
- makes); its copies run on the context's own stream. When it returns,
- nothing the library queued reads the replaced weights, so the engine may
- free them. It does not wait for the engine's streams: `q` and `k`, read
- during the call, must already hold their values (written by a finished
- copy). A graph captured before the call holds the old weights' and
- staging buffers' addresses: its replays must have finished before the
- call, and it must be captured again after it (never replayed again).
-
- `ctx` as in `engram_free`; `w` must be NULL or a valid struct whose
- pointers hold the sizes the geometry implies and outlive their use by the
- context.
- */
-enum engram_status engram_set_layer(struct engram_context *ctx,
-                                    const struct engram_layer_weights *w);
+/* ==========================================================================
+ * The step
+ *
+ * Once per batch: hash the tokens, then in each engram layer apply (after
+ * an optional prefetch or stage); read back and check to validate an
+ * integration. The checked forms (engram_apply_checked, ...) take every
+ * buffer's length and refuse a mismatch: use them; the unchecked ones stay
+ * for engines that already call them.
+ * ========================================================================= */
 
 /*
  Row ids each token produces: `n_layers * C`. The output of `engram_hash` is
@@ -826,14 +904,24 @@ enum engram_status engram_hash(struct engram_context *ctx,
                                size_t row_ids_cap);
 
 /*
- Make sequence `dst`'s history an exact copy of `src`'s (fork, shared prefix).
- */
-enum engram_status engram_seq_copy(struct engram_context *ctx, int32_t src, int32_t dst);
+ `engram_hash_device` with its output's capacity, as `engram_hash` takes
+ one: `row_ids_cap` is the elements the device buffer `row_ids` holds; below
+ `n_tokens * engram_row_ids_per_token(ctx)` it is
+ `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` naming expected and given, and
+ nothing is queued (checked before anything else, on every backend).
+ Then it is `engram_hash_device` in every respect.
 
-/*
- Forget every position of sequence `seq`.
+ `ctx` as in `engram_free`; the pointers device memory as for
+ `engram_hash_device`.
  */
-enum engram_status engram_seq_drop(struct engram_context *ctx, int32_t seq);
+enum engram_status engram_hash_device_checked(struct engram_context *ctx,
+                                              const int32_t *tokens,
+                                              const int32_t *seq_ids,
+                                              const int32_t *pos,
+                                              uint32_t n_tokens,
+                                              int64_t *row_ids,
+                                              size_t row_ids_cap,
+                                              void *stream);
 
 /*
  Hash a batch on the device, over the context's device history (a
@@ -872,21 +960,102 @@ enum engram_status engram_hash_device(struct engram_context *ctx,
                                       void *stream);
 
 /*
- Make sequence `dst`'s device history a copy of `src`'s (a fork or a
- shared prefix), queued on `stream` (capturable). A context with a device
- history only (else `ENGRAM_STATUS_ERR_UNSUPPORTED`); the ids are checked
- here.
+ The arguments of `engram_apply_checked` and
+ `engram_apply_device_ids_checked`. Fill it with `engram_apply_args_init`,
+ which sets `struct_size` and zeroes the rest, then set every field: each
+ length is checked against what the call will read or write, and a
+ mismatch is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` naming the field, what
+ the call expected and what was given, before anything is touched. The
+ struct is read during the call only; its pointers are borrowed as the
+ unchecked calls borrow them.
  */
-enum engram_status engram_seq_copy_device(struct engram_context *ctx,
-                                          int32_t src,
-                                          int32_t dst,
-                                          void *stream);
+typedef struct engram_apply_args {
+  /*
+   `sizeof(engram_apply_args)` of the caller's header (set by `engram_apply_args_init`).
+   */
+  size_t struct_size;
+  /*
+   The engram layer to apply (one of the config's `layer_ids`).
+   */
+  uint32_t layer_id;
+  /*
+   Tokens in the step.
+   */
+  uint32_t n_tokens;
+  /*
+   The step's row ids, `[n_tokens, n_layers, C]` int64 as `engram_hash`
+   wrote them: host memory for `engram_apply_checked`, device memory for
+   `engram_apply_device_ids_checked`.
+   */
+  const int64_t *row_ids;
+  /*
+   Elements `row_ids` holds: must equal
+   `n_tokens * engram_row_ids_per_token(ctx)`.
+   */
+  size_t row_ids_len;
+  /*
+   The highway, `[n_tokens, hc, D]` of `highway_type`, updated in place
+   (memory of the context's backend, as for `engram_apply`).
+   */
+  void *highway;
+  /*
+   Bytes the highway buffer holds: must equal
+   `n_tokens * highway_token_stride` (a larger buffer is refused too: it
+   means a token count or a type other than the caller meant).
+   */
+  size_t highway_bytes;
+  /*
+   Bytes from one token's `hc * D` values to the next token's: must equal
+   `hc * D * sizeof(element)` (the highway is dense).
+   */
+  size_t highway_token_stride;
+  /*
+   `ENGRAM_TYPE_F32` or `ENGRAM_TYPE_BF16` (any other type is
+   `ENGRAM_STATUS_ERR_UNSUPPORTED`).
+   */
+  uint32_t highway_type;
+  /*
+   The CUDA stream (ignored by the CPU backend), as for `engram_apply`.
+   */
+  void *stream;
+} engram_apply_args;
 
 /*
- Forget every position of sequence `seq`'s device history, queued on
- `stream` (capturable). As `engram_seq_copy_device`.
+ Fill `args`' first `struct_size` bytes with the defaults (`struct_size`
+ set, everything else zero or NULL). NULL is ignored. Call it through the
+ header's `engram_apply_args_init(args)`, which passes `sizeof *args`.
  */
-enum engram_status engram_seq_drop_device(struct engram_context *ctx, int32_t seq, void *stream);
+void engram_apply_args_init_sized(struct engram_apply_args *args, size_t struct_size);
+
+/*
+ `engram_apply` with every length checked: the checked form, for every
+ engine. `args` (see `engram_apply_args`) gives the layer, the host row
+ ids and their length, the highway with its type, its length in bytes and
+ its token stride, and the stream. A length that differs from what the
+ call reads or writes (row ids for another token count or model, a
+ highway that overflows or is shorter, a strided highway, a bf16 buffer
+ labelled f32 or the reverse) is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`
+ naming the field, the expected and the given value, and nothing is read
+ or written. Then it is `engram_apply` in every respect (checks, result,
+ streams, errors).
+
+ `ctx` as in `engram_free`; `args` read during the call only.
+ */
+enum engram_status engram_apply_checked(struct engram_context *ctx,
+                                        const struct engram_apply_args *args);
+
+/*
+ `engram_apply_device_ids` with every length checked, as
+ `engram_apply_checked` checks them: `args.row_ids` is device memory
+ (only its stated length can be checked here; its ids are checked on the
+ device as `engram_apply_device_ids` checks them). On a mismatch nothing is
+ queued. Then it is `engram_apply_device_ids` in every respect (capturable
+ in a CUDA graph; the CPU backend returns `ENGRAM_STATUS_ERR_UNSUPPORTED`).
+
+ `ctx` as in `engram_free`; `args` read during the call only.
+ */
+enum engram_status engram_apply_device_ids_checked(struct engram_context *ctx,
+                                                   const struct engram_apply_args *args);
 
 /*
  Apply engram layer `layer_id` to `n_tokens` tokens: `row_ids` is the
@@ -973,46 +1142,6 @@ enum engram_status engram_apply_device_ids(struct engram_context *ctx,
                                            void *stream);
 
 /*
- Read back what `engram_apply` computes for layer `layer_id` and
- `n_tokens` tokens (host `row_ids`, `[n_tokens, n_layers, C]`), for an
- engine validating its integration: the gathered rows dequantised to bf16,
- `[n_tokens, C*Hd]` into `rows` (capacity `rows_cap` values), and the
- projection `kv` rounded to bf16, `[n_tokens, D*(hc+1)]` into `kv`
- (capacity `kv_cap`); a dead token's values are zero. Host buffers, on every
- backend. Slow (it allocates and waits): not for the step loop. The
- highway is not touched. On error nothing is written. On CUDA it runs on
- the context's own stream, after the work of the context's last call on
- the engine's stream (it waits for that call's event; replays of captured
- graphs must have finished), and waits for its own stream only, never the
- whole device or the legacy stream; it replaces what `engram_stage` staged
- for a host-table layer (stage again before a replay).
-
- `ctx` as in `engram_free`; the buffers must hold the capacities given.
- */
-enum engram_status engram_read_back(struct engram_context *ctx,
-                                    uint32_t layer_id,
-                                    const int64_t *row_ids,
-                                    uint32_t n_tokens,
-                                    uint16_t *rows,
-                                    size_t rows_cap,
-                                    uint16_t *kv,
-                                    size_t kv_cap);
-
-/*
- Wait for `stream` (CUDA backend; NULL: the legacy default stream) and report
- what went wrong in the work this context queued: an asynchronous CUDA error
- (`ENGRAM_STATUS_ERR_DEVICE`) or an error the kernels found in the row ids or
- rows (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`, `ENGRAM_STATUS_ERR_INVALID_DATA`,
- or `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` for a host table's row that
- `engram_stage` did not stage; reported once). `ENGRAM_STATUS_OK` when all is well, and always on the CPU
- backend. It synchronises, so it is not for a captured step.
-
- `ctx` as in `engram_free`; `stream` a stream of the context's device or NULL.
- */
-enum engram_status engram_check(struct engram_context *ctx,
-                                void *stream);
-
-/*
  Start gathering the table rows of engram layer `layer_id` for a step on
  the context's worker threads, right after `engram_hash` gave `row_ids`
  (`[n_tokens, n_layers, C]`), and return without waiting: hints the kernel
@@ -1064,48 +1193,117 @@ enum engram_status engram_stage(struct engram_context *ctx,
                                 void *stream);
 
 /*
- Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
- `eps = 0` (the file's), `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
- 131072`, one thread, no config/tokenizer, `pread` tables, no tables
- directory. NULL is ignored.
- Call it through the header's `engram_gguf_options_init(o)`.
+ The arguments of `engram_read_back_checked`. Fill it with
+ `engram_read_back_args_init`, then set every field; each length must
+ equal what the call reads or writes (else
+ `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`, naming the field, expected and
+ given, and nothing is written). Read during the call only; every
+ pointer is host memory borrowed for the call.
  */
-void engram_gguf_options_init_sized(struct engram_gguf_options *o, size_t struct_size);
+typedef struct engram_read_back_args {
+  /*
+   `sizeof(engram_read_back_args)` of the caller's header (set by `engram_read_back_args_init`).
+   */
+  size_t struct_size;
+  /*
+   The engram layer to read back.
+   */
+  uint32_t layer_id;
+  /*
+   Tokens.
+   */
+  uint32_t n_tokens;
+  /*
+   Host row ids, `[n_tokens, n_layers, C]`.
+   */
+  const int64_t *row_ids;
+  /*
+   Elements `row_ids` holds: `n_tokens * engram_row_ids_per_token(ctx)`.
+   */
+  size_t row_ids_len;
+  /*
+   Out: the gathered rows as bf16, `[n_tokens, C*Hd]`.
+   */
+  uint16_t *rows;
+  /*
+   Elements `rows` holds: `n_tokens * C * Hd`.
+   */
+  size_t rows_len;
+  /*
+   Out: the projection `kv` as bf16, `[n_tokens, D*(hc+1)]`.
+   */
+  uint16_t *kv;
+  /*
+   Elements `kv` holds: `n_tokens * D * (hc + 1)`.
+   */
+  size_t kv_len;
+} engram_read_back_args;
 
 /*
- Create a context straight from a GGUF file, in the dialect of any public
- DeepSeek-V4.1 converter (the table in docs/loading.md): llama.cpp's
- `deepseek41.engram.*` keys (also spelled `deepseek4.engram.*`), ds4,
- tarruda, JigSawPT, deepstrix and shard-path-plus-offsets files. The
- dialect is recognised from the keys that identify it; hash constants in
- any integer width that holds them (a value that does not fit is refused
- naming the key), from metadata or tensors; the pad read as the dialect
- stores it (a compressed or a raw id; where a key's reading is ambiguous
- and the two readings differ, the call is refused naming both values);
- tables as ggml rows, 264-byte fp8 rows, or fp8 codes and scales in two
- tensors (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`), read in place. A split set
- (`PREFIX-0000k-of-0000n.gguf`) is opened from any of its shards; every
- shard is opened. Tables outside the file are read from the checkpoint's
- shards (`options.tables_dir`) or the call says where they are. Every
- layer's tensors and the hash layout are checked against each other
- (`engram-inspect` prints the same checks). The context owns what it
- opened (freed by `engram_free`). Statuses: `ERR_IO` (a file cannot be
- opened or read, is not a regular file, a shard is missing),
- `ERR_FORMAT` (not GGUF, truncated, sizes that overflow, a missing or
- mistyped key or tensor, constants that disagree with each other or with
- the tables), `ERR_UNSUPPORTED` (GGUF version, a tensor type this build
- does not read, an unknown backend), `ERR_DEVICE` (the CUDA backend without
- a usable driver or device), `ERR_INVALID_CONFIG` (missing hash constants without
- config + tokenizer, companion files that disagree, an ambiguous pad),
- `ERR_INVALID_DATA` (an fp8 or f16 weight holding NaN). On failure `*out`
- is left as it was.
-
- `path` must be NULL or a NUL-terminated path; `options` NULL or filled by
- `engram_gguf_options_init`; `out` NULL or writable.
+ As `engram_apply_args_init_sized`, for `engram_read_back_args`; call it
+ through `engram_read_back_args_init(args)`.
  */
-enum engram_status engram_create_from_gguf(const char *path,
-                                           const struct engram_gguf_options *options,
-                                           struct engram_context **out);
+void engram_read_back_args_init_sized(struct engram_read_back_args *args, size_t struct_size);
+
+/*
+ `engram_read_back` with every length checked: `args` (see
+ `engram_read_back_args`) gives the row ids with their length and the two
+ outputs with theirs; each must equal what the call reads or writes, else
+ `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` naming the field, expected and
+ given, and nothing is written. Then it is `engram_read_back`.
+
+ `ctx` as in `engram_free`; `args` read during the call only.
+ */
+enum engram_status engram_read_back_checked(struct engram_context *ctx,
+                                            const struct engram_read_back_args *args);
+
+/*
+ Read back what `engram_apply` computes for layer `layer_id` and
+ `n_tokens` tokens (host `row_ids`, `[n_tokens, n_layers, C]`), for an
+ engine validating its integration: the gathered rows dequantised to bf16,
+ `[n_tokens, C*Hd]` into `rows` (capacity `rows_cap` values), and the
+ projection `kv` rounded to bf16, `[n_tokens, D*(hc+1)]` into `kv`
+ (capacity `kv_cap`); a dead token's values are zero. Host buffers, on every
+ backend. Slow (it allocates and waits): not for the step loop. The
+ highway is not touched. On error nothing is written. On CUDA it runs on
+ the context's own stream, after the work of the context's last call on
+ the engine's stream (it waits for that call's event; replays of captured
+ graphs must have finished), and waits for its own stream only, never the
+ whole device or the legacy stream; it replaces what `engram_stage` staged
+ for a host-table layer (stage again before a replay).
+
+ `ctx` as in `engram_free`; the buffers must hold the capacities given.
+ */
+enum engram_status engram_read_back(struct engram_context *ctx,
+                                    uint32_t layer_id,
+                                    const int64_t *row_ids,
+                                    uint32_t n_tokens,
+                                    uint16_t *rows,
+                                    size_t rows_cap,
+                                    uint16_t *kv,
+                                    size_t kv_cap);
+
+/*
+ Wait for `stream` (CUDA backend; NULL: the legacy default stream) and report
+ what went wrong in the work this context queued: an asynchronous CUDA error
+ (`ENGRAM_STATUS_ERR_DEVICE`) or an error the kernels found in the row ids or
+ rows (`ENGRAM_STATUS_ERR_INVALID_ROW_ID`, `ENGRAM_STATUS_ERR_INVALID_DATA`,
+ or `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` for a host table's row that
+ `engram_stage` did not stage; reported once). `ENGRAM_STATUS_OK` when all is well, and always on the CPU
+ backend. It synchronises, so it is not for a captured step.
+
+ `ctx` as in `engram_free`; `stream` a stream of the context's device or NULL.
+ */
+enum engram_status engram_check(struct engram_context *ctx,
+                                void *stream);
+
+/* ==========================================================================
+ * The history
+ *
+ * What the engine's KV cache does to a sequence, done to its hash history
+ * (llama_memory_seq_*); a sequence's saved state; the same on a device
+ * history.
+ * ========================================================================= */
 
 /*
  Forget the positions `[p0, p1)` of sequence `seq`, as
@@ -1340,6 +1538,182 @@ enum engram_status engram_seq_state_read_device(struct engram_context *ctx,
                                                 void *stream);
 
 /*
+ Deprecated: use `engram_seq_cp(ctx, src, dst, -1, -1)`, which does the
+ same. Makes sequence `dst`'s history an exact copy of `src`'s (fork,
+ shared prefix).
+
+ `ctx` as in `engram_free`.
+ */
+ENGRAM_DEPRECATED("use engram_seq_cp with p0 = p1 = -1")
+enum engram_status engram_seq_copy(struct engram_context *ctx,
+                                   int32_t src,
+                                   int32_t dst);
+
+/*
+ Deprecated: use `engram_seq_rm(ctx, seq, -1, -1)`, which does the same.
+ Forgets every position of sequence `seq`.
+
+ `ctx` as in `engram_free`.
+ */
+ENGRAM_DEPRECATED("use engram_seq_rm with p0 = p1 = -1")
+enum engram_status engram_seq_drop(struct engram_context *ctx,
+                                   int32_t seq);
+
+/*
+ Deprecated: use `engram_seq_cp_device(ctx, src, dst, -1, -1, stream)`,
+ which does the same. Makes sequence `dst`'s device history a copy of
+ `src`'s (a fork or a shared prefix), queued on `stream` (capturable). A
+ context with a device history only (else
+ `ENGRAM_STATUS_ERR_UNSUPPORTED`); the ids are checked here.
+
+ `ctx` as in `engram_free`; `stream` as in `engram_seq_rm_device`.
+ */
+ENGRAM_DEPRECATED("use engram_seq_cp_device with p0 = p1 = -1")
+enum engram_status engram_seq_copy_device(struct engram_context *ctx,
+                                          int32_t src,
+                                          int32_t dst,
+                                          void *stream);
+
+/*
+ Deprecated: use `engram_seq_rm_device(ctx, seq, -1, -1, stream)`, which
+ does the same. Forgets every position of sequence `seq`'s device history,
+ queued on `stream` (capturable). As `engram_seq_copy_device`.
+
+ `ctx` as in `engram_free`; `stream` as in `engram_seq_rm_device`.
+ */
+ENGRAM_DEPRECATED("use engram_seq_rm_device with p0 = p1 = -1")
+enum engram_status engram_seq_drop_device(struct engram_context *ctx,
+                                          int32_t seq,
+                                          void *stream);
+
+/* ==========================================================================
+ * Information and threads
+ *
+ * What a context says about itself (to size buffers, to check a loaded
+ * model); its thread count at run time.
+ * ========================================================================= */
+
+/*
+ What `engram_context_info` reports. Fill it with `engram_info_init`, which
+ sets `struct_size` and leaves every array NULL; to read the layers too, set
+ the arrays you want (each `layers_cap` elements, or NULL to skip it) and
+ `layers_cap`. Every other field is written by the call. A struct from an
+ older header (a smaller `struct_size`) is read and written only as far as
+ it goes.
+ */
+typedef struct engram_info {
+  /*
+   `sizeof(engram_info)` of the caller's header (set by `engram_info_init`).
+   */
+  size_t struct_size;
+  /*
+   In: per engram layer, in row-id order: the model layer id.
+   */
+  uint32_t *layer_ids;
+  /*
+   In: the table's `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: weights never set).
+   */
+  uint32_t *table_types;
+  /*
+   In: the table's rows as set (0: weights never set).
+   */
+  uint64_t *table_rows;
+  /*
+   In: the rows the layer's hash reaches (the largest `offset + prime`):
+   the smallest table `engram_set_layer` accepts.
+   */
+  uint64_t *rows_needed;
+  /*
+   In: `wkv`'s `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: never set).
+   */
+  uint32_t *wkv_types;
+  /*
+   In: `q` and `k`'s `ENGRAM_TYPE_*` (`ENGRAM_INFO_NO_TYPE`: never set).
+   */
+  uint32_t *qk_types;
+  /*
+   In: the elements each non-NULL array above holds; below `n_layers` is
+   `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` (nothing written).
+   */
+  uint32_t layers_cap;
+  /*
+   `ENGRAM_BACKEND_CPU` or `ENGRAM_BACKEND_CUDA`.
+   */
+  uint32_t backend;
+  /*
+   Hidden size `D`.
+   */
+  uint32_t hidden_size;
+  /*
+   Hyper-connection streams `hc`.
+   */
+  uint32_t hc;
+  /*
+   Row width `Hd`.
+   */
+  uint32_t head_dim;
+  /*
+   Hash heads per n-gram size `H`.
+   */
+  uint32_t n_heads;
+  /*
+   Max n-gram size `N`.
+   */
+  uint32_t max_ngram;
+  /*
+   Row ids per token per layer, `C = (N-1)*H`.
+   */
+  uint32_t cols;
+  /*
+   Engram layers.
+   */
+  uint32_t n_layers;
+  /*
+   RMS epsilon of the gate, as the context uses it.
+   */
+  float eps;
+  /*
+   Most tokens in one call.
+   */
+  uint32_t max_tokens;
+  /*
+   Sequence ids run over `[0, max_seqs)`.
+   */
+  uint32_t max_seqs;
+  /*
+   Positions run over `[0, max_positions)`.
+   */
+  uint32_t max_positions;
+  /*
+   Threads the backend uses for one call (`engram_set_threads`).
+   */
+  uint32_t n_threads;
+  /*
+   Entries of the token map (the vocabulary the hash accepts).
+   */
+  size_t token_map_len;
+  /*
+   The pad token's compressed id.
+   */
+  int64_t pad_id;
+  /*
+   Row ids per token, `n_layers * C` (`engram_row_ids_per_token`).
+   */
+  size_t row_ids_per_token;
+  /*
+   The fingerprint of the hash tables that a saved sequence state carries
+   (`engram_seq_state_write`): equal for contexts of the same model.
+   */
+  uint64_t table_fingerprint;
+} engram_info;
+
+/*
+ Written as a layer's `table_types`, `wkv_types` and `qk_types` entry
+ while its weights were never set (its `table_rows` entry is then 0).
+ */
+#define ENGRAM_INFO_NO_TYPE 4294967295
+
+/*
  Fill `info`'s first `struct_size` bytes with the defaults (NULL arrays,
  `struct_size` set). NULL is ignored. Call it through the header's
  `engram_info_init(info)`.
@@ -1355,7 +1729,7 @@ void engram_info_init_sized(struct engram_info *info, size_t struct_size);
  `ctx` as in `engram_free`; `info` NULL or an `engram_info` whose non-NULL
  arrays hold `layers_cap` elements.
  */
-enum engram_status engram_context_info(struct engram_context *ctx, struct engram_info *info);
+enum engram_status engram_context_info(const struct engram_context *ctx, struct engram_info *info);
 
 /*
  Layer `layer_id`'s gate weights, the product `q * k` (`[hc, D]` f32, the
@@ -1390,93 +1764,33 @@ enum engram_status engram_layer_gate_weights(struct engram_context *ctx,
  */
 enum engram_status engram_set_threads(struct engram_context *ctx, uint32_t n_threads);
 
-/*
- Fill `o`'s first `struct_size` bytes with the defaults: the CPU backend,
- `eps = 0` (the file's), `max_tokens = 4096`, `max_seqs = 64`, `max_positions =
- 131072`, one thread, the directory's tokenizer.json, `pread` tables. NULL
- is ignored. Call it through the header's `engram_safetensors_options_init(o)`.
- */
-void engram_safetensors_options_init_sized(struct engram_safetensors_options *o,
-                                           size_t struct_size);
+/* ==========================================================================
+ * Teardown
+ *
+ * Freeing what the library handed out.
+ * ========================================================================= */
 
 /*
- Create a context straight from the released DeepSeek-V4.1 checkpoint's
- directory `model_dir`, without converting it: `config.json` (the engram
- fields of `text_config`), `model.safetensors.index.json` (or a single
- `model.safetensors`) and the shards that hold the engram tensors, each
- opened once. Per engram layer: the table from `layers.{L}.engram.embed.weight`
- (F8_E4M3) and `.embed.scale` (F8_E8M0) in place
- (`ENGRAM_TYPE_FP8_E4M3_E8M0_SPLIT`); `q_weight`, `k_weight` (BF16); `wkv`
- (F8_E4M3 `wkv.weight` with its F8_E8M0 `wkv.scale`, one scale per
- `quantization_config.weight_block_size` block: kept as stored,
- `ENGRAM_TYPE_FP8_E4M3_E8M0_BLOCK`, read in place by the kernels; or
- BF16/F32). The hash constants are derived from the
- config and the tokenizer, as docs/math.md states. Statuses: `ERR_IO` (the
- directory, a file or a shard cannot be opened, or is not a regular file),
- `ERR_FORMAT` (a safetensors header that is not valid or disagrees with its
- file, a missing tensor, a tensor of the wrong dtype or shape, a config that
- disagrees with the tensors), `ERR_INVALID_CONFIG` (missing config fields,
- a tokenizer that does not fit the config), `ERR_UNSUPPORTED` (a dtype this
- build does not read, an unknown backend), `ERR_DEVICE` (the CUDA backend
- without a usable driver or device), `ERR_INVALID_DATA` (a NaN code or scale in the fp8 `wkv`, or a block
- that overflows: see `engram_layer_weights.wkv_scales`). On
- failure `*out` is left as it was.
+ Free a context. NULL is a no-op. With the CUDA backend it first waits for
+ the work of the context's last call (an event recorded after it on its
+ stream), so that nothing queued still reads the workspaces it frees, and
+ then, before it unloads its kernels, for the device (`cuCtxSynchronize`):
+ not during another thread's graph capture in global mode. Replays of
+ captured graphs are not tracked: they must have finished (synchronise
+ their stream first).
 
- `model_dir` must be NULL or a NUL-terminated path; `options` NULL or
- filled by `engram_safetensors_options_init`; `out` NULL or writable.
+ Calls on the context in flight on other threads when `engram_free`
+ begins are waited for: it frees nothing until each has returned (so
+ freeing a context that another thread is still using is predictable,
+ not a crash). A call that starts on the context while the free waits is
+ refused (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT`, nothing done). A call that
+ starts after `engram_free` returned is a use after free, as for any freed
+ memory; so is a second `engram_free` of the same context.
+
+ `ctx` must be NULL or a context from `engram_create` (or a loader) not
+ yet freed.
  */
-enum engram_status engram_create_from_safetensors(const char *model_dir,
-                                                  const struct engram_safetensors_options *options,
-                                                  struct engram_context **out);
-
-/*
- Derive the hash tables (token map, multipliers, primes, offsets) from a
- model's `config.json` (its engram fields; docs/loading.md lists the
- names accepted) and its Hugging Face `tokenizer.json`, as docs/math.md
- states.
- On success `*out` receives an object to pass to `engram_tables_fill_config`
- and to free with `engram_tables_free`; on failure `*out` is left as it was
- (`ENGRAM_STATUS_ERR_IO` for a file that cannot be read,
- `ENGRAM_STATUS_ERR_INVALID_CONFIG` for missing or inconsistent fields).
-
- `config_json` and `tokenizer_json` must be NULL or NUL-terminated paths;
- `out` NULL or writable.
- */
-enum engram_status engram_tables_from_files(const char *config_json,
-                                            const char *tokenizer_json,
-                                            struct engram_tables **out);
-
-/*
- Point `cfg`'s hash fields at the tables (`n_heads`, `max_ngram`,
- `layer_ids`/`n_layers`, `token_map`/`token_map_len`, `pad_id`,
- `multipliers`, `primes`, `offsets` and their counts) and set
- `hidden_size`, `hc` and `head_dim` where the config.json gave them (the
- other fields are left as they are). A `hidden_size`, `hc` or `head_dim`
- above 2^32 - 1, which the 32-bit fields cannot hold, is
- `ENGRAM_STATUS_ERR_INVALID_CONFIG` and `cfg` is left as it was. The pointers stay valid until
- `engram_tables_free`; `engram_create` copies them, so the tables may be
- freed once the context exists.
-
- `tables` must be NULL or from `engram_tables_from_files`; `cfg` NULL or a
- struct filled by `engram_config_init`.
- */
-enum engram_status engram_tables_fill_config(const struct engram_tables *tables,
-                                             struct engram_config *cfg);
-
-/*
- Rows the table of engram layer `layer_id` has (the sum of its primes), or 0
- when `tables` is NULL or the layer is not an engram layer.
-
- `tables` must be NULL or from `engram_tables_from_files`.
- */
-uint64_t engram_tables_layer_rows(const struct engram_tables *tables, uint32_t layer_id);
-
-/*
- Distinct compressed token ids of the tables' token map (0 for NULL).
-
- `tables` must be NULL or from `engram_tables_from_files`.
- */
-size_t engram_tables_compressed_vocab(const struct engram_tables *tables);
+void engram_free(struct engram_context *ctx);
 
 /*
  Free tables from `engram_tables_from_files`. NULL is a no-op.
@@ -1517,6 +1831,16 @@ static inline void engram_safetensors_options_init(engram_safetensors_options *o
 
 /** Fill `*info` with the defaults for this header's `engram_info`. */
 static inline void engram_info_init(engram_info *info) { engram_info_init_sized(info, sizeof *info); }
+
+/** Fill `*args` with the defaults for this header's `engram_apply_args`. */
+static inline void engram_apply_args_init(engram_apply_args *args) {
+    engram_apply_args_init_sized(args, sizeof *args);
+}
+
+/** Fill `*args` with the defaults for this header's `engram_read_back_args`. */
+static inline void engram_read_back_args_init(engram_read_back_args *args) {
+    engram_read_back_args_init_sized(args, sizeof *args);
+}
 
 #ifdef __cplusplus
 }

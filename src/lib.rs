@@ -17,22 +17,60 @@
 //! borrow), [`safetensors`] (the released checkpoint); [`files`] opens every
 //! file they read. [`ffi`] is the C boundary only.
 
+// The crate's surface. The product is the C ABI (`include/engram.h`, the
+// `#[no_mangle]` exports of `ffi`); its Rust form is `ffi` and the
+// re-exports below. The modules only the crate uses are private, so that
+// rustc reports what nothing calls. The others are `#[doc(hidden)] pub`
+// because the tests, tools, benches or examples named beside each reach
+// into them (no stability promise): keep that list current when a module's
+// last outside user goes.
+
+/// Tests: cuda_decode, cuda_host_tables (`TableIn`, `TableSource`, `DecodeStats`).
+#[doc(hidden)]
 pub mod backend;
+/// Tests: properties (`Limits`).
+#[doc(hidden)]
 pub mod batch;
+/// Tests: cuda_golden, device_hash; benches/gpu (`DeviceHashIn`, `DeviceSeqOp`).
+#[doc(hidden)]
 pub mod call;
-pub mod context;
+mod context;
+/// Tests: golden, gather, fp8_wkv, cpu_kernel_env, tests/common; benches/cpu
+/// (`projection`, `stager`, `CpuTuning`).
+#[doc(hidden)]
 pub mod cpu;
 /// cbindgen:ignore
+/// Tests: cuda_*, device, device_hash, fp8_split, gguf_dialects,
+/// simt_selftest; benches/gpu (the backend over the SIMT emulator).
+#[doc(hidden)]
 pub mod cuda;
+/// Tools: engram-inspect (`escape_text`).
+#[doc(hidden)]
 pub mod error;
-pub mod fallible;
+mod fallible;
+/// The C ABI in Rust form: every export, and the structs it takes.
 pub mod ffi;
+/// Kept reachable while the path rule's tests (issue 34 F1, F2) are being
+/// written in parallel and may open files through it; private once none does.
+#[doc(hidden)]
 pub mod files;
+/// Tests and benches throughout (conversions, dequantisation, `Fp8Blocks`).
+#[doc(hidden)]
 pub mod formats;
+/// Tests: gguf_*, file_memory, file_safety, hostile; tools: engram-inspect.
+#[doc(hidden)]
 pub mod gguf;
+/// Tests: v41_hash, cpu_kernel_env, cuda_*; benches; examples/hash_profile.
+#[doc(hidden)]
 pub mod hash;
+/// Tests: cuda_fp8_wkv, cuda_host_tables, cuda_streams (`Region`).
+#[doc(hidden)]
 pub mod memory;
+/// Tests: file_memory, hostile, json_peak (`parse_header`, `read`).
+#[doc(hidden)]
 pub mod safetensors;
+/// Tests: tables_*, gguf_*, file_memory, json_peak; tools: engram-tables.
+#[doc(hidden)]
 pub mod tables;
 
 pub use batch::{Geometry, Limits};

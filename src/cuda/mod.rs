@@ -553,20 +553,6 @@ impl CudaBackend {
         &self.gpu
     }
 
-    /// Tokens up to which the projection uses a GEMV kernel, for every `wkv`
-    /// format (0: always cuBLAS), where the decode kernel is not used.
-    pub fn set_gemv_max_tokens(&self, n: usize) {
-        let mut st = self.state();
-        st.gemv_max_bf16 = n.min(kernels::GEMV_MAX);
-        st.gemv_max_quant = st.gemv_max_bf16;
-    }
-
-    /// Tokens up to which a bf16 or block-scaled fp8 `wkv` goes through the
-    /// decode kernel (0: never; at most [`kernels::DECODE_MAX`]).
-    pub fn set_decode_max_tokens(&self, n: usize) {
-        self.state().decode_max = n.min(kernels::DECODE_MAX);
-    }
-
     /// (Re)allocate the pinned slots to hold, per (token, column), an id and
     /// `row_bytes` of row (the device must be idle: `set_layer` waited).
     fn grow_slots(&mut self, row_bytes: usize) -> Result<()> {

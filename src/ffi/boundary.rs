@@ -186,14 +186,16 @@ pub(crate) fn slice_mut<'a, T>(p: *mut T, n: usize, what: &str) -> Result<&'a mu
 pub(crate) fn object<'a, T>(p: *const T, what: &str) -> Result<&'a T> {
     non_null(p, what)?;
     // SAFETY: the header requires `p` to be NULL (refused above) or an object
-    // this library created and has not freed, with no free in flight.
+    // this library created whose free has not returned; a context's free
+    // waits for the calls entered on it before it frees the memory.
     Ok(unsafe { &*p })
 }
 
 /// Take back ownership of an object the library handed out (NULL: `None`).
 pub(crate) fn take_object<T>(p: *mut T) -> Option<Box<T>> {
     // SAFETY: the header requires `p` to be NULL or an object from
-    // `Box::into_raw` in this library, not yet freed, with no call on it in flight.
+    // `Box::into_raw` in this library, not yet freed, with no call on it in
+    // flight (for a context, `engram_free` has waited for its calls).
     (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
 }
 
@@ -204,6 +206,18 @@ pub(crate) fn give_object<T>(out: *mut *mut T, obj: T) {
     unsafe { *out = Box::into_raw(Box::new(obj)) };
 }
 
+/// An options struct the caller fills (it starts with `struct_size`): the
+/// header's `_init` call that fills it, named when its `struct_size` looks
+/// uninitialised.
+pub(crate) trait Options: Copy {
+    const INIT: &'static str;
+}
+
+/// The largest `struct_size` a header of ours could state: every options
+/// struct is a few hundred bytes, and a newer header adds a few fields at a
+/// time. A larger size is not a newer header but an uninitialised struct.
+pub(crate) const STRUCT_SIZE_SANE: usize = 4096;
+
 /// Read an options struct that starts with `struct_size`: `struct_size` bytes
 /// over `defaults`, so that a caller built against an older, smaller header
 /// keeps working. `layouts` are the sizes of every layout this library reads,
@@ -211,8 +225,12 @@ pub(crate) fn give_object<T>(out: *mut *mut T, obj: T) {
 /// a field is read whole or not at all. A `struct_size` larger than this
 /// library's struct (a newer header) is `ErrStructSize` naming both sizes; any
 /// other size that is not a layout's (one that would cut a field, say half a
-/// pointer) is `ErrStructSize` naming the layouts.
-pub(crate) fn read_options<T: Copy>(
+/// pointer) is `ErrStructSize` naming the layouts. A size no header of ours
+/// could have had (0, below the oldest layout, above [`STRUCT_SIZE_SANE`],
+/// or larger than ours and not a multiple of the struct's alignment) is
+/// `ErrStructSize` saying the struct looks uninitialised and naming its
+/// `_init` call.
+pub(crate) fn read_options<T: Options>(
     p: *const T,
     defaults: T,
     layouts: &[usize],
@@ -227,6 +245,16 @@ pub(crate) fn read_options<T: Copy>(
     // caller packed it oddly.
     let size = unsafe { std::ptr::read_unaligned(p.cast::<usize>()) };
     let ours = size_of::<T>();
+    let garbage = size < layouts[0]
+        || size > STRUCT_SIZE_SANE
+        || (size > ours && !size.is_multiple_of(align_of::<T>()));
+    if garbage {
+        bail!(
+            ErrStructSize,
+            "{name}.struct_size is {size}, a size no header of this library had (this library's is {ours} bytes): the struct looks uninitialised; fill it with {}() before setting its fields",
+            T::INIT
+        );
+    }
     if size > ours {
         bail!(
             ErrStructSize,
@@ -412,6 +440,9 @@ mod tests {
             a: u32,
             b: u32,
         }
+        impl Options for Opt {
+            const INIT: &'static str = "opt_init";
+        }
         let d = Opt {
             struct_size: 16,
             a: 1,
@@ -458,6 +489,27 @@ mod tests {
             read_options(&tiny, d, &[12, 16], "o").unwrap_err().status,
             EngramStatus::ErrStructSize
         );
+        // An uninitialised struct: a size no header had is told apart from a
+        // newer header, naming the init call (below the oldest layout, 0,
+        // absurdly large, or larger than ours and misaligned).
+        for garbage in [8, 0, 0xDEAD_BEEF_DEAD_BEEF, STRUCT_SIZE_SANE + 8, 21] {
+            let g = Opt {
+                struct_size: garbage,
+                ..d
+            };
+            let e = read_options(&g, d, &[12, 16], "o").unwrap_err();
+            assert_eq!(e.status, EngramStatus::ErrStructSize);
+            assert!(
+                e.message.contains("uninitialised")
+                    && e.message.contains("opt_init()")
+                    && !e.message.contains("newer"),
+                "{garbage}: {}",
+                e.message
+            );
+        }
+        // A plausible newer header (aligned, sane) still says so.
+        let e = read_options(&newer, d, &[12, 16], "o").unwrap_err();
+        assert!(e.message.contains("newer") && !e.message.contains("uninitialised"));
         let mut w = Opt {
             struct_size: 0,
             a: 0,

@@ -2,6 +2,7 @@
 
 use super::boundary::{
     give_object, non_null, object, read_options, slice, slice_mut, take_object, write_options,
+    Options,
 };
 use crate::backend::{DeviceHashIn, EngramBackend, Highway, LayerIn, RowIds, TableIn, TableSource};
 use crate::batch::{Geometry, HighwayType, Limits};
@@ -10,13 +11,54 @@ use crate::error::{bail, EngramStatus, Result};
 use crate::hash::HashTablesIn;
 use crate::memory::{Region, RegionMut};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Opaque engram context. Create with `engram_create`, release with `engram_free`.
 pub struct EngramContext {
-    pub(crate) inner: Context<'static>,
+    inner: Context<'static>,
     /// What `inner` borrows when the library loaded it (a GGUF file or a
     /// safetensors checkpoint: mappings, files, owned weights); dropped after `inner`.
-    pub(crate) _owner: Option<Box<crate::gguf::LoadedModel>>,
+    _owner: Option<Box<crate::gguf::LoadedModel>>,
+    /// Calls in flight on this handle: every export that takes a context
+    /// enters through [`ctx`] and leaves when its guard drops.
+    calls: AtomicUsize,
+    /// Set by `engram_free`: a call that starts afterwards is refused, and
+    /// the free waits for `calls` to drain before it frees anything.
+    freeing: AtomicBool,
+}
+
+impl EngramContext {
+    /// A handle over `inner` (and what it borrows, for a loaded model).
+    pub(crate) fn new(
+        inner: Context<'static>,
+        owner: Option<Box<crate::gguf::LoadedModel>>,
+    ) -> EngramContext {
+        EngramContext {
+            inner,
+            _owner: owner,
+            calls: AtomicUsize::new(0),
+            freeing: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A call entered on a context: derefs to it, and counts as in flight (so
+/// `engram_free` waits for it) until dropped.
+pub(crate) struct Entered<'a> {
+    handle: &'a EngramContext,
+}
+
+impl std::ops::Deref for Entered<'_> {
+    type Target = Context<'static>;
+    fn deref(&self) -> &Context<'static> {
+        &self.handle.inner
+    }
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.handle.calls.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Configuration for `engram_create`. Fill it with `engram_config_init`, which
@@ -105,6 +147,10 @@ const CONFIG_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramConfig, device_history),
     size_of::<EngramConfig>(),
 ];
+
+impl Options for EngramConfig {
+    const INIT: &'static str = "engram_config_init";
+}
 
 impl Default for EngramConfig {
     fn default() -> Self {
@@ -229,6 +275,10 @@ const LAYER_WEIGHTS_LAYOUTS: &[usize] = &[
     size_of::<EngramLayerWeights>(),
 ];
 
+impl Options for EngramLayerWeights {
+    const INIT: &'static str = "engram_layer_weights_init";
+}
+
 impl Default for EngramLayerWeights {
     fn default() -> Self {
         EngramLayerWeights {
@@ -267,9 +317,21 @@ pub extern "C" fn engram_layer_weights_init_sized(w: *mut EngramLayerWeights, st
     ffi_boundary!({ write_options(w, EngramLayerWeights::default(), struct_size) })
 }
 
-/// The context behind a handle.
-pub(crate) fn ctx<'a>(p: *const EngramContext) -> Result<&'a Context<'static>> {
-    Ok(&object(p, "ctx")?.inner)
+/// Enter a call on the context behind a handle: refused once `engram_free`
+/// has begun on it; else counted in flight until the guard drops.
+pub(crate) fn ctx<'a>(p: *const EngramContext) -> Result<Entered<'a>> {
+    let handle = object(p, "ctx")?;
+    // SeqCst on both sides: either `engram_free` sees this call counted, or
+    // this call sees the free's flag (and leaves at once).
+    handle.calls.fetch_add(1, Ordering::SeqCst);
+    let entered = Entered { handle };
+    if handle.freeing.load(Ordering::SeqCst) {
+        bail!(
+            ErrInvalidArgument,
+            "ctx is being freed (engram_free on another thread): no call may start on it"
+        );
+    }
+    Ok(entered)
 }
 
 /// Create a context. On success `*out` receives it; on failure `*out` is left
@@ -317,13 +379,7 @@ pub extern "C" fn engram_create(
         if c.device_history > 0 {
             inner = inner.with_device_history(c.device_history as usize)?;
         }
-        give_object(
-            out,
-            EngramContext {
-                inner,
-                _owner: None,
-            },
-        );
+        give_object(out, EngramContext::new(inner, None));
         Ok(())
     })
 }
@@ -336,12 +392,29 @@ pub extern "C" fn engram_create(
 /// captured graphs are not tracked: they must have finished (synchronise
 /// their stream first).
 ///
-/// `ctx` must be NULL or a context from `engram_create` not yet freed, with
-/// no call on it in flight.
+/// Calls on the context in flight on other threads when `engram_free`
+/// begins are waited for: it frees nothing until each has returned (so
+/// freeing a context that another thread is still using is predictable,
+/// not a crash). A call that starts on the context while the free waits is
+/// refused (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT`, nothing done). A call that
+/// starts after `engram_free` returned is a use after free, as for any freed
+/// memory; so is a second `engram_free` of the same context.
+///
+/// `ctx` must be NULL or a context from `engram_create` (or a loader) not
+/// yet freed.
 #[no_mangle]
 pub extern "C" fn engram_free(ctx: *mut EngramContext) {
-    // Dropping frees only what the context allocated; borrowed weights are untouched.
-    ffi_boundary!({ drop(take_object(ctx)) })
+    ffi_boundary!({
+        if let Ok(handle) = object(ctx.cast_const(), "ctx") {
+            handle.freeing.store(true, Ordering::SeqCst);
+            // Free is rare and the calls it waits for are short: poll.
+            while handle.calls.load(Ordering::SeqCst) != 0 {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+        // Dropping frees only what the context allocated; borrowed weights are untouched.
+        drop(take_object(ctx))
+    })
 }
 
 /// Register (or replace) the weights of one engram layer. The pointers are
@@ -453,18 +526,6 @@ pub extern "C" fn engram_hash(
     })
 }
 
-/// Make sequence `dst`'s history an exact copy of `src`'s (fork, shared prefix).
-#[no_mangle]
-pub extern "C" fn engram_seq_copy(ctx: *mut EngramContext, src: i32, dst: i32) -> EngramStatus {
-    ffi_boundary!({ self::ctx(ctx)?.seq_copy(src, dst) })
-}
-
-/// Forget every position of sequence `seq`.
-#[no_mangle]
-pub extern "C" fn engram_seq_drop(ctx: *mut EngramContext, seq: i32) -> EngramStatus {
-    ffi_boundary!({ self::ctx(ctx)?.seq_drop(seq) })
-}
-
 /// Hash a batch on the device, over the context's device history (a
 /// context created with `device_history > 0`, CUDA backend): `tokens`,
 /// `seq_ids` and `pos` are device pointers to `n_tokens` int32 each (raw
@@ -514,33 +575,8 @@ pub extern "C" fn engram_hash_device(
     })
 }
 
-/// Make sequence `dst`'s device history a copy of `src`'s (a fork or a
-/// shared prefix), queued on `stream` (capturable). A context with a device
-/// history only (else `ENGRAM_STATUS_ERR_UNSUPPORTED`); the ids are checked
-/// here.
-#[no_mangle]
-pub extern "C" fn engram_seq_copy_device(
-    ctx: *mut EngramContext,
-    src: i32,
-    dst: i32,
-    stream: *mut c_void,
-) -> EngramStatus {
-    ffi_boundary!({ self::ctx(ctx)?.seq_copy_device(src, dst, stream) })
-}
-
-/// Forget every position of sequence `seq`'s device history, queued on
-/// `stream` (capturable). As `engram_seq_copy_device`.
-#[no_mangle]
-pub extern "C" fn engram_seq_drop_device(
-    ctx: *mut EngramContext,
-    seq: i32,
-    stream: *mut c_void,
-) -> EngramStatus {
-    ffi_boundary!({ self::ctx(ctx)?.seq_drop_device(seq, stream) })
-}
-
 /// The highway argument of `engram_apply*`: memory of the context's backend.
-fn highway<'a>(p: *mut c_void, ty: u32) -> Result<Highway<'a>> {
+pub(super) fn highway<'a>(p: *mut c_void, ty: u32) -> Result<Highway<'a>> {
     let ty = HighwayType::new(ty)?;
     // SAFETY: the header requires `highway` to be memory of the context's
     // backend holding `[n_tokens, hc, D]` of `highway_type`, not accessed by
@@ -780,4 +816,81 @@ pub extern "C" fn engram_stage(
         let ids = slice(row_ids, n * c.ids_per_token(), "row_ids")?;
         c.stage(layer_id, ids, n, stream)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    /// A one-layer context of the smallest geometry (as c_tests' LSan probe).
+    fn tiny() -> *mut EngramContext {
+        static LAYERS: [u32; 1] = [0];
+        static TOKEN_MAP: [i32; 1] = [0];
+        static MULT: [u64; 2] = [1, 1];
+        static PRIMES: [u64; 1] = [2];
+        static OFFSETS: [u64; 1] = [0];
+        let cfg = EngramConfig {
+            hidden_size: 1,
+            hc: 1,
+            head_dim: 1,
+            n_heads: 1,
+            max_ngram: 2,
+            layer_ids: LAYERS.as_ptr(),
+            n_layers: 1,
+            token_map: TOKEN_MAP.as_ptr(),
+            token_map_len: 1,
+            multipliers: MULT.as_ptr(),
+            n_multipliers: 2,
+            primes: PRIMES.as_ptr(),
+            n_primes: 1,
+            offsets: OFFSETS.as_ptr(),
+            n_offsets: 1,
+            max_tokens: 1,
+            max_seqs: 1,
+            max_positions: 1,
+            ..EngramConfig::default()
+        };
+        let mut out = std::ptr::null_mut();
+        assert_eq!(engram_create(&cfg, &mut out), EngramStatus::Ok);
+        out
+    }
+
+    #[test]
+    fn free_waits_for_a_call_in_flight() {
+        let p = tiny() as usize;
+        let (entered, go) = mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let call = ctx(p as *const EngramContext).unwrap();
+            entered.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            drop(call);
+        });
+        go.recv().unwrap();
+        let t0 = Instant::now();
+        engram_free(p as *mut EngramContext);
+        let waited = t0.elapsed();
+        t.join().unwrap();
+        assert!(
+            waited >= Duration::from_millis(50),
+            "engram_free returned after {waited:?}, under the call's 100 ms"
+        );
+    }
+
+    #[test]
+    fn a_call_that_starts_while_the_free_waits_is_refused() {
+        let p = tiny();
+        // SAFETY: `p` is a live context no other thread uses; the flag is
+        // what engram_free sets before it waits.
+        unsafe { (*p).freeing.store(true, Ordering::SeqCst) };
+        assert_eq!(engram_row_ids_per_token(p), 0);
+        let e = ctx(p).err().unwrap();
+        assert_eq!(e.status, EngramStatus::ErrInvalidArgument);
+        assert!(e.message.contains("being freed"), "{}", e.message);
+        // The refused calls left the in-flight count as it was.
+        // SAFETY: as above.
+        assert_eq!(unsafe { (*p).calls.load(Ordering::SeqCst) }, 0);
+        engram_free(p);
+    }
 }

@@ -1,6 +1,6 @@
 //! A context straight from a GGUF file (any dialect, split sets).
 
-use super::boundary::{give_object, non_null, path_arg, read_options, write_options};
+use super::boundary::{give_object, non_null, path_arg, read_options, write_options, Options};
 use super::context::EngramContext;
 use crate::backend::EngramBackend;
 use crate::batch::Limits;
@@ -70,6 +70,10 @@ const GGUF_OPTIONS_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramGgufOptions, tables_dir),
     size_of::<EngramGgufOptions>(),
 ];
+
+impl Options for EngramGgufOptions {
+    const INIT: &'static str = "engram_gguf_options_init";
+}
 
 impl Default for EngramGgufOptions {
     fn default() -> Self {
@@ -236,12 +240,6 @@ pub(crate) fn give_context(
     // drops it after the context (field order).
     let m: &'static LoadedModel = unsafe { &*(model.as_ref() as *const _) };
     let inner = m.context(opts)?;
-    give_object(
-        out,
-        EngramContext {
-            inner,
-            _owner: Some(model),
-        },
-    );
+    give_object(out, EngramContext::new(inner, Some(model)));
     Ok(())
 }

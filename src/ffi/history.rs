@@ -349,3 +349,61 @@ pub extern "C" fn engram_seq_state_read_device(
         read_state(buf, len, |b| c.seq_state_read_device(seq, b, stream))
     })
 }
+
+// Second names of `engram_seq_cp` / `engram_seq_rm` over a whole sequence,
+// kept working for engines that call them; the header marks them
+// `ENGRAM_DEPRECATED`.
+
+/// Deprecated: use `engram_seq_cp(ctx, src, dst, -1, -1)`, which does the
+/// same. Makes sequence `dst`'s history an exact copy of `src`'s (fork,
+/// shared prefix).
+///
+/// `ctx` as in `engram_free`.
+#[no_mangle]
+#[deprecated(note = "use engram_seq_cp with p0 = p1 = -1")]
+pub extern "C" fn engram_seq_copy(ctx: *mut EngramContext, src: i32, dst: i32) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_copy(src, dst) })
+}
+
+/// Deprecated: use `engram_seq_rm(ctx, seq, -1, -1)`, which does the same.
+/// Forgets every position of sequence `seq`.
+///
+/// `ctx` as in `engram_free`.
+#[no_mangle]
+#[deprecated(note = "use engram_seq_rm with p0 = p1 = -1")]
+pub extern "C" fn engram_seq_drop(ctx: *mut EngramContext, seq: i32) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_drop(seq) })
+}
+
+/// Deprecated: use `engram_seq_cp_device(ctx, src, dst, -1, -1, stream)`,
+/// which does the same. Makes sequence `dst`'s device history a copy of
+/// `src`'s (a fork or a shared prefix), queued on `stream` (capturable). A
+/// context with a device history only (else
+/// `ENGRAM_STATUS_ERR_UNSUPPORTED`); the ids are checked here.
+///
+/// `ctx` as in `engram_free`; `stream` as in `engram_seq_rm_device`.
+#[no_mangle]
+#[deprecated(note = "use engram_seq_cp_device with p0 = p1 = -1")]
+pub extern "C" fn engram_seq_copy_device(
+    ctx: *mut EngramContext,
+    src: i32,
+    dst: i32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_copy_device(src, dst, stream) })
+}
+
+/// Deprecated: use `engram_seq_rm_device(ctx, seq, -1, -1, stream)`, which
+/// does the same. Forgets every position of sequence `seq`'s device history,
+/// queued on `stream` (capturable). As `engram_seq_copy_device`.
+///
+/// `ctx` as in `engram_free`; `stream` as in `engram_seq_rm_device`.
+#[no_mangle]
+#[deprecated(note = "use engram_seq_rm_device with p0 = p1 = -1")]
+pub extern "C" fn engram_seq_drop_device(
+    ctx: *mut EngramContext,
+    seq: i32,
+    stream: *mut c_void,
+) -> EngramStatus {
+    ffi_boundary!({ self::ctx(ctx)?.seq_drop_device(seq, stream) })
+}

@@ -1,7 +1,7 @@
 //! What a context says about itself, its gate weights, and its thread count
 //! at run time.
 
-use super::boundary::{read_options, slice_mut, write_options};
+use super::boundary::{read_options, slice_mut, write_options, Options};
 use super::context::{ctx, EngramContext};
 use crate::error::{bail, EngramStatus};
 
@@ -76,6 +76,10 @@ pub struct EngramInfo {
 /// The `engram_info` layouts this library reads: only today's.
 const INFO_LAYOUTS: &[usize] = &[size_of::<EngramInfo>()];
 
+impl Options for EngramInfo {
+    const INIT: &'static str = "engram_info_init";
+}
+
 impl Default for EngramInfo {
     fn default() -> Self {
         EngramInfo {
@@ -125,7 +129,7 @@ pub extern "C" fn engram_info_init_sized(info: *mut EngramInfo, struct_size: usi
 /// arrays hold `layers_cap` elements.
 #[no_mangle]
 pub extern "C" fn engram_context_info(
-    ctx: *mut EngramContext,
+    ctx: *const EngramContext,
     info: *mut EngramInfo,
 ) -> EngramStatus {
     ffi_boundary!({

@@ -1,6 +1,6 @@
 //! A context straight from the released safetensors checkpoint.
 
-use super::boundary::{non_null, path_arg, read_options, write_options};
+use super::boundary::{non_null, path_arg, read_options, write_options, Options};
 use super::context::EngramContext;
 use super::gguf::{context_options, give_context};
 use crate::backend::EngramBackend;
@@ -54,6 +54,10 @@ pub struct EngramSafetensorsOptions {
 
 /// The `engram_safetensors_options` layouts this library reads: only its first.
 const SAFETENSORS_OPTIONS_LAYOUTS: &[usize] = &[size_of::<EngramSafetensorsOptions>()];
+
+impl Options for EngramSafetensorsOptions {
+    const INIT: &'static str = "engram_safetensors_options_init";
+}
 
 impl Default for EngramSafetensorsOptions {
     fn default() -> Self {

@@ -142,18 +142,6 @@ impl ArrayRef {
             Some(v)
         }))
     }
-
-    /// Element `i` as a float (f32 or f64 elements).
-    pub fn float_at(&self, b: &[u8], i: usize) -> Option<f64> {
-        let sz = fixed_size(self.et)?;
-        let at = self.start + i.checked_mul(sz)?;
-        let c = b.get(at..at + sz)?;
-        match self.et {
-            VT_F32 => Some(f32::from_le_bytes(c.try_into().ok()?) as f64),
-            VT_F64 => Some(f64::from_le_bytes(c.try_into().ok()?)),
-            _ => None,
-        }
-    }
 }
 
 /// One metadata entry.
@@ -181,12 +169,6 @@ pub struct TensorInfo {
     pub bytes: Option<u64>,
     /// Offset of the entry's dimension count in the header (for tools and tests).
     pub entry_at: usize,
-}
-
-impl TensorInfo {
-    pub fn n_elements(&self) -> u64 {
-        self.dims.iter().product()
-    }
 }
 
 /// A parsed GGUF header.

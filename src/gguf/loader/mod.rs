@@ -37,7 +37,7 @@ use crate::batch::{Geometry, Limits};
 use crate::context::{Context, ContextConfig, Tuning};
 use crate::error::{bail, Error, Result};
 use crate::files::{self, AlignedBuf};
-use crate::formats::{bf16_to_f32, e4m3_to_f32, e8m0_to_f32, f32_to_bf16, EngramType};
+use crate::formats::{bf16_to_f32, f32_to_bf16, EngramType};
 use crate::memory::Region;
 use crate::safetensors::StFile;
 use crate::tables::{EngramTables, TokenMap};
@@ -49,7 +49,6 @@ use std::sync::Arc;
 mod convert;
 mod external;
 use convert::convert_f16;
-pub use convert::convert_fp8_block;
 use external::{external_table, find_external};
 
 /// Options of [`LoadedModel::context`] (the C options structs carry the same).
@@ -143,7 +142,7 @@ pub struct Inspected {
 }
 
 /// The epsilon of a model whose files do not state one.
-pub const DEFAULT_EPS: f32 = 1e-6;
+pub(crate) const DEFAULT_EPS: f32 = 1e-6;
 
 /// The GGUF key of the RMS epsilon: llama.cpp's
 /// `{general.architecture}.attention.layer_norm_rms_epsilon` (`deepseek41.`
