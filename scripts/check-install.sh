@@ -4,8 +4,14 @@
 # build examples/cpp_host through CMake (shared and static library) and through
 # pkg-config, run each (CPU backend), and link a C program statically
 # (c_tests/test_static_link.sh); the installed libraries are stripped (the
-# shared library's debug info split off beside it). Installs cmake and pkg-config when missing
-# (scripts/ensure-tools.sh). Reuses target/ (one release build of the library).
+# shared library's debug info split off beside it). Then every recipe the docs
+# give, as written: the blocks of docs/install.md and docs/ggml.md marked
+# `<!-- check-install: NAME -->` (the installed files table, CMake
+# find_package, pkg-config, the ggml op against the installed tree) are read
+# out of the docs, /opt/engram replaced by the fresh prefix, built and run, so
+# a recipe that stops working fails here. Installs cmake and pkg-config when
+# missing (scripts/ensure-tools.sh). Reuses target/ (one release build of the
+# library); the ggml step reuses scripts/ggml-build.sh's cache.
 #
 #   bash scripts/check-install.sh
 set -euo pipefail
@@ -105,3 +111,87 @@ run_example "pkg-config" "$WORK/cpp_host_pc"
 
 echo "== static link of a C program (c_tests/test_static_link.sh)"
 bash c_tests/test_static_link.sh "$PREFIX"
+
+# ---------------------------------------------------------------------------
+# The docs' recipes, read out of the docs.
+
+# doc_block FILE NAME: the body of the fenced block (or the table) that
+# follows the line `<!-- check-install: NAME -->` in FILE, with /opt/engram
+# replaced by the fresh prefix. Fails when the marker or the block is missing.
+doc_block() {
+    local out
+    out="$(awk -v name="$2" '
+        $0 == ("<!-- check-install: " name " -->") { found = 1; next }
+        found == 1 && /^```/ { found = 2; next }          # a fenced block
+        found == 1 && /^\|/ { found = 3 }               # a table
+        found == 2 && /^```/ { exit }
+        found == 3 && !/^\|/ { exit }
+        found >= 2 { print }
+    ' "$1")"
+    [ -n "$out" ] || { echo "FAIL $1 has no block marked <!-- check-install: $2 -->" >&2; return 1; }
+    printf '%s\n' "$out" | sed "s|/opt/engram|$PREFIX|g"
+}
+
+# doc_project DIR: a CMake project around a docs block (stdin); the docs
+# show the lines an engine adds to its own CMakeLists.txt.
+doc_project() {
+    mkdir -p "$1"
+    { printf 'cmake_minimum_required(VERSION 3.17)\nproject(engram_doc_recipe C CXX)\n'; cat; } >"$1/CMakeLists.txt"
+}
+
+echo "== docs/install.md: every file its table lists is installed"
+n_files=0
+while read -r path; do
+    [ "${ENGRAM_INSTALL_DEBUG:-0}" = 1 ] && [[ "$path" == lib/.debug/* ]] && continue
+    [ -e "$PREFIX/$path" ] || { echo "FAIL docs/install.md lists $path, not in the installed tree:"; (cd "$PREFIX" && find . -type f -o -type l | sort); exit 1; }
+    n_files=$((n_files + 1))
+done < <(doc_block docs/install.md files | tail -n +3 | cut -d'|' -f2 | grep -o '`[^`]*`' | tr -d '`')
+[ "$n_files" -ge 8 ] || { echo "FAIL docs/install.md's table lists only $n_files files"; exit 1; }
+echo "  $n_files files present"
+
+echo "== docs/install.md, CMake against the install (find_package), with examples/cpp_host/main.cpp"
+R="$WORK/doc-find-package"
+doc_block docs/install.md cmake-find-package | doc_project "$R"
+cp examples/cpp_host/main.cpp "$R/main.cpp"
+cmake -S "$R" -B "$R/build" -DCMAKE_PREFIX_PATH="$PREFIX" >"$R.log" 2>&1 || { cat "$R.log"; exit 1; }
+cmake --build "$R/build" >>"$R.log" 2>&1 || { cat "$R.log"; exit 1; }
+run_example "docs find_package" "$R/build/engine"
+
+echo "== docs/install.md, pkg-config (its commands as written, on README.md's GGUF example and examples/cpp_host)"
+R="$WORK/doc-pkg-config"
+mkdir -p "$R"
+# README.md's whole C program that opens a GGUF file (the last ```c block with a main).
+awk '/^```c$/{f=1;buf="";next} /^```$/{if(f&&buf~/int main\(/)last=buf;f=0;next} f{buf=buf $0 "\n"} END{printf "%s", last}' \
+    README.md >"$R/app.c"
+grep -q 'int main' "$R/app.c" || { echo "FAIL README.md has no C program with a main"; exit 1; }
+cp examples/cpp_host/main.cpp "$R/app.cpp"
+doc_block docs/install.md pkg-config >"$R/recipe.sh"
+(cd "$R" && PKG_CONFIG_PATH= bash -euo pipefail recipe.sh) >"$R.log" 2>&1 || { cat "$R/recipe.sh" "$R.log"; exit 1; }
+for exe in "$R"/app_*; do
+    name="docs pkg-config, $(basename "$exe")"
+    if [[ "$exe" == *static* ]] && readelf -d "$exe" | grep -q 'NEEDED.*libengram'; then
+        echo "FAIL $name needs libengram.so"
+        exit 1
+    fi
+    if [ "$(basename "$exe")" != app_cpp ]; then
+        out="$("$exe" tests/golden/data/tiny.gguf 2>&1)" || { echo "$out"; echo "FAIL $name"; exit 1; }
+        echo "  [$name] $out"
+    else
+        run_example "$name" "$exe"
+    fi
+done
+[ -x "$R/app_c" ] && [ -x "$R/app_cpp" ] && [ -x "$R/app_c_static" ] ||
+    { echo "FAIL the pkg-config recipe built $(ls "$R")"; exit 1; }
+
+echo "== docs/ggml.md, the ggml op against the installed tree (integrations/ggml/test_ggml.c as the engine)"
+GGML="$(bash scripts/ggml-build.sh 2>"$WORK/ggml-build.log")" || { cat "$WORK/ggml-build.log"; exit 1; }
+R="$WORK/doc-ggml"
+{ doc_block docs/ggml.md ggml
+  # The test's own helper (c_tests/check.h), not part of the recipe.
+  echo "target_include_directories(engine PRIVATE \"$ROOT/c_tests\")"; } | doc_project "$R"
+cp integrations/ggml/test_ggml.c "$R/engine.c"
+cmake -S "$R" -B "$R/build" -DCMAKE_PREFIX_PATH="$PREFIX;$GGML" >"$R.log" 2>&1 || { cat "$R.log"; exit 1; }
+cmake --build "$R/build" >>"$R.log" 2>&1 || { cat "$R.log"; exit 1; }
+out="$("$R/build/engine" tests/golden/data/tiny.gguf 2 2>&1)" || { echo "$out" | grep -v '^PASS'; echo "FAIL docs ggml recipe"; exit 1; }
+echo "$out" | tail -n 1 | sed 's/^/  [docs ggml recipe] /'
+echo "check-install: ok"
