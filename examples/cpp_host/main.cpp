@@ -501,7 +501,7 @@ bool check_against_reference(const TinyModel& model, const std::map<Key, Record>
                             hw_ok ? "" : " highway");
             }
         }
-        check(engram_seq_drop(ref.ctx(), 0), "engram_seq_drop");
+        check(engram_seq_rm(ref.ctx(), 0, -1, -1), "engram_seq_rm");
     }
     std::printf("\ncheck: %zu accepted tokens against a straight run on a CPU context: row ids %s, highway %s%s",
                 compared, id_mismatches ? "DIFFER" : "equal", hw_mismatches ? "NOT " : "",
@@ -615,8 +615,8 @@ int run() {
     // the branch point on; positions past it are rewritten before they are read.
     const size_t branch = 4;
     std::vector<int32_t> seq2(seq0.begin(), seq0.begin() + branch);
-    check(engram_seq_copy(engine.ctx(), 0, 2), "engram_seq_copy");
-    std::printf("\nfork: engram_seq_copy(0 -> 2); seq 2 branches at position %zu\n", branch);
+    check(engram_seq_cp(engine.ctx(), 0, 2, -1, -1), "engram_seq_cp");
+    std::printf("\nfork: engram_seq_cp(0 -> 2, whole sequence); seq 2 branches at position %zu\n", branch);
     {  // Step 5: all three sequences; sequence 2 feeds two tokens of its own.
         Batch b;
         b.add(next0, static_cast<int32_t>(seq0.size()), 0);
@@ -642,8 +642,8 @@ int run() {
         seq2.push_back(next2);
         seq1.push_back(next1);
     }
-    check(engram_seq_drop(engine.ctx(), 2), "engram_seq_drop");
-    std::printf("\nfree: engram_seq_drop(2)\n");
+    check(engram_seq_rm(engine.ctx(), 2, -1, -1), "engram_seq_rm");
+    std::printf("\nfree: engram_seq_rm(2, whole sequence)\n");
 
     // A call on the freed sequence fails, says why, and changes nothing.
     {
