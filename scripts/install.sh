@@ -2,6 +2,7 @@
 # Install engram for C and C++ builds under PREFIX:
 #
 #   PREFIX/include/engram.h
+#   PREFIX/include/engram_ggml.h   the ggml custom op (header only, docs/ggml.md)
 #   PREFIX/lib/libengram.so.X.Y.Z, libengram.so.<soname>, libengram.so   (shared)
 #   PREFIX/lib/libengram.a                                               (static)
 #   PREFIX/lib/.debug/libengram.so.X.Y.Z.debug   the shared library's debug info
@@ -80,6 +81,7 @@ for f in "$SO" "$A"; do [ -f "$f" ] || { echo "install.sh: $f was not built" >&2
 echo "== install into ${DEST}"
 install -d "$DEST/include" "$DEST/lib/pkgconfig" "$DEST/lib/cmake/engram"
 install -m 644 include/engram.h "$DEST/include/engram.h"
+install -m 644 integrations/ggml/engram_ggml.h "$DEST/include/engram_ggml.h"
 install -m 755 "$SO" "$DEST/lib/$REALNAME"
 install -m 644 "$A" "$DEST/lib/libengram.a"
 if [ "${ENGRAM_INSTALL_DEBUG:-0}" != 1 ]; then

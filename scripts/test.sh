@@ -38,7 +38,7 @@ echo "== demo"
 cargo run --quiet --example demo > target/demo.log
 tail -n 3 target/demo.log
 
-echo "== install into a fresh prefix; examples/cpp_host through CMake and pkg-config; static link"
+echo "== install into a fresh prefix; examples/cpp_host through CMake (find_package, add_subdirectory, FetchContent) and pkg-config; static link; every recipe of docs/install.md and docs/ggml.md"
 bash scripts/check-install.sh
 
 echo "== GGUF header fuzz, bounded (50,000 mutated files per fixture, fixed seed)"

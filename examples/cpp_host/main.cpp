@@ -616,7 +616,7 @@ int run() {
     const size_t branch = 4;
     std::vector<int32_t> seq2(seq0.begin(), seq0.begin() + branch);
     check(engram_seq_cp(engine.ctx(), 0, 2, -1, -1), "engram_seq_cp");
-    std::printf("\nfork: engram_seq_cp(0 -> 2); seq 2 branches at position %zu\n", branch);
+    std::printf("\nfork: engram_seq_cp(0 -> 2, whole sequence); seq 2 branches at position %zu\n", branch);
     {  // Step 5: all three sequences; sequence 2 feeds two tokens of its own.
         Batch b;
         b.add(next0, static_cast<int32_t>(seq0.size()), 0);
@@ -643,7 +643,7 @@ int run() {
         seq1.push_back(next1);
     }
     check(engram_seq_rm(engine.ctx(), 2, -1, -1), "engram_seq_rm");
-    std::printf("\nfree: engram_seq_rm(2)\n");
+    std::printf("\nfree: engram_seq_rm(2, whole sequence)\n");
 
     // A call on the freed sequence fails, says why, and changes nothing.
     {

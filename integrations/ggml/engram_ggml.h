@@ -23,11 +23,19 @@
  * context's own workers (`engram_config.n_threads`): give it the thread
  * count the engine gives ggml.
  *
+ * Shapes. The highway's D and hc are checked against the context's own
+ * (`engram_context_info`), never only against what the engine passed to
+ * `engram_ggml_layer_init`: a layer whose `d`/`hc` differ from the
+ * context's is refused at init (a status), `engram_ggml_apply` builds
+ * nothing for a highway or row ids of another shape (NULL), and the op
+ * checks again before it writes. A mismatch never writes a byte.
+ *
  * Errors. A ggml op cannot return a status: the op stores `engram_apply`'s
- * in `layer->status` (`ENGRAM_STATUS_OK` on success; on error the highway
- * is unchanged, as `engram_apply` promises). Check it after
- * `ggml_graph_compute*`; `engram_last_error()` on the computing thread has
- * the message, which `layer->message` keeps a copy of.
+ * (or its own check's) in `layer->status` (`ENGRAM_STATUS_OK` on success;
+ * on error the highway is unchanged, as `engram_apply` promises). Check it
+ * after `ggml_graph_compute*`; `layer->message` says why (for
+ * `engram_apply`'s errors, a copy of `engram_last_error()` on the computing
+ * thread).
  *
  * Backends. CPU only: the op reads and writes `tensor->data` on the host.
  * ggml-cuda does not run custom ops (see docs/ggml.md and
@@ -38,6 +46,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "engram.h"
@@ -52,19 +61,60 @@ extern "C" {
 typedef struct engram_ggml_layer {
     struct engram_context *ctx; /* the libengram context (CPU backend) */
     uint32_t layer_id;          /* the engram layer this op applies */
-    uint32_t d, hc;             /* the context's hidden size D and hc (the highway's ne0, ne1) */
-    enum engram_status status;  /* written by the op: engram_apply's status */
-    char message[256];          /* written by the op on error: engram_last_error() */
+    uint32_t d, hc;             /* the highway's ne0, ne1: must be the context's D and hc */
+    enum engram_status status;  /* the last check's or engram_apply's status (see above) */
+    char message[256];          /* on error: why (the check's text, or engram_last_error()) */
 } engram_ggml_layer;
 
-static inline void engram_ggml_layer_init(engram_ggml_layer *l, struct engram_context *ctx, uint32_t layer_id,
-                                          uint32_t d, uint32_t hc) {
+/* Internal: record `st` and `msg` in the layer (when there is one). */
+static inline enum engram_status engram_ggml_set_status_(engram_ggml_layer *l, enum engram_status st, const char *msg) {
+    if (!l) return st;
+    l->status = st;
+    size_t n = msg ? strlen(msg) : 0;
+    if (n >= sizeof l->message) n = sizeof l->message - 1;
+    if (n) memcpy(l->message, msg, n);
+    l->message[n] = '\0';
+    return st;
+}
+
+/* Internal: the context's hidden size D and hc, read from the context
+ * itself (`engram_context_info`), never from what a caller says they are. */
+static inline enum engram_status engram_ggml_context_shape_(struct engram_context *ctx, uint32_t *d, uint32_t *hc) {
+    engram_info info;
+    *d = 0;
+    *hc = 0;
+    if (!ctx) return ENGRAM_STATUS_ERR_NULL_ARGUMENT;
+    engram_info_init(&info);
+    enum engram_status st = engram_context_info(ctx, &info);
+    if (st != ENGRAM_STATUS_OK) return st;
+    *d = info.hidden_size;
+    *hc = info.hc;
+    return ENGRAM_STATUS_OK;
+}
+
+/* Set up `l` for the context's layer `layer_id`. `d` and `hc` are checked
+ * against the context's own D and hc (`engram_context_info`): a mismatch is
+ * `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` (also left in `l->status`, with
+ * `l->message` saying why), and `engram_ggml_apply` then builds nothing for
+ * the layer. A NULL `ctx` is `ENGRAM_STATUS_ERR_NULL_ARGUMENT`. */
+static inline enum engram_status engram_ggml_layer_init(engram_ggml_layer *l, struct engram_context *ctx,
+                                                        uint32_t layer_id, uint32_t d, uint32_t hc) {
+    if (!l) return ENGRAM_STATUS_ERR_NULL_ARGUMENT;
     memset(l, 0, sizeof *l);
     l->ctx = ctx;
     l->layer_id = layer_id;
     l->d = d;
     l->hc = hc;
-    l->status = ENGRAM_STATUS_OK;
+    uint32_t cd, chc;
+    enum engram_status st = engram_ggml_context_shape_(ctx, &cd, &chc);
+    if (st != ENGRAM_STATUS_OK) return engram_ggml_set_status_(l, st, "engram_ggml_layer_init: no context to check d and hc against");
+    if (d != cd || hc != chc) {
+        char m[sizeof l->message];
+        snprintf(m, sizeof m, "engram_ggml_layer_init: d %u, hc %u given, but the context has D %u, hc %u",
+                 (unsigned)d, (unsigned)hc, (unsigned)cd, (unsigned)chc);
+        return engram_ggml_set_status_(l, ENGRAM_STATUS_ERR_INVALID_ARGUMENT, m);
+    }
+    return engram_ggml_set_status_(l, ENGRAM_STATUS_OK, NULL);
 }
 
 /* The graph input for a batch's row ids: I64 `[n_layers * C, n_tokens]`,
@@ -96,43 +146,77 @@ static inline enum engram_status engram_ggml_set_row_ids(struct engram_context *
                        (size_t)ggml_nelements(row_ids));
 }
 
+/* Internal: the one check of a highway and its row ids against the layer
+ * and the layer's context, made when the graph is built and again by the op
+ * before anything is written. `ENGRAM_STATUS_OK`, or the status and why in
+ * `l->status` / `l->message`. The highway must be contiguous f32 or bf16
+ * `[D, hc, n_tokens]` with D and hc the context's (and the layer's), the row
+ * ids the I64 `[n_layers * C, n_tokens]` input. */
+static inline enum engram_status engram_ggml_check_(engram_ggml_layer *l, const struct ggml_tensor *highway,
+                                                    const struct ggml_tensor *row_ids) {
+    uint32_t cd, chc;
+    if (!l || !highway || !row_ids) return engram_ggml_set_status_(l, ENGRAM_STATUS_ERR_NULL_ARGUMENT, "engram_ggml: NULL tensor");
+    enum engram_status st = engram_ggml_context_shape_(l->ctx, &cd, &chc);
+    if (st != ENGRAM_STATUS_OK) return engram_ggml_set_status_(l, st, "engram_ggml: the layer has no usable context");
+    char m[sizeof l->message];
+    if ((highway->type != GGML_TYPE_F32 && highway->type != GGML_TYPE_BF16) || !ggml_is_contiguous(highway)) {
+        snprintf(m, sizeof m, "engram_ggml: the highway must be a contiguous f32 or bf16 tensor (type %d)",
+                 (int)highway->type);
+        return engram_ggml_set_status_(l, ENGRAM_STATUS_ERR_INVALID_ARGUMENT, m);
+    }
+    if (highway->ne[0] != (int64_t)cd || highway->ne[1] != (int64_t)chc || highway->ne[2] < 1 ||
+        highway->ne[3] != 1 || highway->ne[2] > (int64_t)UINT32_MAX || l->d != cd || l->hc != chc) {
+        snprintf(m, sizeof m,
+                 "engram_ggml: highway [%lld, %lld, %lld, %lld] (layer d %u, hc %u), but the context's is [D %u, hc %u, "
+                 "n_tokens]",
+                 (long long)highway->ne[0], (long long)highway->ne[1], (long long)highway->ne[2],
+                 (long long)highway->ne[3], (unsigned)l->d, (unsigned)l->hc, (unsigned)cd, (unsigned)chc);
+        return engram_ggml_set_status_(l, ENGRAM_STATUS_ERR_INVALID_ARGUMENT, m);
+    }
+    int64_t per_token = (int64_t)engram_row_ids_per_token(l->ctx);
+    if (row_ids->type != GGML_TYPE_I64 || !ggml_is_contiguous(row_ids) || row_ids->ne[0] != per_token ||
+        row_ids->ne[1] != highway->ne[2] || row_ids->ne[2] != 1 || row_ids->ne[3] != 1) {
+        snprintf(m, sizeof m, "engram_ggml: row ids must be I64 [%lld, %lld] (got type %d, [%lld, %lld, %lld, %lld])",
+                 (long long)per_token, (long long)highway->ne[2], (int)row_ids->type, (long long)row_ids->ne[0],
+                 (long long)row_ids->ne[1], (long long)row_ids->ne[2], (long long)row_ids->ne[3]);
+        return engram_ggml_set_status_(l, ENGRAM_STATUS_ERR_INVALID_ARGUMENT, m);
+    }
+    return ENGRAM_STATUS_OK;
+}
+
 /* The op's body (ggml_custom_op_t): dst is the in-place view of the highway,
- * src[0] the highway, src[1] the row ids. */
+ * src[1] the row ids. The shapes are checked again against the context
+ * before `engram_apply` (an op added with ggml_custom_inplace directly, or a
+ * layer changed after the graph was built): a mismatch leaves the highway
+ * as it was and `layer->status` `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`. */
 static inline void engram_ggml_op(struct ggml_tensor *dst, int ith, int nth, void *userdata) {
     (void)nth;
     if (ith != 0) return;
     engram_ggml_layer *l = (engram_ggml_layer *)userdata;
     const struct ggml_tensor *ids = dst->src[1];
-    uint32_t type = dst->type == GGML_TYPE_BF16 ? (uint32_t)ENGRAM_TYPE_BF16 : (uint32_t)ENGRAM_TYPE_F32;
-    l->status = engram_apply(l->ctx, l->layer_id, (const int64_t *)ids->data, (uint32_t)dst->ne[2], dst->data,
-                             type, NULL);
-    if (l->status != ENGRAM_STATUS_OK) {
-        const char *m = engram_last_error();
-        size_t n = m ? strlen(m) : 0;
-        if (n >= sizeof l->message) n = sizeof l->message - 1;
-        if (n) memcpy(l->message, m, n);
-        l->message[n] = '\0';
-    } else {
-        l->message[0] = '\0';
+    if (engram_ggml_check_(l, dst, ids) != ENGRAM_STATUS_OK || !dst->data || !ids->data) {
+        if (l && l->status == ENGRAM_STATUS_OK)
+            engram_ggml_set_status_(l, ENGRAM_STATUS_ERR_NULL_ARGUMENT, "engram_ggml_op: a tensor without data");
+        return;
     }
+    uint32_t type = dst->type == GGML_TYPE_BF16 ? (uint32_t)ENGRAM_TYPE_BF16 : (uint32_t)ENGRAM_TYPE_F32;
+    enum engram_status st = engram_apply(l->ctx, l->layer_id, (const int64_t *)ids->data, (uint32_t)dst->ne[2],
+                                         dst->data, type, NULL);
+    engram_ggml_set_status_(l, st, st == ENGRAM_STATUS_OK ? NULL : engram_last_error());
 }
 
 /* `highway += engram(layer)`, in place: returns the view of `highway` that
  * the rest of the graph uses after the engram layer. `highway` is a
- * contiguous f32 or bf16 `[D, hc, n_tokens]` tensor (D and hc as given to
- * `engram_ggml_layer_init`), `row_ids` the batch's
- * `engram_ggml_new_row_ids` tensor (same n_tokens). NULL (nothing added to
- * the graph) for any other shape or type. */
+ * contiguous f32 or bf16 `[D, hc, n_tokens]` tensor, D and hc the
+ * context's own (`engram_context_info`; the layer's `d` and `hc` must be
+ * the same), `row_ids` the batch's `engram_ggml_new_row_ids` tensor (same
+ * n_tokens). NULL (nothing added to the graph) for any other shape or type,
+ * with `layer->status` `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` and
+ * `layer->message` saying why. */
 static inline struct ggml_tensor *engram_ggml_apply(struct ggml_context *gctx, struct ggml_tensor *highway,
                                                     struct ggml_tensor *row_ids, engram_ggml_layer *layer) {
-    if (!gctx || !highway || !row_ids || !layer || !layer->ctx) return NULL;
-    if ((highway->type != GGML_TYPE_F32 && highway->type != GGML_TYPE_BF16) || !ggml_is_contiguous(highway) ||
-        highway->ne[0] != (int64_t)layer->d || highway->ne[1] != (int64_t)layer->hc || highway->ne[2] < 1 ||
-        highway->ne[3] != 1 || row_ids->type != GGML_TYPE_I64 || !ggml_is_contiguous(row_ids) ||
-        row_ids->ne[0] != (int64_t)engram_row_ids_per_token(layer->ctx) || row_ids->ne[1] != highway->ne[2] ||
-        row_ids->ne[2] != 1 || row_ids->ne[3] != 1 || highway->ne[2] > (int64_t)UINT32_MAX) {
-        return NULL;
-    }
+    if (!gctx || !layer) return NULL;
+    if (engram_ggml_check_(layer, highway, row_ids) != ENGRAM_STATUS_OK) return NULL;
     struct ggml_tensor *args[1] = {row_ids};
     struct ggml_tensor *out = ggml_custom_inplace(gctx, highway, args, 1, engram_ggml_op, 1, layer);
     ggml_format_name(out, "engram_%u", (unsigned)layer->layer_id);

@@ -24,7 +24,7 @@ echo "# ggml: $(cat "$GGML/VERSION") in $GGML"
 if [ -n "${ENGRAM_LIB_DIR:-}" ]; then
     LIB_DIR="$(cd "$ENGRAM_LIB_DIR" && pwd)"
 else
-    LIB_DIR="$ROOT/target/debug"
+    LIB_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/debug"
     cargo build --quiet --lib
 fi
 [ -f "$LIB_DIR/libengram.so" ] || { echo "FAIL no libengram.so in $LIB_DIR"; exit 1; }

@@ -483,6 +483,82 @@ static void check_errors(void) {
     ggml_free(gctx);
 }
 
+/* Fill `t` (f32) with a pattern no engram layer writes. */
+static void fill_sentinel(struct ggml_tensor *t) {
+    for (int64_t i = 0; i < ggml_nelements(t); i++) ((float *)t->data)[i] = -1234.5f - (float)(i % 97);
+}
+
+/* Elements of `t` (f32) that no longer hold fill_sentinel's pattern. */
+static int64_t sentinel_changed(const struct ggml_tensor *t) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < ggml_nelements(t); i++) n += ((const float *)t->data)[i] != -1234.5f - (float)(i % 97);
+    return n;
+}
+
+/* The highway's shape is checked against the context's D and hc, not only
+ * against the d/hc the engine passed to engram_ggml_layer_init: a layer set
+ * up with d = D/2 (or 2*D) for this D = 64 context once built an op that
+ * returned OK and wrote [n, hc, 64] floats over a [D/2, hc, n] highway and
+ * the tensor after it. Each case: the highway is a contiguous view at the
+ * start of a larger `arena` tensor full of sentinels; nothing may change. */
+static void check_shape_from_context(void) {
+    struct ggml_init_params ip = {8u << 20, NULL, false};
+    struct ggml_context *gctx = ggml_init(ip);
+    const int64_t n = 2;
+    const int32_t tok[2] = {5, 6}, seq[2] = {N_SEQ + 1, N_SEQ + 1}, pos[2] = {0, 1};
+    struct ggml_tensor *ids = engram_ggml_new_row_ids(gctx, g_ctx, n);
+    engram_status st = engram_ggml_set_row_ids(g_ctx, ids, tok, seq, pos, (uint32_t)n);
+    check(st == ENGRAM_STATUS_OK, "shape check: engram_ggml_set_row_ids (status %d)", (int)st);
+
+    engram_ggml_layer ok_layer;
+    st = engram_ggml_layer_init(&ok_layer, g_ctx, LAYERS[0], D, HC);
+    check(st == ENGRAM_STATUS_OK && ok_layer.status == ENGRAM_STATUS_OK,
+          "engram_ggml_layer_init accepts the context's D %d and hc %d (status %d)", D, HC, (int)st);
+
+    const uint32_t ds[2] = {D / 2, D * 2};
+    for (int k = 0; k < 2; k++) {
+        const uint32_t d = ds[k];
+        engram_ggml_layer l;
+        st = engram_ggml_layer_init(&l, g_ctx, LAYERS[0], d, HC);
+        check(st == ENGRAM_STATUS_ERR_INVALID_ARGUMENT && l.status == st && strstr(l.message, "64") != NULL,
+              "engram_ggml_layer_init(d = %u) for a D = %d context: ERR_INVALID_ARGUMENT (status %d, \"%s\")",
+              (unsigned)d, D, (int)st, l.message);
+        /* The highway as such a layer describes it, then the next tensor. */
+        struct ggml_tensor *arena = ggml_new_tensor_1d(gctx, GGML_TYPE_F32, (int64_t)4 * HW * n);
+        fill_sentinel(arena);
+        struct ggml_tensor *hw = ggml_view_3d(gctx, arena, d, HC, n, (size_t)d * 4, (size_t)d * HC * 4, 0);
+        struct ggml_tensor *out = engram_ggml_apply(gctx, hw, ids, &l);
+        check(out == NULL && l.status == ENGRAM_STATUS_ERR_INVALID_ARGUMENT,
+              "engram_ggml_apply of a [%u, %d, 2] highway with that layer builds nothing (status %d, \"%s\")",
+              (unsigned)d, HC, (int)l.status, l.message);
+        out = engram_ggml_apply(gctx, hw, ids, &ok_layer);
+        check(out == NULL && ok_layer.status == ENGRAM_STATUS_ERR_INVALID_ARGUMENT,
+              "... nor with a layer of the right d: the highway is checked against the context (status %d)",
+              (int)ok_layer.status);
+        /* An op added by hand around engram_ggml_op (what a graph built
+         * before a layer changed amounts to): the op checks before writing. */
+        engram_ggml_layer direct;
+        engram_ggml_layer_init(&direct, g_ctx, LAYERS[0], D, HC);
+        direct.d = d; /* what the graph was built for */
+        struct ggml_tensor *args[1] = {ids};
+        struct ggml_tensor *op = ggml_custom_inplace(gctx, hw, args, 1, engram_ggml_op, 1, &direct);
+        struct ggml_cgraph *gf = ggml_new_graph(gctx);
+        ggml_build_forward_expand(gf, op);
+        enum ggml_status gs = ggml_graph_compute_with_ctx(gctx, gf, (int)g_threads);
+        int64_t changed = sentinel_changed(arena);
+        check(gs == GGML_STATUS_SUCCESS && direct.status == ENGRAM_STATUS_ERR_INVALID_ARGUMENT && changed == 0,
+              "an op over a [%u, %d, 2] highway: layer->status ERR_INVALID_ARGUMENT (%d, \"%s\"), %lld of %lld floats "
+              "of the highway and the tensor after it written (0 expected)",
+              (unsigned)d, HC, (int)direct.status, direct.message, (long long)changed,
+              (long long)ggml_nelements(arena));
+    }
+    engram_ggml_layer none;
+    check(engram_ggml_layer_init(&none, NULL, LAYERS[0], D, HC) == ENGRAM_STATUS_ERR_NULL_ARGUMENT &&
+              engram_ggml_apply(gctx, ggml_new_tensor_3d(gctx, GGML_TYPE_F32, D, HC, n), ids, &none) == NULL,
+          "a layer without a context: ERR_NULL_ARGUMENT at init, and engram_ggml_apply builds nothing");
+    ggml_free(gctx);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s tiny.gguf n_threads\n", argv[0]);
@@ -500,6 +576,7 @@ int main(int argc, char **argv) {
         for (int p = 0; p < MAX_POS; p++) hist[s][p] = NEVER;
     for (int i = 0; steps[i].name; i++) steps[i].run(steps[i].name, i + 1);
     check_errors();
+    check_shape_from_context();
     engram_free(g_ctx);
     engram_free(d_ctx);
     return check_summary("integrations/ggml/test_ggml");
