@@ -705,6 +705,15 @@ pub struct StFile {
 impl StFile {
     pub fn open(path: &Path) -> Result<StFile> {
         let (file, len) = files::open_regular(path, "safetensors file")?;
+        Self::from_file(file, len, path)
+    }
+
+    /// A shard a loader opened from the checkpoint's directory.
+    pub fn from_opened(o: files::Opened) -> Result<StFile> {
+        Self::from_file(o.file, o.len, &o.path)
+    }
+
+    fn from_file(file: File, len: u64, path: &Path) -> Result<StFile> {
         let name = path.file_name().map_or_else(
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
@@ -812,14 +821,11 @@ pub fn read(
             dir.display()
         );
     }
-    let cfg_path = dir.join("config.json");
-    let cfg = EngramConfig::from_file(&cfg_path)?;
-    let eps = {
-        let bytes =
-            files::read_small(&cfg_path, "config", crate::tables::config::MAX_CONFIG_BYTES)?;
-        crate::tables::config::rms_norm_eps(&String::from_utf8_lossy(&bytes))
-            .map_err(|e| Error::new(e.status, format!("{}: {}", cfg_path.display(), e.message)))?
+    let Some(mdir) = files::ModelDir::open(dir)? else {
+        bail!(ErrIo, "{}: not a directory", dir.display());
     };
+    let cfg_path = dir.join("config.json");
+    let (cfg, eps) = read_config(&mdir, &cfg_path)?;
     let (Some(d), Some(hc), Some(hd)) = (cfg.hidden_size, cfg.hc, cfg.head_dim) else {
         bail!(
             ErrInvalidConfig,
@@ -830,13 +836,21 @@ pub fn read(
     let (d, hc, hd) = (d as u64, hc as u64, hd as u64);
     // Which shard holds each tensor.
     let index_path = dir.join("model.safetensors.index.json");
-    let weight_map: Option<HashMap<String, String>> = if index_path.exists() {
-        let bytes = files::read_small(&index_path, "safetensors index", MAX_INDEX_BYTES)?;
-        Some(json::index(&bytes, &index_path.display().to_string())?)
-    } else {
-        None
-    };
-    let shard_of = |name: &str| -> Result<(String, PathBuf)> {
+    let weight_map: Option<HashMap<String, String>> =
+        match mdir.open_name("model.safetensors.index.json", "safetensors index")? {
+            Some(f) => {
+                let bytes = files::read_whole(
+                    &f.file,
+                    f.len,
+                    &index_path,
+                    "safetensors index",
+                    MAX_INDEX_BYTES,
+                )?;
+                Some(json::index(&bytes, &index_path.display().to_string())?)
+            }
+            None => None,
+        };
+    let shard_of = |name: &str| -> Result<(String, files::Opened)> {
         let f = match &weight_map {
             Some(m) => m.get(name).cloned().ok_or_else(|| {
                 fmt(format!(
@@ -847,24 +861,25 @@ pub fn read(
             None => "model.safetensors".to_string(),
         };
         // A shard lies inside the checkpoint directory, by the one rule for
-        // paths from a model file.
+        // paths from a model file, and is opened as it is checked.
         let key = format!("{}: weight_map[{name}]", index_path.display());
-        match files::confine(dir, &f, &key)? {
-            Some(p) => Ok((f, p)),
+        match mdir.open_recorded(&f, &key)? {
+            Some(o) => Ok((f, o)),
             None => bail!(
                 ErrIo,
                 "checkpoint shard {f} (named in {} for tensor {name}): {}: no such file",
                 index_path.display(),
-                dir.join(files::confined_candidate(&f, &key)?).display()
+                mdir.display(&files::confined_candidate(&f, &key)?)
+                    .display()
             ),
         }
     };
     let mut shards: Vec<StFile> = Vec::new();
-    let open_shard = |(f, p): (String, PathBuf), shards: &mut Vec<StFile>| -> Result<usize> {
-        if let Some(i) = shards.iter().position(|s| s.path == p) {
+    let open_shard = |(f, o): (String, files::Opened), shards: &mut Vec<StFile>| -> Result<usize> {
+        if let Some(i) = shards.iter().position(|s| s.path == o.path) {
             return Ok(i);
         }
-        let s = StFile::open(&p).map_err(|e| {
+        let s = StFile::from_opened(o).map_err(|e| {
             Error::new(
                 e.status,
                 format!(
@@ -984,16 +999,18 @@ pub fn read(
     let tm = match token_map {
         Some(t) => t.clone(),
         None => {
-            let p = tokenizer_json.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
-            if tokenizer_json.is_none() && !p.exists() {
-                bail!(
-                    ErrInvalidConfig,
-                    "{} has no tokenizer.json: the hash constants need the model's tokenizer; pass its path \
-                     (engram_safetensors_options.tokenizer_json)",
-                    dir.display()
-                );
-            }
-            let tok = crate::tables::tokenizer::load(&p)?;
+            let tok = match tokenizer_json {
+                Some(p) => crate::tables::tokenizer::load(p)?,
+                None => match mdir.open_name("tokenizer.json", "tokenizer")? {
+                    Some(f) => crate::tables::tokenizer::load_opened(&f)?,
+                    None => bail!(
+                        ErrInvalidConfig,
+                        "{} has no tokenizer.json: the hash constants need the model's tokenizer; pass its \
+                         path (engram_safetensors_options.tokenizer_json)",
+                        dir.display()
+                    ),
+                },
+            };
             crate::tables::tokenizer::token_map(&tok)?
         }
     };
@@ -1042,6 +1059,26 @@ pub fn read(
         files: shards,
         eps,
     })
+}
+
+/// `config.json` of the checkpoint (opened from `dir`, shown as `path`):
+/// the engram config and `rms_norm_eps`, from one read.
+fn read_config(dir: &files::ModelDir, path: &Path) -> Result<(EngramConfig, Option<f32>)> {
+    use crate::tables::config::{rms_norm_eps, MAX_CONFIG_BYTES};
+    let Some(f) = dir.open_name("config.json", "config")? else {
+        bail!(ErrIo, "config {}: no such file", path.display());
+    };
+    let bytes = files::read_whole(&f.file, f.len, path, "config", MAX_CONFIG_BYTES)?;
+    let at = |e: Error| Error::new(e.status, format!("{}: {}", path.display(), e.message));
+    let text = String::from_utf8(bytes).map_err(|_| {
+        Error::new(
+            EngramStatus::ErrInvalidConfig,
+            format!("config {}: not UTF-8 text", path.display()),
+        )
+    })?;
+    let cfg = EngramConfig::from_json(&text).map_err(at)?;
+    let eps = rms_norm_eps(&text).map_err(at)?;
+    Ok((cfg, eps))
 }
 
 /// How a dense checkpoint weight (q, k, a bf16 wkv) is read.

@@ -332,11 +332,11 @@ impl LoadedModel {
             tables.push(match &l.table {
                 TableSpec::InFile(t) => t.clone(),
                 TableSpec::External(x) => {
-                    let p = find_external(x, o.tables_dir, &gguf_dir)?;
-                    let fi = match ext.iter().position(|f| f.path == p) {
+                    let f = find_external(x, o.tables_dir, &gguf_dir)?;
+                    let fi = match ext.iter().position(|e| e.path == f.path) {
                         Some(i) => i,
                         None => {
-                            ext.push(ExtFile::open(&p, o.mmap)?);
+                            ext.push(ExtFile::open(f, o.mmap)?);
                             ext.len() - 1
                         }
                     };
@@ -353,12 +353,16 @@ impl LoadedModel {
         let mut local_tm = None;
         let has_consts = partial.multipliers.is_some() || partial.token_map.is_some();
         if !has_consts && o.companion.is_none() && o.tokenizer.is_none() {
-            if let Some(d) = o.tables_dir {
-                let p = d.join("tokenizer.json");
-                if p.exists() {
-                    let tok = crate::tables::tokenizer::load(&p)?;
-                    local_tm = Some(crate::tables::tokenizer::token_map(&tok)?);
-                }
+            let opened = match o.tables_dir {
+                Some(d) => match files::ModelDir::open(d)? {
+                    Some(dir) => dir.open_name("tokenizer.json", "tokenizer")?,
+                    None => None,
+                },
+                None => None,
+            };
+            if let Some(f) = opened {
+                let tok = crate::tables::tokenizer::load_opened(&f)?;
+                local_tm = Some(crate::tables::tokenizer::token_map(&tok)?);
             }
         }
         let comp = Companions {
