@@ -111,6 +111,9 @@ pub fn parse_header_bytes(head: &[u8], len: u64, name: &str) -> Result<StHeader>
     let json = head
         .get(8..data_offset as usize)
         .ok_or_else(|| fmt(format!("{name}: the header was not read whole")))?;
+    // JSON is UTF-8: checked over every byte here, since the streaming parse
+    // skips what it does not keep (`__metadata__`, unknown keys) unchecked.
+    json::utf8(json, name, "the safetensors header")?;
     let tensors = json::header(json, name, data_offset, len - data_offset)?;
     Ok(StHeader {
         tensors,
@@ -184,6 +187,17 @@ pub(crate) mod json {
                 }
             }
             d.deserialize_str(V(self.0))
+        }
+    }
+
+    /// `ErrFormat` naming `file` and `what` unless `json` is UTF-8 text.
+    pub(crate) fn utf8(json: &[u8], file: &str, what: &str) -> Result<()> {
+        match std::str::from_utf8(json) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(fmt(format!(
+                "{file}: {what} is not UTF-8 text (byte {} of the JSON)",
+                e.valid_up_to()
+            ))),
         }
     }
 
@@ -662,6 +676,7 @@ pub(crate) mod json {
 
     /// The `weight_map` of an index file's `json` (named `file`).
     pub(crate) fn index(json: &[u8], file: &str) -> Result<HashMap<String, String>> {
+        utf8(json, file, "the index")?;
         let slot = Slot::default();
         let m = run(json, Index { slot: &slot, file }, &slot, &|e| {
             fmt(format!("{file}: not valid JSON: {e}"))
