@@ -118,7 +118,8 @@ pub struct Opened {
     pub file: File,
     /// Its length when it was opened.
     pub len: u64,
-    /// Where it is (for messages and to tell files apart).
+    /// Where it was looked for (the directory joined with the path asked
+    /// for), for messages: in a hub snapshot, the link's path, not the blob's.
     pub path: PathBuf,
 }
 
@@ -289,8 +290,11 @@ impl ModelDir {
             Err(Miss::Io(e)) => bail!(ErrIo, "{} {}: {e}", what, shown.display()),
         };
         let len = check_regular(&file, &shown, what)?;
-        let path = where_open(&file).unwrap_or(shown);
-        Ok(Some(Opened { file, len, path }))
+        Ok(Some(Opened {
+            file,
+            len,
+            path: shown,
+        }))
     }
 
     fn resolve(&self, rel: &Path) -> std::result::Result<File, Miss> {
@@ -501,20 +505,6 @@ fn open_dir(p: &Path) -> std::io::Result<File> {
         o.custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC);
     }
     o.open(p)
-}
-
-/// Where an open file is, as the kernel says (`/proc/self/fd`), when it can.
-fn where_open(f: &File) -> Option<PathBuf> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::io::AsRawFd;
-        std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).ok()
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = f;
-        None
-    }
 }
 
 /// The relative path [`ModelDir::open_recorded`] looks for under its base, for `recorded`
