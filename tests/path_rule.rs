@@ -378,3 +378,38 @@ fn the_hub_cache_layout_opens_and_links_that_leave_it_do_not() {
     });
     std::fs::remove_dir_all(&s).unwrap();
 }
+
+/// The other shards of a GGUF split set are opened by the same rule: a
+/// shard that is a link to a file outside the set's directory is refused,
+/// one that is a link inside opens.
+#[test]
+fn split_shards_follow_the_rule() {
+    let s = scratch("split");
+    let (dir, out) = (s.join("m"), s.join("outside"));
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    let n = |k: u32| format!("vcruz305_split-0000{k}-of-00003.gguf");
+    std::fs::copy(dialects().join(n(1)), dir.join(n(1))).unwrap();
+    std::fs::copy(dialects().join(n(2)), out.join(n(2))).unwrap();
+    std::fs::copy(dialects().join(n(3)), dir.join("sub").join(n(3))).unwrap();
+    symlink(out.join(n(2)), dir.join(n(2))).unwrap();
+    symlink(format!("sub/{}", n(3)), dir.join(n(3))).unwrap();
+    both_ways(|how| {
+        let e = GgufModel::open(&dir.join(n(1)), &LoadOptions::default())
+            .err()
+            .unwrap_or_else(|| panic!("{how}: opened"));
+        assert_eq!(e.status, EngramStatus::ErrFormat, "{how}: {}", e.message);
+        assert!(
+            e.message.contains("outside") && e.message.contains(&n(2)),
+            "{how}: {}",
+            e.message
+        );
+    });
+    std::fs::remove_file(dir.join(n(2))).unwrap();
+    std::fs::rename(out.join(n(2)), dir.join(n(2))).unwrap();
+    both_ways(|how| {
+        GgufModel::open(&dir.join(n(1)), &LoadOptions::default())
+            .unwrap_or_else(|e| panic!("{how}: {}", e.message));
+    });
+    std::fs::remove_dir_all(&s).unwrap();
+}
