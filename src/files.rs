@@ -417,8 +417,12 @@ impl ModelDir {
             let target = match readlinkat(cur, &c) {
                 Ok(t) => t,
                 Err(_) if err.raw_os_error() == Some(libc::ENOTDIR) => return Err(Miss::Absent),
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && links < MAX_LINKS => {
-                    // No longer a link: swapped back; look again.
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EINVAL)
+                        && err.raw_os_error() == Some(libc::ELOOP)
+                        && links < MAX_LINKS =>
+                {
+                    // A link when opened, no longer one: swapped back; look again.
                     links += 1;
                     todo.push(c);
                     continue;
