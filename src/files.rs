@@ -259,15 +259,13 @@ impl ModelDir {
     /// or one that leads outside.
     pub fn open_recorded(&self, recorded: &str, what: &str) -> Result<Option<Opened>> {
         let rel = confined_candidate(recorded, what)?;
-        self.open_rel(&rel, what)
-            .map_err(|e| Error::new(e.status, format!("{what} is {recorded:?}: {}", e.message)))
+        self.open_rel(&rel, &format!("{what} is {recorded:?}:"))
     }
 
     /// Open the file `name` (a plain name the library chose: `config.json`,
     /// `tokenizer.json`, the index, a split shard), by the same rule.
     pub fn open_name(&self, name: &str, what: &str) -> Result<Option<Opened>> {
         self.open_rel(Path::new(name), what)
-            .map_err(|e| Error::new(e.status, format!("{what}: {}", e.message)))
     }
 
     /// Where `rel` would be, for messages.
@@ -275,21 +273,22 @@ impl ModelDir {
         self.root.join(rel)
     }
 
-    fn open_rel(&self, rel: &Path, what: &str) -> Result<Option<Opened>> {
+    /// `rel` opened by the rule; `label` starts every message.
+    fn open_rel(&self, rel: &Path, label: &str) -> Result<Option<Opened>> {
         let shown = self.root.join(rel);
         let file = match self.resolve(rel) {
             Ok(f) => f,
             Err(Miss::Absent) => return Ok(None),
             Err(Miss::Outside) => bail!(
                 ErrFormat,
-                "{} leads outside {} (a file the loaders read must stay inside the model's directory or \
+                "{label} {} leads outside {} (a file the loaders read must stay inside the model's directory or \
                  tables_dir, or be a Hugging Face snapshot's link into its repository's blobs)",
                 shown.display(),
                 self.root.display()
             ),
-            Err(Miss::Io(e)) => bail!(ErrIo, "{} {}: {e}", what, shown.display()),
+            Err(Miss::Io(e)) => bail!(ErrIo, "{label} {}: {e}", shown.display()),
         };
-        let len = check_regular(&file, &shown, what)?;
+        let len = check_regular(&file, &shown, label)?;
         Ok(Some(Opened {
             file,
             len,
