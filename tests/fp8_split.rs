@@ -513,3 +513,57 @@ fn split_tables_on_the_gpu_give_the_cpu_bits() {
         }
     }
 }
+
+// ---- the checkpoint: a bad value named by the tensor that holds it ----
+
+/// A NaN e8m0 scale in the checkpoint's `layers.3.engram.wkv.scale`, or an
+/// e4m3 NaN code in its `wkv.weight`, is refused (`ErrInvalidData`) naming
+/// that tensor, not the layer's table (issue 34 F9: the message blamed
+/// `layers.3.engram.embed.weight (fp8_e4m3_e8m0_split)`).
+#[test]
+fn a_bad_wkv_value_in_the_checkpoint_names_its_tensor() {
+    use engram::gguf::{GgufModel, GgufOptions, LoadOptions};
+    let src = golden_dir().join("dialects").join("checkpoint");
+    let shard = "model-00001-of-00002.safetensors";
+    for (tensor, byte) in [
+        ("layers.3.engram.wkv.scale", 255u8),
+        ("layers.3.engram.wkv.weight", 0x7F),
+    ] {
+        let ck = std::env::temp_dir().join(format!("egf9-{}-{tensor}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&ck);
+        std::fs::create_dir_all(&ck).unwrap();
+        for e in std::fs::read_dir(&src).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), ck.join(e.file_name())).unwrap();
+        }
+        std::fs::copy(
+            golden_dir().join("deepseek_v4_tokenizer.json"),
+            ck.join("tokenizer.json"),
+        )
+        .unwrap();
+        let f = std::fs::File::open(ck.join(shard)).unwrap();
+        let len = f.metadata().unwrap().len();
+        let h = engram::safetensors::parse_header(&f, len, shard).unwrap();
+        let at = h.tensors[tensor].offset as usize + 3;
+        drop(f);
+        let mut b = std::fs::read(ck.join(shard)).unwrap();
+        b[at] = byte;
+        std::fs::write(ck.join(shard), b).unwrap();
+        let m = GgufModel::open_checkpoint(&ck, None, &LoadOptions::default()).unwrap();
+        let e = m
+            .context(&GgufOptions {
+                limits: Tiny::limits(),
+                n_threads: 1,
+                backend: engram::EngramBackend::Cpu as u32,
+                device: 0,
+                eps: 0.0,
+                tuning: Default::default(),
+            })
+            .err()
+            .unwrap_or_else(|| panic!("a bad value in {tensor} was accepted"));
+        assert_eq!(e.status, EngramStatus::ErrInvalidData, "{}", e.message);
+        assert!(e.message.contains(tensor), "{tensor}: {}", e.message);
+        assert!(!e.message.contains("embed"), "{tensor}: {}", e.message);
+        std::fs::remove_dir_all(&ck).unwrap();
+    }
+}

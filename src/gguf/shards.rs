@@ -56,6 +56,28 @@ impl Shard {
     /// Open and parse `path` (mapped when `mmap`, else its header read with `pread`).
     pub fn open(path: &Path, mmap: bool) -> Result<Shard> {
         let (file, len) = files::open_regular(path, "GGUF file")?;
+        Self::from_file(file, len, path, mmap)
+    }
+
+    /// Shard `name` of a set, opened from the set's directory by the rule for
+    /// every file a loader reads there ([`files::ModelDir`]).
+    fn open_in(dir: Option<&files::ModelDir>, name: &str, mmap: bool) -> Result<Shard> {
+        match dir
+            .map(|d| d.open_name(name, "GGUF file"))
+            .transpose()?
+            .flatten()
+        {
+            Some(o) => Self::from_file(o.file, o.len, &o.path, mmap),
+            None => bail!(
+                ErrIo,
+                "GGUF file {}: no such file",
+                dir.map_or_else(|| name.into(), |d| d.display(Path::new(name)))
+                    .display()
+            ),
+        }
+    }
+
+    fn from_file(file: File, len: u64, path: &Path, mmap: bool) -> Result<Shard> {
         let at = |e: Error| Error::new(e.status, format!("{}: {}", path.display(), e.message));
         if len == 0 {
             bail!(ErrFormat, "{}: empty file, not GGUF", path.display());
@@ -223,7 +245,13 @@ impl GgufSet {
     pub fn open(path: &Path, mmap: bool) -> Result<GgufSet> {
         let first = Shard::open(path, mmap)?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::assemble(first, |name| Shard::open(&dir.join(name), mmap))
+        let mut held: Option<Option<files::ModelDir>> = None;
+        Self::assemble(first, |name| {
+            if held.is_none() {
+                held = Some(files::ModelDir::open(&dir)?);
+            }
+            Shard::open_in(held.as_ref().and_then(Option::as_ref), name, mmap)
+        })
     }
 
     /// A set from files in memory, `(file name, bytes)`: the first is the one

@@ -111,6 +111,9 @@ pub fn parse_header_bytes(head: &[u8], len: u64, name: &str) -> Result<StHeader>
     let json = head
         .get(8..data_offset as usize)
         .ok_or_else(|| fmt(format!("{name}: the header was not read whole")))?;
+    // JSON is UTF-8: checked over every byte here, since the streaming parse
+    // skips what it does not keep (`__metadata__`, unknown keys) unchecked.
+    json::utf8(json, name, "the safetensors header")?;
     let tensors = json::header(json, name, data_offset, len - data_offset)?;
     Ok(StHeader {
         tensors,
@@ -118,24 +121,33 @@ pub fn parse_header_bytes(head: &[u8], len: u64, name: &str) -> Result<StHeader>
     })
 }
 
-/// Streaming JSON readers for the safetensors header and the index: serde
-/// visitors that keep only what the loader uses, check it as it comes, and
-/// allocate fallibly. A failure of our own is kept beside the parse (serde's
-/// error type carries only text) and returned as it is.
+/// Streaming JSON readers for the safetensors header and the index: one
+/// bounded map reader (name to entry, every entry checked as it comes, the
+/// map and every string kept grown fallibly) over one loose value reader
+/// that keeps only the shapes the loader uses. No tree of JSON values is
+/// built. A failure of our own is kept beside the parse (serde's error type
+/// carries only text) and returned as it is.
 pub(crate) mod json {
     use super::{dtype_size, fmt, StTensor};
     use crate::error::{Error, Result};
     use crate::EngramStatus;
-    use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde::de::{
+        self, Deserialize, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor,
+    };
+    use std::borrow::Cow;
     use std::cell::RefCell;
     use std::collections::HashMap;
+    use std::marker::PhantomData;
 
-    /// Our error, when the parse failed for a reason of ours.
-    type Slot = RefCell<Option<Error>>;
+    thread_local! {
+        /// Our error, when the parse running on this thread failed for a
+        /// reason of ours: set by [`fail`], taken by [`run`].
+        static SLOT: RefCell<Option<Error>> = const { RefCell::new(None) };
+    }
 
-    fn fail<E: de::Error>(slot: &Slot, e: Error) -> E {
+    fn fail<E: de::Error>(e: Error) -> E {
         let m = E::custom(&e.message);
-        *slot.borrow_mut() = Some(e);
+        SLOT.with(|s| *s.borrow_mut() = Some(e));
         m
     }
 
@@ -154,519 +166,307 @@ pub(crate) mod json {
         Ok(o)
     }
 
-    /// A JSON string, borrowed from the input when it has no escapes.
-    struct Str<'a>(std::borrow::Cow<'a, str>);
+    /// A JSON value, keeping only what the readers use: a string (borrowed
+    /// from the input when it has no escapes, else copied fallibly), a
+    /// non-negative integer, an array of them (grown fallibly). Anything
+    /// else is skipped as `Other`; `Missing` is a key that was not there.
+    #[derive(Default)]
+    enum Loose<'a> {
+        Str(Cow<'a, str>),
+        Uint(u64),
+        Uints(Vec<u64>),
+        Other,
+        #[default]
+        Missing,
+    }
 
-    struct StrSeed<'s>(&'s Slot);
-
-    impl<'de> DeserializeSeed<'de> for StrSeed<'_> {
-        type Value = Str<'de>;
-        fn deserialize<D: de::Deserializer<'de>>(
-            self,
-            d: D,
-        ) -> std::result::Result<Str<'de>, D::Error> {
-            struct V<'s>(&'s Slot);
-            impl<'de> Visitor<'de> for V<'_> {
-                type Value = Str<'de>;
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("a string")
-                }
-                fn visit_borrowed_str<E: de::Error>(
-                    self,
-                    v: &'de str,
-                ) -> std::result::Result<Str<'de>, E> {
-                    Ok(Str(std::borrow::Cow::Borrowed(v)))
-                }
-                fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Str<'de>, E> {
-                    owned(v, "a JSON string")
-                        .map(|s| Str(std::borrow::Cow::Owned(s)))
-                        .map_err(|e| fail(self.0, e))
-                }
-            }
-            d.deserialize_str(V(self.0))
+    impl<'de> Deserialize<'de> for Loose<'de> {
+        fn deserialize<D: de::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            d.deserialize_any(LooseVisitor)
         }
     }
 
-    /// Parse `json` with `seed`; our error when the seed set one, else the
-    /// JSON error in `what`'s words.
-    fn run<'de, S: DeserializeSeed<'de>>(
-        json: &'de [u8],
-        seed: S,
-        slot: &Slot,
-        what: &dyn Fn(&serde_json::Error) -> Error,
-    ) -> Result<S::Value> {
-        let mut d = serde_json::Deserializer::from_slice(json);
-        let r = seed.deserialize(&mut d).and_then(|v| d.end().map(|_| v));
-        r.map_err(|e| slot.borrow_mut().take().unwrap_or_else(|| what(&e)))
-    }
+    struct LooseVisitor;
 
-    /// One tensor entry, checked against the data section.
-    struct Entry<'a> {
-        slot: &'a Slot,
-        file: &'a str,
-        tensor: &'a str,
-        data_offset: u64,
-        data_len: u64,
-    }
-
-    impl<'de> DeserializeSeed<'de> for Entry<'_> {
-        type Value = StTensor;
-        fn deserialize<D: de::Deserializer<'de>>(
-            self,
-            d: D,
-        ) -> std::result::Result<StTensor, D::Error> {
-            d.deserialize_map(self)
-        }
-    }
-
-    impl<'de> Visitor<'de> for Entry<'_> {
-        type Value = StTensor;
+    impl<'de> Visitor<'de> for LooseVisitor {
+        type Value = Loose<'de>;
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a tensor entry {dtype, shape, data_offsets}")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<StTensor, A::Error> {
-            let bad = |what: &str| fmt(format!("{}: tensor {}: {what}", self.file, self.tensor));
-            let mut dtype: Option<String> = None;
-            let mut shape: Option<Vec<u64>> = None;
-            let mut offs: Option<Option<(u64, u64)>> = None;
-            while let Some(k) = m.next_key_seed(StrSeed(self.slot))? {
-                match &*k.0 {
-                    "dtype" => {
-                        let v = m.next_value_seed(MaybeStr(self.slot))?;
-                        dtype = match v {
-                            Some(v) => {
-                                Some(owned(&v.0, "a dtype").map_err(|e| fail(self.slot, e))?)
-                            }
-                            None => None,
-                        };
-                    }
-                    "shape" => shape = m.next_value_seed(Uints(self.slot))?,
-                    "data_offsets" => {
-                        offs = Some(m.next_value_seed(Uints(self.slot))?.and_then(
-                            |o| match o[..] {
-                                [b, e] if b <= e => Some((b, e)),
-                                _ => None,
-                            },
-                        ))
-                    }
-                    _ => {
-                        m.next_value::<IgnoredAny>()?;
-                    }
-                }
-            }
-            let out = (|| -> Result<StTensor> {
-                let dtype = dtype.ok_or_else(|| bad("no dtype"))?;
-                let shape =
-                    shape.ok_or_else(|| bad("no shape (an array of non-negative integers)"))?;
-                let (b, e) = match offs {
-                    None => return Err(bad("no data_offsets [begin, end]")),
-                    Some(None) => {
-                        return Err(bad("data_offsets are not [begin, end] with begin <= end"))
-                    }
-                    Some(Some(o)) => o,
-                };
-                if e > self.data_len {
-                    return Err(bad(&format!(
-                        "data_offsets [{b}, {e}] run past the data section ({} bytes): truncated?",
-                        self.data_len
-                    )));
-                }
-                if let Some(sz) = dtype_size(&dtype) {
-                    let want = shape
-                        .iter()
-                        .try_fold(sz, |a, &d| a.checked_mul(d))
-                        .ok_or_else(|| {
-                            bad(&format!(
-                                "shape {shape:?} of {dtype} overflows a 64-bit size"
-                            ))
-                        })?;
-                    if want != e - b {
-                        return Err(bad(&format!(
-                            "shape {shape:?} of {dtype} is {want} bytes, but data_offsets [{b}, {e}] hold {}",
-                            e - b
-                        )));
-                    }
-                }
-                Ok(StTensor {
-                    name: owned(self.tensor, "a tensor name")?,
-                    dtype,
-                    shape,
-                    offset: self.data_offset + b,
-                    bytes: e - b,
-                })
-            })();
-            out.map_err(|e| fail(self.slot, e))
-        }
-    }
-
-    /// A string, or `None` for any other JSON value (skipped).
-    struct MaybeStr<'s>(&'s Slot);
-
-    impl<'de> DeserializeSeed<'de> for MaybeStr<'_> {
-        type Value = Option<Str<'de>>;
-        fn deserialize<D: de::Deserializer<'de>>(
-            self,
-            d: D,
-        ) -> std::result::Result<Self::Value, D::Error> {
-            d.deserialize_any(self)
-        }
-    }
-
-    impl<'de> Visitor<'de> for MaybeStr<'_> {
-        type Value = Option<Str<'de>>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a string")
+            f.write_str("a JSON value")
         }
         fn visit_borrowed_str<E: de::Error>(
             self,
             v: &'de str,
-        ) -> std::result::Result<Self::Value, E> {
-            Ok(Some(Str(std::borrow::Cow::Borrowed(v))))
+        ) -> std::result::Result<Loose<'de>, E> {
+            Ok(Loose::Str(Cow::Borrowed(v)))
         }
-        fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Self::Value, E> {
-            owned(v, "a JSON string")
-                .map(|s| Some(Str(std::borrow::Cow::Owned(s))))
-                .map_err(|e| fail(self.0, e))
+        fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Loose<'de>, E> {
+            Ok(Loose::Str(Cow::Owned(
+                owned(v, "a JSON string").map_err(fail)?,
+            )))
         }
-        fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
-            Ok(None)
+        fn visit_u64<E>(self, v: u64) -> std::result::Result<Loose<'de>, E> {
+            Ok(Loose::Uint(v))
         }
-        fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
-            Ok(None)
+        fn visit_i64<E>(self, _: i64) -> std::result::Result<Loose<'de>, E> {
+            Ok(Loose::Other)
         }
-        fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
-            Ok(None)
+        fn visit_f64<E>(self, _: f64) -> std::result::Result<Loose<'de>, E> {
+            Ok(Loose::Other)
         }
-        fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
-            Ok(None)
+        fn visit_bool<E>(self, _: bool) -> std::result::Result<Loose<'de>, E> {
+            Ok(Loose::Other)
         }
-        fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_seq<A: SeqAccess<'de>>(
-            self,
-            mut a: A,
-        ) -> std::result::Result<Self::Value, A::Error> {
-            while a.next_element::<IgnoredAny>()?.is_some() {}
-            Ok(None)
-        }
-        fn visit_map<A: MapAccess<'de>>(
-            self,
-            mut a: A,
-        ) -> std::result::Result<Self::Value, A::Error> {
-            while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            Ok(None)
-        }
-    }
-
-    /// An array of non-negative integers (grown fallibly), or `None` for
-    /// anything else (skipped).
-    struct Uints<'s>(&'s Slot);
-
-    impl<'de> DeserializeSeed<'de> for Uints<'_> {
-        type Value = Option<Vec<u64>>;
-        fn deserialize<D: de::Deserializer<'de>>(
-            self,
-            d: D,
-        ) -> std::result::Result<Self::Value, D::Error> {
-            d.deserialize_any(self)
-        }
-    }
-
-    /// One array element: `Some` for a non-negative integer.
-    struct Uint(Option<u64>);
-
-    impl<'de> de::Deserialize<'de> for Uint {
-        fn deserialize<D: de::Deserializer<'de>>(d: D) -> std::result::Result<Uint, D::Error> {
-            struct V;
-            impl<'de> Visitor<'de> for V {
-                type Value = Uint;
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("a non-negative integer")
-                }
-                fn visit_u64<E>(self, v: u64) -> std::result::Result<Uint, E> {
-                    Ok(Uint(Some(v)))
-                }
-                fn visit_i64<E>(self, _: i64) -> std::result::Result<Uint, E> {
-                    Ok(Uint(None))
-                }
-                fn visit_f64<E>(self, _: f64) -> std::result::Result<Uint, E> {
-                    Ok(Uint(None))
-                }
-                fn visit_bool<E>(self, _: bool) -> std::result::Result<Uint, E> {
-                    Ok(Uint(None))
-                }
-                fn visit_str<E>(self, _: &str) -> std::result::Result<Uint, E> {
-                    Ok(Uint(None))
-                }
-                fn visit_unit<E>(self) -> std::result::Result<Uint, E> {
-                    Ok(Uint(None))
-                }
-                fn visit_seq<A: SeqAccess<'de>>(
-                    self,
-                    mut a: A,
-                ) -> std::result::Result<Uint, A::Error> {
-                    while a.next_element::<IgnoredAny>()?.is_some() {}
-                    Ok(Uint(None))
-                }
-                fn visit_map<A: MapAccess<'de>>(
-                    self,
-                    mut a: A,
-                ) -> std::result::Result<Uint, A::Error> {
-                    while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                    Ok(Uint(None))
-                }
-            }
-            d.deserialize_any(V)
-        }
-    }
-
-    impl<'de> Visitor<'de> for Uints<'_> {
-        type Value = Option<Vec<u64>>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("an array of non-negative integers")
+        fn visit_unit<E>(self) -> std::result::Result<Loose<'de>, E> {
+            Ok(Loose::Other)
         }
         fn visit_seq<A: SeqAccess<'de>>(
             self,
             mut a: A,
-        ) -> std::result::Result<Self::Value, A::Error> {
-            let mut v: Vec<u64> = Vec::new();
-            let mut ok = true;
-            while let Some(x) = a.next_element::<Uint>()? {
-                match x.0 {
-                    Some(x) if ok => {
-                        v.try_reserve(1)
-                            .map_err(|_| fail(self.0, oom("a JSON array")))?;
-                        v.push(x);
+        ) -> std::result::Result<Loose<'de>, A::Error> {
+            let mut v = Some(Vec::new());
+            while let Some(x) = a.next_element::<Loose>()? {
+                match (x, &mut v) {
+                    (Loose::Uint(n), Some(v)) => {
+                        v.try_reserve(1).map_err(|_| fail(oom("a JSON array")))?;
+                        v.push(n);
                     }
-                    _ => ok = false,
+                    _ => v = None,
                 }
             }
-            Ok(ok.then_some(v))
-        }
-        fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_str<E>(self, _: &str) -> std::result::Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
-            Ok(None)
+            Ok(v.map_or(Loose::Other, Loose::Uints))
         }
         fn visit_map<A: MapAccess<'de>>(
             self,
             mut a: A,
-        ) -> std::result::Result<Self::Value, A::Error> {
+        ) -> std::result::Result<Loose<'de>, A::Error> {
             while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            Ok(None)
+            Ok(Loose::Other)
         }
     }
 
-    /// The header object: every tensor checked, `__metadata__` skipped.
-    struct Header<'a> {
-        slot: &'a Slot,
-        file: &'a str,
-        data_offset: u64,
-        data_len: u64,
+    /// A JSON object read as a map from name to entry, grown fallibly:
+    /// `seed(name)` reads the value of a name (`None`: skipped), `keep(name,
+    /// value)` checks it into the entry kept (the last of a name twice wins).
+    struct Map<F, G> {
+        seed: F,
+        keep: G,
+        /// What the map is, for "out of memory for ...".
+        what: &'static str,
     }
 
-    impl<'de> DeserializeSeed<'de> for Header<'_> {
-        type Value = HashMap<String, StTensor>;
+    impl<'de, S, V, F, G> DeserializeSeed<'de> for Map<F, G>
+    where
+        S: DeserializeSeed<'de>,
+        F: FnMut(&str) -> Option<S>,
+        G: FnMut(&str, S::Value) -> Result<V>,
+    {
+        type Value = HashMap<String, V>;
         fn deserialize<D: de::Deserializer<'de>>(
             self,
             d: D,
         ) -> std::result::Result<Self::Value, D::Error> {
-            d.deserialize_any(self)
+            d.deserialize_map(self)
         }
     }
 
-    impl<'de> Visitor<'de> for Header<'_> {
-        type Value = HashMap<String, StTensor>;
+    impl<'de, S, V, F, G> Visitor<'de> for Map<F, G>
+    where
+        S: DeserializeSeed<'de>,
+        F: FnMut(&str) -> Option<S>,
+        G: FnMut(&str, S::Value) -> Result<V>,
+    {
+        type Value = HashMap<String, V>;
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a JSON object")
+            write!(f, "a JSON object ({})", self.what)
         }
         fn visit_map<A: MapAccess<'de>>(
-            self,
+            mut self,
             mut m: A,
         ) -> std::result::Result<Self::Value, A::Error> {
-            let mut out: HashMap<String, StTensor> = HashMap::new();
-            while let Some(k) = m.next_key_seed(StrSeed(self.slot))? {
-                if k.0 == "__metadata__" {
+            let mut out = HashMap::new();
+            while let Some(k) = m.next_key::<Loose>()? {
+                let Loose::Str(k) = k else {
+                    return Err(de::Error::custom("a key that is not a string"));
+                };
+                let Some(seed) = (self.seed)(&k) else {
                     m.next_value::<IgnoredAny>()?;
                     continue;
-                }
-                let t = m.next_value_seed(Entry {
-                    slot: self.slot,
-                    file: self.file,
-                    tensor: &k.0,
-                    data_offset: self.data_offset,
-                    data_len: self.data_len,
-                })?;
-                out.try_reserve(1)
-                    .map_err(|_| fail(self.slot, oom("the safetensors header's tensors")))?;
-                let key = owned(&k.0, "a tensor name").map_err(|e| fail(self.slot, e))?;
-                out.insert(key, t);
+                };
+                let v = (self.keep)(&k, m.next_value_seed(seed)?).map_err(fail)?;
+                out.try_reserve(1).map_err(|_| fail(oom(self.what)))?;
+                out.insert(owned(&k, "a name").map_err(fail)?, v);
             }
             Ok(out)
         }
-        fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> std::result::Result<Self::Value, A::Error> {
-            Err(self.not_object())
-        }
-        fn visit_str<E: de::Error>(self, _: &str) -> std::result::Result<Self::Value, E> {
-            Err(self.not_object())
-        }
-        fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<Self::Value, E> {
-            Err(self.not_object())
-        }
-        fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<Self::Value, E> {
-            Err(self.not_object())
-        }
-        fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<Self::Value, E> {
-            Err(self.not_object())
-        }
-        fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<Self::Value, E> {
-            Err(self.not_object())
-        }
-        fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
-            Err(self.not_object())
+    }
+
+    /// A tensor entry's fields as read, before they are checked.
+    #[derive(Default)]
+    struct RawEntry<'a> {
+        dtype: Loose<'a>,
+        shape: Loose<'a>,
+        offsets: Loose<'a>,
+    }
+
+    impl<'de> Deserialize<'de> for RawEntry<'de> {
+        fn deserialize<D: de::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = RawEntry<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a tensor entry {dtype, shape, data_offsets}")
+                }
+                fn visit_map<A: MapAccess<'de>>(
+                    self,
+                    mut m: A,
+                ) -> std::result::Result<Self::Value, A::Error> {
+                    let mut e = RawEntry::default();
+                    while let Some(k) = m.next_key::<Loose>()? {
+                        let field = match &k {
+                            Loose::Str(k) if k == "dtype" => &mut e.dtype,
+                            Loose::Str(k) if k == "shape" => &mut e.shape,
+                            Loose::Str(k) if k == "data_offsets" => &mut e.offsets,
+                            _ => {
+                                m.next_value::<IgnoredAny>()?;
+                                continue;
+                            }
+                        };
+                        *field = m.next_value()?;
+                    }
+                    Ok(e)
+                }
+            }
+            d.deserialize_map(V)
         }
     }
 
-    impl Header<'_> {
-        fn not_object<E: de::Error>(&self) -> E {
-            fail(
-                self.slot,
-                fmt(format!(
-                    "{}: the safetensors header is not a JSON object",
-                    self.file
-                )),
-            )
+    /// Tensor `name`'s entry `e`, checked against the data section of
+    /// `data_len` bytes at `data_offset` of `file`.
+    fn tensor(
+        e: RawEntry,
+        name: &str,
+        file: &str,
+        data_offset: u64,
+        data_len: u64,
+    ) -> Result<StTensor> {
+        let bad = |what: &str| fmt(format!("{file}: tensor {name}: {what}"));
+        let Loose::Str(dtype) = e.dtype else {
+            return Err(bad("no dtype"));
+        };
+        let Loose::Uints(shape) = e.shape else {
+            return Err(bad("no shape (an array of non-negative integers)"));
+        };
+        let (b, e) = match e.offsets {
+            Loose::Missing => return Err(bad("no data_offsets [begin, end]")),
+            Loose::Uints(o) if o.len() == 2 && o[0] <= o[1] => (o[0], o[1]),
+            _ => return Err(bad("data_offsets are not [begin, end] with begin <= end")),
+        };
+        if e > data_len {
+            return Err(bad(&format!(
+                "data_offsets [{b}, {e}] run past the data section ({data_len} bytes): truncated?"
+            )));
         }
+        if let Some(sz) = dtype_size(&dtype) {
+            let want = shape
+                .iter()
+                .try_fold(sz, |a, &d| a.checked_mul(d))
+                .ok_or_else(|| {
+                    bad(&format!(
+                        "shape {shape:?} of {dtype} overflows a 64-bit size"
+                    ))
+                })?;
+            if want != e - b {
+                return Err(bad(&format!(
+                    "shape {shape:?} of {dtype} is {want} bytes, but data_offsets [{b}, {e}] hold {}",
+                    e - b
+                )));
+            }
+        }
+        Ok(StTensor {
+            name: owned(name, "a tensor name")?,
+            dtype: owned(&dtype, "a dtype")?,
+            shape,
+            offset: data_offset + b,
+            bytes: e - b,
+        })
+    }
+
+    /// `ErrFormat` naming `file` and `what` unless `json` is UTF-8 text.
+    pub(crate) fn utf8(json: &[u8], file: &str, what: &str) -> Result<()> {
+        match std::str::from_utf8(json) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(fmt(format!(
+                "{file}: {what} is not UTF-8 text (byte {} of the JSON)",
+                e.valid_up_to()
+            ))),
+        }
+    }
+
+    /// Parse `json` with `seed`; our error when the parse set one, else the
+    /// JSON error in `what`'s words.
+    fn run<'de, S: DeserializeSeed<'de>>(
+        json: &'de [u8],
+        seed: S,
+        what: &dyn Fn(&serde_json::Error) -> Error,
+    ) -> Result<S::Value> {
+        SLOT.with(|s| s.borrow_mut().take());
+        let mut d = serde_json::Deserializer::from_slice(json);
+        let r = seed.deserialize(&mut d).and_then(|v| d.end().map(|_| v));
+        r.map_err(|e| {
+            SLOT.with(|s| s.borrow_mut().take())
+                .unwrap_or_else(|| what(&e))
+        })
     }
 
     /// The tensors of a safetensors header `json` (of file `file`, whose data
-    /// section is `data_len` bytes at `data_offset`).
+    /// section is `data_len` bytes at `data_offset`); `__metadata__` skipped.
     pub(crate) fn header(
         json: &[u8],
         file: &str,
         data_offset: u64,
         data_len: u64,
     ) -> Result<HashMap<String, StTensor>> {
-        let slot = Slot::default();
-        let seed = Header {
-            slot: &slot,
-            file,
-            data_offset,
-            data_len,
+        if json
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|&b| b != b'{')
+        {
+            return Err(fmt(format!(
+                "{file}: the safetensors header is not a JSON object"
+            )));
+        }
+        let entries = Map {
+            seed: |k: &str| (k != "__metadata__").then_some(PhantomData::<RawEntry>),
+            keep: |k: &str, e| tensor(e, k, file, data_offset, data_len),
+            what: "the safetensors header's tensors",
         };
-        run(json, seed, &slot, &|e| {
+        run(json, entries, &|e| {
             fmt(format!(
                 "{file}: the safetensors header is not valid JSON: {e}"
             ))
         })
     }
 
-    /// `weight_map` of a `model.safetensors.index.json`: tensor name to shard.
-    struct Index<'a> {
-        slot: &'a Slot,
-        file: &'a str,
-    }
-
-    impl<'de> DeserializeSeed<'de> for Index<'_> {
-        type Value = Option<HashMap<String, String>>;
-        fn deserialize<D: de::Deserializer<'de>>(
-            self,
-            d: D,
-        ) -> std::result::Result<Self::Value, D::Error> {
-            d.deserialize_map(self)
-        }
-    }
-
-    impl<'de> Visitor<'de> for Index<'_> {
-        type Value = Option<HashMap<String, String>>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a JSON object with a weight_map")
-        }
-        fn visit_map<A: MapAccess<'de>>(
-            self,
-            mut m: A,
-        ) -> std::result::Result<Self::Value, A::Error> {
-            let mut out = None;
-            while let Some(k) = m.next_key_seed(StrSeed(self.slot))? {
-                if k.0 == "weight_map" {
-                    out = Some(m.next_value_seed(WeightMap {
-                        slot: self.slot,
-                        file: self.file,
-                    })?);
-                } else {
-                    m.next_value::<IgnoredAny>()?;
-                }
-            }
-            Ok(out)
-        }
-    }
-
-    struct WeightMap<'a> {
-        slot: &'a Slot,
-        file: &'a str,
-    }
-
-    impl<'de> DeserializeSeed<'de> for WeightMap<'_> {
-        type Value = HashMap<String, String>;
-        fn deserialize<D: de::Deserializer<'de>>(
-            self,
-            d: D,
-        ) -> std::result::Result<Self::Value, D::Error> {
-            d.deserialize_map(self)
-        }
-    }
-
-    impl<'de> Visitor<'de> for WeightMap<'_> {
-        type Value = HashMap<String, String>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a weight_map object")
-        }
-        fn visit_map<A: MapAccess<'de>>(
-            self,
-            mut m: A,
-        ) -> std::result::Result<Self::Value, A::Error> {
-            let mut out: HashMap<String, String> = HashMap::new();
-            while let Some(k) = m.next_key_seed(StrSeed(self.slot))? {
-                let Some(f) = m.next_value_seed(MaybeStr(self.slot))? else {
-                    return Err(fail(
-                        self.slot,
-                        fmt(format!(
-                            "{}: weight_map[{}] is not a file name",
-                            self.file, k.0
-                        )),
-                    ));
-                };
-                out.try_reserve(1)
-                    .map_err(|_| fail(self.slot, oom("the index's weight_map")))?;
-                let key = owned(&k.0, "a tensor name").map_err(|e| fail(self.slot, e))?;
-                let f = owned(&f.0, "a shard name").map_err(|e| fail(self.slot, e))?;
-                out.insert(key, f);
-            }
-            Ok(out)
-        }
-    }
-
-    /// The `weight_map` of an index file's `json` (named `file`).
+    /// The `weight_map` of an index file's `json` (named `file`): tensor name
+    /// to shard.
     pub(crate) fn index(json: &[u8], file: &str) -> Result<HashMap<String, String>> {
-        let slot = Slot::default();
-        let m = run(json, Index { slot: &slot, file }, &slot, &|e| {
-            fmt(format!("{file}: not valid JSON: {e}"))
-        })?;
-        m.ok_or_else(|| fmt(format!("{file}: no weight_map object")))
+        utf8(json, file, "the index")?;
+        let weight_map = || Map {
+            seed: |_: &str| Some(PhantomData::<Loose>),
+            keep: |k: &str, v| match v {
+                Loose::Str(f) => owned(&f, "a shard name"),
+                _ => Err(fmt(format!("{file}: weight_map[{k}] is not a file name"))),
+            },
+            what: "the index's weight_map",
+        };
+        let top = Map {
+            seed: |k: &str| (k == "weight_map").then(weight_map),
+            keep: |_: &str, m| Ok(m),
+            what: "the index",
+        };
+        let mut m = run(json, top, &|e| fmt(format!("{file}: not valid JSON: {e}")))?;
+        m.remove("weight_map")
+            .ok_or_else(|| fmt(format!("{file}: no weight_map object")))
     }
 }
 
@@ -705,6 +505,15 @@ pub struct StFile {
 impl StFile {
     pub fn open(path: &Path) -> Result<StFile> {
         let (file, len) = files::open_regular(path, "safetensors file")?;
+        Self::from_file(file, len, path)
+    }
+
+    /// A shard a loader opened from the checkpoint's directory.
+    pub fn from_opened(o: files::Opened) -> Result<StFile> {
+        Self::from_file(o.file, o.len, &o.path)
+    }
+
+    fn from_file(file: File, len: u64, path: &Path) -> Result<StFile> {
         let name = path.file_name().map_or_else(
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
@@ -797,216 +606,313 @@ pub fn open(
 /// Read a checkpoint directory's engram part, without the hash layout's
 /// checks. `token_map`: the tokenizer's map, when the caller already has it
 /// (else `tokenizer_json`, or the directory's `tokenizer.json`, is read).
+///
+/// The steps: open the directory; read `config.json` (the geometry); read
+/// the index; per engram layer, find each tensor in the shard the index
+/// names (opening each shard once) and check its shape; derive the hash
+/// constants from the config and the tokenizer.
 pub fn read(
     dir: &Path,
     tokenizer_json: Option<&Path>,
     token_map: Option<&TokenMap>,
 ) -> Result<Checkpoint> {
+    let mdir = open_dir(dir)?;
+    let cfg_path = dir.join("config.json");
+    let (cfg, eps) = read_config(&mdir, &cfg_path)?;
+    let dims = Dims::of(&cfg, &cfg_path)?;
+    let mut shards = Shards::open(&mdir, dir)?;
+    let mut layers = Vec::new();
+    for (li, &lid) in cfg.layer_ids.iter().enumerate() {
+        layers.push(read_layer(&mut shards, &cfg, &dims, li, lid)?);
+    }
+    let tm = match token_map {
+        Some(t) => t.clone(),
+        None => read_token_map(&mdir, dir, tokenizer_json)?,
+    };
+    let model = checkpoint_model(cfg, tm, &dims, layers)?;
+    Ok(Checkpoint {
+        model,
+        files: shards.files,
+        eps,
+    })
+}
+
+/// The checkpoint directory, opened (the caller's path, used as given).
+fn open_dir(dir: &Path) -> Result<files::ModelDir> {
     let io = |e: std::io::Error| Error::new(EngramStatus::ErrIo, format!("{}: {e}", dir.display()));
     let meta = std::fs::metadata(dir).map_err(io)?;
-    if !meta.is_dir() {
-        bail!(
+    let opened = if meta.is_dir() {
+        files::ModelDir::open(dir)?
+    } else {
+        None
+    };
+    match opened {
+        Some(d) => Ok(d),
+        None => bail!(
             ErrIo,
             "{}: not a directory (engram_create_from_safetensors takes the checkpoint's directory, with \
              config.json and its safetensors shards)",
             dir.display()
-        );
+        ),
     }
-    let cfg_path = dir.join("config.json");
-    let cfg = EngramConfig::from_file(&cfg_path)?;
-    let eps = {
-        let bytes =
-            files::read_small(&cfg_path, "config", crate::tables::config::MAX_CONFIG_BYTES)?;
-        crate::tables::config::rms_norm_eps(&String::from_utf8_lossy(&bytes))
-            .map_err(|e| Error::new(e.status, format!("{}: {}", cfg_path.display(), e.message)))?
-    };
-    let (Some(d), Some(hc), Some(hd)) = (cfg.hidden_size, cfg.hc, cfg.head_dim) else {
-        bail!(
-            ErrInvalidConfig,
-            "{}: the config needs hidden_size, hc_mult and engram_head_dim (text_config) to read the checkpoint",
-            cfg_path.display()
-        );
-    };
-    let (d, hc, hd) = (d as u64, hc as u64, hd as u64);
-    // Which shard holds each tensor.
-    let index_path = dir.join("model.safetensors.index.json");
-    let weight_map: Option<HashMap<String, String>> = if index_path.exists() {
-        let bytes = files::read_small(&index_path, "safetensors index", MAX_INDEX_BYTES)?;
-        Some(json::index(&bytes, &index_path.display().to_string())?)
-    } else {
-        None
-    };
-    let shard_of = |name: &str| -> Result<(String, PathBuf)> {
-        let f = match &weight_map {
-            Some(m) => m.get(name).cloned().ok_or_else(|| {
-                fmt(format!(
-                    "{} has no entry for tensor {name}",
-                    index_path.display()
-                ))
-            })?,
+}
+
+/// The geometry the checkpoint's tensors are checked against.
+struct Dims {
+    d: u64,
+    hc: u64,
+    hd: u64,
+    /// `C`: the n-gram heads a row of `wkv` reads, `(max_ngram - 1) * n_heads`.
+    cols: u64,
+}
+
+impl Dims {
+    fn of(cfg: &EngramConfig, cfg_path: &Path) -> Result<Dims> {
+        let (Some(d), Some(hc), Some(hd)) = (cfg.hidden_size, cfg.hc, cfg.head_dim) else {
+            bail!(
+                ErrInvalidConfig,
+                "{}: the config needs hidden_size, hc_mult and engram_head_dim (text_config) to read the checkpoint",
+                cfg_path.display()
+            );
+        };
+        Ok(Dims {
+            d: d as u64,
+            hc: hc as u64,
+            hd: hd as u64,
+            cols: ((cfg.max_ngram - 1) * cfg.n_heads) as u64,
+        })
+    }
+}
+
+/// The checkpoint's shards: which holds each tensor (the index's
+/// `weight_map`, else the one `model.safetensors`), each opened once by the
+/// rule for paths from a model file.
+struct Shards<'d> {
+    dir: &'d files::ModelDir,
+    index_path: PathBuf,
+    weight_map: Option<HashMap<String, String>>,
+    files: Vec<StFile>,
+}
+
+impl<'d> Shards<'d> {
+    fn open(mdir: &'d files::ModelDir, dir: &Path) -> Result<Shards<'d>> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let weight_map =
+            match mdir.open_name("model.safetensors.index.json", "safetensors index")? {
+                Some(f) => {
+                    let bytes = files::read_whole(
+                        &f.file,
+                        f.len,
+                        &index_path,
+                        "safetensors index",
+                        MAX_INDEX_BYTES,
+                    )?;
+                    Some(json::index(&bytes, &index_path.display().to_string())?)
+                }
+                None => None,
+            };
+        Ok(Shards {
+            dir: mdir,
+            index_path,
+            weight_map,
+            files: Vec::new(),
+        })
+    }
+
+    /// Tensor `name`: the shard that holds it (its index in `files`) and its
+    /// header entry.
+    fn get(&mut self, name: &str) -> Result<(usize, StTensor)> {
+        let ix = self.index_path.display();
+        let f = match &self.weight_map {
+            Some(m) => m
+                .get(name)
+                .cloned()
+                .ok_or_else(|| fmt(format!("{ix} has no entry for tensor {name}")))?,
             None => "model.safetensors".to_string(),
         };
         // A shard lies inside the checkpoint directory, by the one rule for
-        // paths from a model file.
-        let key = format!("{}: weight_map[{name}]", index_path.display());
-        match files::confine(dir, &f, &key)? {
-            Some(p) => Ok((f, p)),
-            None => bail!(
+        // paths from a model file, and is opened as it is checked.
+        let key = format!("{ix}: weight_map[{name}]");
+        let Some(o) = self.dir.open_recorded(&f, &key)? else {
+            bail!(
                 ErrIo,
-                "checkpoint shard {f} (named in {} for tensor {name}): {}: no such file",
-                index_path.display(),
-                dir.join(files::confined_candidate(&f, &key)?).display()
-            ),
-        }
-    };
-    let mut shards: Vec<StFile> = Vec::new();
-    let open_shard = |(f, p): (String, PathBuf), shards: &mut Vec<StFile>| -> Result<usize> {
-        if let Some(i) = shards.iter().position(|s| s.path == p) {
-            return Ok(i);
-        }
-        let s = StFile::open(&p).map_err(|e| {
-            Error::new(
-                e.status,
-                format!(
-                    "checkpoint shard {f} (named in {}): {}",
-                    index_path.display(),
-                    e.message
-                ),
-            )
+                "checkpoint shard {f} (named in {ix} for tensor {name}): {}: no such file",
+                self.dir
+                    .display(&files::confined_candidate(&f, &key)?)
+                    .display()
+            );
+        };
+        let i = match self.files.iter().position(|s| s.path == o.path) {
+            Some(i) => i,
+            None => {
+                let s = StFile::from_opened(o).map_err(|e| {
+                    Error::new(
+                        e.status,
+                        format!("checkpoint shard {f} (named in {ix}): {}", e.message),
+                    )
+                })?;
+                self.files.push(s);
+                self.files.len() - 1
+            }
+        };
+        let t = self.files[i].header.tensors.get(name).cloned();
+        let t = t.ok_or_else(|| {
+            fmt(format!(
+                "{ix} names {f} for tensor {name}, but {f} has no such tensor"
+            ))
         })?;
-        shards.push(s);
-        Ok(shards.len() - 1)
-    };
-    let cols = (cfg.max_ngram - 1) * cfg.n_heads;
-    let mut layers = Vec::new();
-    for (li, &lid) in cfg.layer_ids.iter().enumerate() {
-        let n = |s: &str| format!("layers.{lid}.engram.{s}");
-        // A tensor: its shard (opened once) and its header entry.
-        let get = |name: &str, shards: &mut Vec<StFile>| -> Result<(usize, StTensor)> {
-            let fp = shard_of(name)?;
-            let f = fp.0.clone();
-            let i = open_shard(fp, shards)?;
-            let t = shards[i].header.tensors.get(name).cloned().ok_or_else(|| {
-                fmt(format!(
-                    "{} names {f} for tensor {name}, but {f} has no such tensor",
-                    index_path.display()
-                ))
-            })?;
-            Ok((i, t))
-        };
-        // The table: codes and scales (each in the shard the index names).
-        let (wf, w) = get(&n("embed.weight"), &mut shards)?;
-        let (sf, s) = get(&n("embed.scale"), &mut shards)?;
-        let mut h = StHeader::default();
-        h.tensors.insert(w.name.clone(), w.clone());
-        h.tensors.insert(s.name.clone(), s.clone());
-        let mut table = embed_table(&h, &shards[wf].name, lid, Some(hd), wf)?;
-        if let Some(sc) = &mut table.scales {
-            sc.file = sf;
-        }
-        if let Some(ne) = &cfg.num_embeddings {
-            if ne[li] != table.rows {
-                bail!(
-                    ErrFormat,
-                    "{} has {} rows, but config.json's text_config.engram_num_embeddings says {} for layer {lid}",
-                    w.name,
-                    table.rows,
-                    ne[li]
-                );
-            }
-        }
-        // q and k: [hc, D], BF16 or F32 (F16 converted).
-        let qk = |s: &str, shards: &mut Vec<StFile>| -> Result<WeightBlob> {
-            let (f, t) = get(&n(s), shards)?;
-            if t.shape != [hc, d] {
-                bail!(
-                    ErrFormat,
-                    "{} is {:?}, expected [hc, D] = [{hc}, {d}]",
-                    t.name,
-                    t.shape
-                );
-            }
-            Ok(WeightBlob {
-                blob: t.blob(f),
-                source: dense_source(&t)?,
-            })
-        };
-        let q = qk("q_weight", &mut shards)?;
-        let k = qk("k_weight", &mut shards)?;
-        // wkv: [(hc+1)*D, C*Hd].
-        let (wf, wt) = get(&n("wkv.weight"), &mut shards)?;
-        let (rows_out, cols_in) = ((hc + 1) * d, cols as u64 * hd);
-        if wt.shape != [rows_out, cols_in] {
+        Ok((i, t))
+    }
+}
+
+/// Engram layer `lid` (the `li`-th): its table, `q`, `k` and `wkv`, each
+/// found in its shard and checked against the config.
+fn read_layer(
+    shards: &mut Shards,
+    cfg: &EngramConfig,
+    dims: &Dims,
+    li: usize,
+    lid: u32,
+) -> Result<EngramTensors> {
+    let n = |s: &str| format!("layers.{lid}.engram.{s}");
+    // The table: codes and scales (each in the shard the index names).
+    let (wf, w) = shards.get(&n("embed.weight"))?;
+    let (sf, s) = shards.get(&n("embed.scale"))?;
+    let mut h = StHeader::default();
+    h.tensors.insert(w.name.clone(), w.clone());
+    h.tensors.insert(s.name.clone(), s);
+    let mut table = embed_table(&h, &shards.files[wf].name, lid, Some(dims.hd), wf)?;
+    if let Some(sc) = &mut table.scales {
+        sc.file = sf;
+    }
+    if let Some(ne) = &cfg.num_embeddings {
+        if ne[li] != table.rows {
             bail!(
                 ErrFormat,
-                "{} is {:?}, expected [D*(hc+1), C*Hd] = [{rows_out}, {cols_in}]",
-                wt.name,
-                wt.shape
+                "{} has {} rows, but config.json's text_config.engram_num_embeddings says {} for layer {lid}",
+                w.name,
+                table.rows,
+                ne[li]
             );
         }
-        let wkv = if wt.dtype == "F8_E4M3" {
-            let [br, bc] = cfg.weight_block_size.unwrap_or([32, 32]);
-            let (sf, st) = get(&n("wkv.scale"), &mut shards)?;
-            let want = [rows_out.div_ceil(br), cols_in.div_ceil(bc)];
-            if st.dtype != "F8_E8M0" || st.shape != want {
-                bail!(
-                    ErrFormat,
-                    "{} is {} {:?}, expected F8_E8M0 {want:?} (one e8m0 scale per {br}x{bc} block of {}, \
-                     quantization_config.weight_block_size)",
-                    st.name,
-                    st.dtype,
-                    st.shape,
-                    wt.name
-                );
-            }
-            WeightBlob {
-                blob: wt.blob(wf),
-                source: WeightSource::Fp8Block {
-                    scale: st.blob(sf),
-                    block: (br as usize, bc as usize),
-                },
-            }
-        } else {
-            WeightBlob {
-                blob: wt.blob(wf),
-                source: dense_source(&wt)?,
-            }
-        };
-        layers.push(EngramTensors {
-            layer_id: lid,
-            table,
-            wkv,
-            q,
-            k,
+    }
+    // q and k: [hc, D], BF16 or F32 (F16 converted).
+    let mut qk = |s: &str| -> Result<WeightBlob> {
+        let (f, t) = shards.get(&n(s))?;
+        if t.shape != [dims.hc, dims.d] {
+            bail!(
+                ErrFormat,
+                "{} is {:?}, expected [hc, D] = [{}, {}]",
+                t.name,
+                t.shape,
+                dims.hc,
+                dims.d
+            );
+        }
+        Ok(WeightBlob {
+            blob: t.blob(f),
+            source: dense_source(&t)?,
+        })
+    };
+    let q = qk("q_weight")?;
+    let k = qk("k_weight")?;
+    let wkv = read_wkv(shards, cfg, dims, &n)?;
+    Ok(EngramTensors {
+        layer_id: lid,
+        table,
+        wkv,
+        q,
+        k,
+    })
+}
+
+/// A layer's `wkv` (`[(hc+1)*D, C*Hd]`): dense, or fp8 e4m3 with its e8m0
+/// block scales (`quantization_config.weight_block_size`), kept as stored.
+fn read_wkv(
+    shards: &mut Shards,
+    cfg: &EngramConfig,
+    dims: &Dims,
+    n: &dyn Fn(&str) -> String,
+) -> Result<WeightBlob> {
+    let (wf, wt) = shards.get(&n("wkv.weight"))?;
+    let (rows_out, cols_in) = ((dims.hc + 1) * dims.d, dims.cols * dims.hd);
+    if wt.shape != [rows_out, cols_in] {
+        bail!(
+            ErrFormat,
+            "{} is {:?}, expected [D*(hc+1), C*Hd] = [{rows_out}, {cols_in}]",
+            wt.name,
+            wt.shape
+        );
+    }
+    if wt.dtype != "F8_E4M3" {
+        return Ok(WeightBlob {
+            blob: wt.blob(wf),
+            source: dense_source(&wt)?,
         });
     }
-    // The hash constants: derived from the config and the tokenizer.
-    let tm = match token_map {
-        Some(t) => t.clone(),
-        None => {
-            let p = tokenizer_json.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf);
-            if tokenizer_json.is_none() && !p.exists() {
-                bail!(
-                    ErrInvalidConfig,
-                    "{} has no tokenizer.json: the hash constants need the model's tokenizer; pass its path \
-                     (engram_safetensors_options.tokenizer_json)",
-                    dir.display()
-                );
-            }
-            let tok = crate::tables::tokenizer::load(&p)?;
-            crate::tables::tokenizer::token_map(&tok)?
-        }
+    let [br, bc] = cfg.weight_block_size.unwrap_or([32, 32]);
+    let (sf, st) = shards.get(&n("wkv.scale"))?;
+    let want = [rows_out.div_ceil(br), cols_in.div_ceil(bc)];
+    if st.dtype != "F8_E8M0" || st.shape != want {
+        bail!(
+            ErrFormat,
+            "{} is {} {:?}, expected F8_E8M0 {want:?} (one e8m0 scale per {br}x{bc} block of {}, \
+             quantization_config.weight_block_size)",
+            st.name,
+            st.dtype,
+            st.shape,
+            wt.name
+        );
+    }
+    Ok(WeightBlob {
+        blob: wt.blob(wf),
+        source: WeightSource::Fp8Block {
+            scale: st.blob(sf),
+            block: (br as usize, bc as usize),
+        },
+    })
+}
+
+/// The tokenizer's token map: from `tokenizer_json` when given, else the
+/// directory's `tokenizer.json` (opened by the directory's rule).
+fn read_token_map(
+    mdir: &files::ModelDir,
+    dir: &Path,
+    tokenizer_json: Option<&Path>,
+) -> Result<TokenMap> {
+    let tok = match tokenizer_json {
+        Some(p) => crate::tables::tokenizer::load(p)?,
+        None => match mdir.open_name("tokenizer.json", "tokenizer")? {
+            Some(f) => crate::tables::tokenizer::load_opened(&f)?,
+            None => bail!(
+                ErrInvalidConfig,
+                "{} has no tokenizer.json: the hash constants need the model's tokenizer; pass its \
+                 path (engram_safetensors_options.tokenizer_json)",
+                dir.display()
+            ),
+        },
     };
+    crate::tables::tokenizer::token_map(&tok)
+}
+
+/// The model: the layers read, the hash constants derived from the config
+/// and the token map.
+fn checkpoint_model(
+    cfg: EngramConfig,
+    tm: TokenMap,
+    dims: &Dims,
+    layers: Vec<EngramTensors>,
+) -> Result<EngramModel> {
     let pad_raw = cfg.pad_token_id;
     let cv = cfg.compressed_vocab;
     let ne = cfg.num_embeddings.clone();
     let t = EngramTables::derive(cfg, tm)?;
     let k = |s: &str| format!("config.json text_config.{s}");
-    let model = EngramModel {
+    Ok(EngramModel {
         dialect: Dialect::Checkpoint,
-        d: d as usize,
-        hc: hc as usize,
-        hd: hd as usize,
+        d: dims.d as usize,
+        hc: dims.hc as usize,
+        hd: dims.hd as usize,
         layer_ids: t.config.layer_ids.clone(),
         max_ngram: t.config.max_ngram,
         n_heads: t.config.n_heads,
@@ -1036,12 +942,27 @@ pub fn read(
             compressed_vocab: Some(k("engram_compressed_vocab_size")),
         },
         layers,
-    };
-    Ok(Checkpoint {
-        model,
-        files: shards,
-        eps,
     })
+}
+
+/// `config.json` of the checkpoint (opened from `dir`, shown as `path`):
+/// the engram config and `rms_norm_eps`, from one read.
+fn read_config(dir: &files::ModelDir, path: &Path) -> Result<(EngramConfig, Option<f32>)> {
+    use crate::tables::config::{rms_norm_eps, MAX_CONFIG_BYTES};
+    let Some(f) = dir.open_name("config.json", "config")? else {
+        bail!(ErrIo, "config {}: no such file", path.display());
+    };
+    let bytes = files::read_whole(&f.file, f.len, path, "config", MAX_CONFIG_BYTES)?;
+    let at = |e: Error| Error::new(e.status, format!("{}: {}", path.display(), e.message));
+    let text = String::from_utf8(bytes).map_err(|_| {
+        Error::new(
+            EngramStatus::ErrInvalidConfig,
+            format!("config {}: not UTF-8 text", path.display()),
+        )
+    })?;
+    let cfg = EngramConfig::from_json(&text).map_err(at)?;
+    let eps = rms_norm_eps(&text).map_err(at)?;
+    Ok((cfg, eps))
 }
 
 /// How a dense checkpoint weight (q, k, a bf16 wkv) is read.

@@ -85,12 +85,25 @@ pub(crate) const TOKENIZER_PEAK_PER_BYTE: usize = 48;
 /// fallibly first, so a file too big for the memory left is `ErrCapacity`.
 pub fn load(path: &std::path::Path) -> Result<Tokenizer> {
     let bytes = crate::files::read_small(path, "tokenizer", MAX_TOKENIZER_BYTES)?;
+    parse(&bytes, path)
+}
+
+/// [`load`] of a `tokenizer.json` a loader opened from a model's directory
+/// ([`crate::files::ModelDir`]).
+pub fn load_opened(f: &crate::files::Opened) -> Result<Tokenizer> {
+    let bytes =
+        crate::files::read_whole(&f.file, f.len, &f.path, "tokenizer", MAX_TOKENIZER_BYTES)?;
+    parse(&bytes, &f.path)
+}
+
+/// Parse the bytes of a `tokenizer.json` read from `path`.
+fn parse(bytes: &[u8], path: &std::path::Path) -> Result<Tokenizer> {
     crate::files::parse_headroom(
         bytes.len(),
         TOKENIZER_PEAK_PER_BYTE,
         &format!("tokenizer {}", path.display()),
     )?;
-    Tokenizer::from_bytes(&bytes).map_err(|e| {
+    Tokenizer::from_bytes(bytes).map_err(|e| {
         Error::new(
             EngramStatus::ErrInvalidConfig,
             format!(

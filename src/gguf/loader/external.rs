@@ -4,17 +4,17 @@
 use super::*;
 
 impl ExtFile {
-    pub(super) fn open(path: &Path, mmap: bool) -> Result<ExtFile> {
-        let (file, len) = files::open_regular(path, "table file")?;
+    /// A table file opened by [`find_external`].
+    pub(super) fn open(f: files::Opened, mmap: bool) -> Result<ExtFile> {
         let map = if mmap {
-            Some(files::map(&file, len, path, "table file")?)
+            Some(files::map(&f.file, f.len, &f.path, "table file")?)
         } else {
             None
         };
         Ok(ExtFile {
-            path: path.to_path_buf(),
-            file: Arc::new(file),
-            len,
+            path: f.path,
+            file: Arc::new(f.file),
+            len: f.len,
             map,
         })
     }
@@ -36,17 +36,18 @@ impl ExtFile {
 
 /// Where a table outside the GGUF file is: the recorded path under
 /// `tables_dir` when given, else under the GGUF's own directory, by the one
-/// rule for paths from a model file ([`files::confine`]: an absolute path
-/// keeps only its file name; `..` and links that lead outside are refused).
+/// rule for paths from a model file ([`files::ModelDir::open_recorded`]: an
+/// absolute path keeps only its file name; `..` and links that lead outside
+/// are refused), and opened: the file checked is the file read.
 pub(super) fn find_external(
     x: &External,
     tables_dir: Option<&Path>,
     gguf_dir: &Path,
-) -> Result<PathBuf> {
+) -> Result<files::Opened> {
     let base = tables_dir.unwrap_or(gguf_dir);
-    if let Some(p) = files::confine(base, x.recorded(), x.key())? {
-        if p.is_file() {
-            return Ok(p);
+    if let Some(dir) = files::ModelDir::open(base)? {
+        if let Some(f) = dir.open_recorded(x.recorded(), x.key())? {
+            return Ok(f);
         }
     }
     let looked = base.join(files::confined_candidate(x.recorded(), x.key())?);

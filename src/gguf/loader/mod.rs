@@ -217,6 +217,51 @@ impl Inspected {
     }
 }
 
+/// The tensor of layer `l` that a `set_layer` refusal (`msg`) is about,
+/// with its format where it is the table: the field the message names first
+/// (`weights.wkv`, `weights.q`, ...) mapped to the model's tensor, and a NaN
+/// e8m0 scale of a block fp8 `wkv` to its scale tensor, which holds it. A
+/// message that names no field is about the table.
+fn refused_tensor(l: &super::meta::EngramTensors, msg: &str) -> String {
+    let table = format!("{} ({})", l.table.codes.name, l.table.format.name());
+    let wkv_scale = match &l.wkv.source {
+        WeightSource::Fp8Block { scale, .. } => Some(scale.name.as_str()),
+        _ => None,
+    };
+    let table_scales = l
+        .table
+        .scales
+        .as_ref()
+        .map_or(table.as_str(), |b| b.name.as_str());
+    // Longer field names first: "weights.wkv" is a prefix of "weights.wkv_scales".
+    let fields = [
+        ("weights.wkv_scales", wkv_scale.unwrap_or(&l.wkv.blob.name)),
+        ("weights.wkv", &l.wkv.blob.name),
+        ("weights.q", &l.q.blob.name),
+        ("weights.k", &l.k.blob.name),
+        ("weights.table_scales", table_scales),
+        ("weights.table", &table),
+    ];
+    let mut first: Option<(usize, &str, &str)> = None;
+    for (field, name) in fields {
+        if let Some(at) = msg.find(field) {
+            let after = msg[at + field.len()..].chars().next();
+            let whole = !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            if whole && first.is_none_or(|(a, _, _)| at < a) {
+                first = Some((at, field, name));
+            }
+        }
+    }
+    match first {
+        Some((_, "weights.wkv", name)) => match wkv_scale {
+            Some(scale) if msg.contains("e8m0 scale is the NaN code") => scale.to_string(),
+            _ => name.to_string(),
+        },
+        Some((_, _, name)) => name.to_string(),
+        None => table,
+    }
+}
+
 /// The name a loader's GGUF entry points use; the same type.
 pub type GgufModel = LoadedModel;
 
@@ -331,11 +376,11 @@ impl LoadedModel {
             tables.push(match &l.table {
                 TableSpec::InFile(t) => t.clone(),
                 TableSpec::External(x) => {
-                    let p = find_external(x, o.tables_dir, &gguf_dir)?;
-                    let fi = match ext.iter().position(|f| f.path == p) {
+                    let f = find_external(x, o.tables_dir, &gguf_dir)?;
+                    let fi = match ext.iter().position(|e| e.path == f.path) {
                         Some(i) => i,
                         None => {
-                            ext.push(ExtFile::open(&p, o.mmap)?);
+                            ext.push(ExtFile::open(f, o.mmap)?);
                             ext.len() - 1
                         }
                     };
@@ -352,12 +397,16 @@ impl LoadedModel {
         let mut local_tm = None;
         let has_consts = partial.multipliers.is_some() || partial.token_map.is_some();
         if !has_consts && o.companion.is_none() && o.tokenizer.is_none() {
-            if let Some(d) = o.tables_dir {
-                let p = d.join("tokenizer.json");
-                if p.exists() {
-                    let tok = crate::tables::tokenizer::load(&p)?;
-                    local_tm = Some(crate::tables::tokenizer::token_map(&tok)?);
-                }
+            let opened = match o.tables_dir {
+                Some(d) => match files::ModelDir::open(d)? {
+                    Some(dir) => dir.open_name("tokenizer.json", "tokenizer")?,
+                    None => None,
+                },
+                None => None,
+            };
+            if let Some(f) = opened {
+                let tok = crate::tables::tokenizer::load_opened(&f)?;
+                local_tm = Some(crate::tables::tokenizer::token_map(&tok)?);
             }
         }
         let comp = Companions {
@@ -654,7 +703,7 @@ impl LoadedModel {
             .map_err(|e| {
                 at(Error::new(
                     e.status,
-                    format!("{} ({}): {}", t.codes.name, t.format.name(), e.message),
+                    format!("{}: {}", refused_tensor(l, &e.message), e.message),
                 ))
             })?;
         }
