@@ -63,7 +63,7 @@ def _path(p: Optional[PathLike]) -> Optional[bytes]:
 def _backend(b: Union[str, int, None]) -> Optional[int]:
     if b is None or isinstance(b, int):
         return b
-    return int(Backend[b.upper()])
+    return int(S.Backend[b.upper()])
 
 
 def _int_input(a: ArrayLike, dtype: Any, what: str) -> np.ndarray:
@@ -173,6 +173,12 @@ class Context:
 
     # ---- creation ------------------------------------------------------
 
+    @classmethod
+    def _adopt(cls, out: Any) -> "Context":
+        if not out.value:
+            raise RuntimeError("engram: a create call returned OK without a context")
+        return cls(out.value)
+
     @staticmethod
     def _fill(opts: Any, kw: Dict[str, Any], keep: List[Any]) -> None:
         for k, v in kw.items():
@@ -220,7 +226,7 @@ class Context:
         out = CTX()
         _check(lib.engram_create_from_gguf(_path(path), ctypes.byref(opts), ctypes.byref(out)),
                "engram_create_from_gguf")
-        return cls(out.value)
+        return cls._adopt(out)
 
     @classmethod
     def from_safetensors(
@@ -247,7 +253,7 @@ class Context:
         out = CTX()
         _check(lib.engram_create_from_safetensors(_path(model_dir), ctypes.byref(opts), ctypes.byref(out)),
                "engram_create_from_safetensors")
-        return cls(out.value)
+        return cls._adopt(out)
 
     _CONFIG_KEYS = ("backend", "device", "hidden_size", "hc", "head_dim", "eps", "max_tokens",
                     "max_seqs", "max_positions", "n_threads", "device_history")
@@ -293,7 +299,7 @@ class Context:
         ``offsets`` are unsigned 64-bit (i64 multipliers as their u64 bits).
         Other ``engram_config`` fields as keywords (see :meth:`from_tables`)."""
         cfg = _init(S.engram_config, "engram_config_init_sized")
-        arrays = {
+        arrays: Dict[str, np.ndarray] = {
             "layer_ids": np.ascontiguousarray(layer_ids, dtype=np.uint32),
             "token_map": np.ascontiguousarray(token_map, dtype=np.int32),
             "multipliers": np.ascontiguousarray(np.asarray(multipliers).astype(np.uint64)),
@@ -317,7 +323,7 @@ class Context:
         cls._fill(cfg, config, keep)
         out = CTX()
         _check(lib.engram_create(ctypes.byref(cfg), ctypes.byref(out)), "engram_create")
-        return cls(out.value)
+        return cls._adopt(out)
 
     def set_layer(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 from ctypes import POINTER, c_char_p, c_float, c_int32, c_int64, c_size_t, c_uint16, c_uint32, c_uint64, c_void_p
+from typing import Any, Dict, List, Tuple
 
 from . import _structs as S
 
@@ -21,7 +22,7 @@ P_I64 = POINTER(c_int64)
 P_U16 = POINTER(c_uint16)
 
 
-def _prototypes():
+def _prototypes() -> Dict[str, Tuple[Any, List[Any]]]:
     st = ctypes.c_int  # enum engram_status
     ptr = ctypes.POINTER
     return {
