@@ -17,7 +17,7 @@ import pytest
 
 import engram
 
-from conftest import EPS, TINY_GGUF, bf16, bf16_to_f32, values
+from conftest import EPS, TINY_GGUF, bf16, bf16_to_f32, bits, values
 
 REGIMES = ["prefill", "decode", "chunked", "interleaved", "rollback", "dead"]
 
@@ -110,3 +110,71 @@ def test_rollback_then_rehash_equals_the_straight_run(golden):
         n = len(toks)
         ids = ctx.hash(toks, [0] * n, list(range(n)))
         assert ids.reshape(-1).tolist() == r["straight_ids"]
+
+
+def tiny_weights(m):
+    """The tiny model's layers rebuilt from the filler (tests/golden/README.md,
+    "The tiny model"): {layer_id: set_layer keyword arguments}."""
+    d, hc, hd, cols = m["D"], m["hc"], m["Hd"], m["C"]
+    k_in, k_out = cols * hd, d * (hc + 1)
+    T = engram.Type
+    out = {}
+    for li, lid in enumerate(m["layer_ids"]):
+        name, rows = f"layers.{lid}.engram.table", m["rows"][li]
+        if m["table_format"][li] == "fp8":
+            codes = (bits(name, rows * hd) & np.uint64(0xBF)).astype(np.uint8).reshape(rows, hd)
+            scales = (np.uint64(125) + bits(name + ".scale", rows * hd // 32) % np.uint64(5)).astype(np.uint8)
+            table, table_type = np.ascontiguousarray(np.hstack([codes, scales.reshape(rows, hd // 32)])), T.FP8_E4M3_E8M0
+        else:
+            assert m["table_format"][li] == "bf16"
+            table, table_type = bf16(values(name, rows * hd, 1.0, 0.0)).reshape(rows, hd), T.BF16
+        wkv = values(f"layers.{lid}.engram.wkv", k_out * k_in, 2.0**-4, 0.0).reshape(k_out, k_in)
+        q = values(f"layers.{lid}.engram.q", hc * d, 2.0**-3, 1.0).reshape(hc, d)
+        k = values(f"layers.{lid}.engram.k", hc * d, 2.0**-3, 1.0).reshape(hc, d)
+        if m["wkv_dtype"][li] == "bf16":
+            wkv, wkv_type = bf16(wkv).reshape(k_out, k_in), T.BF16
+        else:
+            wkv_type = T.F32
+        if m["qk_dtype"][li] == "bf16":
+            q, k, qk_type = bf16(q).reshape(hc, d), bf16(k).reshape(hc, d), T.BF16
+        else:
+            qk_type = T.F32
+        out[lid] = dict(table=table, table_type=table_type, wkv=wkv, wkv_type=wkv_type, q=q, k=k, qk_type=qk_type)
+    return out
+
+
+def test_create_and_set_layer_equal_the_gguf_context_bit_for_bit(golden):
+    """The built-in config path (Context.create + set_layer with the filler's
+    weights, fp8 and bf16 tables, bf16 and f32 wkv) against the GGUF context
+    of the same model: the same ids, rows, kv and highways, bit for bit."""
+    m = golden["model"]
+    d, hc = m["D"], m["hc"]
+    ctx = engram.Context.create(
+        hidden_size=d, hc=hc, head_dim=m["Hd"], n_heads=m["H"], max_ngram=m["N"],
+        layer_ids=m["layer_ids"], token_map=m["token_map"], pad_id=m["pad_id"],
+        multipliers=np.array(m["multipliers"], dtype=np.uint64), primes=m["primes"],
+        offsets=m["offsets"], eps=EPS, n_threads=2, max_tokens=64, max_seqs=8, max_positions=4096,
+    )
+    with ctx, engram.Context.from_gguf(TINY_GGUF, eps=EPS) as g:
+        for lid, w in tiny_weights(m).items():
+            ctx.set_layer(lid, **w)
+        info = ctx.info()
+        assert [l.table_type for l in info.layers] == [engram.Type.FP8_E4M3_E8M0, engram.Type.BF16]
+        assert [l.table_rows for l in info.layers] == m["rows"]
+        for regime in REGIMES:
+            for seq in range(8):
+                ctx.seq_rm(seq)
+                g.seq_rm(seq)
+            for c in golden["regimes"][regime]["calls"]:
+                n = len(c["tokens"])
+                ids = ctx.hash(c["tokens"], c["seq_ids"], c["pos"])
+                assert np.array_equal(ids, g.hash(c["tokens"], c["seq_ids"], c["pos"]))
+                x = values(c["highway_name"], n * hc * d, 1.0, 0.0).reshape(n, hc, d)
+                for lid in m["layer_ids"]:
+                    for a, b in zip(ctx.read_back(lid, ids), g.read_back(lid, ids)):
+                        assert np.array_equal(a, b), f"{regime} layer {lid}: read-back"
+                    for h0 in (x, bf16(x).reshape(n, hc, d)):
+                        ha, hb = h0.copy(), h0.copy()
+                        ctx.apply(lid, ids, ha)
+                        g.apply(lid, ids, hb)
+                        assert ha.tobytes() == hb.tobytes(), f"{regime} layer {lid}: highway ({h0.dtype})"
