@@ -256,3 +256,23 @@ def test_struct_layouts_follow_the_header():
 
     assert _headergen.verify_layout(str(ROOT / "include" / "engram.h"), _structs) == []
     assert ctypes.sizeof(_structs.engram_config) > 0
+
+
+def test_from_tables_and_gguf_companions_give_the_expected_ids():
+    """Hash tables from config.json + tokenizer.json (Context.from_tables) and
+    a GGUF file without hash constants completed by the same two files
+    (from_gguf's config_json/tokenizer_json) both give gguf_expected.json's ids."""
+    want = json.loads((DATA / "gguf_expected.json").read_text())
+    cfg, tok = DATA / "tiny_config.json", DATA / "deepseek_v4_tokenizer.json"
+    with engram.Context.from_tables(cfg, tok, max_tokens=64, max_seqs=2, max_positions=1024) as t, \
+            engram.Context.from_gguf(DATA / "tiny_noconst.gguf", config_json=cfg, tokenizer_json=tok) as g:
+        info = t.info()
+        assert (info.hidden_size, info.hc, info.head_dim) == (64, 4, 64)
+        assert [l.rows_needed for l in info.layers] == want["rows"]
+        assert info.table_fingerprint == g.info().table_fingerprint
+        for text in want["texts"]:
+            n = len(text["tokens"])
+            for ctx in (t, g):
+                ids = ctx.hash(text["tokens"], [0] * n, list(range(n)))
+                assert ids.reshape(-1).tolist() == text["ids"], text["text"]
+    raises(S.ERR_INVALID_CONFIG, engram.Context.from_gguf, DATA / "tiny_noconst.gguf")
