@@ -92,8 +92,22 @@ def test_no_weights():
         with engram.Context.from_gguf(TINY_GGUF, eps=EPS) as g:
             assert np.array_equal(prefill(g), ids), "create() hashes as the GGUF context"
         raises(S.ERR_NO_WEIGHTS, ctx.apply, 1, ids, np.zeros((6, 4, 64), np.float32))
+        # An fp8 wkv holding an e4m3 NaN code is refused, and the layer stays unset.
+        codes = np.zeros((320, 256), np.uint8)
+        codes[5, 7] = 0x7F
+        w = dict(table=np.zeros((508, 64), np.uint16), table_type=engram.Type.BF16, wkv=codes,
+                 wkv_type=engram.Type.FP8_E4M3_E8M0_BLOCK, q=np.ones((4, 64), np.float32),
+                 k=np.ones((4, 64), np.float32), qk_type=engram.Type.F32,
+                 wkv_scales=np.full((3, 2), 127, np.uint8), wkv_block=(128, 128))
+        raises(S.ERR_INVALID_DATA, ctx.set_layer, 3, **w)
+        raises(S.ERR_NO_WEIGHTS, ctx.apply, 3, ids, np.zeros((6, 4, 64), np.float32))
+        codes[5, 7] = 0
+        ctx.set_layer(3, **w)
+        ctx.apply(3, ids, np.zeros((6, 4, 64), np.float32))
+        raises(S.ERR_UNKNOWN_LAYER, ctx.set_layer, 2, **w)
         info = ctx.info()
-        assert [(l.layer_id, l.table_type, l.table_rows) for l in info.layers] == [(1, None, 0), (3, None, 0)]
+        assert [(l.layer_id, l.table_type, l.table_rows, l.wkv_type) for l in info.layers] == [
+            (1, None, 0, None), (3, engram.Type.BF16, 508, engram.Type.FP8_E4M3_E8M0_BLOCK)]
         assert [l.rows_needed for l in info.layers] == m["rows"]
 
 
