@@ -290,3 +290,25 @@ def test_from_tables_and_gguf_companions_give_the_expected_ids():
                 ids = ctx.hash(text["tokens"], [0] * n, list(range(n)))
                 assert ids.reshape(-1).tolist() == text["ids"], text["text"]
     raises(S.ERR_INVALID_CONFIG, engram.Context.from_gguf, DATA / "tiny_noconst.gguf")
+
+
+def test_from_safetensors_checkpoint():
+    """The checkpoint fixture (tests/golden/data/dialects/checkpoint): hash
+    constants derived from its config.json and the tokenizer, so the first
+    tokens of gguf_expected.json's text hash to its ids; tables as the
+    checkpoint stores them (fp8 codes and scales in two tensors)."""
+    want = json.loads((DATA / "gguf_expected.json").read_text())["texts"][0]
+    tok = DATA / "deepseek_v4_tokenizer.json"
+    with engram.Context.from_safetensors(DATA / "dialects" / "checkpoint", tokenizer_json=tok,
+                                         max_tokens=16, max_seqs=2, max_positions=64) as ctx:
+        ids = ctx.hash(want["tokens"][:4], [0] * 4, list(range(4)))
+        assert ids.reshape(-1).tolist() == want["ids"][: 4 * ctx.row_ids_per_token]
+        info = ctx.info()
+        assert (info.max_tokens, info.max_seqs, info.max_positions) == (16, 2, 64)
+        assert engram.Type.FP8_E4M3_E8M0_SPLIT in [l.table_type for l in info.layers]
+        hw = np.zeros((4, 4, 64), np.float32)
+        for l in info.layers:
+            ctx.apply(l.layer_id, ids, hw)
+        assert hw.any()
+    raises(S.ERR_IO, engram.Context.from_safetensors, DATA / "dialects" / "checkpoint",
+           tokenizer_json=DATA / "no_such_tokenizer.json")
