@@ -170,6 +170,7 @@ class Context:
         self._per_token = int(lib.engram_row_ids_per_token(handle))
         inf = self.info(layers=False)
         self._geom = (inf.hidden_size, inf.hc, inf.head_dim, inf.cols, inf.n_layers)
+        self._backend = inf.backend
 
     # ---- creation ------------------------------------------------------
 
@@ -432,9 +433,15 @@ class Context:
         """Apply engram layer ``layer_id`` in place (``engram_apply_checked``):
         ``highway`` is ``[n_tokens, hc, D]`` ``float32``, or bf16 as ``uint16``
         bits (or a ``bfloat16`` dtype), C-contiguous and writable; it is
-        updated where it lies and returned."""
+        updated where it lies and returned. CPU backend only (a CUDA
+        context's highway is device memory: ValueError)."""
         ids, n = self._row_ids(row_ids)
         d, hc = self._geom[0], self._geom[1]
+        if self._backend != Backend.CPU:
+            # The CUDA backend's highway is device memory: a numpy array's
+            # host address passed there would be read as a device pointer.
+            raise ValueError("apply: a numpy highway is host memory; this context's backend "
+                             f"({self._backend.name}) needs a device highway, which this package does not take yet")
         if not isinstance(highway, np.ndarray):
             raise TypeError(f"highway: expected a numpy array, got {type(highway).__name__}")
         if highway.dtype == np.float32:

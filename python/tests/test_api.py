@@ -50,8 +50,25 @@ def test_cuda_without_a_device_is_err_device():
     except EngramError as e:
         assert e.status == S.ERR_DEVICE, repr(e)
     else:
-        ctx.close()
-        pytest.skip("a CUDA device is present")
+        # A numpy (host) highway is refused on a CUDA context before any call.
+        with ctx:
+            ids = prefill(ctx)
+            with pytest.raises(ValueError):
+                ctx.apply(1, ids, np.zeros((6, 4, 64), np.float32))
+            rows, kv = ctx.read_back(1, ids)  # host buffers on every backend
+            assert rows.any()
+
+
+def test_apply_refuses_a_host_highway_on_a_cuda_context(tiny):
+    """The guard itself, on this machine's CPU context marked as CUDA (the
+    real CUDA context is exercised above where a device exists): raised
+    before the call, the highway untouched."""
+    ids = prefill(tiny)
+    hw = np.zeros((6, 4, 64), np.float32)
+    tiny._backend = engram.Backend.CUDA
+    with pytest.raises(ValueError, match="device highway"):
+        tiny.apply(1, ids, hw)
+    assert not hw.any()
 
 
 def test_hash_errors(tiny):
