@@ -384,6 +384,13 @@ class Context:
         if getattr(self, "_handle", None):
             self.close()
 
+    def __repr__(self) -> str:
+        if not self._handle:
+            return "<engram.Context (closed)>"
+        d, hc, hd, cols, n_layers = self._geom
+        return (f"<engram.Context {self._backend.name} D={d} hc={hc} Hd={hd} C={cols} "
+                f"n_layers={n_layers}>")
+
     def _ctx(self) -> int:
         if not self._handle:
             raise ValueError("the engram context is closed")

@@ -197,8 +197,9 @@ def test_closed_context():
     ctx.close()  # idempotent
     with pytest.raises(ValueError):
         ctx.hash([20], [0], [0])
+    assert repr(ctx) == "<engram.Context (closed)>"
     with engram.Context.from_gguf(TINY_GGUF) as c2:
-        pass
+        assert repr(c2) == "<engram.Context CPU D=64 hc=4 Hd=64 C=4 n_layers=2>"
     with pytest.raises(ValueError):
         c2.info()
 
