@@ -395,8 +395,8 @@ fn a_token_gets_the_same_bits_in_every_batch_up_to_the_gemv_bound() {
 fn a_graph_recaptured_after_set_layer_uses_the_new_weights() {
     let Some(dev) = device() else { return };
     if !dev.is_real() {
-        println!(
-            "graph capture needs a GPU (the emulation has no capture): run scripts/gpu-check.sh"
+        common::device::skip(
+            "graph capture needs a GPU (the emulation has none): scripts/gpu-check.sh runs it",
         );
         return;
     }
@@ -490,7 +490,8 @@ fn a_graph_recaptured_after_set_layer_uses_the_new_weights() {
 /// What the library copies to or from the device outside `engram_free` waits
 /// for its own stream, never the whole context (docs/cuda-streams.md): the
 /// device hash's tables and ring at create, a block fp8 `wkv` given in host
-/// memory (codes and scales) at `set_layer`, and `gate_weights`' read of
+/// memory (codes and scales) at `set_layer`, the check of one given in device
+/// memory (read back at `set_layer`), and `gate_weights`' read of
 /// q * k. Each counted on an emulator of the test's own; the copies' content
 /// checked (the layer's kv against the same codes on the device, q * k
 /// against the CPU backend's).
@@ -545,6 +546,17 @@ fn host_copies_wait_for_the_own_stream_not_the_context() {
         emu.context_syncs(),
         syncs,
         "gate_weights waited for the whole context"
+    );
+    // The same codes and scales in device memory: read back for the check
+    // on the own stream.
+    let dctx = Context::new(&cfg).expect("a CUDA context");
+    let syncs = emu.context_syncs();
+    dctx.set_layer(layer(on_dev(d_codes.ptr), on_dev(d_scales.ptr)))
+        .unwrap();
+    assert_eq!(
+        emu.context_syncs(),
+        syncs,
+        "set_layer of a block fp8 wkv in device memory waited for the whole context"
     );
     let cpu = tiny.context();
     assert_eq!(
