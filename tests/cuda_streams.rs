@@ -185,6 +185,56 @@ fn read_back_orders_after_an_apply_on_the_engines_stream() {
     }
 }
 
+/// A context's direct calls on two streams are ordered on the device: the
+/// call on another stream than the last call's waits there for the last
+/// call's work (the workspaces, the decode kernel's count of blocks done and
+/// the error latch are the context's, one call at a time). With deferred
+/// work, waiting for the second stream alone runs the first stream's apply
+/// too, and both highways get the bits of an apply alone; no context-wide
+/// wait.
+#[test]
+fn a_call_on_another_stream_waits_for_the_last_calls_work() {
+    let Some((dev, emu)) = own_emulator() else {
+        return;
+    };
+    let tiny = Tiny::load();
+    let m = dev_model(&dev, &tiny);
+    let ctx = cuda_context(&dev, &tiny, &m);
+    let (ids, _, n) = prefill(&tiny);
+    let (hc, d) = (tiny.hc, tiny.d);
+    let lid = tiny.layers[0].layer_id;
+    let (a, b) = (fake_stream(1), fake_stream(2));
+    let hw_in = values("streams.two_streams", n * hc * d, 1.0, 0.0);
+    let hw_ref = dev.upload(&hw_in);
+    ctx.apply_device(lid, RowIds::Host(&ids), n, hw_ref.ptr, 0, a)
+        .unwrap();
+    ctx.check_device(a).unwrap();
+    let want = bits(&hw_ref.read::<f32>(n * hc * d).unwrap());
+    let (hw_a, hw_b) = (dev.upload(&hw_in), dev.upload(&hw_in));
+    let syncs = emu.context_syncs();
+    emu.set_deferred(true);
+    ctx.apply_device(lid, RowIds::Host(&ids), n, hw_a.ptr, 0, a)
+        .unwrap();
+    ctx.apply_device(lid, RowIds::Host(&ids), n, hw_b.ptr, 0, b)
+        .unwrap();
+    assert!(emu.pending() > 0, "the applies' work is queued, not run");
+    dev.gpu.stream_synchronize(b).unwrap();
+    let left = emu.pending();
+    let syncs_after = emu.context_syncs();
+    emu.set_deferred(false);
+    assert_eq!(
+        left, 0,
+        "waiting for the second stream left the first stream's apply queued: the calls were not ordered"
+    );
+    assert_eq!(syncs_after, syncs, "a context-wide wait");
+    for (hw, s) in [(&hw_a, "first"), (&hw_b, "second")] {
+        assert!(
+            bits(&hw.read::<f32>(n * hc * d).unwrap()) == want,
+            "the {s} stream's highway differs from an apply alone"
+        );
+    }
+}
+
 /// `set_layer` while an apply using the old weights is still queued: it
 /// waits for that apply (the engine frees the old weights when it returns),
 /// with an event, not a context-wide wait.

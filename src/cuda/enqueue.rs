@@ -132,9 +132,27 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
+        self.order_after_last(&st, stream)?;
         let r = self.stage_host(&mut st, &layer, li, all, live, n, stream);
         let rec = self.record_last(&mut st, stream);
         r.and(rec)
+    }
+
+    /// Order a call's work on `stream` (outside a capture) after the
+    /// context's last call's: where that was queued on another stream, this
+    /// stream waits on the device for its event (`cuStreamWaitEvent`), so
+    /// the context's workspaces, its decode kernel's count of blocks done and
+    /// its error latch are used by one call at a time whatever streams the
+    /// engine calls it on (docs/cuda-streams.md). Nothing when the stream is
+    /// the last call's (the engine's usual one stream).
+    pub(super) fn order_after_last(&self, st: &State, stream: Stream) -> Result<()> {
+        if st.last_used && st.last_stream != stream as usize {
+            // SAFETY: a live event of this device, recorded on the last
+            // call's stream; `stream` was checked by the caller
+            // (stream_capturing).
+            unsafe { self.gpu.stream_wait_event(stream, st.last.ev)? };
+        }
+        Ok(())
     }
 
     /// Record the context's last-work event on `stream` after the work just
@@ -144,6 +162,7 @@ impl CudaBackend {
         // caller (stream_capturing).
         unsafe { self.gpu.event_record(st.last.ev, stream)? };
         st.last_used = true;
+        st.last_stream = stream as usize;
         Ok(())
     }
 
@@ -252,6 +271,9 @@ impl CudaBackend {
         let at = self.ids_at(st, li, &layer, ids, n, highway, capturing)?;
         if n == 0 {
             return Ok(());
+        }
+        if !capturing {
+            self.order_after_last(st, stream)?;
         }
         // Queue the work; then, outside a capture, record the event that
         // `set_layer` and `read_back` wait for (also when queueing failed

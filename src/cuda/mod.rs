@@ -353,6 +353,8 @@ struct State {
     last: Event,
     /// Whether `last` was ever recorded.
     last_used: bool,
+    /// The stream `last` was recorded on (its address).
+    last_stream: usize,
     /// Tokens up to which the GEMV kernels project (bf16, quantised `wkv`).
     gemv_max_bf16: usize,
     gemv_max_quant: usize,
@@ -462,6 +464,7 @@ impl CudaBackend {
             serial: 0,
             last: Event::new(&gpu)?,
             last_used: false,
+            last_stream: 0,
             gemv_max_bf16: gemv_max
                 .unwrap_or(DEFAULT_GEMV_MAX_TOKENS_BF16)
                 .min(kernels::GEMV_MAX),
