@@ -232,31 +232,31 @@ step gpu-tests 40 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_golden" --test-threads=1 -
 # start in our directory.
 decode_mps() {
     command -v nvidia-cuda-mps-control >/dev/null 2>&1 || { echo "no nvidia-cuda-mps-control"; exit 77; }
-    local dir
-    dir="$(mktemp -d /tmp/engram-mps.XXXXXX)" || { echo "no private pipe directory (mktemp -d)"; exit 77; }
-    chmod 700 "$dir"
-    export CUDA_MPS_PIPE_DIRECTORY="$dir/pipe" CUDA_MPS_LOG_DIRECTORY="$dir/log"
+    # Globals, not locals: the EXIT trap runs after this function returns.
+    MPS_DIR="$(mktemp -d /tmp/engram-mps.XXXXXX)" || { echo "no private pipe directory (mktemp -d)"; exit 77; }
+    MPS_CHILD=""
+    chmod 700 "$MPS_DIR"
+    export CUDA_MPS_PIPE_DIRECTORY="$MPS_DIR/pipe" CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log"
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    local child=""
     stop_mps() {
-        [ -n "$child" ] && kill "$child" 2>/dev/null
+        [ -n "$MPS_CHILD" ] && kill "$MPS_CHILD" 2>/dev/null
         echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
         cp -r "$CUDA_MPS_LOG_DIRECTORY" "$OUT/mps-log" 2>/dev/null
-        rm -rf "$dir"
+        rm -rf "$MPS_DIR"
     }
     trap stop_mps EXIT
     trap 'exit 143' TERM INT HUP
     nvidia-cuda-mps-control -d || { echo "the MPS control daemon did not start"; exit 77; }
-    [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] || { echo "the MPS daemon did not open its pipe in $dir"; exit 77; }
+    [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] || { echo "the MPS daemon did not open its pipe in $MPS_DIR"; exit 77; }
     local rc=0
     ENGRAM_REQUIRE_GPU=1 ENGRAM_MPS_CHECK=1 "$BIN/cuda_decode" --test-threads=1 --nocapture &
-    child=$!
-    wait "$child" || rc=1
+    MPS_CHILD=$!
+    wait "$MPS_CHILD" || rc=1
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 ENGRAM_REQUIRE_GPU=1 ENGRAM_MPS_CHECK=1 \
         "$BIN/cuda_decode" --test-threads=1 --nocapture &
-    child=$!
-    wait "$child" || rc=1
-    child=""
+    MPS_CHILD=$!
+    wait "$MPS_CHILD" || rc=1
+    MPS_CHILD=""
     return $rc
 }
 export -f decode_mps
