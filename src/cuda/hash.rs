@@ -273,7 +273,8 @@ impl CudaBackend {
     /// `cuPointerGetAttribute`), with room for `n` tokens' entries.
     fn check_hash_pointers(gpu: &dyn Gpu, h: &DeviceHash, call: &DeviceHashIn) -> Result<()> {
         let n = call.n;
-        let per_token = (h.max_ngram as usize - 1) * h.n_heads as usize * h.n_layers as usize;
+        let per_token =
+            (h.max_ngram as usize).saturating_sub(1) * h.n_heads as usize * h.n_layers as usize;
         for (what, p, elem, count) in [
             ("tokens", call.tokens, 4, n),
             ("seq_ids", call.seq_ids, 4, n),
