@@ -80,7 +80,7 @@ for line in sys.stdin:
 
 step "cargo build --release --lib"
 cargo build --release --lib
-cp target/release/libengram.so "$B/"
+cp "${CARGO_TARGET_DIR:-target}/release/libengram.so" "$B/"
 for t in "${TESTS[@]}"; do
     step "cargo test --release --test $t --no-run"
     exe="$(cargo test --release --test "$t" --no-run --message-format=json 2>"$LOG" | exe_of "$t")" ||
