@@ -167,8 +167,12 @@ optional() {
 }
 
 torch_probe() { # one line: whether torch imports here with CUDA (the peer's columns)
-    timeout 25 "$ENGRAM_TORCH_PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available" if torch.cuda.is_available() else "NOT available")' 2>&1 | tail -n 1 ||
-        echo "torch: NOT importable with $ENGRAM_TORCH_PYTHON (the benchmark's torch columns will be empty)"
+    local out
+    if out="$(timeout 25 "$ENGRAM_TORCH_PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available" if torch.cuda.is_available() else "NOT available")' 2>&1)"; then
+        echo "$out" | tail -n 1
+    else
+        echo "torch NOT importable with $ENGRAM_TORCH_PYTHON (the benchmark's torch columns will be empty): $(echo "$out" | tail -n 1)"
+    fi
 }
 export -f torch_probe
 env_info() {
