@@ -19,7 +19,15 @@
 //! - torch eager: `bench/gpu_peer.py` (run with `$ENGRAM_TORCH_PYTHON`, default
 //!   `python3`), the same gather, fp8 dequantisation, `F.linear` and gate.
 //!
-//!     cargo bench --bench gpu
+//! ```text
+//! cargo bench --bench gpu                    # everything
+//! cargo bench --bench gpu -- --decode-only   # the decode kernel's rows alone
+//! cargo bench --bench gpu -- --no-decode     # everything else
+//! ```
+//!
+//! Each row is printed as it is measured, each table's heading first, so a
+//! run cut short keeps what it measured; the decode rows come first and torch
+//! eager (a Python process) last, in a table of its own.
 //!
 //! Without a CUDA driver it says so and exits 0 (1 with `ENGRAM_REQUIRE_GPU=1`);
 //! without torch it skips the peer.
@@ -195,7 +203,7 @@ struct ProfState {
     marks: Mutex<Vec<(String, usize, usize)>>,
     /// Refuse every cooperative launch as the driver refuses a grid too
     /// large (the decode kernel's split path, for its row of the bench).
-    refuse_coop: AtomicBool,
+    refuse_fused: AtomicBool,
 }
 
 impl ProfState {
@@ -388,7 +396,7 @@ impl Gpu for Prof {
                 .launch_shared(k, grid, block, shared, stream, args)
         })
     }
-    unsafe fn launch_cooperative(
+    unsafe fn try_launch_shared(
         &self,
         k: Kernel,
         grid: u32,
@@ -397,13 +405,13 @@ impl Gpu for Prof {
         stream: Stream,
         args: &[Arg],
     ) -> engram::Result<bool> {
-        if self.st.refuse_coop.load(Ordering::Relaxed) {
+        if self.st.refuse_fused.load(Ordering::Relaxed) {
             return Ok(false);
         }
         // SAFETY: passed on.
         self.st.around(k.name(), stream, || unsafe {
             self.inner
-                .launch_cooperative(k, grid, block, shared, stream, args)
+                .try_launch_shared(k, grid, block, shared, stream, args)
         })
     }
     fn device_limits(&self) -> engram::Result<engram::cuda::gpu::DeviceLimits> {
@@ -715,99 +723,228 @@ fn main() {
         ctx.apply_on(1, r, n, hw, s).unwrap();
     };
     let apply = |n: usize, host: bool| apply_with(&ctx, n, host);
+    // --decode-only: the decode kernel's rows alone (the GPU check's early
+    // step); --no-decode: everything but them (its last step). Every row is
+    // printed as it is measured (stdout is line-buffered), so a run cut short
+    // keeps the rows it got.
+    let args: Vec<String> = std::env::args().collect();
+    let decode_only = args.iter().any(|a| a == "--decode-only");
+    let no_decode = args.iter().any(|a| a == "--no-decode");
+    let roof_of = |n: usize| {
+        let flops = 2.0 * n as f64 * K_IN as f64 * K_OUT as f64;
+        (bytes_of(n) / bw).max(flops / rate) * 1e3
+    };
+    println!(
+        "roofline: max(bytes / {:.0} GB/s, FLOPs / {:.0} TFLOP/s), bytes = wkv + n*C*(row bytes + 8) + 2*n*hc*D*4 (highway read and written), \
+         the rate cuBLAS's at this GEMM's shape on random data; kernels: ms per launch from events around each, in a separate pass (device ids)",
+        bw / 1e9,
+        rate / 1e12
+    );
+
+    // The checkpoint's block-scaled fp8 wkv (codes + 128 x 128 e8m0 scales),
+    // read in place by the decode kernel and, below, by its GEMV and tiles.
+    let (br, bc) = (128usize, 128usize);
+    let codes: Vec<u8> = (0..K_OUT * K_IN)
+        .map(|_| {
+            let c = rng.next() as u8;
+            if c & 0x7F == 0x7F {
+                c ^ 1
+            } else {
+                c
+            }
+        })
+        .collect();
+    let scales: Vec<u8> = (0..K_OUT.div_ceil(br) * K_IN.div_ceil(bc))
+        .map(|_| 111 + (rng.next() % 8) as u8)
+        .collect();
+    let (d_codes, d_scales) = (upload(&gpu, &codes), upload(&gpu, &scales));
+    let set_fp8 = |ctx: &Context<'_>| {
+        // SAFETY: device buffers of the sizes the geometry implies.
+        let mut l = unsafe {
+            LayerIn::raw(
+                1,
+                d_table.ptr,
+                EngramType::Fp8E4m3E8m0 as u32,
+                rows,
+                d_codes.ptr,
+                EngramType::Fp8E4m3E8m0Block as u32,
+                d_q.ptr,
+                d_k.ptr,
+                EngramType::Bf16 as u32,
+            )
+        };
+        // SAFETY: as above.
+        l.wkv_scales = Some(unsafe { engram::Region::from_raw(d_scales.ptr as usize, None) });
+        l.wkv_block = (br as u32, bc as u32);
+        ctx.set_layer(l).unwrap();
+    };
+    let fp8_roof =
+        |n: usize| ((codes.len() + scales.len()) as f64 + bytes_of(n) - wkv_bytes) / bw * 1e3;
+
+    if !no_decode {
+        // The decode kernel (issue 17) against the path before it, bf16 wkv:
+        // one launch (gather, projection, and the gate in the last block
+        // done), its split path (phase A, then the gate kernel), the GEMV
+        // kernels (up to 8 tokens) and cuBLAS, 1 to 64 tokens, each against
+        // the roofline of its bytes.
+        let ctx_decode = {
+            let c = Context::new(&cfg_with(None, Some(engram::cuda::kernels::DECODE_MAX)))
+                .expect("CUDA context");
+            set(&c, d_table.ptr, d_wkv.ptr, EngramType::Bf16);
+            c
+        };
+        prof.refuse_fused.store(true, Ordering::Relaxed);
+        let ctx_split = {
+            let c = Context::new(&cfg_with(None, Some(engram::cuda::kernels::DECODE_MAX)))
+                .expect("CUDA context");
+            set(&c, d_table.ptr, d_wkv.ptr, EngramType::Bf16);
+            c
+        };
+        // Refused once, the context keeps to the split path.
+        apply_with(&ctx_split, 1, false);
+        prof.refuse_fused.store(false, Ordering::Relaxed);
+        // The grid the decode kernel gets here, per tile.
+        let limits = gpu.device_limits().unwrap();
+        let mut grids = Vec::new();
+        for tile in [1usize, 8, 16] {
+            let shared = (tile * K_IN * 2) as u32;
+            let occ = gpu
+                .occupancy(
+                    engram::cuda::gpu::Kernel::Decode { fp8: false },
+                    engram::cuda::kernels::DECODE_THREADS,
+                    shared,
+                )
+                .unwrap();
+            grids.push(format!(
+                "tile {tile}: {} KiB shared, {occ} block(s)/SM, grid {}",
+                shared >> 10,
+                engram::cuda::kernels::decode_grid(K_OUT, limits.sms, occ)
+            ));
+        }
+        println!("\n## the decode kernel (issue 17), bf16 wkv: one launch against its split path and the path before it (device ids, ms per apply)");
+        println!("{}; roofline as above.", grids.join("; "));
+        println!("| tokens | decode, one launch | / roofline | decode, split | GEMV (decode off) | cuBLAS (decode off) | roofline | kernels, one launch (ms) | kernels, split (ms) |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---|---|");
+        for n in [1usize, 2, 4, 8, 16, 32, 64] {
+            let roof = roof_of(n);
+            let t_one = time_ms(stream, 50, || apply_with(&ctx_decode, n, false));
+            let t_split = time_ms(stream, 50, || apply_with(&ctx_split, n, false));
+            let t_gemv = (n <= engram::cuda::kernels::GEMV_MAX)
+                .then(|| time_ms(stream, 50, || apply_with(&ctx_gemv, n, false)));
+            let t_blas = time_ms(stream, 50, || apply_with(&ctx_cublas, n, false));
+            let k_one = breakdown(&prof, stream, || apply_with(&ctx_decode, n, false));
+            let k_split = breakdown(&prof, stream, || apply_with(&ctx_split, n, false));
+            println!(
+                "| {n} | {t_one:.4} | {:.2} | {t_split:.4} | {} | {t_blas:.4} | {roof:.4} | {k_one} | {k_split} |",
+                t_one / roof,
+                t_gemv.map_or("-".into(), |t| format!("{t:.4}")),
+            );
+        }
+        let dstats = (ctx_decode.info().decode, ctx_split.info().decode);
+        println!(
+            "\nDecode applies here: one launch {}, split {} (the split context: one launch {}, split {}, refused {})",
+            dstats.0.cooperative,
+            dstats.0.split,
+            dstats.1.cooperative,
+            dstats.1.split,
+            dstats.1.refused
+        );
+        ctx_decode.check(s).unwrap();
+        ctx_split.check(s).unwrap();
+        drop(ctx_decode);
+        drop(ctx_split);
+
+        // The decode kernel on the fp8 codes, 1 to 64 tokens, against the
+        // fp8 GEMV (the decode kernel off) at 1 and 8 tokens.
+        println!("\n## the decode kernel on the checkpoint's fp8 wkv (codes + 128 x 128 scales read in place; roofline: their bytes plus the tokens' rows, ids and highway)");
+        println!("| tokens | decode, one launch | roofline | ratio | fp8 GEMV (decode off) | kernels (ms) |");
+        println!("|---:|---:|---:|---:|---:|---|");
+        let gctx = Context::new(&cfg_for(Some(8))).expect("CUDA context");
+        set_fp8(&gctx);
+        let dctx = Context::new(&cfg_with(None, Some(engram::cuda::kernels::DECODE_MAX)))
+            .expect("CUDA context");
+        set_fp8(&dctx);
+        for n in [1usize, 8, 16, 64] {
+            let t = time_ms(stream, 50, || apply_with(&dctx, n, false));
+            let roof = fp8_roof(n);
+            let k = breakdown(&prof, stream, || apply_with(&dctx, n, false));
+            let gemv =
+                (n == 1 || n == 8).then(|| time_ms(stream, 50, || apply_with(&gctx, n, false)));
+            println!(
+                "| {n} | {t:.4} | {roof:.4} | {:.2} | {} | {k} |",
+                t / roof,
+                gemv.map_or("-".into(), |t| format!("{t:.4}"))
+            );
+        }
+        dctx.check(s).unwrap();
+        gctx.check(s).unwrap();
+    }
+    if decode_only {
+        ctx.check(s).unwrap();
+        println!("\ncommand: cargo bench --bench gpu -- --decode-only (or bash scripts/gpu-check.sh OUTDIR)");
+        return;
+    }
+
+    println!("\n## apply at the V4.1 geometry (D 5120, hc 4, C 24, Hd 256; bf16 wkv [25600 x 6144] on the device; fp8 table on the device; f32 highway)");
+    println!("roofline as above; torch eager: its own table below (it runs last)");
+    println!("| tokens | engram ms (host ids) | engram ms (device ids) | roofline ms | engram / roofline | targets | kernels (ms) |");
+    println!("|---:|---:|---:|---:|---:|---|---|");
     let reps = |n: usize| if n >= 512 { 20 } else { 50 };
     let mut results = Vec::new();
     for &n in &TOKENS {
         let host = time_ms(stream, reps(n), || apply(n, true));
         let device = time_ms(stream, reps(n), || apply(n, false));
-        let flops = 2.0 * n as f64 * K_IN as f64 * K_OUT as f64;
-        let roof = (bytes_of(n) / bw).max(flops / rate) * 1e3;
+        let roof = roof_of(n);
         // The kernels' times, in a pass of their own.
         let kernels = breakdown(&prof, stream, || apply(n, false));
-        results.push((n, host, device, roof, kernels));
+        let best = host.min(device);
+        // Issue 17's targets.
+        let target = match n {
+            1 => Some(1.10),
+            8 | 64 => Some(1.15),
+            4096 => Some(1.25),
+            _ => None,
+        };
+        let t = target.map_or(String::new(), |r| {
+            if best / roof <= r {
+                format!("engram/roofline <= {r}: met")
+            } else {
+                format!("engram/roofline <= {r}: MISSED ({:.2})", best / roof)
+            }
+        });
+        println!(
+            "| {n} | {host:.4} | {device:.4} | {roof:.4} | {:.2} | {t} | {kernels} |",
+            best / roof
+        );
+        results.push((n, best));
     }
+
     // GEMV kernel against cuBLAS for a few tokens.
-    let mut gemv_lines = Vec::new();
+    println!(
+        "\n## projection for a few tokens: GEMV kernel against cuBLAS (device ids, ms per apply)"
+    );
+    println!("| tokens | GEMV | cuBLAS | faster | kernels, GEMV (ms) | kernels, cuBLAS (ms) |\n|---:|---:|---:|---|---|---|");
     for n in [1usize, 2, 4, 8] {
         let a = time_ms(stream, 50, || apply_with(&ctx_gemv, n, false));
         let b = time_ms(stream, 50, || apply_with(&ctx_cublas, n, false));
         let ka = breakdown(&prof, stream, || apply_with(&ctx_gemv, n, false));
         let kb = breakdown(&prof, stream, || apply_with(&ctx_cublas, n, false));
-        gemv_lines.push(format!(
+        println!(
             "| {n} | {a:.4} | {b:.4} | {} | {ka} | {kb} |",
             if a <= b { "GEMV" } else { "cuBLAS" }
-        ));
+        );
     }
-    // The decode kernel (issue 17) against the path before it, bf16 wkv:
-    // cooperative (gather, projection and gate in one launch), its split path
-    // (phase A, then the gate kernel), the GEMV kernels (up to 8 tokens) and
-    // cuBLAS, 1 to 64 tokens, each against the roofline of its bytes.
-    let ctx_decode = {
-        let c = Context::new(&cfg_with(None, Some(engram::cuda::kernels::DECODE_MAX)))
-            .expect("CUDA context");
-        set(&c, d_table.ptr, d_wkv.ptr, EngramType::Bf16);
-        c
-    };
-    prof.refuse_coop.store(true, Ordering::Relaxed);
-    let ctx_split = {
-        let c = Context::new(&cfg_with(None, Some(engram::cuda::kernels::DECODE_MAX)))
-            .expect("CUDA context");
-        set(&c, d_table.ptr, d_wkv.ptr, EngramType::Bf16);
-        c
-    };
-    // Refused once, the context keeps to the split path.
-    apply_with(&ctx_split, 1, false);
-    prof.refuse_coop.store(false, Ordering::Relaxed);
-    let mut decode_lines = Vec::new();
-    for n in [1usize, 2, 4, 8, 16, 32, 64] {
-        let flops = 2.0 * n as f64 * K_IN as f64 * K_OUT as f64;
-        let roof = (bytes_of(n) / bw).max(flops / rate) * 1e3;
-        let t_coop = time_ms(stream, 50, || apply_with(&ctx_decode, n, false));
-        let t_split = time_ms(stream, 50, || apply_with(&ctx_split, n, false));
-        let t_gemv = (n <= engram::cuda::kernels::GEMV_MAX)
-            .then(|| time_ms(stream, 50, || apply_with(&ctx_gemv, n, false)));
-        let t_blas = time_ms(stream, 50, || apply_with(&ctx_cublas, n, false));
-        let k_coop = breakdown(&prof, stream, || apply_with(&ctx_decode, n, false));
-        let k_split = breakdown(&prof, stream, || apply_with(&ctx_split, n, false));
-        decode_lines.push(format!(
-            "| {n} | {t_coop:.4} | {:.2} | {t_split:.4} | {} | {t_blas:.4} | {roof:.4} | {k_coop} | {k_split} |",
-            t_coop / roof,
-            t_gemv.map_or("-".into(), |t| format!("{t:.4}")),
-        ));
-    }
-    let dstats = (ctx_decode.info().decode, ctx_split.info().decode);
-    // The grid the decode kernel gets here, per tile.
-    let limits = gpu.device_limits().unwrap();
-    let mut grids = Vec::new();
-    for tile in [1usize, 8, 16] {
-        let shared = (tile * K_IN * 2) as u32;
-        let occ = gpu
-            .occupancy(
-                engram::cuda::gpu::Kernel::Decode { fp8: false },
-                engram::cuda::kernels::DECODE_THREADS,
-                shared,
-            )
-            .unwrap();
-        grids.push(format!(
-            "tile {tile}: {} KiB shared, {occ} block(s)/SM, grid {}",
-            shared >> 10,
-            engram::cuda::kernels::decode_grid(K_OUT, limits.sms, occ)
-        ));
-    }
-    ctx.check(s).unwrap();
     ctx_cublas.check(s).unwrap();
     ctx_gemv.check(s).unwrap();
-    ctx_decode.check(s).unwrap();
-    ctx_split.check(s).unwrap();
     drop(ctx_cublas);
     drop(ctx_gemv);
-    drop(ctx_decode);
-    drop(ctx_split);
 
     // Quantised wkv, read in place: the fused GEMV (1 and 8 tokens) and the
     // bf16 tiles + cuBLAS (512 tokens), against each format's own roofline
     // (its bytes over the copy bandwidth) at 1 token.
-    let mut quant_lines = Vec::new();
+    println!("\n## quantised wkv read in place (device ids, ms per apply; roofline: the format's bytes plus one token's rows, ids and highway, over the copy bandwidth)");
+    println!("| wkv | MB | 1 token (fused GEMV) | roofline | ratio | 8 tokens (fused GEMV) | 8 tokens (bf16 tiles + cuBLAS) | 512 tokens (bf16 tiles + cuBLAS) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut quant_kernels = Vec::new();
     {
         let q8 = q8_0(&wkv_f);
@@ -834,57 +971,18 @@ fn main() {
             let k8_tiles = breakdown(&prof, stream, || apply_with(&tctx, 8, false));
             tctx.check(s).unwrap();
             let roof1 = (bytes.len() as f64 + bytes_of(1) - wkv_bytes) / bw * 1e3;
-            quant_lines.push(format!(
+            println!(
                 "| {name} | {:.0} | {t1:.4} | {roof1:.4} | {:.2} | {t8:.4} | {t8_tiles:.4} | {t512:.4} |",
                 bytes.len() as f64 / 1e6,
                 t1 / roof1
-            ));
+            );
             quant_kernels.push(format!("| {name} | {k1} | {k8} | {k8_tiles} | {k512} |"));
         }
     }
-
-    let mut decode_fp8_lines = Vec::new();
-    // The checkpoint's block-scaled fp8 wkv (codes + 128 x 128 e8m0 scales)
-    // read in place: its GEMV at 1 token (and at 8 with the GEMV limit
-    // raised), exact bf16 tiles + cuBLAS beyond, against its own roofline
-    // (codes plus scales over the copy bandwidth); 4096 tokens against the
-    // bf16 wkv's apply of this run.
+    // The checkpoint's fp8 wkv: its GEMV at 1 token (and at 8 with the GEMV
+    // limit raised), exact bf16 tiles + cuBLAS beyond, against its own
+    // roofline; 4096 tokens against the bf16 wkv's apply of this run.
     {
-        let (br, bc) = (128usize, 128usize);
-        let codes: Vec<u8> = (0..K_OUT * K_IN)
-            .map(|_| {
-                let c = rng.next() as u8;
-                if c & 0x7F == 0x7F {
-                    c ^ 1
-                } else {
-                    c
-                }
-            })
-            .collect();
-        let scales: Vec<u8> = (0..K_OUT.div_ceil(br) * K_IN.div_ceil(bc))
-            .map(|_| 111 + (rng.next() % 8) as u8)
-            .collect();
-        let (d_codes, d_scales) = (upload(&gpu, &codes), upload(&gpu, &scales));
-        let set_fp8 = |ctx: &Context<'_>| {
-            // SAFETY: device buffers of the sizes the geometry implies.
-            let mut l = unsafe {
-                LayerIn::raw(
-                    1,
-                    d_table.ptr,
-                    EngramType::Fp8E4m3E8m0 as u32,
-                    rows,
-                    d_codes.ptr,
-                    EngramType::Fp8E4m3E8m0Block as u32,
-                    d_q.ptr,
-                    d_k.ptr,
-                    EngramType::Bf16 as u32,
-                )
-            };
-            // SAFETY: as above.
-            l.wkv_scales = Some(unsafe { engram::Region::from_raw(d_scales.ptr as usize, None) });
-            l.wkv_block = (br as u32, bc as u32);
-            ctx.set_layer(l).unwrap();
-        };
         // The GEMV at 1 token, the tiles from 2 (the decode kernel off).
         let fctx = Context::new(&cfg_for(Some(1))).expect("CUDA context");
         set_fp8(&fctx);
@@ -897,49 +995,36 @@ fn main() {
         let gctx = Context::new(&cfg_for(Some(8))).expect("CUDA context");
         set_fp8(&gctx);
         let t8 = time_ms(stream, 50, || apply_with(&gctx, 8, false));
-        let t1_gemv = time_ms(stream, 50, || apply_with(&gctx, 1, false));
         gctx.check(s).unwrap();
         drop(gctx);
-        // The decode kernel on the fp8 codes, 1 to 64 tokens.
-        let dctx = Context::new(&cfg_with(None, Some(engram::cuda::kernels::DECODE_MAX)))
-            .expect("CUDA context");
-        set_fp8(&dctx);
-        for n in [1usize, 8, 16, 64] {
-            let t = time_ms(stream, 50, || apply_with(&dctx, n, false));
-            let roof = ((codes.len() + scales.len()) as f64 + bytes_of(n) - wkv_bytes) / bw * 1e3;
-            let k = breakdown(&prof, stream, || apply_with(&dctx, n, false));
-            decode_fp8_lines.push(format!(
-                "| {n} | {t:.4} | {roof:.4} | {:.2} | {} | {k} |",
-                t / roof,
-                if n == 1 {
-                    format!("{t1_gemv:.4}")
-                } else if n == 8 {
-                    format!("{t8:.4}")
-                } else {
-                    "-".into()
-                }
-            ));
-        }
-        dctx.check(s).unwrap();
-        drop(dctx);
         let bytes = (codes.len() + scales.len()) as f64;
         let roof1 = bytes / bw * 1e3;
-        quant_lines.push(format!(
+        println!(
             "| fp8 (checkpoint) | {:.0} | {t1:.4} | {roof1:.4} | {:.2} | {t8:.4} | {t8_tiles:.4} | {t512:.4} |",
             bytes / 1e6,
             t1 / roof1
-        ));
-        let bf16_4096 = results.iter().find(|r| r.0 == 4096).map(|r| r.1.min(r.2));
-        quant_lines.push(format!(
+        );
+        let bf16_4096 = results.iter().find(|r| r.0 == 4096).map(|r| r.1);
+        println!(
             "\nfp8 (checkpoint) at 4096 tokens: {t4096:.3} ms; bf16 wkv: {} ms",
             bf16_4096.map_or("-".into(), |t| format!("{t:.3}"))
-        ));
+        );
+    }
+    println!("\nkernels (ms, events around each launch, separate pass):\n");
+    println!(
+        "| wkv | 1 token | 8 tokens (fused GEMV) | 8 tokens (bf16 tiles + cuBLAS) | 512 tokens |"
+    );
+    println!("|---|---|---|---|---|");
+    for l in quant_kernels {
+        println!("{l}");
     }
 
     // Host tables: the same fp8 table in pageable host memory; rows gathered
     // on the host (prefetch worker threads, or the apply), copied through
     // pinned staging to the device, then the same kernels.
-    let mut host_lines = Vec::new();
+    println!("\n## host table (the fp8 table in pageable host memory; ms per step by the wall clock, host gather included)");
+    println!("| tokens | H2D bytes / step | H2D ms at the pinned rate | apply, no prefetch | apply + next step's prefetch | device-table apply | pipelined / device table | kernels of a prefetched apply (ms) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---|");
     {
         let hctx = Context::new(&cfg_for(None)).expect("CUDA context");
         set(&hctx, table.as_ptr() as u64, d_wkv.ptr, EngramType::Bf16);
@@ -973,116 +1058,45 @@ fn main() {
                 hctx.apply_on(1, RowIds::Host(steps[0]), n, hwr(), s)
                     .unwrap()
             });
-            host_lines.push(format!(
+            println!(
                 "| {n} | {} | {h2d_ms:.4} | {direct:.4} | {piped:.4} | {dev_ms:.4} | {:.2} | {kernels} |",
                 n * per_token,
                 piped / dev_ms
-            ));
+            );
         }
         hctx.check(s).unwrap();
         let st = hctx.info().stage;
-        host_lines.push(format!(
+        println!(
             "\nprefetches {}, applies served from a prefetch {}, read at the apply {}; pinned staging {:.0} MB",
             st.prefetched,
             st.staged,
             st.direct,
             hctx.info().host_bytes as f64 / 1e6
-        ));
+        );
     }
 
-    // The torch eager peer, on the same data.
+    // The torch eager peer, on the same data (last: a Python process of its
+    // own; the probe at the GPU check's start says whether it can run).
     let peer = run_peer(&table, rows as usize, &wkv, &q, &k, &ids, &ctx, &gpu, s);
-
-    println!("\n## apply at the V4.1 geometry (D 5120, hc 4, C 24, Hd 256; bf16 wkv [25600 x 6144] on the device; fp8 table on the device; f32 highway)");
-    println!(
-        "roofline: max(bytes / {:.0} GB/s, FLOPs / {:.0} TFLOP/s), bytes = wkv + n*C*(row bytes + 8) + 2*n*hc*D*4 (highway read and written), \
-         the rate cuBLAS's at this GEMM's shape on random data; kernels: ms per launch from events around each, in a separate pass (device ids)",
-        bw / 1e9,
-        rate / 1e12
-    );
-    println!("| tokens | engram ms (host ids) | engram ms (device ids) | torch eager ms | torch / engram | roofline ms | engram / roofline | targets | kernels (ms) |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---|---|");
-    for (n, host, device, roof, kernels) in &results {
-        let (n, host, device, roof) = (*n, *host, *device, *roof);
+    println!("\n## torch eager against engram (the same forward on the same data, f32 highway; ms per apply, engram's best of host and device ids from the apply table)");
+    println!("| tokens | engram ms | torch eager ms | torch / engram | target |");
+    println!("|---:|---:|---:|---:|---|");
+    for &(n, best) in &results {
         let torch = peer.as_ref().and_then(|p| p["ms"][n.to_string()].as_f64());
-        let best = host.min(device);
-        let mut t = Vec::new();
-        if n <= 64 {
-            t.push(match torch {
+        let target = if n > 64 {
+            String::new()
+        } else {
+            match torch {
                 Some(x) if x / best >= 2.0 => "torch/engram >= 2: met".to_string(),
                 Some(x) => format!("torch/engram >= 2: MISSED ({:.2})", x / best),
                 None => "torch/engram >= 2: no peer".into(),
-            });
-        }
-        // Issue 17's targets.
-        let roof_target = match n {
-            1 => Some(1.10),
-            8 | 64 => Some(1.15),
-            4096 => Some(1.25),
-            _ => None,
+            }
         };
-        if let Some(r) = roof_target {
-            t.push(if best / roof <= r {
-                format!("engram/roofline <= {r}: met")
-            } else {
-                format!("engram/roofline <= {r}: MISSED ({:.2})", best / roof)
-            });
-        }
         println!(
-            "| {n} | {host:.4} | {device:.4} | {} | {} | {roof:.4} | {:.2} | {} | {kernels} |",
+            "| {n} | {best:.4} | {} | {} | {target} |",
             torch.map_or("-".into(), |t| format!("{t:.4}")),
             torch.map_or("-".into(), |t| format!("{:.2}", t / best)),
-            best / roof,
-            t.join("; ")
         );
-    }
-    println!(
-        "\n## projection for a few tokens: GEMV kernel against cuBLAS (device ids, ms per apply)"
-    );
-    println!("| tokens | GEMV | cuBLAS | faster | kernels, GEMV (ms) | kernels, cuBLAS (ms) |\n|---:|---:|---:|---|---|---|");
-    for l in gemv_lines {
-        println!("{l}");
-    }
-    println!("\n## the decode kernel (issue 17), bf16 wkv: one cooperative launch against its split path and the path before it (device ids, ms per apply)");
-    println!(
-        "{}; roofline as above. Decode applies here: cooperative {}, split {} (the split context: cooperative {}, split {}, refused {})",
-        grids.join("; "),
-        dstats.0.cooperative,
-        dstats.0.split,
-        dstats.1.cooperative,
-        dstats.1.split,
-        dstats.1.refused
-    );
-    println!("| tokens | decode, cooperative | / roofline | decode, split | GEMV (decode off) | cuBLAS (decode off) | roofline | kernels, cooperative (ms) | kernels, split (ms) |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---|---|");
-    for l in decode_lines {
-        println!("{l}");
-    }
-    println!("\n## the decode kernel on the checkpoint's fp8 wkv (codes + 128 x 128 scales read in place; roofline: their bytes plus the tokens' rows, ids and highway)");
-    println!("| tokens | decode, cooperative | roofline | ratio | fp8 GEMV (decode off) | kernels (ms) |");
-    println!("|---:|---:|---:|---:|---:|---|");
-    for l in decode_fp8_lines {
-        println!("{l}");
-    }
-    println!("\n## quantised wkv read in place (device ids, ms per apply; roofline: the format's bytes plus one token's rows, ids and highway, over the copy bandwidth)");
-    println!("| wkv | MB | 1 token (fused GEMV) | roofline | ratio | 8 tokens (fused GEMV) | 8 tokens (bf16 tiles + cuBLAS) | 512 tokens (bf16 tiles + cuBLAS) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    for l in quant_lines {
-        println!("{l}");
-    }
-    println!("\nkernels (ms, events around each launch, separate pass):\n");
-    println!(
-        "| wkv | 1 token | 8 tokens (fused GEMV) | 8 tokens (bf16 tiles + cuBLAS) | 512 tokens |"
-    );
-    println!("|---|---|---|---|---|");
-    for l in quant_kernels {
-        println!("{l}");
-    }
-    println!("\n## host table (the fp8 table in pageable host memory; ms per step by the wall clock, host gather included)");
-    println!("| tokens | H2D bytes / step | H2D ms at the pinned rate | apply, no prefetch | apply + next step's prefetch | device-table apply | pipelined / device table | kernels of a prefetched apply (ms) |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---|");
-    for l in host_lines {
-        println!("{l}");
     }
     if let Some(p) = &peer {
         println!(
@@ -1093,6 +1107,7 @@ fn main() {
             p["check_max_abs_update"].as_f64().unwrap_or(f64::NAN)
         );
     }
+    ctx.check(s).unwrap();
     device_hash_rows(&gpu, stream, &|ctx| {
         set(ctx, d_table.ptr, d_wkv.ptr, EngramType::Bf16)
     });

@@ -13,10 +13,15 @@
 //   `cell mod gridDim` also writes each cell's row to rows_out, its flag and
 //   any error (the latch). With no highway, that is all: any launch, no
 //   block waits for another.
-// - With a highway: a grid-wide barrier (grid_sync.cuh), then phase B: block
-//   0 moves the latch to the host-mapped mirror and the warps do the gate
-//   kernel's work for each (token, stream) in a grid-stride loop (the same
-//   function, so the same bits). Launched cooperatively only.
+// - With a highway: the last block done finishes (phase B). Each block, once
+//   its kv rows are written, makes them visible to the device and counts
+//   itself on the launch's `done` word (an atomicAdd); the block that counts
+//   last (every other block has written its kv) puts the word back to zero,
+//   moves the latch to the host-mapped mirror and its warps do the gate
+//   kernel's work for each (token, stream) (the same function, so the same
+//   bits); the other blocks end. No block ever waits for another, so the
+//   kernel needs no co-residency: an ordinary launch, of any grid, next to
+//   an engine's persistent kernels, under MPS or in a green context.
 //
 // Pairs of output rows p = (2p, 2p + 1), P = ceil(n_out / 2) of them: block b
 // takes pairs floor(b P / G) .. floor((b + 1) P / G) - 1 (G = gridDim.x), its
@@ -33,7 +38,6 @@
 #include "engram_common.cuh"
 #include "gate.cuh"
 #include "gather.cuh"
-#include "grid_sync.cuh"
 #include "latch.cuh"
 
 static_assert(ENG_DECODE_THREADS % 32 == 0 && ENG_DECODE_THREADS >= 32 && ENG_DECODE_THREADS <= 1024,
@@ -101,7 +105,8 @@ __device__ __forceinline__ void eng_w8(const uint2 &q, const eng_u8 *scales, eng
     }
 }
 
-// Everything phase A needs.
+// Everything phase A needs: filled once per block into shared memory by the
+// entry point and passed by pointer (not copied into each call's frame).
 struct eng_decode_args {
     const eng_u8 *table;
     eng_u64 table_rows;
@@ -154,8 +159,9 @@ __device__ __forceinline__ void eng_decode_load(const typename eng_wchunk<FP8>::
 
 // The decode kernels' gather of one cell into shared memory (one body for
 // every decode kernel: not inlined).
-__device__ __noinline__ void eng_decode_gather_cell(const eng_decode_args &a, eng_u64 pos, eng_u32 lane,
-                                                    const eng_row_shared &out) {
+__device__ __noinline__ void eng_decode_gather_cell(const eng_decode_args *__restrict__ pa, eng_u64 pos,
+                                                    eng_u32 lane, const eng_row_shared &out) {
+    const eng_decode_args &a = *pa;
     eng_gather_cell(pos, lane, a.table, a.table_scales, a.table_rows, a.fmt, a.hd, a.row_bytes, a.ids, a.id_stride,
                     a.id_offset, a.cols, a.staged_rows, a.staged_ids, out, out.to_g, a.flags, a.latch, a.layer_id,
                     a.serial);
@@ -163,7 +169,8 @@ __device__ __noinline__ void eng_decode_gather_cell(const eng_decode_args &a, en
 
 // Phase A (see the top of the file): one body per weight format, which the
 // plain and the cooperative kernels call (not inlined).
-template <bool FP8> __device__ __noinline__ void eng_decode_phase_a(const eng_decode_args a) {
+template <bool FP8> __device__ __noinline__ void eng_decode_phase_a(const eng_decode_args *__restrict__ pa) {
+    const eng_decode_args &a = *pa;
     typedef typename eng_wchunk<FP8>::type WT;
     const WT *__restrict__ w = (const WT *)a.w;
     const eng_u32 lane = threadIdx.x % 32u, wib = threadIdx.x / 32u, warps = blockDim.x / 32u;
@@ -195,7 +202,7 @@ template <bool FP8> __device__ __noinline__ void eng_decode_phase_a(const eng_de
                                         {a.rows_out, 0u, pos * a.hd, vec_out},
                                         pos % gridDim.x == blockIdx.x,
                                         a.hd % ENG_GATHER_VEC == 0u && vec_out};
-            eng_decode_gather_cell(a, pos, lane, out);
+            eng_decode_gather_cell(pa, pos, lane, out);
         }
         __syncthreads();
         const uint4 *rows = (const uint4 *)eng_decode_smem;
@@ -272,9 +279,36 @@ template <bool FP8> __device__ __noinline__ void eng_decode_phase_a(const eng_de
 // The gate of (token, stream) pair b after the barrier (one body per highway
 // type: not inlined).
 template <typename HW>
-__device__ __noinline__ void eng_decode_gate(const eng_decode_args a, eng_u64 b, eng_u32 lane, HW *highway,
-                                             const float *qk, eng_u32 hc, eng_u32 d, float eps, float inv_sqrt_d) {
-    eng_gate_stream<true>(b, lane, highway, (const eng_u16 *)a.kv, qk, a.flags, a.cols, hc, d, eps, inv_sqrt_d);
+__device__ __noinline__ void eng_decode_gate(const eng_decode_args *__restrict__ pa, eng_u64 b, eng_u32 lane,
+                                             HW *highway, const float *qk, eng_u32 hc, eng_u32 d, float eps,
+                                             float inv_sqrt_d) {
+    eng_gate_stream<true>(b, lane, highway, (const eng_u16 *)pa->kv, qk, pa->flags, pa->cols, hc, d, eps,
+                          inv_sqrt_d);
+}
+
+// Whether this block is the last of the grid to get here; every block calls
+// it once, after the last write the gate reads. `done` is zero before the
+// launch and zero again after it (the last block puts it back). Thread 0, once
+// the block's threads are here (__syncthreads), makes the block's writes
+// visible to the device (__threadfence: they happen before its count) and
+// counts the block (atomicAdd); the block that counts gridDim.x - 1 blocks
+// before it fences again, so that every other block's writes (each made
+// visible before that block counted) are visible to its threads after the
+// closing __syncthreads. Nothing waits: no co-residency is needed.
+__device__ __forceinline__ bool eng_last_block_done(eng_u32 *done) {
+    __shared__ eng_u32 last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const eng_u32 before = atomicAdd(done, 1u);
+        last = before == gridDim.x - 1u ? 1u : 0u;
+        if (last != 0u) {
+            atomicExch(done, 0u);
+            __threadfence();
+        }
+    }
+    __syncthreads();
+    return last != 0u;
 }
 
 #define ENG_DECODE_PARAMS                                                                                        \
@@ -289,29 +323,30 @@ __device__ __noinline__ void eng_decode_gate(const eng_decode_args a, eng_u64 b,
      bc,          nbc,        kv,       n_out, k,         nt,       tile}
 
 // Grid: any number of blocks of ENG_DECODE_THREADS (src/cuda/kernels.rs
-// decode_grid), `tile` * k * 2 bytes of dynamic shared memory. With
-// `highway` NULL: phase A only, any launch. With a highway (f32, or bf16 with
-// `hw_bf16`): phase A, the grid barrier on `barrier` (the context's word) and
-// phase B; then the kernel must be launched cooperatively (all blocks
-// resident at once), or the barrier may wait forever.
+// decode_grid), `tile` * k * 2 bytes of dynamic shared memory, an ordinary
+// launch. With `highway` NULL: phase A only. With a highway (f32, or bf16
+// with `hw_bf16`): phase A, then the last block done (counted on `done`,
+// the context's word, zero between launches: the context's calls are
+// ordered, docs/cuda-streams.md) moves the latch and runs the gate of every
+// (token, stream) with its warps.
 #define ENG_DECODE_ENTRY(NAME, FP8)                                                                              \
     extern "C" __global__ void __launch_bounds__(ENG_DECODE_THREADS, ENG_DECODE_MIN_BLOCKS)                      \
         NAME(ENG_DECODE_PARAMS, void *highway, eng_u32 hw_bf16, const float *qk, eng_u32 hc, eng_u32 d,          \
-             float eps, float inv_sqrt_d, eng_u32 *mirror, eng_u32 *barrier) {                                   \
-        const eng_decode_args a = ENG_DECODE_ARGS;                                                               \
-        eng_decode_phase_a<FP8>(a);                                                                              \
+             float eps, float inv_sqrt_d, eng_u32 *mirror, eng_u32 *done) {                                      \
+        __shared__ eng_decode_args a;                                                                            \
+        if (threadIdx.x == 0) a = eng_decode_args ENG_DECODE_ARGS;                                               \
+        __syncthreads();                                                                                         \
+        eng_decode_phase_a<FP8>(&a);                                                                             \
         if (highway == nullptr) return; /* the same for every thread of the grid */                              \
-        eng_grid_sync(barrier);                                                                                  \
-        if (blockIdx.x == 0 && threadIdx.x == 0) eng_move_latch(latch, mirror);                                  \
-        const eng_u32 lane = threadIdx.x % 32u;                                                                  \
+        if (!eng_last_block_done(done)) return; /* the same for every thread of the block */                     \
+        if (threadIdx.x == 0) eng_move_latch(latch, mirror);                                                     \
+        const eng_u32 lane = threadIdx.x % 32u, warps = blockDim.x / 32u;                                        \
         const eng_u64 n_streams = (eng_u64)nt * hc;                                                              \
-        const eng_u64 stride = (eng_u64)gridDim.x * (blockDim.x / 32u);                                          \
-        for (eng_u64 b = (eng_u64)blockIdx.x * (blockDim.x / 32u) + threadIdx.x / 32u; b < n_streams;           \
-             b += stride) {                                                                                      \
+        for (eng_u64 b = threadIdx.x / 32u; b < n_streams; b += warps) {                                         \
             if (hw_bf16) {                                                                                       \
-                eng_decode_gate(a, b, lane, (eng_u16 *)highway, qk, hc, d, eps, inv_sqrt_d);                     \
+                eng_decode_gate(&a, b, lane, (eng_u16 *)highway, qk, hc, d, eps, inv_sqrt_d);                    \
             } else {                                                                                             \
-                eng_decode_gate(a, b, lane, (float *)highway, qk, hc, d, eps, inv_sqrt_d);                       \
+                eng_decode_gate(&a, b, lane, (float *)highway, qk, hc, d, eps, inv_sqrt_d);                      \
             }                                                                                                    \
         }                                                                                                        \
     }

@@ -12,12 +12,16 @@
 // flips exactly when the last block adds its share (before that the sum of
 // the shares is below 2^31), and the low 31 bits are zero again afterwards,
 // ready for the next launch. Each thread 0 waits until bit 31 differs from
-// the value its own addition returned (polling with ld.global.cv, which
-// fetches the word again each time), then the block's threads go on
+// the value its own addition returned (polling with a volatile load, which
+// the compiler must issue again each time and may not hoist out of the
+// loop, followed by a fence that orders the block's later reads after the
+// poll saw the flip: the acquire), then the block's threads go on
 // (__syncthreads); what any block wrote before the barrier is visible to
 // every block after it.
 //
-// Standalone (no engram_common.cuh): the SIMT self-test includes it too.
+// No engram kernel uses it since the decode kernel's last-block-done design
+// (kernels/decode.cu); the SIMT self-test keeps it as its check of the
+// shim's cooperative launches. Standalone (no engram_common.cuh).
 #pragma once
 
 __device__ __forceinline__ void eng_grid_sync(unsigned int *bar) {
@@ -28,7 +32,7 @@ __device__ __forceinline__ void eng_grid_sync(unsigned int *bar) {
         const unsigned int share = first ? 0x80000000u - (blocks - 1u) : 1u;
         __threadfence();
         const unsigned int before = atomicAdd(bar, share);
-        while (((__ldcv(bar) ^ before) & 0x80000000u) == 0u) __nanosleep(64);
+        while (((*(volatile unsigned int *)bar ^ before) & 0x80000000u) == 0u) __nanosleep(64);
         __threadfence();
     }
     __syncthreads();

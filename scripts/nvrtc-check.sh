@@ -6,6 +6,8 @@
 # under target/ (about 250 MB) and reused after that.
 #
 # Usage: bash scripts/nvrtc-check.sh
+#        bash scripts/nvrtc-check.sh --lib-dir   only set up libnvrtc and print its
+#                                                directory (scripts/gpu-prebuild.sh)
 #   ENGRAM_NVRTC_LIB=/dir/with/libnvrtc.so.12   use that libnvrtc instead (no venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,12 +22,16 @@ if [ -n "${ENGRAM_NVRTC_LIB:-}" ]; then
 else
     LIB="$(lib_dir || true)"
     if [ -z "$LIB" ] || [ ! -e "$LIB/libnvrtc.so.12" ]; then
-        echo "# installing $NVRTC_WHEEL into $VENV"
+        echo "# installing $NVRTC_WHEEL into $VENV" >&2
         mkdir -p target
-        python3 -m venv "$VENV"
-        "$VENV/bin/pip" install --quiet --disable-pip-version-check "$NVRTC_WHEEL"
+        python3 -m venv "$VENV" >&2
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check "$NVRTC_WHEEL" >&2
         LIB="$(lib_dir)"
     fi
+fi
+if [ "${1:-}" = --lib-dir ]; then
+    echo "$LIB"
+    exit 0
 fi
 echo "# libnvrtc from $LIB"
 LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ENGRAM_REQUIRE_NVRTC=1 \

@@ -19,7 +19,7 @@ cargo test --quiet --test imports
 
 echo "== cargo test"
 mkdir -p target
-cargo test --workspace --all-targets 2>&1 | tee target/cargo-test.log
+ENGRAM_REQUIRE_EMULATION=1 cargo test --workspace --all-targets 2>&1 | tee target/cargo-test.log
 # `cargo test` prints one 'test result' line per test binary; fail loudly if none ran.
 grep -q "test result: ok" target/cargo-test.log
 
@@ -72,3 +72,6 @@ echo "== CUDA kernels: NVRTC compile for sm_80 and sm_90, errors and warnings fa
 # libnvrtc from the nvidia-cuda-nvrtc-cu12 wheel (PyPI), in a venv under target/.
 # The GPU tests themselves skip without a driver; scripts/gpu-check.sh runs them.
 bash scripts/nvrtc-check.sh
+
+echo "== the GPU check's plan: its steps' limits fit its device-time budget (dry run)"
+ENGRAM_GPU_CHECK_DRY=1 bash scripts/gpu-check.sh target/gpu-check-dry

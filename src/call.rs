@@ -293,17 +293,18 @@ pub struct BackendInfo {
 /// kernel"), counted per call since the context was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeStats {
-    /// Applies whose gather, projection and gate ran in one cooperative
-    /// launch.
+    /// Applies whose gather, projection and gate ran in one launch (the
+    /// gate in the last block done; the name is from the cooperative launch
+    /// it was before issue 38).
     pub cooperative: u64,
-    /// Applies that ran its phase A and then the gate kernel (during a
-    /// capture, on a device without cooperative launches, or after the
-    /// driver refused one).
+    /// Applies that ran its phase A and then the gate kernel (after the
+    /// driver refused the one launch).
     pub split: u64,
     /// Read-backs (phase A alone).
     pub read_back: u64,
-    /// The driver refused a cooperative launch as too large to be resident
-    /// at once; the context has used the split path since.
+    /// The driver refused the one launch with an error that leaves the
+    /// context usable (too many resources for a green context, say); the
+    /// context has used the split path since.
     pub refused: bool,
 }
 

@@ -8,9 +8,10 @@
 //!   of 1 to 64 tokens;
 //! - for 1 to 8 tokens they are the bits of the GEMV kernels (the path
 //!   before the decode kernel);
-//! - where a cooperative launch cannot run (a device without it, the driver
-//!   refusing the grid, a stream capturing a graph), the split path (phase A,
-//!   then the gate kernel) gives the same bits (emulation only: its hooks);
+//! - the kernel with its gate is one ordinary launch (no cooperative launch,
+//!   in a capture too), and where the driver refuses it with an error that
+//!   leaves the context usable, the split path (phase A, then the gate
+//!   kernel) gives the same bits (emulation only: its hooks);
 //! - a batch over the decode limit takes the path before it.
 //!
 //! The data make the order of the sums matter: rows and weights span
@@ -282,11 +283,11 @@ fn launches(dev: &Dev, name: &str) -> u64 {
         .map_or(0, |e| e.launches().get(name).copied().unwrap_or(0))
 }
 
-/// The cooperative launches among them.
-fn coop_launches(dev: &Dev, name: &str) -> u64 {
-    dev.emu.as_ref().map_or(0, |e| {
-        e.cooperative_launches().get(name).copied().unwrap_or(0)
-    })
+/// The fused launches among them (phase A and the gate in one launch).
+fn fused_launches(dev: &Dev, name: &str) -> u64 {
+    dev.emu
+        .as_ref()
+        .map_or(0, |e| e.fused_launches().get(name).copied().unwrap_or(0))
 }
 
 /// kv is the documented sum, bit for bit, for every token of batches of 1 to
@@ -344,12 +345,13 @@ fn kv_is_the_documented_sum_in_batches_of_1_to_64() {
     );
 }
 
-/// `applies` applies ran the decode kernel with one cooperative launch each:
-/// the driver took them. Under MPS (`ENGRAM_MPS_CHECK=1`, set by
-/// `scripts/gpu-check.sh`'s MPS step) the driver may refuse the grid as too
-/// large for the client's share of the SMs: then every apply from the first
-/// refusal on took the split path, and the test says so.
-fn cooperative_or_refused(stats: &engram::backend::DecodeStats, applies: u64) {
+/// `applies` applies ran the decode kernel with one launch each (phase A and
+/// the gate in the last block done): the driver took them. Under MPS
+/// (`ENGRAM_MPS_CHECK=1`, set by `scripts/gpu-check.sh`'s MPS step) the
+/// driver may refuse the launch for the client's share of the device: then
+/// every apply from the first refusal on took the split path, and the test
+/// says so.
+fn fused_or_refused(stats: &engram::backend::DecodeStats, applies: u64) {
     assert_eq!(
         stats.cooperative + stats.split,
         applies,
@@ -357,20 +359,20 @@ fn cooperative_or_refused(stats: &engram::backend::DecodeStats, applies: u64) {
     );
     if std::env::var("ENGRAM_MPS_CHECK").is_ok_and(|v| v == "1") && stats.refused {
         println!(
-            "under MPS the driver refused the cooperative launch after {} applies: the split path ran {}",
+            "under MPS the driver refused the fused launch after {} applies: the split path ran {}",
             stats.cooperative, stats.split
         );
         return;
     }
     assert!(
         !stats.refused && stats.split == 0,
-        "every apply was one cooperative launch (on a GPU: the driver took them): {stats:?}"
+        "every apply was one launch (on a GPU: the driver took them): {stats:?}"
     );
-    println!("{} applies, each one cooperative launch", stats.cooperative);
+    println!("{} applies, each one launch", stats.cooperative);
 }
 
 /// A token's kv (read back) and its updated highway (a whole apply: the
-/// cooperative decode kernel with its gate) are the same bits in every batch
+/// decode kernel with its gate in the last block done) are the same bits in every batch
 /// of 1 to 64 tokens as in a batch of its own.
 #[test]
 fn a_token_gets_the_same_bits_in_every_batch_of_1_to_64() {
@@ -387,9 +389,9 @@ fn a_token_gets_the_same_bits_in_every_batch_of_1_to_64() {
             (m.stages(&ctx, t, 1).1, hw)
         })
         .collect();
-    let fused = coop_launches(&dev, "engram_decode_bf16");
+    let fused = fused_launches(&dev, "engram_decode_bf16");
     let stats = ctx.info().decode;
-    cooperative_or_refused(&stats, MAX_N as u64);
+    fused_or_refused(&stats, MAX_N as u64);
     for n in 2..=MAX_N {
         let hw = m.apply(&ctx, 0, n, RowIds::Host(m.ids(0, n)));
         let (_, kv) = m.stages(&ctx, 0, n);
@@ -405,7 +407,7 @@ fn a_token_gets_the_same_bits_in_every_batch_of_1_to_64() {
         }
     }
     let stats = ctx.info().decode;
-    cooperative_or_refused(&stats, 2 * MAX_N as u64 - 1);
+    fused_or_refused(&stats, 2 * MAX_N as u64 - 1);
     assert_eq!(
         stats.read_back,
         2 * MAX_N as u64 - 1,
@@ -413,8 +415,8 @@ fn a_token_gets_the_same_bits_in_every_batch_of_1_to_64() {
     );
     if dev.emu.is_some() {
         assert!(
-            coop_launches(&dev, "engram_decode_bf16") >= fused + (MAX_N as u64 - 1),
-            "the emulation ran the cooperative launches"
+            fused_launches(&dev, "engram_decode_bf16") >= fused + (MAX_N as u64 - 1),
+            "the emulation ran the fused launches"
         );
     }
 }
@@ -507,67 +509,72 @@ fn own_emulator() -> Option<(Dev, Arc<Emulator>)> {
     ))
 }
 
-/// Where the cooperative launch cannot run, the split path (phase A with an
-/// ordinary launch, then the gate kernel) gives the cooperative kernel's
-/// bits: on a device without cooperative launches; when the driver refuses
-/// the grid as too large to be resident at once (the context then stops
-/// asking); and while the stream is capturing a graph (device row ids).
-/// Emulation only (its hooks).
+/// The decode kernel with its gate needs no cooperative launch and no
+/// co-residency (the last block done runs the gate): one ordinary launch on
+/// a device without cooperative launches and during a capture. Where the
+/// driver refuses that launch with an error that leaves the context usable
+/// (too many resources for a green context, say), the split path (phase A,
+/// then the gate kernel) gives the same bits, and the context stops asking.
+/// The count of blocks done is zero again after every launch (else a later
+/// apply's gate would not run, and its highway would differ from the
+/// reference's). Emulation only (its hooks).
 #[test]
-fn without_a_cooperative_launch_the_split_path_gives_the_same_bits() {
+fn the_fused_launch_needs_no_cooperative_launch_and_a_refusal_falls_back() {
     let Some((dev, emu)) = own_emulator() else {
         return;
     };
     let m = Model::new(dev.clone());
     let n = 12;
     let count = |name: &str| emu.launches().get(name).copied().unwrap_or(0);
-    let coop = || {
-        emu.cooperative_launches()
+    let fused_all = || {
+        emu.fused_launches()
             .get("engram_decode_bf16")
             .copied()
             .unwrap_or(0)
     };
-    // Cooperative launches, and the others (phase A alone), since `k`.
-    let fused = |k| coop() - k;
-    let split = |k| count("engram_decode_bf16") - coop() - k;
-    // The cooperative kernel, as a reference.
+    // Fused launches, and the others (phase A alone), since `k`.
+    let fused = |k| fused_all() - k;
+    let split = |k| count("engram_decode_bf16") - fused_all() - k;
+    // The fused kernel, as a reference.
     let (f0, s0) = (fused(0), split(0));
     let want = m.apply(&m.context(None, None), 0, n, RowIds::Host(m.ids(0, n)));
-    assert_eq!((fused(f0), split(s0)), (1, 0), "the cooperative kernel ran");
-    // A device without cooperative launches (known at create).
+    assert_eq!((fused(f0), split(s0)), (1, 0), "the fused kernel ran");
+    // A device without cooperative launches: the same one launch.
     emu.set_cooperative(false);
     let ctx = m.context(None, None);
     let (f0, s0, g0) = (fused(0), split(0), count("engram_gate_f32_bf16"));
     assert!(
         m.apply(&ctx, 0, n, RowIds::Host(m.ids(0, n))) == want,
-        "no cooperative launch: the split path's bits differ"
+        "no cooperative launch: the fused kernel's bits differ"
     );
-    assert_eq!((fused(f0), split(s0)), (0, 1));
-    assert_eq!(count("engram_gate_f32_bf16"), g0 + 1, "the gate kernel ran");
+    assert_eq!((fused(f0), split(s0)), (1, 0));
+    assert_eq!(count("engram_gate_f32_bf16"), g0, "no gate kernel");
     drop(ctx);
     emu.set_cooperative(true);
-    // The driver refuses the grid: refused once, then not asked again.
-    emu.set_refuse_cooperative(true);
+    // The driver refuses the launch: refused once, then not asked again.
+    emu.set_refuse_fused(true);
     let ctx = m.context(None, None);
-    let r0 = emu.cooperative_refusals();
+    let (r0, g0) = (emu.fused_refusals(), count("engram_gate_f32_bf16"));
     for _ in 0..2 {
         let (f0, s0) = (fused(0), split(0));
         assert!(
             m.apply(&ctx, 0, n, RowIds::Host(m.ids(0, n))) == want,
-            "a refused cooperative launch: the split path's bits differ"
+            "a refused launch: the split path's bits differ"
         );
         assert_eq!((fused(f0), split(s0)), (0, 1));
     }
-    assert_eq!(emu.cooperative_refusals(), r0 + 1, "the context remembers");
+    assert_eq!(count("engram_gate_f32_bf16"), g0 + 2, "the gate kernel ran");
+    assert_eq!(emu.fused_refusals(), r0 + 1, "the context remembers");
     let stats = ctx.info().decode;
     assert_eq!(
         (stats.cooperative, stats.split, stats.refused),
         (0, 2, true),
         "the context reports the refusal and the split path"
     );
-    emu.set_refuse_cooperative(false);
+    emu.set_refuse_fused(false);
     drop(ctx);
-    // A capture (device ids; the emulation runs the work anyway).
+    // A capture (device ids; the emulation runs the work anyway): the same
+    // one launch, replayable.
     let ctx = m.context(None, None);
     let d_ids = dev.upload(m.ids(0, n));
     emu.set_capturing(true);
@@ -576,7 +583,7 @@ fn without_a_cooperative_launch_the_split_path_gives_the_same_bits() {
     emu.set_capturing(false);
     assert!(
         got == want,
-        "during a capture: the split path's bits differ"
+        "during a capture: the fused kernel's bits differ"
     );
-    assert_eq!((fused(f0), split(s0)), (0, 1));
+    assert_eq!((fused(f0), split(s0)), (1, 0));
 }

@@ -458,6 +458,46 @@ fn live_rows(ctx: &Context<'_>, ids: &[i64], n: usize, li: usize, cols: usize) -
 /// so a prefetch that wrote into memory whose copy had not run yet would
 /// give that step another step's rows. Each step's highway must be the bits
 /// of the same step on a device table.
+/// `engram_stage` gathers on the host from host row ids, so it cannot be
+/// captured (docs/device-hash.md "In a graph", docs/cuda-streams.md): on a
+/// capturing stream it is `ERR_INVALID_ARGUMENT` and stages nothing (an
+/// apply with device ids then reports the rows as not staged). Emulation
+/// only (an emulator of its own, whose streams say they capture).
+#[test]
+fn engram_stage_on_a_capturing_stream_is_refused_and_stages_nothing() {
+    if emulated().is_none() {
+        return;
+    }
+    let p = simt_library().expect("the SIMT library").expect("built");
+    let emu = Emulator::load(&p).expect("load the SIMT library");
+    let gpu: Arc<dyn Gpu> = emu.clone();
+    let dev = Dev {
+        gpu,
+        emu: Some(emu.clone()),
+    };
+    let tiny = Tiny::load();
+    let l = &tiny.layers[0];
+    let w = dev_weights(&dev, l);
+    let host = cuda_context(&dev, &tiny);
+    host.set_layer(layer_with(l, TableSource::Memory(Region::of(&l.table)), &w))
+        .unwrap();
+    let null: *mut c_void = std::ptr::null_mut();
+    let all = steps(&tiny);
+    let (ids, n) = (&all[0].0, all[0].1);
+    emu.set_capturing(true);
+    let e = host.stage(l.layer_id, ids, n, null).unwrap_err();
+    emu.set_capturing(false);
+    assert_eq!(e.status, EngramStatus::ErrInvalidArgument, "{}", e.message);
+    assert!(e.message.contains("capturing"), "{}", e.message);
+    let d_ids = dev.upload(ids);
+    let hw_in = values("staged.capture", n * tiny.hc * tiny.d, 1.0, 0.0);
+    let hw = dev.upload(&hw_in);
+    host.apply_device(l.layer_id, RowIds::Device(d_ids.ptr), n, hw.ptr, 0, null)
+        .expect("queued");
+    let e = host.check_device(null).unwrap_err();
+    assert!(e.message.contains("not staged"), "{}", e.message);
+}
+
 #[test]
 fn prefetches_write_each_row_once_into_memory_no_queued_copy_reads() {
     let (dev, emu) = match real() {

@@ -6,6 +6,8 @@
 //! (libnvrtc missing) into a failure; `scripts/gpu-check.sh` runs it with the
 //! GPU machine's NVRTC (CUDA 13 there).
 
+mod common;
+
 use engram::cuda::kernels::{
     choose_arch, compile_source, nvrtc_version, supported_archs, MODULE_MAIN, SOURCES,
 };
@@ -22,16 +24,12 @@ fn nvrtc_or_skip() -> bool {
             if std::env::var("ENGRAM_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
                 panic!("ENGRAM_REQUIRE_NVRTC=1 but {}", e.message);
             }
-            // Straight to stderr (not captured by the test harness), once per run.
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIP: the NVRTC compile test: {} (scripts/nvrtc-check.sh installs libnvrtc and runs it)",
-                    e.message
-                );
-            });
+            // Each test, named and counted, straight to stderr (not captured
+            // by the test harness).
+            common::device::skip(&format!(
+                "no NVRTC: {} (scripts/nvrtc-check.sh installs libnvrtc and runs it)",
+                e.message
+            ));
             false
         }
     }
@@ -130,4 +128,45 @@ fn compile_errors_are_statuses_with_the_log() {
     };
     assert_eq!(e.status, engram::EngramStatus::ErrDevice);
     assert!(e.message.contains("bad.cu"), "{}", e.message);
+}
+
+/// Not a check: `scripts/gpu-prebuild.sh` runs it (`--ignored --exact`) to
+/// compile every module with this machine's NVRTC for each architecture of
+/// `ENGRAM_PREBUILD_ARCHS` (`sm_90,sm_100`) into the directory
+/// `ENGRAM_CUDA_MODULE_DIR` names, which the GPU check carries; each image is
+/// read back through the loader's own lookup, so a bundle whose modules the
+/// library would not find fails here.
+#[test]
+#[ignore = "scripts/gpu-prebuild.sh's step, not a check"]
+fn prebuild_the_modules() {
+    use engram::cuda::kernels::{
+        module_file_name, module_image_from, write_module, MODULES, MODULE_DIR_ENV,
+    };
+    let dir = std::env::var_os(MODULE_DIR_ENV).expect("ENGRAM_CUDA_MODULE_DIR names the directory");
+    let dir = std::path::PathBuf::from(dir);
+    let archs = std::env::var("ENGRAM_PREBUILD_ARCHS").unwrap_or_else(|_| "sm_90".into());
+    let (a, b) = nvrtc_version().unwrap_or_else(|e| panic!("{}", e.message));
+    let supported = supported_archs().expect("nvrtcGetSupportedArchs");
+    for arch in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        let n: i32 = arch.trim_start_matches("sm_").parse().expect("sm_XY");
+        assert!(
+            supported.contains(&n),
+            "NVRTC {a}.{b} cannot compile for {arch}: {supported:?}"
+        );
+        for (m, (name, main)) in MODULES.iter().enumerate() {
+            let t = std::time::Instant::now();
+            let c = compile_source(main, name, arch)
+                .unwrap_or_else(|e| panic!("{name} for {arch}: {}", e.message));
+            assert_clean(name, arch, &c.log);
+            write_module(&dir, m, arch, &c.image).unwrap_or_else(|e| panic!("{}", e.message));
+            let back = module_image_from(Some(&dir), m, arch).unwrap();
+            assert_eq!(back, c.image, "{name} for {arch} read back");
+            println!(
+                "{}: {} bytes, NVRTC {a}.{b}, {:.1} s",
+                module_file_name(m, arch),
+                c.image.len(),
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
 }

@@ -171,6 +171,56 @@ fn read_back_orders_after_an_apply_on_the_engines_stream() {
     }
 }
 
+/// A context's direct calls on two streams are ordered on the device: the
+/// call on another stream than the last call's waits there for the last
+/// call's work (the workspaces, the decode kernel's count of blocks done and
+/// the error latch are the context's, one call at a time). With deferred
+/// work, waiting for the second stream alone runs the first stream's apply
+/// too, and both highways get the bits of an apply alone; no context-wide
+/// wait.
+#[test]
+fn a_call_on_another_stream_waits_for_the_last_calls_work() {
+    let Some((dev, emu)) = own_emulator() else {
+        return;
+    };
+    let tiny = Tiny::load();
+    let m = dev_model(&dev, &tiny);
+    let ctx = cuda_context(&dev, &tiny, &m);
+    let (ids, _, n) = prefill(&tiny);
+    let (hc, d) = (tiny.hc, tiny.d);
+    let lid = tiny.layers[0].layer_id;
+    let (a, b) = (fake_stream(1), fake_stream(2));
+    let hw_in = values("streams.two_streams", n * hc * d, 1.0, 0.0);
+    let hw_ref = dev.upload(&hw_in);
+    ctx.apply_device(lid, RowIds::Host(&ids), n, hw_ref.ptr, 0, a)
+        .unwrap();
+    ctx.check_device(a).unwrap();
+    let want = bits(&hw_ref.read::<f32>(n * hc * d).unwrap());
+    let (hw_a, hw_b) = (dev.upload(&hw_in), dev.upload(&hw_in));
+    let syncs = emu.context_syncs();
+    emu.set_deferred(true);
+    ctx.apply_device(lid, RowIds::Host(&ids), n, hw_a.ptr, 0, a)
+        .unwrap();
+    ctx.apply_device(lid, RowIds::Host(&ids), n, hw_b.ptr, 0, b)
+        .unwrap();
+    assert!(emu.pending() > 0, "the applies' work is queued, not run");
+    dev.gpu.stream_synchronize(b).unwrap();
+    let left = emu.pending();
+    let syncs_after = emu.context_syncs();
+    emu.set_deferred(false);
+    assert_eq!(
+        left, 0,
+        "waiting for the second stream left the first stream's apply queued: the calls were not ordered"
+    );
+    assert_eq!(syncs_after, syncs, "a context-wide wait");
+    for (hw, s) in [(&hw_a, "first"), (&hw_b, "second")] {
+        assert!(
+            bits(&hw.read::<f32>(n * hc * d).unwrap()) == want,
+            "the {s} stream's highway differs from an apply alone"
+        );
+    }
+}
+
 /// `set_layer` while an apply using the old weights is still queued: it
 /// waits for that apply (the engine frees the old weights when it returns),
 /// with an event, not a context-wide wait.
@@ -381,8 +431,8 @@ fn a_token_gets_the_same_bits_in_every_batch_up_to_the_gemv_bound() {
 fn a_graph_recaptured_after_set_layer_uses_the_new_weights() {
     let Some(dev) = device() else { return };
     if !dev.is_real() {
-        println!(
-            "graph capture needs a GPU (the emulation has no capture): run scripts/gpu-check.sh"
+        common::device::skip(
+            "graph capture needs a GPU (the emulation has none): scripts/gpu-check.sh runs it",
         );
         return;
     }
@@ -476,7 +526,8 @@ fn a_graph_recaptured_after_set_layer_uses_the_new_weights() {
 /// What the library copies to or from the device outside `engram_free` waits
 /// for its own stream, never the whole context (docs/cuda-streams.md): the
 /// device hash's tables and ring at create, a block fp8 `wkv` given in host
-/// memory (codes and scales) at `set_layer`, and `gate_weights`' read of
+/// memory (codes and scales) at `set_layer`, the check of one given in device
+/// memory (read back at `set_layer`), and `gate_weights`' read of
 /// q * k. Each counted on an emulator of the test's own; the copies' content
 /// checked (the layer's kv against the same codes on the device, q * k
 /// against the CPU backend's).
@@ -531,6 +582,17 @@ fn host_copies_wait_for_the_own_stream_not_the_context() {
         emu.context_syncs(),
         syncs,
         "gate_weights waited for the whole context"
+    );
+    // The same codes and scales in device memory: read back for the check
+    // on the own stream.
+    let dctx = Context::new(&cfg).expect("a CUDA context");
+    let syncs = emu.context_syncs();
+    dctx.set_layer(layer(on_dev(d_codes.ptr), on_dev(d_scales.ptr)))
+        .unwrap();
+    assert_eq!(
+        emu.context_syncs(),
+        syncs,
+        "set_layer of a block fp8 wkv in device memory waited for the whole context"
     );
     let cpu = tiny.context();
     assert_eq!(

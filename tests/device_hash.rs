@@ -271,6 +271,107 @@ fn dead_tokens_many_sequences_and_the_last_positions() {
 /// The errors found on the device: that token dead, the others hashed, the
 /// first error (token errors before look-back errors, then by token) with
 /// the host's status and message, reported once, by the next call too.
+/// `engram_hash_device`'s arrays are checked before anything is queued: a
+/// misaligned one, host memory the device cannot address, and an array too
+/// small for `n` tokens are each `ERR_INVALID_ARGUMENT` naming the array,
+/// with no launch; the history is untouched (the next call equals the host
+/// hash).
+#[test]
+fn device_pointers_are_checked_before_anything_is_queued() {
+    let Some(dev) = device() else { return };
+    let tiny = Tiny::load();
+    let limits = Tiny::limits();
+    let host = Context::new(&tiny.config(limits)).unwrap();
+    let ctx = device_context(tiny.config(limits), &dev, 4);
+    let per = ctx.ids_per_token();
+    let (tokens, seqs, pos) = ([3i32, 4, 5], [0i32, 1, 2], [0i32, 0, 0]);
+    let n = tokens.len();
+    let (t, sq, p) = (dev.upload(&tokens), dev.upload(&seqs), dev.upload(&pos));
+    let out = dev.alloc(n * per * 8);
+    let short = dev.alloc(n * per * 8 - 8);
+    let on_host = vec![0i32; 64];
+    let good = DeviceHashIn {
+        tokens: t.ptr,
+        seq_ids: sq.ptr,
+        pos: p.ptr,
+        n,
+        row_ids: out.ptr,
+        stream: std::ptr::null_mut(),
+    };
+    let launches = || {
+        dev.emu.as_ref().map_or(0, |e| {
+            e.launches().get("engram_hash_runs").copied().unwrap_or(0)
+        })
+    };
+    let before = launches();
+    let bad = [
+        (
+            "tokens",
+            DeviceHashIn {
+                tokens: t.ptr + 2,
+                ..good
+            },
+            "aligned",
+        ),
+        (
+            "pos",
+            DeviceHashIn {
+                pos: p.ptr + 1,
+                ..good
+            },
+            "aligned",
+        ),
+        (
+            "row_ids",
+            DeviceHashIn {
+                row_ids: out.ptr + 4,
+                ..good
+            },
+            "aligned",
+        ),
+        (
+            "seq_ids",
+            DeviceHashIn {
+                seq_ids: on_host.as_ptr() as u64,
+                ..good
+            },
+            "not memory the CUDA driver knows",
+        ),
+        (
+            "row_ids",
+            DeviceHashIn {
+                row_ids: short.ptr,
+                ..good
+            },
+            "do not fit",
+        ),
+        ("tokens", DeviceHashIn { n: n + 1, ..good }, "do not fit"),
+    ];
+    for (what, call, why) in bad {
+        let e = ctx.hash_device(&call).expect_err(what);
+        assert_eq!(
+            e.status,
+            EngramStatus::ErrInvalidArgument,
+            "{what}: {}",
+            e.message
+        );
+        assert!(
+            e.message.contains(what) && e.message.contains(why),
+            "{what}: {}",
+            e.message
+        );
+    }
+    assert_eq!(launches(), before, "a refused call queued nothing");
+    ctx.hash_device(&good).expect("queued");
+    ctx.check(std::ptr::null_mut()).expect("no device error");
+    let got: Vec<i64> = out.read(n * per).unwrap();
+    assert_eq!(
+        got,
+        hash_host(&host, &tokens, &seqs, &pos),
+        "the history was untouched"
+    );
+}
+
 #[test]
 fn errors_on_the_device() {
     let Some(dev) = device() else { return };

@@ -13,13 +13,17 @@ use std::process::Command;
 #[test]
 fn the_simt_shim_passes_its_self_test() {
     if std::env::var("ENGRAM_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-        println!("the GPU check does not run the CPU emulation's self-test");
+        common::device::skip("the GPU check does not run the CPU emulation's self-test");
         return;
     }
     let lib = match common::device::simt_library() {
         Ok(Some(p)) => p,
         Ok(None) => {
-            eprintln!("SKIP: the SIMT self-test: no g++");
+            assert!(
+                !std::env::var("ENGRAM_REQUIRE_EMULATION").is_ok_and(|v| v == "1"),
+                "ENGRAM_REQUIRE_EMULATION=1 but there is no g++ (CXX) to build the SIMT emulation"
+            );
+            common::device::skip("no g++ (CXX) to build the SIMT emulation and its self-test");
             return;
         }
         Err(e) => panic!("the SIMT emulation could not be built: {e}"),

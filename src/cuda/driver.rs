@@ -88,6 +88,27 @@ fn stream_context(d: &DriverApi, stream: Stream) -> Result<CUcontext> {
     Ok(sctx)
 }
 
+/// Whether a launch's error `r` is a refusal that queued nothing and left the
+/// context usable, so that another way of doing the same work may follow:
+/// invalid launch values or too much shared memory for this context, out of
+/// memory or resources, no image for the device, a cooperative grid too
+/// large, not permitted or not supported here (a green context, MPS, a
+/// capture mode). The errors that poison a context (an illegal address, a
+/// failed or timed-out launch, an unknown error, ...) and the capture errors
+/// (which invalidate the capture) are not.
+pub fn is_refusal(r: sys::CUresult) -> bool {
+    matches!(
+        r,
+        sys::CUDA_ERROR_INVALID_VALUE
+            | sys::CUDA_ERROR_OUT_OF_MEMORY
+            | sys::CUDA_ERROR_NO_BINARY_FOR_GPU
+            | sys::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+            | sys::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+            | sys::CUDA_ERROR_NOT_PERMITTED
+            | sys::CUDA_ERROR_NOT_SUPPORTED
+    )
+}
+
 /// A device with its retained primary context (the one cudart and PyTorch
 /// use) and the kernels loaded into it.
 pub struct RealGpu {
@@ -198,20 +219,30 @@ impl RealGpu {
             return Ok(());
         }
         let d = api()?;
-        let img = kernels::module_image(m, &self.arch)?;
         let _g = enter_ctx(self.ctx)?;
-        let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: the image is a complete cubin or PTX; the context is current.
-        unsafe {
+        let load = |img: &[u8]| {
+            let mut module: sys::CUmodule = std::ptr::null_mut();
+            // SAFETY: `img` is a whole cubin or PTX image that NVRTC made (here
+            // or, from the module directory, on the build machine) and lives
+            // for the call; `module` is a local out-pointer; the context is
+            // current (the guard above).
+            let r = unsafe { (d.cuModuleLoadData)(&mut module, img.as_ptr() as *const c_void) };
             check(
-                (d.cuModuleLoadData)(&mut module, img.as_ptr() as *const c_void),
+                r,
                 &format!(
                     "loading the engram kernels ({}, {})",
                     kernels::MODULES[m].0,
                     self.arch
                 ),
-            )?;
-        }
+            )
+            .map(|()| module)
+        };
+        // An image from the module directory that the driver refuses (made by
+        // a newer toolkit than this driver, or damaged) is compiled here again.
+        let module = match load(&kernels::module_image(m, &self.arch)?) {
+            Ok(module) => module,
+            Err(_) => load(&kernels::module_image_fresh(m, &self.arch)?)?,
+        };
         for k in Kernel::all().into_iter().filter(|k| k.module() == m) {
             let c = CString::new(k.name()).expect("no NUL");
             let mut f = std::ptr::null_mut();
@@ -678,7 +709,7 @@ impl Gpu for RealGpu {
         }
     }
 
-    unsafe fn launch_cooperative(
+    unsafe fn try_launch_shared(
         &self,
         k: Kernel,
         grid: u32,
@@ -691,9 +722,10 @@ impl Gpu for RealGpu {
         let f = self.function(k)?;
         let _g = self.ctx_guard()?;
         let mut ptrs: Vec<*mut c_void> = args.iter().map(|a| a.ptr).collect();
-        // SAFETY: the caller's contract; the argument array lives for the call.
+        // SAFETY: the caller's contract (arguments matching the kernel, valid
+        // pointers); the argument array lives for the call.
         let r = unsafe {
-            (d.cuLaunchCooperativeKernel)(
+            (d.cuLaunchKernel)(
                 f,
                 grid,
                 1,
@@ -704,12 +736,13 @@ impl Gpu for RealGpu {
                 shared,
                 stream as sys::CUstream,
                 ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
             )
         };
-        if r == sys::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE {
+        if is_refusal(r) {
             return Ok(false);
         }
-        check(r, &format!("launching {} cooperatively", k.name()))?;
+        check(r, &format!("launching {}", k.name()))?;
         Ok(true)
     }
 
@@ -744,5 +777,35 @@ impl Gpu for RealGpu {
 
     fn preload(&self, k: Kernel) -> Result<()> {
         self.load_module(k.module())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_that_leave_the_context_usable_fall_back_and_no_other_error_does() {
+        for r in [
+            sys::CUDA_ERROR_INVALID_VALUE,
+            sys::CUDA_ERROR_OUT_OF_MEMORY,
+            sys::CUDA_ERROR_NO_BINARY_FOR_GPU,
+            sys::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+            sys::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+            sys::CUDA_ERROR_NOT_PERMITTED,
+            sys::CUDA_ERROR_NOT_SUPPORTED,
+        ] {
+            assert!(is_refusal(r), "{r}");
+        }
+        // Success, the errors that poison the context, and a capture's.
+        for r in [
+            CUDA_SUCCESS,
+            sys::CUDA_ERROR_ILLEGAL_ADDRESS,
+            sys::CUDA_ERROR_LAUNCH_FAILED,
+            sys::CUDA_ERROR_UNKNOWN,
+            sys::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        ] {
+            assert!(!is_refusal(r), "{r}");
+        }
     }
 }

@@ -21,10 +21,10 @@
 //!   for copies' events), one thread at a time, so a wait returns once
 //!   every op up to its mark has finished;
 //! - a launch is `simt_launch` on the same argument array the backend built,
-//!   after checking the argument sizes against the kernel's parameters; a
-//!   cooperative launch `simt_launch_cooperative` (every block at once), on
-//!   a device of `simt_sm_count()` multiprocessors that takes them (test
-//!   hooks: [`Emulator::set_cooperative`], [`Emulator::set_refuse_cooperative`]);
+//!   after checking the argument sizes against the kernel's parameters, on a
+//!   device of `simt_sm_count()` multiprocessors; a launch with a fallback
+//!   ([`Gpu::try_launch_shared`]) is counted apart, and a test hook refuses
+//!   it as a driver would ([`Emulator::set_refuse_fused`]);
 //! - the GEMM is a host loop: f32 sums in k order of exact products (bf16 x
 //!   bf16, or f32 x f32 rounded once), rounded once to the output type: an
 //!   f32 sum in some order, as cuBLAS's is, within the same bound
@@ -262,24 +262,24 @@ pub struct Emulator {
     last_error_fn: StrFn,
     build_info: String,
     set_workers_fn: WorkersFn,
-    coop_launch_fn: LaunchFn,
     sm_count_fn: CountFn,
     occupancy_fn: OccupancyFn,
     /// Test hooks: the device takes cooperative launches (its attribute),
-    /// the "driver" refuses them as too large for the device (an MPS client
-    /// limited to fewer SMs), streams say they are capturing.
+    /// the "driver" refuses launches with a fallback (as it refuses one
+    /// with too many resources for a green context or an MPS client),
+    /// streams say they are capturing.
     cooperative: AtomicBool,
-    refuse_cooperative: AtomicBool,
+    refuse_fused: AtomicBool,
     capturing: AtomicBool,
-    /// Cooperative launches refused as too large so far.
+    /// Launches with a fallback refused so far.
     refused: AtomicU64,
     allocs: Mutex<BTreeMap<u64, Alloc>>,
     seed: AtomicU64,
     events: AtomicUsize,
     /// Launches so far, by kernel (tests check which kernels ran), and the
-    /// cooperative ones among them.
+    /// launches with a fallback among them (the decode kernel with its gate).
     launches: Mutex<BTreeMap<&'static str, u64>>,
-    coop_launches: Mutex<BTreeMap<&'static str, u64>>,
+    fused_launches: Mutex<BTreeMap<&'static str, u64>>,
     deferral: Arc<Deferral>,
     streams: AtomicUsize,
 }
@@ -325,7 +325,16 @@ impl Emulator {
     /// every kernel the backend launches.
     pub fn load(path: &Path) -> Result<Arc<Emulator>> {
         let p = path.to_string_lossy().into_owned();
-        let c = CString::new(p.clone())
+        let h = Self::open_library(&p)?;
+        let emu = Self::bind(h, p)?;
+        emu.check_kernels()?;
+        emu.opt_in_shared(h)?;
+        Ok(Arc::new(emu))
+    }
+
+    /// `dlopen` the library at `p` (never closed).
+    fn open_library(p: &str) -> Result<*mut c_void> {
+        let c = CString::new(p)
             .map_err(|_| Error::new(EngramStatus::ErrInvalidArgument, "a path with a NUL"))?;
         // SAFETY: plain dlopen of a NUL-terminated path; never closed.
         let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
@@ -341,6 +350,11 @@ impl Emulator {
             };
             bail!(ErrDevice, "cannot load the SIMT emulation {p}: {e}");
         }
+        Ok(h)
+    }
+
+    /// The emulator over the library `h` (at `p`): its C functions bound.
+    fn bind(h: *mut c_void, p: String) -> Result<Emulator> {
         // SAFETY: the symbols are the C functions of simt_abi.h with these
         // signatures.
         let emu = unsafe {
@@ -361,11 +375,6 @@ impl Emulator {
                     "simt_set_workers",
                     &p,
                 )?),
-                coop_launch_fn: std::mem::transmute::<*mut c_void, LaunchFn>(sym(
-                    h,
-                    "simt_launch_cooperative",
-                    &p,
-                )?),
                 sm_count_fn: std::mem::transmute::<*mut c_void, CountFn>(sym(
                     h,
                     "simt_sm_count",
@@ -377,7 +386,7 @@ impl Emulator {
                     &p,
                 )?),
                 cooperative: AtomicBool::new(true),
-                refuse_cooperative: AtomicBool::new(false),
+                refuse_fused: AtomicBool::new(false),
                 capturing: AtomicBool::new(false),
                 refused: AtomicU64::new(0),
                 build_info: {
@@ -390,28 +399,37 @@ impl Emulator {
                 seed: AtomicU64::new(0x5eed),
                 events: AtomicUsize::new(1),
                 launches: Mutex::new(BTreeMap::new()),
-                coop_launches: Mutex::new(BTreeMap::new()),
+                fused_launches: Mutex::new(BTreeMap::new()),
                 deferral: Arc::new(Deferral::default()),
                 streams: AtomicUsize::new(1),
             }
         };
+        Ok(emu)
+    }
+
+    /// Every kernel the backend launches is in the library.
+    fn check_kernels(&self) -> Result<()> {
         for name in KERNEL_NAMES {
-            if emu.params(name).is_none() {
+            if self.params(name).is_none() {
                 bail!(
                     ErrDevice,
                     "{} has no kernel {name}: rebuild it from this tree's kernels/",
-                    emu.path
+                    self.path
                 );
             }
         }
-        // The decode kernels' shared memory opt-in, as the real device sets
-        // it when it loads them (cuFuncSetAttribute).
+        Ok(())
+    }
+
+    /// The decode kernels' shared memory opt-in, as the real device sets it
+    /// when it loads them (cuFuncSetAttribute).
+    fn opt_in_shared(&self, h: *mut c_void) -> Result<()> {
         // SAFETY: the C function of simt_abi.h with this signature.
         let set_shared = unsafe {
             std::mem::transmute::<*mut c_void, SetSharedFn>(sym(
                 h,
                 "simt_set_max_dynamic_shared",
-                &emu.path,
+                &self.path,
             )?)
         };
         for k in Kernel::all().into_iter().filter(|k| k.big_shared()) {
@@ -421,32 +439,33 @@ impl Emulator {
                 bail!(
                     ErrDevice,
                     "{}: the shared memory opt-in of {}: {}",
-                    emu.path,
+                    self.path,
                     k.name(),
-                    last_error_of(emu.last_error_fn)
+                    last_error_of(self.last_error_fn)
                 );
             }
         }
-        Ok(Arc::new(emu))
+        Ok(())
     }
 
-    /// Test hook: whether the emulated device takes cooperative launches
-    /// (`CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH`; yes by default).
+    /// Test hook: whether the emulated device says it takes cooperative
+    /// launches (`CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH`; yes by default).
+    /// No kernel of the backend needs them.
     pub fn set_cooperative(&self, on: bool) {
         self.cooperative.store(on, Ordering::SeqCst);
     }
 
-    /// Test hook: refuse every cooperative launch as the driver refuses a
-    /// grid that cannot be resident at once
-    /// (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`, e.g. an MPS client given
-    /// fewer SMs than the occupancy query counts).
-    pub fn set_refuse_cooperative(&self, on: bool) {
-        self.refuse_cooperative.store(on, Ordering::SeqCst);
+    /// Test hook: refuse every launch with a fallback
+    /// ([`Gpu::try_launch_shared`]) as the driver refuses one that does not
+    /// fit this context (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES` in a green
+    /// context, say): `Ok(false)`, nothing queued.
+    pub fn set_refuse_fused(&self, on: bool) {
+        self.refuse_fused.store(on, Ordering::SeqCst);
     }
 
-    /// Cooperative launches refused as too large so far (each returned
-    /// `Ok(false)` with nothing queued).
-    pub fn cooperative_refusals(&self) -> u64 {
+    /// Launches with a fallback refused so far (each returned `Ok(false)`
+    /// with nothing queued).
+    pub fn fused_refusals(&self) -> u64 {
         self.refused.load(Ordering::SeqCst)
     }
 
@@ -457,7 +476,8 @@ impl Emulator {
         self.capturing.store(on, Ordering::SeqCst);
     }
 
-    /// Queue launch of `k` (cooperative or not) on `stream`.
+    /// Queue launch of `k` on `stream` (`fused`: a launch with a fallback,
+    /// counted apart).
     ///
     /// # Safety
     /// As [`Gpu::launch`].
@@ -468,7 +488,7 @@ impl Emulator {
         grid: u32,
         block: u32,
         shared: u32,
-        coop: bool,
+        fused: bool,
         stream: Stream,
         args: &[Arg],
     ) -> Result<()> {
@@ -487,9 +507,9 @@ impl Emulator {
             .unwrap_or_else(|p| p.into_inner())
             .entry(name)
             .or_default() += 1;
-        if coop {
+        if fused {
             *self
-                .coop_launches
+                .fused_launches
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .entry(name)
@@ -507,11 +527,7 @@ impl Emulator {
             .map(|a| unsafe { std::slice::from_raw_parts(a.ptr as *const u8, a.size) }.to_vec())
             .collect();
         let seed = self.seed.fetch_add(1, Ordering::Relaxed);
-        let launch_fn = if coop {
-            self.coop_launch_fn
-        } else {
-            self.launch_fn
-        };
+        let launch_fn = self.launch_fn;
         let last_error_fn = self.last_error_fn;
         self.deferral.submit(
             stream,
@@ -539,8 +555,7 @@ impl Emulator {
                 if r != 0 {
                     bail!(
                         ErrDevice,
-                        "launching {name}{} in the SIMT emulation: error {r}: {}",
-                        if coop { " cooperatively" } else { "" },
+                        "launching {name} in the SIMT emulation: error {r}: {}",
                         last_error_of(last_error_fn)
                     );
                 }
@@ -597,9 +612,10 @@ impl Emulator {
             .clone()
     }
 
-    /// Cooperative launches of each kernel so far (also in [`Self::launches`]).
-    pub fn cooperative_launches(&self) -> BTreeMap<&'static str, u64> {
-        self.coop_launches
+    /// Launches with a fallback of each kernel so far (also in
+    /// [`Self::launches`]).
+    pub fn fused_launches(&self) -> BTreeMap<&'static str, u64> {
+        self.fused_launches
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -963,7 +979,7 @@ impl Gpu for Emulator {
         unsafe { self.submit_launch(k, grid, block, shared, false, stream, args) }
     }
 
-    unsafe fn launch_cooperative(
+    unsafe fn try_launch_shared(
         &self,
         k: Kernel,
         grid: u32,
@@ -972,24 +988,13 @@ impl Gpu for Emulator {
         stream: Stream,
         args: &[Arg],
     ) -> Result<bool> {
-        if !self.cooperative.load(Ordering::SeqCst) {
-            bail!(
-                ErrDevice,
-                "launching {} cooperatively: the (emulated) device takes no cooperative launch",
-                k.name()
-            );
-        }
-        // The driver checks the grid when the launch is queued: refused
-        // whole, nothing queued.
-        let fit = self
-            .device_limits()?
-            .sms
-            .saturating_mul(self.occupancy(k, block, shared)?);
-        if grid > fit || self.refuse_cooperative.load(Ordering::SeqCst) {
+        // The driver checks a launch when it is queued: refused whole,
+        // nothing queued.
+        if self.refuse_fused.load(Ordering::SeqCst) {
             self.refused.fetch_add(1, Ordering::SeqCst);
             return Ok(false);
         }
-        // SAFETY: the caller's contract.
+        // SAFETY: the caller's contract, passed on.
         unsafe { self.submit_launch(k, grid, block, shared, true, stream, args)? };
         Ok(true)
     }

@@ -1,12 +1,12 @@
 //! The work one `apply` queues on the caller's stream: the staged copy of
 //! host row ids (and of a host table's rows), then the decode kernel
-//! (gather, projection and gate in one cooperative launch, or its phase A
-//! and the gate kernel) where it applies, else the gather, the projection
+//! (gather, projection and gate in one launch, or its phase A and the gate
+//! kernel) where it applies, else the gather, the projection
 //! (a GEMV kernel, cuBLAS, or dequantised tiles and cuBLAS) and the gate.
 //! Nothing here allocates; the host waits only for a staging slot's previous
 //! copy.
 
-use super::gpu::{args, Gemm, Kernel};
+use super::gpu::{args, Arg, Gemm, Kernel};
 use super::kernels;
 use super::{CudaBackend, DevLayer, State, TableLoc, WkvKind, STAGING_SLOTS};
 use crate::backend::{Ids, Stream};
@@ -29,6 +29,17 @@ struct DecodePlan {
     shared: u32,
     /// Blocks: `kernels::decode_grid` for the kernel's occupancy.
     grid: u32,
+}
+
+/// Where one call's row ids are for the kernels: the address, the stride
+/// between tokens and the offset of this layer's columns (in entries), and a
+/// host table's staged rows and ids.
+#[derive(Clone, Copy, Debug)]
+struct IdsAt {
+    ptr: u64,
+    stride: u32,
+    offset: u32,
+    staged: Option<(u64, u64)>,
 }
 
 impl CudaBackend {
@@ -121,9 +132,27 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
+        self.order_after_last(&st, stream)?;
         let r = self.stage_host(&mut st, &layer, li, all, live, n, stream);
         let rec = self.record_last(&mut st, stream);
         r.and(rec)
+    }
+
+    /// Order a call's work on `stream` (outside a capture) after the
+    /// context's last call's: where that was queued on another stream, this
+    /// stream waits on the device for its event (`cuStreamWaitEvent`), so
+    /// the context's workspaces, its decode kernel's count of blocks done and
+    /// its error latch are used by one call at a time whatever streams the
+    /// engine calls it on (docs/cuda-streams.md). Nothing when the stream is
+    /// the last call's (the engine's usual one stream).
+    pub(super) fn order_after_last(&self, st: &State, stream: Stream) -> Result<()> {
+        if st.last_used && st.last_stream != stream as usize {
+            // SAFETY: a live event of this device, recorded on the last
+            // call's stream; `stream` was checked by the caller
+            // (stream_capturing).
+            unsafe { self.gpu.stream_wait_event(stream, st.last.ev)? };
+        }
+        Ok(())
     }
 
     /// Record the context's last-work event on `stream` after the work just
@@ -133,6 +162,7 @@ impl CudaBackend {
         // caller (stream_capturing).
         unsafe { self.gpu.event_record(st.last.ev, stream)? };
         st.last_used = true;
+        st.last_stream = stream as usize;
         Ok(())
     }
 
@@ -223,7 +253,9 @@ impl CudaBackend {
     }
 
     /// Queue layer `li` for `n` tokens on `stream`; with `highway == None` the
-    /// gate is skipped (for `read_back`).
+    /// gate is skipped (for `read_back`). The steps: check the call (nothing
+    /// queued on a refusal), stage a host table's rows, then the decode
+    /// kernel where it applies, else gather, projection and gate.
     pub(super) fn enqueue(
         &self,
         st: &mut State,
@@ -233,11 +265,43 @@ impl CudaBackend {
         highway: Option<(u64, HighwayType)>,
         stream: Stream,
     ) -> Result<()> {
-        let s = self.shape;
-        let layer_id = self.layer_ids[li];
         let layer = self.layer(st, li)?;
         self.take_device_error(st)?;
         let capturing = self.gpu.stream_capturing(stream)?;
+        let at = self.ids_at(st, li, &layer, ids, n, highway, capturing)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if !capturing {
+            self.order_after_last(st, stream)?;
+        }
+        // Queue the work; then, outside a capture, record the event that
+        // `set_layer` and `read_back` wait for (also when queueing failed
+        // half way: whatever was queued is covered).
+        let r = self.queue_layer(st, li, &layer, ids, at, n, highway, stream);
+        let rec = if capturing {
+            Ok(())
+        } else {
+            self.record_last(st, stream)
+        };
+        r.and(rec)
+    }
+
+    /// The checks of one call before anything is queued (the highway's and
+    /// device row ids' ranges and alignment; no host ids in a capture), and
+    /// where its row ids will be for the kernels.
+    #[allow(clippy::too_many_arguments)]
+    fn ids_at(
+        &self,
+        st: &State,
+        li: usize,
+        layer: &DevLayer,
+        ids: Ids<'_>,
+        n: usize,
+        highway: Option<(u64, HighwayType)>,
+        capturing: bool,
+    ) -> Result<IdsAt> {
+        let s = self.shape;
         if let Some((hw, ty)) = highway {
             if n > 0 {
                 let bytes = n * s.hw_per_token() * ty.size();
@@ -248,7 +312,7 @@ impl CudaBackend {
             TableLoc::Device { .. } => None,
             TableLoc::Host { rows, ids, .. } => Some((rows.ptr, ids.ptr)),
         };
-        let (ids_ptr, id_stride, id_offset) = match ids {
+        let (ptr, stride, offset) = match ids {
             Ids::Host { .. } => {
                 if capturing {
                     bail!(
@@ -275,272 +339,269 @@ impl CudaBackend {
                 (p, s.per as u32, (li * s.cols) as u32)
             }
         };
-        if n == 0 {
-            return Ok(());
+        Ok(IdsAt {
+            ptr,
+            stride,
+            offset,
+            staged,
+        })
+    }
+
+    /// The work of one checked call, in stream order.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_layer(
+        &self,
+        st: &mut State,
+        li: usize,
+        layer: &DevLayer,
+        ids: Ids<'_>,
+        at: IdsAt,
+        n: usize,
+        highway: Option<(u64, HighwayType)>,
+        stream: Stream,
+    ) -> Result<()> {
+        if let Ids::Host { all, live } = ids {
+            self.stage_host(st, layer, li, all, live, n, stream)?;
         }
-        // Queue the work; then, outside a capture, record the event that
-        // `set_layer` and `read_back` wait for (also when queueing failed
-        // half way: whatever was queued is covered).
-        let r = (|| -> Result<()> {
-            if let Ids::Host { all, live } = ids {
-                self.stage_host(st, &layer, li, all, live, n, stream)?;
-            }
-            st.serial = st.serial.wrapping_add(1);
-            let (k_in, k_out) = (s.k_in, s.k_out);
-            let f32_path = layer.wkv_kind == WkvKind::F32;
-            let (rows_buf, kv_buf) = if f32_path {
-                (
-                    st.rows32.as_ref().expect("allocated by set_layer").ptr,
-                    st.kv32.as_ref().expect("allocated by set_layer").ptr,
-                )
-            } else {
-                (st.rows.ptr, st.kv.ptr)
-            };
-            // The decode kernel, where it applies: the gather, the
-            // projection and (with a highway) the gate.
-            if !f32_path {
-                if let Some(plan) = self.decode_plan(st, &layer, n)? {
-                    return self.queue_decode(
-                        st, li, &layer, &plan, ids_ptr, id_stride, id_offset, staged, n, highway,
-                        capturing, stream,
-                    );
-                }
-            }
-            // Gather + dequantise.
-            {
-                let (table, scales) = match layer.table {
-                    TableLoc::Device { table, scales } => (table, scales),
-                    TableLoc::Host { .. } => (0u64, 0u64),
-                };
-                let (staged_rows, staged_ids) = staged.unwrap_or((0, 0));
-                let table_rows = layer.rows;
-                let fmt = layer.format as u32;
-                let hd = s.geo.hd as u32;
-                let row_bytes = layer.row_bytes as u32;
-                let cols = s.cols as u32;
-                let n_cells = (n * s.cols) as u64;
-                let out_f32 = f32_path as u32;
-                let flags = st.flags.ptr;
-                let latch = st.latch.ptr;
-                let serial = st.serial;
-                let a = args![
-                    table,
-                    table_rows,
-                    fmt,
-                    hd,
-                    row_bytes,
-                    ids_ptr,
-                    id_stride,
-                    id_offset,
-                    cols,
-                    n_cells,
-                    staged_rows,
-                    staged_ids,
-                    rows_buf,
-                    out_f32,
-                    flags,
-                    latch,
-                    layer_id,
-                    serial,
-                    scales
-                ];
-                // A split fp8 table in device memory has its own kernel, which
-                // takes `scales` too (the last argument).
-                let (kernel, a) = if scales != 0 {
-                    (Kernel::GatherSplit, &a[..])
-                } else {
-                    (Kernel::Gather, &a[..a.len() - 1])
-                };
-                // SAFETY: arguments match engram_gather's parameters (the first 18)
-                // or engram_gather_split's (all 19); buffers hold max_tokens >= n
-                // tokens; the table (and its scales) were checked at set_layer.
-                unsafe {
-                    self.gpu.launch(
-                        kernel,
-                        kernels::gather_blocks(n * s.cols),
-                        kernels::GATHER_THREADS,
-                        stream,
-                        a,
-                    )?;
-                }
-            }
-            // Projection.
-            let gemv_blocks =
-                (k_out as u32).div_ceil(kernels::GEMV_ROWS_PER_WARP * (kernels::GEMV_THREADS / 32));
-            match layer.wkv_kind {
-                WkvKind::Bf16 if n <= st.gemv_max_bf16 && k_in % 8 == 0 && layer.wkv % 16 == 0 => {
-                    let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
-                    let (n_out, k) = (k_out as u32, k_in as u32);
-                    let a = args![w, rows, kv, n_out, k];
-                    // SAFETY: arguments match engram_gemv_bf16_<n>; alignment checked above.
-                    unsafe {
-                        self.gpu.launch(
-                            Kernel::Gemv(n),
-                            gemv_blocks,
-                            kernels::GEMV_THREADS,
-                            stream,
-                            &a,
-                        )?;
-                    }
-                }
-                WkvKind::Quant(fmt) if n <= st.gemv_max_quant && k_in % 32 == 0 => {
-                    let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
-                    let rb = fmt.row_bytes(k_in) as u32;
-                    let (n_out, k, nt) = (k_out as u32, k_in as u32, n as u32);
-                    let a = args![w, rb, rows, kv, n_out, k, nt];
-                    // SAFETY: arguments match engram_gemv_q_<format>; `rows` is
-                    // our 256-byte aligned workspace, k % 32 == 0, n <= GEMV_MAX.
-                    unsafe {
-                        self.gpu.launch(
-                            Kernel::GemvQ(fmt),
-                            gemv_blocks,
-                            kernels::GEMV_THREADS,
-                            stream,
-                            &a,
-                        )?;
-                    }
-                }
-                WkvKind::Fp8Block { scales, br, bc }
-                    if n <= st.gemv_max_bf16 && k_in % 8 == 0 && layer.wkv % 8 == 0 =>
-                {
-                    // Where the bf16 path runs its GEMV: the same sums.
-                    let (w, rows, kv) = (layer.wkv, rows_buf, kv_buf);
-                    let nbc = (k_in as u32).div_ceil(bc);
-                    let (n_out, k, nt) = (k_out as u32, k_in as u32, n as u32);
-                    let a = args![w, scales, br, bc, nbc, rows, kv, n_out, k, nt];
-                    // SAFETY: arguments match engram_gemv_fp8_block; the codes are
-                    // 8-byte aligned, k % 8 == 0, `rows` is our aligned workspace,
-                    // n <= GEMV_MAX; codes and scales were sized at set_layer.
-                    unsafe {
-                        self.gpu.launch(
-                            Kernel::GemvFp8,
-                            gemv_blocks,
-                            kernels::GEMV_THREADS,
-                            stream,
-                            &a,
-                        )?;
-                    }
-                }
-                WkvKind::Fp8Block { scales, br, bc } => {
-                    // bf16 tiles (exact) and cuBLAS, as the bf16 path's GEMM.
-                    let (tile, tile_rows) = {
-                        let t = st.tile.as_ref().expect("allocated by set_layer");
-                        (t.0.ptr, t.1)
-                    };
-                    let nbc = (k_in as u32).div_ceil(bc);
-                    let (k, w) = (k_in as u32, layer.wkv);
-                    let mut o0 = 0usize;
-                    while o0 < k_out {
-                        let m = tile_rows.min(k_out - o0);
-                        let (row0, n_rows) = (o0 as u32, m as u32);
-                        let a = args![w, scales, br, bc, nbc, k, row0, n_rows, tile];
-                        let blocks = ((m * k_in) as u64).div_ceil(kernels::DEQUANT_THREADS as u64);
-                        // SAFETY: arguments match engram_dequant_fp8_block; the tile
-                        // holds tile_rows >= m rows of k_in bf16; wkv has k_out rows.
-                        unsafe {
-                            self.gpu.launch(
-                                Kernel::DequantFp8,
-                                blocks as u32,
-                                kernels::DEQUANT_THREADS,
-                                stream,
-                                &a,
-                            )?;
-                            st.blas.gemm(
-                                stream,
-                                &Gemm {
-                                    f32: false,
-                                    w: tile,
-                                    ldw: k_in,
-                                    rows: rows_buf,
-                                    ldr: k_in,
-                                    kv: kv_buf + (o0 * 2) as u64,
-                                    ldc: k_out,
-                                    m,
-                                    n,
-                                    k: k_in,
-                                },
-                            )?;
-                        }
-                        o0 += m;
-                    }
-                }
-                WkvKind::Quant(fmt) => {
-                    let (tile, tile_rows) = {
-                        let t = st.tile.as_ref().expect("allocated by set_layer");
-                        (t.0.ptr, t.1)
-                    };
-                    let f = fmt as u32;
-                    let rb = fmt.row_bytes(k_in) as u32;
-                    let k = k_in as u32;
-                    let w = layer.wkv;
-                    let mut o0 = 0usize;
-                    while o0 < k_out {
-                        let m = tile_rows.min(k_out - o0);
-                        let (row0, n_rows) = (o0 as u32, m as u32);
-                        let a = args![w, f, rb, k, row0, n_rows, tile];
-                        let blocks = ((m * k_in) as u64).div_ceil(kernels::DEQUANT_THREADS as u64);
-                        // SAFETY: arguments match engram_dequant_bf16; the tile
-                        // holds tile_rows >= m rows of k_in bf16; wkv has k_out rows.
-                        unsafe {
-                            self.gpu.launch(
-                                Kernel::Dequant,
-                                blocks as u32,
-                                kernels::DEQUANT_THREADS,
-                                stream,
-                                &a,
-                            )?;
-                            st.blas.gemm(
-                                stream,
-                                &Gemm {
-                                    f32: false,
-                                    w: tile,
-                                    ldw: k_in,
-                                    rows: rows_buf,
-                                    ldr: k_in,
-                                    kv: kv_buf + (o0 * 2) as u64,
-                                    ldc: k_out,
-                                    m,
-                                    n,
-                                    k: k_in,
-                                },
-                            )?;
-                        }
-                        o0 += m;
-                    }
-                }
-                _ => {
-                    // SAFETY: sizes as documented; wkv checked at set_layer.
-                    unsafe {
-                        st.blas.gemm(
-                            stream,
-                            &Gemm {
-                                f32: f32_path,
-                                w: layer.wkv,
-                                ldw: k_in,
-                                rows: rows_buf,
-                                ldr: k_in,
-                                kv: kv_buf,
-                                ldc: k_out,
-                                m: k_out,
-                                n,
-                                k: k_in,
-                            },
-                        )?;
-                    }
-                }
-            }
-            // Gate.
-            if let Some((hw, ty)) = highway {
-                self.queue_gate(st, li, n, hw, ty, kv_buf, f32_path, stream)?;
-            }
-            Ok(())
-        })();
-        let rec = if capturing {
-            Ok(())
+        st.serial = st.serial.wrapping_add(1);
+        let f32_path = layer.wkv_kind == WkvKind::F32;
+        let (rows_buf, kv_buf) = if f32_path {
+            (
+                st.rows32.as_ref().expect("allocated by set_layer").ptr,
+                st.kv32.as_ref().expect("allocated by set_layer").ptr,
+            )
         } else {
-            self.record_last(st, stream)
+            (st.rows.ptr, st.kv.ptr)
         };
-        r.and(rec)
+        // The decode kernel, where it applies: the gather, the projection
+        // and (with a highway) the gate.
+        if !f32_path {
+            if let Some(plan) = self.decode_plan(st, layer, n)? {
+                return self.queue_decode(st, li, layer, &plan, at, n, highway, stream);
+            }
+        }
+        self.queue_gather(st, li, layer, at, n, rows_buf, f32_path, stream)?;
+        let bufs = (rows_buf, kv_buf);
+        self.queue_projection(st, layer, n, bufs, f32_path, stream)?;
+        if let Some((hw, ty)) = highway {
+            self.queue_gate(st, li, n, hw, ty, kv_buf, f32_path, stream)?;
+        }
+        Ok(())
+    }
+
+    /// The gather (and dequantisation) of `n` tokens' rows into `rows_buf`
+    /// (f32 rows for an f32 `wkv`, else bf16).
+    #[allow(clippy::too_many_arguments)]
+    fn queue_gather(
+        &self,
+        st: &State,
+        li: usize,
+        layer: &DevLayer,
+        at: IdsAt,
+        n: usize,
+        rows_buf: u64,
+        f32_path: bool,
+        stream: Stream,
+    ) -> Result<()> {
+        let s = self.shape;
+        let (table, scales) = match layer.table {
+            TableLoc::Device { table, scales } => (table, scales),
+            TableLoc::Host { .. } => (0u64, 0u64),
+        };
+        let (staged_rows, staged_ids) = at.staged.unwrap_or((0, 0));
+        let (ids_ptr, id_stride, id_offset) = (at.ptr, at.stride, at.offset);
+        let table_rows = layer.rows;
+        let fmt = layer.format as u32;
+        let hd = s.geo.hd as u32;
+        let row_bytes = layer.row_bytes as u32;
+        let cols = s.cols as u32;
+        let n_cells = (n * s.cols) as u64;
+        let out_f32 = f32_path as u32;
+        let (flags, latch, serial) = (st.flags.ptr, st.latch.ptr, st.serial);
+        let layer_id = self.layer_ids[li];
+        let a = args![
+            table,
+            table_rows,
+            fmt,
+            hd,
+            row_bytes,
+            ids_ptr,
+            id_stride,
+            id_offset,
+            cols,
+            n_cells,
+            staged_rows,
+            staged_ids,
+            rows_buf,
+            out_f32,
+            flags,
+            latch,
+            layer_id,
+            serial,
+            scales
+        ];
+        // A split fp8 table in device memory has its own kernel, which
+        // takes `scales` too (the last argument).
+        let (kernel, a) = if scales != 0 {
+            (Kernel::GatherSplit, &a[..])
+        } else {
+            (Kernel::Gather, &a[..a.len() - 1])
+        };
+        // SAFETY: arguments match engram_gather's parameters (the first 18)
+        // or engram_gather_split's (all 19); buffers hold max_tokens >= n
+        // tokens; the table (and its scales) were checked at set_layer.
+        unsafe {
+            self.gpu.launch(
+                kernel,
+                kernels::gather_blocks(n * s.cols),
+                kernels::GATHER_THREADS,
+                stream,
+                a,
+            )
+        }
+    }
+
+    /// The projection of `n` gathered rows (`bufs.0`) through `wkv` into
+    /// `kv` (`bufs.1`): a GEMV kernel for few tokens (bf16, quantised, fp8
+    /// blocks), else bf16 tiles and cuBLAS (quantised, fp8 blocks), else
+    /// cuBLAS on `wkv` itself (bf16, f32).
+    fn queue_projection(
+        &self,
+        st: &mut State,
+        layer: &DevLayer,
+        n: usize,
+        bufs: (u64, u64),
+        f32_path: bool,
+        stream: Stream,
+    ) -> Result<()> {
+        let (k_in, k_out) = (self.shape.k_in, self.shape.k_out);
+        let (w, rows, kv) = (layer.wkv, bufs.0, bufs.1);
+        let (n_out, k, nt) = (k_out as u32, k_in as u32, n as u32);
+        let gemv = |kernel: Kernel, a: &[Arg]| {
+            let blocks =
+                (k_out as u32).div_ceil(kernels::GEMV_ROWS_PER_WARP * (kernels::GEMV_THREADS / 32));
+            // SAFETY: the caller's arguments match `kernel` (each arm below
+            // says why); `rows` and `kv` are our workspaces for n tokens.
+            unsafe {
+                self.gpu
+                    .launch(kernel, blocks, kernels::GEMV_THREADS, stream, a)
+            }
+        };
+        match layer.wkv_kind {
+            WkvKind::Bf16 if n <= st.gemv_max_bf16 && k_in % 8 == 0 && w % 16 == 0 => {
+                // engram_gemv_bf16_<n>: 16-byte aligned wkv, k % 8 == 0.
+                gemv(Kernel::Gemv(n), &args![w, rows, kv, n_out, k])
+            }
+            WkvKind::Quant(fmt) if n <= st.gemv_max_quant && k_in % 32 == 0 => {
+                // engram_gemv_q_<format>: k % 32 == 0, n <= GEMV_MAX.
+                let rb = fmt.row_bytes(k_in) as u32;
+                gemv(Kernel::GemvQ(fmt), &args![w, rb, rows, kv, n_out, k, nt])
+            }
+            WkvKind::Fp8Block { scales, br, bc }
+                if n <= st.gemv_max_bf16 && k_in % 8 == 0 && w % 8 == 0 =>
+            {
+                // engram_gemv_fp8_block, where the bf16 path runs its GEMV
+                // (the same sums): 8-byte aligned codes, k % 8 == 0; codes
+                // and scales sized at set_layer.
+                let nbc = (k_in as u32).div_ceil(bc);
+                let a = args![w, scales, br, bc, nbc, rows, kv, n_out, k, nt];
+                gemv(Kernel::GemvFp8, &a)
+            }
+            WkvKind::Fp8Block { scales, br, bc } => {
+                // bf16 tiles (exact) and cuBLAS, as the bf16 path's GEMM.
+                let nbc = (k_in as u32).div_ceil(bc);
+                self.queue_tiles(st, n, bufs, stream, |tile, row0, n_rows, blocks| {
+                    let a = args![w, scales, br, bc, nbc, k, row0, n_rows, tile];
+                    // SAFETY: arguments match engram_dequant_fp8_block; the
+                    // tile holds n_rows rows of k_in bf16; wkv has k_out rows.
+                    unsafe {
+                        self.gpu.launch(
+                            Kernel::DequantFp8,
+                            blocks,
+                            kernels::DEQUANT_THREADS,
+                            stream,
+                            &a,
+                        )
+                    }
+                })
+            }
+            WkvKind::Quant(fmt) => {
+                let (f, rb) = (fmt as u32, fmt.row_bytes(k_in) as u32);
+                self.queue_tiles(st, n, bufs, stream, |tile, row0, n_rows, blocks| {
+                    let a = args![w, f, rb, k, row0, n_rows, tile];
+                    // SAFETY: arguments match engram_dequant_bf16; the tile
+                    // holds n_rows rows of k_in bf16; wkv has k_out rows.
+                    unsafe {
+                        self.gpu.launch(
+                            Kernel::Dequant,
+                            blocks,
+                            kernels::DEQUANT_THREADS,
+                            stream,
+                            &a,
+                        )
+                    }
+                })
+            }
+            _ => {
+                let g = Gemm {
+                    f32: f32_path,
+                    w,
+                    ldw: k_in,
+                    rows,
+                    ldr: k_in,
+                    kv,
+                    ldc: k_out,
+                    m: k_out,
+                    n,
+                    k: k_in,
+                };
+                // SAFETY: sizes as documented; wkv checked at set_layer.
+                unsafe { st.blas.gemm(stream, &g) }
+            }
+        }
+    }
+
+    /// A quantised or fp8-block `wkv` through bf16 tiles: for each tile of
+    /// output rows, `dequant(tile, first row, rows, blocks)` queues the
+    /// tile's dequantisation, then cuBLAS multiplies it with the `n`
+    /// gathered rows (`bufs.0`) into its columns of `kv` (`bufs.1`).
+    fn queue_tiles(
+        &self,
+        st: &mut State,
+        n: usize,
+        bufs: (u64, u64),
+        stream: Stream,
+        dequant: impl Fn(u64, u32, u32, u32) -> Result<()>,
+    ) -> Result<()> {
+        let (k_in, k_out) = (self.shape.k_in, self.shape.k_out);
+        let (tile, tile_rows) = {
+            let t = st.tile.as_ref().expect("allocated by set_layer");
+            (t.0.ptr, t.1)
+        };
+        let mut o0 = 0usize;
+        while o0 < k_out {
+            let m = tile_rows.min(k_out - o0);
+            let blocks = ((m * k_in) as u64).div_ceil(kernels::DEQUANT_THREADS as u64);
+            dequant(tile, o0 as u32, m as u32, blocks as u32)?;
+            let g = Gemm {
+                f32: false,
+                w: tile,
+                ldw: k_in,
+                rows: bufs.0,
+                ldr: k_in,
+                kv: bufs.1 + (o0 * 2) as u64,
+                ldc: k_out,
+                m,
+                n,
+                k: k_in,
+            };
+            // SAFETY: the tile holds m rows of k_in bf16 (just queued on
+            // `stream`), the rows workspace n tokens of k_in, kv n tokens of
+            // k_out; these m columns start at o0.
+            unsafe { st.blas.gemm(stream, &g)? };
+            o0 += m;
+        }
+        Ok(())
     }
 
     /// Queue the gate kernel for `n` tokens of layer `li` on the highway `hw`
@@ -582,11 +643,12 @@ impl CudaBackend {
     }
 
     /// Queue the decode kernel for `n` tokens of layer `li` (docs/cuda.md
-    /// "The decode kernel"): with a highway and outside a capture, phase A,
-    /// the grid barrier and the gate in one cooperative launch; where that
-    /// cannot be (a capture, no cooperative launch on the device, the driver
-    /// refusing the grid once, which the context then remembers), phase A
-    /// with an ordinary launch and the gate kernel after it: the same bits.
+    /// "The decode kernel"): with a highway, phase A and the gate (in the
+    /// last block done) in one ordinary launch, in a capture too; where the
+    /// driver refuses that launch with an error that leaves the context
+    /// usable ([`super::driver::is_refusal`]: too many resources for a green
+    /// context, say), which the context then remembers, phase A alone and
+    /// the gate kernel after it: the same bits.
     #[allow(clippy::too_many_arguments)]
     fn queue_decode(
         &self,
@@ -594,21 +656,63 @@ impl CudaBackend {
         li: usize,
         layer: &DevLayer,
         plan: &DecodePlan,
-        ids: u64,
-        id_stride: u32,
-        id_offset: u32,
-        staged: Option<(u64, u64)>,
+        at: IdsAt,
         n: usize,
         highway: Option<(u64, HighwayType)>,
-        capturing: bool,
         stream: Stream,
     ) -> Result<()> {
+        let launch = |st: &State, hw: u64, hw_bf16: u32, fused: bool| {
+            self.launch_decode(st, li, layer, plan, at, n, (hw, hw_bf16), fused, stream)
+        };
+        if let Some((hw, ty)) = highway {
+            if !st.fused_refused {
+                if launch(st, hw, (ty == HighwayType::Bf16) as u32, true)? {
+                    st.decode_stats.cooperative += 1;
+                    return Ok(());
+                }
+                // Refused, nothing queued, the context usable: the split
+                // path, now and from now on.
+                st.fused_refused = true;
+                st.decode_stats.refused = true;
+            }
+        }
+        launch(st, 0, 0, false)?;
+        if highway.is_some() {
+            st.decode_stats.split += 1;
+        } else {
+            st.decode_stats.read_back += 1;
+        }
+        if let Some((hw, ty)) = highway {
+            let kv = st.kv.ptr;
+            self.queue_gate(st, li, n, hw, ty, kv, false, stream)?;
+        }
+        Ok(())
+    }
+
+    /// Launch the decode kernel for `n` tokens of layer `li` with highway
+    /// `hw` (`(0, 0)`: phase A alone; else its address and whether it is
+    /// bf16): with `fused`, a launch with a fallback (`Ok(false)`: refused,
+    /// nothing queued), else an ordinary one (`Ok(true)`).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_decode(
+        &self,
+        st: &State,
+        li: usize,
+        layer: &DevLayer,
+        plan: &DecodePlan,
+        at: IdsAt,
+        n: usize,
+        (hw, hw_bf16): (u64, u32),
+        fused: bool,
+        stream: Stream,
+    ) -> Result<bool> {
         let s: Shape = self.shape;
         let (table, table_scales) = match layer.table {
             TableLoc::Device { table, scales } => (table, scales),
             TableLoc::Host { .. } => (0u64, 0u64),
         };
-        let (staged_rows, staged_ids) = staged.unwrap_or((0, 0));
+        let (staged_rows, staged_ids) = at.staged.unwrap_or((0, 0));
+        let (ids, id_stride, id_offset) = (at.ptr, at.stride, at.offset);
         let table_rows = layer.rows;
         let fmt = layer.format as u32;
         let hd = s.geo.hd as u32;
@@ -627,101 +731,64 @@ impl CudaBackend {
         let (qk, hc, d) = (self.qk[li].ptr, s.geo.hc as u32, s.geo.d as u32);
         let eps = s.geo.eps;
         let inv_sqrt_d = 1.0f32 / (s.geo.d as f32).sqrt();
-        let (mirror, barrier) = (self.mirror.dev_ptr, st.barrier.ptr);
+        let (mirror, done) = (self.mirror.dev_ptr, st.done.ptr);
         let kernel = Kernel::Decode { fp8: plan.fp8 };
-        // With a highway (the cooperative launch) phase B runs too; with
-        // NULL, phase A alone.
-        let launch = |hw: u64, hw_bf16: u32, coop: bool| -> Result<bool> {
-            let a = args![
-                table,
-                table_rows,
-                fmt,
-                hd,
-                row_bytes,
-                ids,
-                id_stride,
-                id_offset,
-                cols,
-                staged_rows,
-                staged_ids,
-                table_scales,
-                rows_out,
-                flags,
-                latch,
-                layer_id,
-                serial,
-                w,
-                wscales,
-                br,
-                bc,
-                nbc,
-                kv,
-                n_out,
-                k,
-                nt,
-                tile,
-                hw,
-                hw_bf16,
-                qk,
-                hc,
-                d,
-                eps,
-                inv_sqrt_d,
-                mirror,
-                barrier
-            ];
-            // SAFETY: arguments match engram_decode_<w>; the buffers hold
-            // max_tokens >= n tokens; the table, wkv (and its scales) were
-            // checked at set_layer, wkv's alignment by decode_plan, the
-            // highway's range by the caller; `shared` is within the device's
-            // opt-in (decode_tile); a highway (the grid barrier) only in a
-            // cooperative launch, whose barrier word is the context's (and
-            // the context's calls are ordered).
-            unsafe {
-                if coop {
-                    self.gpu.launch_cooperative(
-                        kernel,
-                        plan.grid,
-                        kernels::DECODE_THREADS,
-                        plan.shared,
-                        stream,
-                        &a,
-                    )
-                } else {
-                    self.gpu
-                        .launch_shared(
-                            kernel,
-                            plan.grid,
-                            kernels::DECODE_THREADS,
-                            plan.shared,
-                            stream,
-                            &a,
-                        )
-                        .map(|()| true)
-                }
-            }
-        };
-        if let Some((hw, ty)) = highway {
-            if !capturing && self.limits.cooperative && !st.coop_refused {
-                if launch(hw, (ty == HighwayType::Bf16) as u32, true)? {
-                    st.decode_stats.cooperative += 1;
-                    return Ok(());
-                }
-                // The grid cannot be resident at once (nothing was queued):
-                // the split path, now and from now on.
-                st.coop_refused = true;
-                st.decode_stats.refused = true;
+        let a = args![
+            table,
+            table_rows,
+            fmt,
+            hd,
+            row_bytes,
+            ids,
+            id_stride,
+            id_offset,
+            cols,
+            staged_rows,
+            staged_ids,
+            table_scales,
+            rows_out,
+            flags,
+            latch,
+            layer_id,
+            serial,
+            w,
+            wscales,
+            br,
+            bc,
+            nbc,
+            kv,
+            n_out,
+            k,
+            nt,
+            tile,
+            hw,
+            hw_bf16,
+            qk,
+            hc,
+            d,
+            eps,
+            inv_sqrt_d,
+            mirror,
+            done
+        ];
+        // SAFETY: arguments match engram_decode_<w>; the buffers hold
+        // max_tokens >= n tokens; the table, wkv (and its scales) were
+        // checked at set_layer, wkv's alignment by decode_plan, the
+        // highway's range by the caller; `shared` is within the device's
+        // opt-in (decode_tile); `done` is the context's word, zero
+        // between launches (the last block puts it back), used by one
+        // launch at a time (the context's calls are ordered on the
+        // device: docs/cuda-streams.md).
+        unsafe {
+            let (grid, threads, shared) = (plan.grid, kernels::DECODE_THREADS, plan.shared);
+            if fused {
+                self.gpu
+                    .try_launch_shared(kernel, grid, threads, shared, stream, &a)
+            } else {
+                self.gpu
+                    .launch_shared(kernel, grid, threads, shared, stream, &a)
+                    .map(|()| true)
             }
         }
-        launch(0, 0, false)?;
-        if highway.is_some() {
-            st.decode_stats.split += 1;
-        } else {
-            st.decode_stats.read_back += 1;
-        }
-        if let Some((hw, ty)) = highway {
-            self.queue_gate(st, li, n, hw, ty, kv, false, stream)?;
-        }
-        Ok(())
     }
 }

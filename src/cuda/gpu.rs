@@ -97,8 +97,8 @@ pub enum Kernel {
     HashShiftDone,
     /// `engram_decode_<bf16|fp8>`: the decode kernel (docs/cuda.md): phase A
     /// (the gather into shared memory, the projection in the GEMV's order)
-    /// with any launch, or with a highway phase A, the grid barrier and the
-    /// gate, launched cooperatively.
+    /// or with a highway phase A and then the gate in the last block done
+    /// (an ordinary launch: no block waits for another).
     Decode {
         fp8: bool,
     },
@@ -414,14 +414,16 @@ pub trait Gpu: Send + Sync {
         args: &[Arg],
     ) -> Result<()>;
 
-    /// A cooperative launch (`cuLaunchCooperativeKernel`): every block of
-    /// the grid resident at once. `Ok(false)` when the driver refuses it
-    /// because the grid cannot be resident at once
-    /// (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`: nothing was queued).
+    /// As [`Gpu::launch_shared`], for a launch with a fallback: `Ok(false)`
+    /// when the driver refuses the launch with an error that queues nothing
+    /// and leaves the context usable (too many resources or too much shared
+    /// memory for this context, no image for the device, not permitted or
+    /// not supported here: [`super::driver::is_refusal`]); every other error
+    /// is `Err`.
     ///
     /// # Safety
     /// As [`Gpu::launch`].
-    unsafe fn launch_cooperative(
+    unsafe fn try_launch_shared(
         &self,
         k: Kernel,
         grid: u32,

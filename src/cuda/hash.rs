@@ -5,11 +5,11 @@
 //! it can be captured in a CUDA graph; errors go to the hash's latch, which
 //! the commit kernel moves to the context's host-mapped mirror.
 
-use super::gpu::{args, DevBuf, Gpu, Kernel};
+use super::gpu::{self, args, DevBuf, Gpu, Kernel};
 use super::{latch, CudaBackend};
 use crate::batch::Limits;
 use crate::call::{DeviceHashIn, DeviceSeqOp, Stream};
-use crate::error::{bail, Result};
+use crate::error::{bail, EngramStatus, Error, Result};
 use crate::fallible::{try_room, try_vec};
 use crate::hash::history::Range;
 use crate::hash::HashTables;
@@ -213,6 +213,7 @@ impl CudaBackend {
         if call.n == 0 {
             return Ok(());
         }
+        Self::check_hash_pointers(&*self.gpu, h, call)?;
         let n = call.n as u32;
         let (tokens, seq_ids, pos, row_ids) = (call.tokens, call.seq_ids, call.pos, call.row_ids);
         let max_seqs = h.limits.max_seqs as u32;
@@ -262,6 +263,39 @@ impl CudaBackend {
         // SAFETY: arguments match engram_hash_commit; as above; the mirror
         // is LATCH_WORDS of mapped pinned memory.
         unsafe { self.gpu.launch(Kernel::HashCommit, n, 32, call.stream, &a) }
+    }
+
+    /// `engram_hash_device`'s arrays, before anything is queued: each
+    /// aligned to its element (a misaligned load is a sticky fault that ends
+    /// the whole CUDA context), memory the context's device can address
+    /// (device memory of that device, managed, or mapped pinned host memory:
+    /// [`gpu::check_device_range`], which asks the driver with
+    /// `cuPointerGetAttribute`), with room for `n` tokens' entries.
+    fn check_hash_pointers(gpu: &dyn Gpu, h: &DeviceHash, call: &DeviceHashIn) -> Result<()> {
+        let n = call.n;
+        let per_token =
+            (h.max_ngram as usize).saturating_sub(1) * h.n_heads as usize * h.n_layers as usize;
+        for (what, p, elem, count) in [
+            ("tokens", call.tokens, 4, n),
+            ("seq_ids", call.seq_ids, 4, n),
+            ("pos", call.pos, 4, n),
+            ("row_ids", call.row_ids, 8, n.saturating_mul(per_token)),
+        ] {
+            if p % elem != 0 {
+                bail!(
+                    ErrInvalidArgument,
+                    "{what} ({p:#x}) is not aligned to {elem} bytes (its elements' size)"
+                );
+            }
+            let bytes = count.checked_mul(elem as usize).ok_or_else(|| {
+                Error::new(
+                    EngramStatus::ErrInvalidArgument,
+                    format!("{what}: {count} entries overflow the address space"),
+                )
+            })?;
+            gpu::check_device_range(gpu, p, bytes, what)?;
+        }
+        Ok(())
     }
 
     /// Queue a range operation on the device history on `stream` (see

@@ -258,22 +258,165 @@ pub fn compile_source(main: &str, name: &str, arch: &str) -> Result<Compiled> {
     }
 }
 
-/// Module `m` of [`MODULES`] for `arch`, compiled once per process.
-pub fn module_image(m: usize, arch: &str) -> Result<Arc<Vec<u8>>> {
-    type Images = HashMap<(usize, String), Arc<Vec<u8>>>;
+/// The environment variable naming a directory of compiled modules (see
+/// [`module_image`]): `scripts/gpu-prebuild.sh` fills one with cubins made
+/// by NVRTC on the build machine, and `scripts/gpu-check.sh` points every
+/// process of a run at it, so a GPU run compiles nothing whose sources match.
+pub const MODULE_DIR_ENV: &str = "ENGRAM_CUDA_MODULE_DIR";
+
+/// A hash (64-bit FNV-1a) of everything that decides module `m`'s image for
+/// `arch`: its translation unit, every file of [`SOURCES`], [`OPTIONS`],
+/// [`defines`] and the architecture. NVRTC's own version is not in it: a
+/// cubin from an older NVRTC loads on a newer driver, and one the driver
+/// refuses is compiled again ([`module_image_fresh`]).
+pub fn module_hash(m: usize, arch: &str) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut eat = |b: &[u8]| {
+        for &x in b.iter().chain(&[0xFFu8]) {
+            h ^= x as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(MODULES[m].0.as_bytes());
+    eat(MODULES[m].1.as_bytes());
+    for (name, text) in SOURCES {
+        eat(name.as_bytes());
+        eat(text.as_bytes());
+    }
+    for o in OPTIONS {
+        eat(o.as_bytes());
+    }
+    for d in defines() {
+        eat(d.as_bytes());
+    }
+    eat(arch.as_bytes());
+    h
+}
+
+/// The file module `m` for `arch` has in a module directory: its name, the
+/// architecture and [`module_hash`], so a file made from other sources is
+/// never found.
+pub fn module_file_name(m: usize, arch: &str) -> String {
+    let stem = MODULES[m].0.trim_end_matches(".cu");
+    let ext = if arch.starts_with("sm_") {
+        "cubin"
+    } else {
+        "ptx"
+    };
+    format!("{stem}-{arch}-{:016x}.{ext}", module_hash(m, arch))
+}
+
+/// NVRTC compiles this process has run for [`module_image`] (the tests
+/// count them to see that a module directory is used).
+pub fn module_compiles() -> u64 {
+    COMPILES.load(std::sync::atomic::Ordering::Relaxed)
+}
+static COMPILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+type Images = HashMap<(usize, String), Arc<Vec<u8>>>;
+fn image_cache() -> &'static Mutex<Images> {
     static CACHE: OnceLock<Mutex<Images>> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The module directory named by [`MODULE_DIR_ENV`], if any.
+fn module_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os(MODULE_DIR_ENV)
+        .filter(|v| !v.is_empty())
+        .map(Into::into)
+}
+
+/// Module `m`'s image from `dir`, if a file of its [`module_file_name`] is
+/// there (a cubin whose sources match); a file that cannot be read is a
+/// miss (NVRTC compiles the module again).
+fn read_module(dir: &std::path::Path, m: usize, arch: &str) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(dir.join(module_file_name(m, arch))).ok()?;
+    let len = usize::try_from(f.metadata().ok()?.len()).ok()?;
+    // A module is a few MB; the file sizes this buffer, so it is fallible.
+    let mut v = crate::fallible::try_room::<u8>(len, "a cached CUDA module").ok()?;
+    f.take(len as u64).read_to_end(&mut v).ok()?;
+    (v.len() == len && len > 0).then_some(v)
+}
+
+/// Write module `m`'s `image` into `dir` under its [`module_file_name`]: to a
+/// file of this process's own, renamed into place, so the processes of one
+/// run that share the directory never read a partial file.
+pub fn write_module(dir: &std::path::Path, m: usize, arch: &str, image: &[u8]) -> Result<()> {
+    let name = module_file_name(m, arch);
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let io = |e: std::io::Error| {
+        Error::new(
+            EngramStatus::ErrIo,
+            format!("writing the CUDA module {name} into {}: {e}", dir.display()),
+        )
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    std::fs::write(&tmp, image).map_err(io)?;
+    std::fs::rename(&tmp, dir.join(&name)).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(e)
+    })
+}
+
+/// Compile module `m` for `arch` with NVRTC (counted by [`module_compiles`]).
+pub fn compile_module(m: usize, arch: &str) -> Result<Vec<u8>> {
+    let (name, main) = MODULES[m];
+    COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(compile_source(main, name, arch)?.image)
+}
+
+/// Module `m` of [`MODULES`] for `arch`, once per process: from the module
+/// directory ([`MODULE_DIR_ENV`]) when it holds this module for these sources
+/// and this architecture, else compiled by NVRTC (and then written there for
+/// the run's other processes, when a directory is named; a failed write only
+/// costs them the compile).
+pub fn module_image(m: usize, arch: &str) -> Result<Arc<Vec<u8>>> {
     let key = (m, arch.to_string());
-    if let Some(img) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+    if let Some(img) = image_cache()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+    {
         return Ok(img.clone());
     }
-    let (name, main) = MODULES[m];
-    let c = compile_source(main, name, arch)?;
-    let img = Arc::new(c.image);
-    cache
+    let img = module_image_from(module_dir().as_deref(), m, arch)?;
+    let img = Arc::new(img);
+    image_cache()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(key, img.clone());
+    Ok(img)
+}
+
+/// Module `m` for `arch` from the module directory `dir` if it holds it for
+/// these sources, else compiled by NVRTC and written there (a failed write
+/// only costs the run's other processes the compile). No in-memory cache:
+/// [`module_image`] is that.
+pub fn module_image_from(dir: Option<&std::path::Path>, m: usize, arch: &str) -> Result<Vec<u8>> {
+    if let Some(img) = dir.and_then(|d| read_module(d, m, arch)) {
+        return Ok(img);
+    }
+    let img = compile_module(m, arch)?;
+    if let Some(d) = dir {
+        let _ = write_module(d, m, arch, &img);
+    }
+    Ok(img)
+}
+
+/// Module `m` for `arch` compiled by NVRTC whatever the caches hold (the
+/// driver refused the cached image: from another toolkit, or damaged), and
+/// put in place of the cached one (in memory and in the module directory).
+pub fn module_image_fresh(m: usize, arch: &str) -> Result<Arc<Vec<u8>>> {
+    let img = compile_module(m, arch)?;
+    if let Some(d) = module_dir() {
+        let _ = write_module(&d, m, arch, &img);
+    }
+    let img = Arc::new(img);
+    image_cache()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert((m, arch.to_string()), img.clone());
     Ok(img)
 }
 
@@ -390,6 +533,49 @@ mod tests {
         assert_eq!(decode_grid(320, 4, 8), 8);
         assert_eq!(decode_grid(3, 4, 8), 1);
         assert_eq!(decode_grid(320, 4, 0), 1);
+    }
+
+    #[test]
+    fn a_module_directory_serves_the_image_of_these_sources_only() {
+        let dir = std::env::temp_dir().join(format!("engram-modules-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // The name carries the sources' hash and the architecture.
+        let name = module_file_name(1, "sm_90");
+        assert!(
+            name.starts_with("engram_quant-sm_90-") && name.ends_with(".cubin"),
+            "{name}"
+        );
+        assert_ne!(name, module_file_name(1, "sm_100"));
+        assert_ne!(module_hash(0, "sm_90"), module_hash(1, "sm_90"));
+        assert!(module_file_name(2, "compute_90").ends_with(".ptx"));
+        // A carried image is read, not compiled.
+        let carried = b"a cubin made on the build machine".to_vec();
+        write_module(&dir, 1, "sm_90", &carried).unwrap();
+        let before = module_compiles();
+        assert_eq!(module_image_from(Some(&dir), 1, "sm_90").unwrap(), carried);
+        assert_eq!(
+            module_compiles(),
+            before,
+            "no NVRTC compile for a matching image"
+        );
+        // An image made from other sources (another hash) is never found:
+        // this module is compiled (or, without NVRTC here, its error).
+        let stale = dir.join(module_file_name(1, "sm_90").replace("-sm_90-", "-sm_90-0"));
+        std::fs::write(&stale, b"stale").unwrap();
+        std::fs::remove_file(dir.join(module_file_name(1, "sm_90"))).unwrap();
+        match module_image_from(Some(&dir), 1, "sm_90") {
+            Ok(img) => {
+                assert_ne!(img, b"stale".to_vec());
+                // ... and written for the run's other processes.
+                assert_eq!(std::fs::read(dir.join(&name)).unwrap(), img);
+            }
+            Err(e) => assert_eq!(e.status, EngramStatus::ErrDevice, "{}", e.message),
+        }
+        assert!(module_compiles() > before);
+        // An empty file is a miss, not an image.
+        write_module(&dir, 0, "sm_90", b"").unwrap();
+        assert!(read_module(&dir, 0, "sm_90").is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

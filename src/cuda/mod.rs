@@ -353,16 +353,21 @@ struct State {
     last: Event,
     /// Whether `last` was ever recorded.
     last_used: bool,
+    /// The stream `last` was recorded on (its address).
+    last_stream: usize,
     /// Tokens up to which the GEMV kernels project (bf16, quantised `wkv`).
     gemv_max_bf16: usize,
     gemv_max_quant: usize,
     /// Tokens up to which the decode kernel runs (0: never).
     decode_max: usize,
-    /// The decode kernel's grid barrier: one word, zero between launches.
-    barrier: DevBuf,
-    /// The driver refused a cooperative launch of the decode kernel as too
-    /// large to be resident at once: its split path from then on.
-    coop_refused: bool,
+    /// The decode kernel's count of the blocks done (the last one runs the
+    /// gate): one word, zero between launches (the last block puts it
+    /// back). One per context, as the workspaces are: the context's calls
+    /// are ordered on the device (docs/cuda-streams.md).
+    done: DevBuf,
+    /// The driver refused the decode kernel's launch with its gate (an error
+    /// that leaves the context usable): its split path from then on.
+    fused_refused: bool,
     /// How the decode kernel ran so far.
     decode_stats: crate::backend::DecodeStats,
     /// The occupancy of the decode kernel (`Decode { fp8 }` at `fp8`) per
@@ -459,6 +464,7 @@ impl CudaBackend {
             serial: 0,
             last: Event::new(&gpu)?,
             last_used: false,
+            last_stream: 0,
             gemv_max_bf16: gemv_max
                 .unwrap_or(DEFAULT_GEMV_MAX_TOKENS_BF16)
                 .min(kernels::GEMV_MAX),
@@ -469,8 +475,8 @@ impl CudaBackend {
                 .decode_max_tokens
                 .unwrap_or(DEFAULT_DECODE_MAX_TOKENS)
                 .min(kernels::DECODE_MAX),
-            barrier: buf(4, "the decode kernel's grid barrier")?,
-            coop_refused: false,
+            done: buf(4, "the decode kernel's count of blocks done")?,
+            fused_refused: false,
             decode_stats: Default::default(),
             decode_occupancy: [[u32::MAX; kernels::DECODE_TILE + 1]; 2],
         };
@@ -478,7 +484,7 @@ impl CudaBackend {
         // SAFETY: our own allocations of LATCH_WORDS words and of one word.
         unsafe {
             gpu.memset_async(state.latch.ptr, 0, latch::LATCH_WORDS * 4, own.s)?;
-            gpu.memset_async(state.barrier.ptr, 0, 4, own.s)?;
+            gpu.memset_async(state.done.ptr, 0, 4, own.s)?;
         }
         gpu.stream_synchronize(own.s)?;
         let mut qk = try_room(n_layers, "engram layers")?;
@@ -596,10 +602,227 @@ impl CudaBackend {
         ))
     }
 
+    /// How layer `l`'s `wkv` is read (a block-scaled fp8 `wkv`'s scales
+    /// address is filled in by [`CudaBackend::place_wkv`]).
+    fn wkv_kind_of(l: &CheckedLayer<'_>) -> Result<WkvKind> {
+        Ok(match l.wkv_type {
+            EngramType::Bf16 => WkvKind::Bf16,
+            EngramType::F32 => WkvKind::F32,
+            EngramType::Fp8E4m3E8m0Block => WkvKind::Fp8Block {
+                scales: 0,
+                br: u32::try_from(l.wkv_block.0).map_err(|_| overflow("wkv_block_rows"))?,
+                bc: u32::try_from(l.wkv_block.1).map_err(|_| overflow("wkv_block_cols"))?,
+            },
+            t => WkvKind::Quant(t),
+        })
+    }
+
+    /// Layer `l`'s table (and, for a split fp8 table, its scales): `None`
+    /// for device memory, else the host source the stager reads.
+    fn host_table_source(&self, l: &CheckedLayer<'_>) -> Result<Option<Source>> {
+        let hd = self.shape.geo.hd;
+        Ok(match (
+            self.table_source(&l.source, l.bytes.table, l.layer_id, "table")?,
+            l.scales
+                .as_ref()
+                .map(|sc| self.table_source(sc, l.bytes.scales, l.layer_id, "table's scales"))
+                .transpose()?,
+        ) {
+            (None, None | Some(None)) => None,
+            (Some(codes), None) => Some(codes),
+            // A split table in host memory or files: each staged row is its
+            // codes then its scales, the packed row (which the split format
+            // dequantises as).
+            (Some(codes), Some(Some(scales))) => Some(Source::Split {
+                codes: Box::new(codes),
+                scales: Box::new(scales),
+                crb: l.format.planes(hd).0,
+            }),
+            _ => bail!(
+                ErrUnsupported,
+                "layer {}: a split fp8 table's codes and scales must both be in device memory or both on the host",
+                l.layer_id
+            ),
+        })
+    }
+
+    /// Layer `l`'s `wkv` (and a block-scaled fp8 `wkv`'s scales, written
+    /// into `wkv_kind`): in place on the device, or copied there (the
+    /// copies returned, to keep).
+    #[allow(clippy::type_complexity)]
+    fn place_wkv(
+        &self,
+        l: &CheckedLayer<'_>,
+        wkv_kind: &mut WkvKind,
+    ) -> Result<(u64, Option<DevBuf>, Option<DevBuf>)> {
+        let (wkv, wkv_copy) = match self.place(l.wkv.addr()) {
+            Place::Device => {
+                gpu::check_device_range(
+                    &*self.gpu,
+                    l.wkv.addr() as u64,
+                    l.bytes.wkv,
+                    "weights.wkv",
+                )?;
+                (l.wkv.addr() as u64, None)
+            }
+            Place::Host => {
+                let b = DevBuf::new(&self.gpu, l.bytes.wkv, "the device copy of weights.wkv")?;
+                // SAFETY: host memory the context lends, sized by its checks;
+                // `b` holds as many bytes.
+                unsafe {
+                    self.own_upload(b.ptr, l.wkv.host().as_ptr(), l.bytes.wkv)?;
+                }
+                (b.ptr, Some(b))
+            }
+        };
+        // A block-scaled fp8 wkv's scales: in place, or copied there.
+        let mut wkv_scales_copy = None;
+        if let (WkvKind::Fp8Block { scales, .. }, Some(r)) = (wkv_kind, l.wkv_scales) {
+            let n = l.bytes.wkv_scales;
+            *scales = match self.place(r.addr()) {
+                Place::Device => {
+                    gpu::check_device_range(&*self.gpu, r.addr() as u64, n, "weights.wkv_scales")?;
+                    r.addr() as u64
+                }
+                Place::Host => {
+                    let b = DevBuf::new(&self.gpu, n, "the device copy of weights.wkv_scales")?;
+                    // SAFETY: host memory the context lends, sized by its
+                    // checks; `b` holds as many bytes. On the context's own
+                    // stream: a context-wide wait would wait for the
+                    // engine's unrelated work (docs/cuda-streams.md).
+                    unsafe { self.own_upload(b.ptr, r.host().as_ptr(), n)? };
+                    let p = b.ptr;
+                    wkv_scales_copy = Some(b);
+                    p
+                }
+            };
+        }
+        Ok((wkv, wkv_copy, wkv_scales_copy))
+    }
+
+    /// Compile the kernels a layer with `wkv_kind` needs now, not in the
+    /// first apply: the quantised-`wkv` kernels, and the decode kernels where
+    /// they may run.
+    fn preload_for(&self, wkv_kind: WkvKind) -> Result<()> {
+        match wkv_kind {
+            WkvKind::Quant(f) => self.gpu.preload(gpu::Kernel::GemvQ(f))?,
+            WkvKind::Fp8Block { .. } => self.gpu.preload(gpu::Kernel::GemvFp8)?,
+            _ => {}
+        }
+        // And the decode kernels where they may run.
+        if matches!(wkv_kind, WkvKind::Bf16 | WkvKind::Fp8Block { .. })
+            && self.state().decode_max > 0
+        {
+            self.gpu.preload(gpu::Kernel::Decode { fp8: false })?;
+        }
+        Ok(())
+    }
+
+    /// The workspaces a layer with `wkv_kind` needs beyond the others: f32
+    /// rows and `kv` (an f32 `wkv`), the dequantised tile (quantised and
+    /// fp8-block `wkv`); allocated once per context.
+    fn grow_workspaces(&self, st: &mut State, wkv_kind: WkvKind) -> Result<()> {
+        let (m, k_in, k_out) = (self.max_tokens, self.shape.k_in, self.shape.k_out);
+        if wkv_kind == WkvKind::F32 && st.rows32.is_none() {
+            st.rows32 = Some(DevBuf::new(
+                &self.gpu,
+                m.checked_mul(k_in * 4)
+                    .ok_or_else(|| overflow("f32 rows"))?,
+                "f32 rows",
+            )?);
+            st.kv32 = Some(DevBuf::new(
+                &self.gpu,
+                m.checked_mul(k_out * 4).ok_or_else(|| overflow("f32 kv"))?,
+                "f32 kv",
+            )?);
+        }
+        if matches!(wkv_kind, WkvKind::Quant(_) | WkvKind::Fp8Block { .. }) && st.tile.is_none() {
+            // A multiple of 8 rows, so that each tile's kv columns start
+            // 16-byte aligned for cuBLAS.
+            let rows = (TILE_BYTES / (2 * k_in) / 8 * 8).clamp(8.min(k_out), k_out);
+            st.tile = Some((
+                DevBuf::new(&self.gpu, rows * k_in * 2, "the dequantised wkv tile")?,
+                rows,
+            ));
+        }
+        Ok(())
+    }
+
+    /// A host table's prefetch memory: pinned memory of the layer's own
+    /// (one per stager slot), which the prefetches gather into and from
+    /// which the applies copy the rows to the device.
+    fn prefetch_staging(&self, rb: usize) -> Result<Vec<Arc<Staging>>> {
+        let (ids, rows) = Self::staging_bytes(self.max_tokens, self.shape.cols, rb)?;
+        (0..crate::cpu::stager::SLOTS)
+            .map(|_| {
+                Staging::new(&self.gpu, ids, rows, "the prefetch staging memory").map(Arc::new)
+            })
+            .collect()
+    }
+
+    /// Where layer `li`'s table is for the kernels: a device table's
+    /// addresses (the stager forgets a host table the layer had), or a host
+    /// table's staging buffers on the device, with the stager reading
+    /// `host_source` into `prefetch`.
+    fn table_loc(
+        &self,
+        st: &mut State,
+        li: usize,
+        l: &CheckedLayer<'_>,
+        host_source: Option<Source>,
+        prefetch: Vec<Arc<Staging>>,
+        rb: usize,
+    ) -> Result<TableLoc> {
+        let (m, s) = (self.max_tokens, self.shape);
+        Ok(match host_source {
+            None => {
+                // The stager forgets a host table this layer had (and waits
+                // for any gather still reading it).
+                self.stager
+                    .set_source(li, Source::memory(&[]), l.format, rb);
+                let addr = |src: &TableSource<'_>| match src {
+                    TableSource::Memory(r) => r.addr() as u64,
+                    TableSource::File { .. } => unreachable!("a file is a host table"),
+                };
+                TableLoc::Device {
+                    table: addr(&l.source),
+                    scales: l.scales.as_ref().map_or(0, addr),
+                }
+            }
+            Some(src) => {
+                let cells = m.checked_mul(s.cols).ok_or_else(|| overflow("staging"))?;
+                let rows = DevBuf::new(
+                    &self.gpu,
+                    cells.checked_mul(rb).ok_or_else(|| overflow("staging"))?,
+                    "the staged table rows",
+                )?;
+                let ids = DevBuf::new(&self.gpu, cells * 8, "the staged row ids")?;
+                // No position is staged yet: an id no row has.
+                // SAFETY: our own allocation of `cells` ids.
+                unsafe { self.own_memset(ids.ptr, 0x80, cells * 8)? };
+                Self::grow_slots_in(&self.gpu, st, m, s.cols, rb)?;
+                let mem = prefetch
+                    .iter()
+                    .map(|b| b.clone() as Arc<dyn InPlace>)
+                    .collect();
+                let gen = self
+                    .stager
+                    .set_source_in_place(li, src, l.format, rb, mem)?;
+                TableLoc::Host {
+                    gen,
+                    rows,
+                    ids,
+                    prefetch,
+                }
+            }
+        })
+    }
+
     /// `set_layer`'s check of a block-scaled fp8 `wkv`'s codes and scales
     /// ([`Fp8Blocks::check`]): host arrays in place; device arrays copied to
-    /// the host, the scales whole and the codes 16 MB at a time (whole rows
-    /// of blocks).
+    /// the host on the context's own stream (waiting for it alone, never the
+    /// whole context), the scales whole and the codes 16 MB at a time (whole
+    /// rows of blocks).
     fn check_fp8_wkv(&self, l: &CheckedLayer<'_>) -> Result<()> {
         let (k, rows) = (self.shape.k_in, self.shape.k_out);
         let (br, bc) = l.wkv_block;
@@ -613,8 +836,9 @@ impl CudaBackend {
         let get = |addr: usize, bytes: usize, what: &str| -> Result<Vec<u8>> {
             let mut v = crate::batch::try_vec(bytes, 0u8, what)?;
             // SAFETY: device memory of the context's device holding `bytes`
-            // (checked by the caller); `v` holds as many.
-            unsafe { self.gpu.download(v.as_mut_ptr(), addr as u64, bytes)? };
+            // (check_device_range below, before each call); `v` holds as
+            // many and outlives the wait (own_download waits for the copy).
+            unsafe { self.own_download(v.as_mut_ptr(), addr as u64, bytes)? };
             Ok(v)
         };
         let owned;
@@ -685,7 +909,7 @@ impl CudaBackend {
             + s.ids.bytes
             + s.flags.bytes
             + s.latch.bytes
-            + s.barrier.bytes
+            + s.done.bytes
             + s.blas.device_bytes()
             + self.qk.iter().map(|b| b.bytes).sum::<usize>()
             + self.hash.as_ref().map_or(0, |h| h.device_bytes())
@@ -848,189 +1072,27 @@ impl<'w> Backend<'w> for CudaBackend {
     /// `q * k`). Waits for the device to be idle before replacing anything a
     /// queued call may still read.
     fn set_layer(&self, li: usize, l: CheckedLayer<'w>) -> Result<()> {
-        let s = self.shape;
-        let mut wkv_kind = match l.wkv_type {
-            EngramType::Bf16 => WkvKind::Bf16,
-            EngramType::F32 => WkvKind::F32,
-            EngramType::Fp8E4m3E8m0Block => WkvKind::Fp8Block {
-                scales: 0,
-                br: u32::try_from(l.wkv_block.0).map_err(|_| overflow("wkv_block_rows"))?,
-                bc: u32::try_from(l.wkv_block.1).map_err(|_| overflow("wkv_block_cols"))?,
-            },
-            t => WkvKind::Quant(t),
-        };
+        let rb = l.format.row_bytes(self.shape.geo.hd);
+        let mut wkv_kind = Self::wkv_kind_of(&l)?;
         if matches!(wkv_kind, WkvKind::Fp8Block { .. }) {
             // Every code and scale, before anything changes.
             self.check_fp8_wkv(&l)?;
         }
-        let rb = l.format.row_bytes(s.geo.hd);
-        // The table (and, for a split fp8 table, its scales): device memory,
-        // or a host source the stager reads.
-        let host_source = match (
-            self.table_source(&l.source, l.bytes.table, l.layer_id, "table")?,
-            l.scales
-                .as_ref()
-                .map(|sc| self.table_source(sc, l.bytes.scales, l.layer_id, "table's scales"))
-                .transpose()?,
-        ) {
-            (None, None | Some(None)) => None,
-            (Some(codes), None) => Some(codes),
-            // A split table in host memory or files: each staged row is its
-            // codes then its scales, the packed row (which the split format
-            // dequantises as).
-            (Some(codes), Some(Some(scales))) => Some(Source::Split {
-                codes: Box::new(codes),
-                scales: Box::new(scales),
-                crb: l.format.planes(s.geo.hd).0,
-            }),
-            _ => bail!(
-                ErrUnsupported,
-                "layer {}: a split fp8 table's codes and scales must both be in device memory or both on the host",
-                l.layer_id
-            ),
-        };
-        // wkv: in place on the device, or copied there.
-        let (wkv, wkv_copy) = match self.place(l.wkv.addr()) {
-            Place::Device => {
-                gpu::check_device_range(
-                    &*self.gpu,
-                    l.wkv.addr() as u64,
-                    l.bytes.wkv,
-                    "weights.wkv",
-                )?;
-                (l.wkv.addr() as u64, None)
-            }
-            Place::Host => {
-                let b = DevBuf::new(&self.gpu, l.bytes.wkv, "the device copy of weights.wkv")?;
-                // SAFETY: host memory the context lends, sized by its checks;
-                // `b` holds as many bytes.
-                unsafe {
-                    self.own_upload(b.ptr, l.wkv.host().as_ptr(), l.bytes.wkv)?;
-                }
-                (b.ptr, Some(b))
-            }
-        };
-        // A block-scaled fp8 wkv's scales: in place, or copied there.
-        let mut wkv_scales_copy = None;
-        if let (WkvKind::Fp8Block { scales, .. }, Some(r)) = (&mut wkv_kind, l.wkv_scales) {
-            let n = l.bytes.wkv_scales;
-            *scales = match self.place(r.addr()) {
-                Place::Device => {
-                    gpu::check_device_range(&*self.gpu, r.addr() as u64, n, "weights.wkv_scales")?;
-                    r.addr() as u64
-                }
-                Place::Host => {
-                    let b = DevBuf::new(&self.gpu, n, "the device copy of weights.wkv_scales")?;
-                    // SAFETY: host memory the context lends, sized by its
-                    // checks; `b` holds as many bytes. On the context's own
-                    // stream: a context-wide wait would wait for the
-                    // engine's unrelated work (docs/cuda-streams.md).
-                    unsafe { self.own_upload(b.ptr, r.host().as_ptr(), n)? };
-                    let p = b.ptr;
-                    wkv_scales_copy = Some(b);
-                    p
-                }
-            };
-        }
+        let host_source = self.host_table_source(&l)?;
+        let (wkv, wkv_copy, wkv_scales_copy) = self.place_wkv(&l, &mut wkv_kind)?;
         let qk = self.qk_of(&l)?;
-        match wkv_kind {
-            // Compile the quantised-wkv kernels now, not in the first apply.
-            WkvKind::Quant(f) => self.gpu.preload(gpu::Kernel::GemvQ(f))?,
-            WkvKind::Fp8Block { .. } => self.gpu.preload(gpu::Kernel::GemvFp8)?,
-            _ => {}
-        }
-        // And the decode kernels where they may run.
-        if matches!(wkv_kind, WkvKind::Bf16 | WkvKind::Fp8Block { .. })
-            && self.state().decode_max > 0
-        {
-            self.gpu.preload(gpu::Kernel::Decode { fp8: false })?;
-        }
+        self.preload_for(wkv_kind)?;
         let mut st = self.state();
-        let (m, k_in, k_out) = (self.max_tokens, s.k_in, s.k_out);
-        if wkv_kind == WkvKind::F32 && st.rows32.is_none() {
-            st.rows32 = Some(DevBuf::new(
-                &self.gpu,
-                m.checked_mul(k_in * 4)
-                    .ok_or_else(|| overflow("f32 rows"))?,
-                "f32 rows",
-            )?);
-            st.kv32 = Some(DevBuf::new(
-                &self.gpu,
-                m.checked_mul(k_out * 4).ok_or_else(|| overflow("f32 kv"))?,
-                "f32 kv",
-            )?);
-        }
-        if matches!(wkv_kind, WkvKind::Quant(_) | WkvKind::Fp8Block { .. }) && st.tile.is_none() {
-            // A multiple of 8 rows, so that each tile's kv columns start
-            // 16-byte aligned for cuBLAS.
-            let rows = (TILE_BYTES / (2 * k_in) / 8 * 8).clamp(8.min(k_out), k_out);
-            st.tile = Some((
-                DevBuf::new(&self.gpu, rows * k_in * 2, "the dequantised wkv tile")?,
-                rows,
-            ));
-        }
-        // A host table's prefetches gather into pinned memory of the layer's
-        // own (one per stager slot), from which the applies copy the rows to
-        // the device.
+        self.grow_workspaces(&mut st, wkv_kind)?;
         let prefetch = match host_source {
-            Some(_) => {
-                let (ids, rows) = Self::staging_bytes(m, s.cols, rb)?;
-                (0..crate::cpu::stager::SLOTS)
-                    .map(|_| {
-                        Staging::new(&self.gpu, ids, rows, "the prefetch staging memory")
-                            .map(Arc::new)
-                    })
-                    .collect::<Result<Vec<_>>>()?
-            }
+            Some(_) => self.prefetch_staging(rb)?,
             None => Vec::new(),
         };
         // Nothing queued may read what is replaced below: wait for this
         // context's last call (not for the whole context, which would wait
         // for the engine's unrelated work and break another thread's capture).
         self.wait_last(&st)?;
-        let table = match host_source {
-            None => {
-                // The stager forgets a host table this layer had (and waits
-                // for any gather still reading it).
-                self.stager
-                    .set_source(li, Source::memory(&[]), l.format, rb);
-                let addr = |src: &TableSource<'_>| match src {
-                    TableSource::Memory(r) => r.addr() as u64,
-                    TableSource::File { .. } => unreachable!("a file is a host table"),
-                };
-                TableLoc::Device {
-                    table: addr(&l.source),
-                    scales: l.scales.as_ref().map_or(0, addr),
-                }
-            }
-            Some(src) => {
-                let cells = m.checked_mul(s.cols).ok_or_else(|| overflow("staging"))?;
-                let rows = DevBuf::new(
-                    &self.gpu,
-                    cells.checked_mul(rb).ok_or_else(|| overflow("staging"))?,
-                    "the staged table rows",
-                )?;
-                let ids = DevBuf::new(&self.gpu, cells * 8, "the staged row ids")?;
-                // No position is staged yet: an id no row has.
-                // SAFETY: our own allocation of `cells` ids.
-                unsafe { self.own_memset(ids.ptr, 0x80, cells * 8)? };
-                let st = &mut *st;
-                Self::grow_slots_in(&self.gpu, st, m, s.cols, rb)?;
-                let mem = prefetch
-                    .iter()
-                    .map(|b| b.clone() as Arc<dyn InPlace>)
-                    .collect();
-                let gen = self
-                    .stager
-                    .set_source_in_place(li, src, l.format, rb, mem)?;
-                TableLoc::Host {
-                    gen,
-                    rows,
-                    ids,
-                    prefetch,
-                }
-            }
-        };
+        let table = self.table_loc(&mut st, li, &l, host_source, prefetch, rb)?;
         // SAFETY: `qk[li]` holds `qk.len()` floats.
         unsafe {
             self.own_upload(self.qk[li].ptr, qk.as_ptr() as *const u8, qk.len() * 4)?;

@@ -5,7 +5,12 @@
 //! - `ENGRAM_REQUIRE_GPU=1` (set by `scripts/gpu-check.sh`): the GPU or a
 //!   failure.
 //! - `ENGRAM_TEST_DEVICE=emulated`: the emulation even where there is a GPU.
-//! - Without a GPU and without g++ the tests print why and pass.
+//! - `ENGRAM_REQUIRE_EMULATION=1` (set by `scripts/test.sh` and the bundle's
+//!   smoke run in `scripts/gpu-prebuild.sh`, which promise to run them): the
+//!   emulation or a failure where there is no GPU.
+//! - Otherwise, without a GPU and without g++, each test that checks nothing
+//!   says so with [`skip`]: its name and why, past the harness's capture,
+//!   counted per test binary.
 //!
 //! The SIMT library (and its self-test, run by `tests/simt_selftest.rs`) is
 //! built once per source state (a hash of the kernels, the shim and the `-D`
@@ -40,12 +45,23 @@ impl Dev {
     }
 }
 
-fn say_once(what: &str) {
-    static SAID: OnceLock<()> = OnceLock::new();
-    SAID.get_or_init(|| {
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "{what}");
-    });
+/// Say that the calling test checks nothing in this configuration, and why:
+/// one line naming the test, straight to stderr (the test harness captures
+/// `println!`), with the count of such skips in this test binary so far.
+pub fn skip(why: &str) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static SKIPPED: AtomicUsize = AtomicUsize::new(0);
+    let k = SKIPPED.fetch_add(1, Ordering::Relaxed) + 1;
+    let name = std::thread::current().name().unwrap_or("?").to_string();
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIP {name}: {why} (skip {k} of this test binary)"
+    );
+}
+
+fn require_emulation() -> bool {
+    std::env::var("ENGRAM_REQUIRE_EMULATION").is_ok_and(|v| v == "1")
 }
 
 fn require_gpu() -> bool {
@@ -88,25 +104,33 @@ pub fn device() -> Option<Dev> {
 pub fn emulated() -> Option<Dev> {
     static EMU: OnceLock<Option<Dev>> = OnceLock::new();
     if require_gpu() {
-        say_once("SKIP: emulation-only tests in the GPU check (ENGRAM_REQUIRE_GPU=1)");
+        skip("emulation-only, and this is the GPU check (ENGRAM_REQUIRE_GPU=1)");
         return None;
     }
-    EMU.get_or_init(|| match simt_library() {
-        Err(e) => panic!("the SIMT emulation could not be built: {e}"),
-        Ok(Some(p)) => {
-            let emu = Emulator::load(&p).unwrap_or_else(|e| panic!("{}", e.message));
-            let gpu: Arc<dyn Gpu> = emu.clone();
-            Some(Dev {
-                gpu,
-                emu: Some(emu),
-            })
-        }
-        Ok(None) => {
-            say_once("SKIP: the emulated CUDA tests: no g++ (CXX) to build the SIMT emulation");
-            None
-        }
-    })
-    .clone()
+    let emu = EMU
+        .get_or_init(|| match simt_library() {
+            Err(e) => panic!("the SIMT emulation could not be built: {e}"),
+            Ok(Some(p)) => {
+                let emu = Emulator::load(&p).unwrap_or_else(|e| panic!("{}", e.message));
+                let gpu: Arc<dyn Gpu> = emu.clone();
+                Some(Dev {
+                    gpu,
+                    emu: Some(emu),
+                })
+            }
+            Ok(None) => {
+                assert!(
+                !require_emulation(),
+                "ENGRAM_REQUIRE_EMULATION=1 but there is no g++ (CXX) to build the SIMT emulation"
+            );
+                None
+            }
+        })
+        .clone();
+    if emu.is_none() {
+        skip("no GPU, and no g++ (CXX) to build the SIMT emulation");
+    }
+    emu
 }
 
 fn fnv(h: &mut u64, bytes: &[u8]) {

@@ -1554,10 +1554,12 @@ static void test_gate() {
 // engram_decode_bf16 (kernels/decode.cu): phase A alone (an ordinary launch,
 // no highway) against the gather's rows and the GEMV's order, for 1 to 40
 // tokens (tiles of up to ENG_DECODE_TILE = 16, so up to 3 tiles) and an odd
-// number of outputs; then with an f32 highway, launched cooperatively, whose
-// gate must give the bits of engram_gate_f32_bf16 on the same kv.
+// number of outputs; then with an f32 highway (an ordinary launch: the last
+// block done runs the gate), whose gate must give the bits of
+// engram_gate_f32_bf16 on the same kv, and the count of blocks done must be
+// back to zero after it.
 static void test_decode() {
-    Section sec("engram_decode_bf16: gather + GEMV order; cooperative, its gate = the gate kernel");
+    Section sec("engram_decode_bf16: gather + GEMV order; its last block's gate = the gate kernel");
     std::mt19937_64 rng(8);
     const uint32_t hd = 128, cols = 4, k = cols * hd, n_out = 99, hc = 4, d = 24, nr = 300;
     // n_out is odd: the last pair's second row is past the end.
@@ -1600,7 +1602,7 @@ static void test_decode() {
         CHECK(row_bad == 0 && latch[0] == 0, "%u tokens: %ld rows or flags differ from the table's", nt, row_bad);
         CHECK(kv_bad == 0, "%u tokens: %ld kv values differ from the GEMV's order", nt, kv_bad);
     }
-    // The cooperative launch with a highway: its gate against the gate kernel.
+    // With a highway: the last block done's gate against the gate kernel.
     {
         const uint32_t nt = 5, tile = 5, n_out2 = (hc + 1) * d;
         std::vector<uint16_t> w2((size_t)n_out2 * k);
@@ -1630,10 +1632,10 @@ static void test_decode() {
                         &zero, &zero, &ro,  &fl,  &lp,  &lid, &serial, &wp,  &zero,  &br,
                         &bc,  &nbc,   &kvp, &un,  &uk,  &unt, &ut,     &hwp, &hw_bf16, &qk,
                         &uhc, &ud,    &eps, &inv, &mp,  &bp};
-        CHECK_RC(simt_launch_cooperative("engram_decode_bf16", 3, 1, 1, 256, 1, 1, tile * k * 2, args, 9), SIMT_OK);
-        CHECK(mirror[0] == 2 && mirror[1] == 1 && mirror[2] == 2 && latch[0] == 0 && (bar & 0x7FFFFFFFu) == 0,
-              "the partly dead token's error moved to the mirror (%u %u %u), the barrier word reset (%#x)", mirror[0],
-              mirror[1], mirror[2], bar);
+        CHECK_RC(simt_launch("engram_decode_bf16", 3, 1, 1, 256, 1, 1, tile * k * 2, args, 9), SIMT_OK);
+        CHECK(mirror[0] == 2 && mirror[1] == 1 && mirror[2] == 2 && latch[0] == 0 && bar == 0,
+              "the partly dead token's error moved to the mirror (%u %u %u), the count of blocks done reset (%#x)",
+              mirror[0], mirror[1], mirror[2], bar);
         // The gate kernel on the kv and flags the decode kernel left.
         uint32_t latch2[12] = {0}, mirror2[12] = {0};
         uint64_t hgp = ptr(hw_gate.data()), lp2 = ptr(latch2), mp2 = ptr(mirror2);
@@ -1650,7 +1652,7 @@ static void test_decode() {
                 changed += bits_of(hw[i]) != bits_of(hw_in[i]);
             }
         }
-        CHECK(differ == 0, "the cooperative decode kernel's gate: %ld values differ from the gate kernel's", differ);
+        CHECK(differ == 0, "the decode kernel's gate: %ld values differ from the gate kernel's", differ);
         CHECK(touched == 0 && changed > (long)(hw.size() / 2),
               "the partly dead token left alone (%ld changed), the others updated (%ld)", touched, changed);
     }
