@@ -29,6 +29,7 @@ pub mod fallible;
 pub mod ffi;
 pub mod files;
 pub mod formats;
+pub(crate) mod fpmode;
 pub mod gguf;
 pub mod hash;
 pub mod memory;
