@@ -26,7 +26,7 @@ pub struct FpMode {
 /// MXCSR at reset: the six exceptions masked, round to nearest, FTZ and
 /// DAZ off, no flag raised.
 #[cfg(target_arch = "x86_64")]
-pub const LIBRARY_MXCSR: u32 = 0x1F80;
+const LIBRARY_MXCSR: u32 = 0x1F80;
 
 /// MXCSR's exception flags (sticky status bits, not part of the mode).
 #[cfg(target_arch = "x86_64")]

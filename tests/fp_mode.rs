@@ -151,14 +151,24 @@ fn run(wkv: &Wkv, threads: u32, n: usize, mode: u32) -> (Vec<u16>, Vec<u32>) {
     let mut ids = vec![0i64; n * C];
     let mut kv = vec![0u16; n * OUT];
     let mut rows_out = vec![0u16; n * IN];
-    let mut hw: Vec<f32> = (0..n * HC * D).map(|i| (i % 13) as f32 / 4.0 - 1.5).collect();
+    let mut hw: Vec<f32> = (0..n * HC * D)
+        .map(|i| (i % 13) as f32 / 4.0 - 1.5)
+        .collect();
     set_mxcsr(mode);
     let mut ctx: *mut EngramContext = std::ptr::null_mut();
     let mut statuses = vec![ffi::engram_create(&cfg, &mut ctx)];
     let after_create = mxcsr();
     statuses.push(ffi::engram_set_layer(ctx, &w));
     let p = ids.as_mut_ptr();
-    statuses.push(ffi::engram_hash(ctx, tokens.as_ptr(), seqs.as_ptr(), pos.as_ptr(), n as u32, p, ids.len()));
+    statuses.push(ffi::engram_hash(
+        ctx,
+        tokens.as_ptr(),
+        seqs.as_ptr(),
+        pos.as_ptr(),
+        n as u32,
+        p,
+        ids.len(),
+    ));
     statuses.push(ffi::engram_read_back(
         ctx,
         1,
@@ -172,15 +182,34 @@ fn run(wkv: &Wkv, threads: u32, n: usize, mode: u32) -> (Vec<u16>, Vec<u32>) {
     let hwp = hw.as_mut_ptr() as *mut c_void;
     let f32_type = EngramType::F32 as u32;
     let null = std::ptr::null_mut();
-    statuses.push(ffi::engram_apply(ctx, 1, ids.as_ptr(), n as u32, hwp, f32_type, null));
+    statuses.push(ffi::engram_apply(
+        ctx,
+        1,
+        ids.as_ptr(),
+        n as u32,
+        hwp,
+        f32_type,
+        null,
+    ));
     let after = mxcsr();
     ffi::engram_free(ctx);
     let after_free = mxcsr();
     set_mxcsr(NORMAL);
-    assert!(statuses.iter().all(|&s| s == EngramStatus::Ok), "{statuses:?}");
-    for (when, got) in [("create", after_create), ("apply", after), ("free", after_free)] {
+    assert!(
+        statuses.iter().all(|&s| s == EngramStatus::Ok),
+        "{statuses:?}"
+    );
+    for (when, got) in [
+        ("create", after_create),
+        ("apply", after),
+        ("free", after_free),
+    ] {
         // (The exception flags, bits 0-5, are status, not mode.)
-        assert_eq!(got & !0x3F, mode, "MXCSR after {when}: {got:#x}, the caller's was {mode:#x}");
+        assert_eq!(
+            got & !0x3F,
+            mode,
+            "MXCSR after {when}: {got:#x}, the caller's was {mode:#x}"
+        );
     }
     (kv, hw.iter().map(|v| v.to_bits()).collect())
 }
@@ -188,18 +217,30 @@ fn run(wkv: &Wkv, threads: u32, n: usize, mode: u32) -> (Vec<u16>, Vec<u32>) {
 #[test]
 fn the_callers_ftz_daz_changes_no_bit_on_any_kernel() {
     let before = mxcsr();
-    let kernels = [Kernel::Portable, Kernel::Avx2, Kernel::Avx512, Kernel::Avx512Bf16];
+    let kernels = [
+        Kernel::Portable,
+        Kernel::Avx2,
+        Kernel::Avx512,
+        Kernel::Avx512Bf16,
+    ];
     for k in kernels.into_iter().filter(|k| k.supported()) {
         let name = format!("{k:?}").to_lowercase();
         std::env::set_var("ENGRAM_CPU_KERNEL", &name);
-        for (what, wkv) in [("bf16 subnormal", bf16_tiny()), ("fp8 block, scale 2^-127", fp8_tiny())] {
+        for (what, wkv) in [
+            ("bf16 subnormal", bf16_tiny()),
+            ("fp8 block, scale 2^-127", fp8_tiny()),
+        ] {
             // 5 tokens (one at a time) and 48 (the batched path).
             for n in [5, 48] {
                 let want = run(&wkv, 1, n, NORMAL);
                 // The case matters: some kv is subnormal in bf16 (but on
                 // avx512bf16, whose dot product reads subnormals as zero in
                 // every mode, docs/cpu.md).
-                let subnormal = want.0.iter().filter(|&&b| b & 0x7F80 == 0 && b & 0x7F != 0).count();
+                let subnormal = want
+                    .0
+                    .iter()
+                    .filter(|&&b| b & 0x7F80 == 0 && b & 0x7F != 0)
+                    .count();
                 assert!(
                     subnormal > 0 || k == Kernel::Avx512Bf16,
                     "{name}, {what}: no subnormal kv"
@@ -207,9 +248,16 @@ fn the_callers_ftz_daz_changes_no_bit_on_any_kernel() {
                 for threads in [1, 3] {
                     for mode in [NORMAL, NORMAL | FTZ_DAZ] {
                         let got = run(&wkv, threads, n, mode);
-                        let case = format!("{name}, {what}, {n} tokens, {threads} threads, MXCSR {mode:#x}");
+                        let case = format!(
+                            "{name}, {what}, {n} tokens, {threads} threads, MXCSR {mode:#x}"
+                        );
                         let diff = got.0.iter().zip(&want.0).filter(|(a, b)| a != b).count();
-                        assert_eq!(diff, 0, "{case}: {diff} of {} kv values differ", want.0.len());
+                        assert_eq!(
+                            diff,
+                            0,
+                            "{case}: {diff} of {} kv values differ",
+                            want.0.len()
+                        );
                         assert!(got.1 == want.1, "{case}: the highway differs");
                     }
                 }

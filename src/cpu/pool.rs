@@ -361,7 +361,7 @@ impl Workers {
         // SAFETY (lifetime erasure): the pointer is cleared below, and this
         // call returns only once `active` is 0, so no worker dereferences
         // it after `job` goes away.
-        st.job = Some(job as *const Job<'_> as *const Job<'static>);
+        st.job = Some(std::ptr::from_ref(job).cast());
         st.epoch += 1;
         sh.work.notify_all();
         // Wait until every task is claimed and finished: all claimed once
@@ -436,3 +436,82 @@ impl<T> SendPtr<T> {
 unsafe impl<T: Send> Send for SendPtr<T> {}
 // SAFETY: as above: no two threads touch the same element.
 unsafe impl<T: Send> Sync for SendPtr<T> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every chunk is handed out once, whole; the first error stops the loop
+    /// and comes back; a panicking task panics the caller; the pool keeps
+    /// working after each; callers on several threads share it.
+    #[test]
+    fn chunks_once_errors_and_panics_come_back() {
+        let pool = Workers::new(3).unwrap();
+        assert_eq!(pool.current_num_threads(), 3);
+        let mut data: Vec<u32> = (0..1000).collect();
+        pool.for_each_chunk(&mut data, 64, |(i, c): (usize, &mut [u32])| {
+            assert_eq!(c[0] as usize, i * 64);
+            c.iter_mut().for_each(|v| *v += 1);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert!(data.iter().enumerate().all(|(i, &v)| v as usize == i + 1));
+        let r = pool.for_each_chunk(&mut data, 10, |(i, _)| if i == 7 { Err(i) } else { Ok(()) });
+        assert_eq!(r, Err(7));
+        let p = catch_unwind(AssertUnwindSafe(|| {
+            pool.for_each_chunk(&mut data, 10, |(i, _)| {
+                assert_ne!(i, 3, "task 3");
+                Ok::<(), ()>(())
+            })
+        }));
+        assert!(p.is_err());
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                let pool = &pool;
+                s.spawn(move || {
+                    let mut d = vec![t; 500];
+                    for _ in 0..50 {
+                        pool.for_each_chunk(&mut d, 7, |(_, c)| {
+                            c.iter_mut().for_each(|v| *v += 1);
+                            Ok::<(), ()>(())
+                        })
+                        .unwrap();
+                    }
+                    assert!(d.iter().all(|&v| v == t + 50));
+                });
+            }
+        });
+    }
+
+    /// The workers compute in the library's FP mode whatever the mode of
+    /// the thread that started them.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn workers_run_in_the_library_mode() {
+        let caller = crate::fpmode::FpMode::enter();
+        let ftz = LIBRARY_FTZ_DAZ;
+        set_mxcsr(ftz);
+        let pool = Workers::new(2);
+        set_mxcsr(0x1F80);
+        let pool = pool.unwrap();
+        let mut out = vec![0f32; 64];
+        pool.for_each_chunk(&mut out, 8, |(_, c)| {
+            let tiny = std::hint::black_box(f32::MIN_POSITIVE);
+            c.iter_mut().for_each(|v| *v = std::hint::black_box(tiny) * 0.5);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert!(out.iter().all(|&v| v == f32::MIN_POSITIVE * 0.5));
+        drop(caller);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    const LIBRARY_FTZ_DAZ: u32 = 0x1F80 | (1 << 15) | (1 << 6);
+
+    #[cfg(target_arch = "x86_64")]
+    fn set_mxcsr(v: u32) {
+        // SAFETY: `ldmxcsr` reads 4 bytes from `v`; the values set are the
+        // reset value with or without FTZ and DAZ (no reserved bit).
+        unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &v, options(nostack, readonly)) };
+    }
+}

@@ -303,9 +303,7 @@ impl Projection {
             Ok(())
         };
         match &*pool {
-            Some(p) if n_out > chunk => {
-                p.for_each_chunk(kvt, chunk * n, f)
-            }
+            Some(p) if n_out > chunk => p.for_each_chunk(kvt, chunk * n, f),
             _ => kvt.chunks_mut(chunk * n).enumerate().try_for_each(f),
         }
     }

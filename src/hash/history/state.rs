@@ -97,7 +97,9 @@ impl ValidIds {
     fn contains(&self, v: i32) -> bool {
         match self {
             _ if v < 0 => false,
-            ValidIds::Bits(b) => b.get(v as usize / 64).is_some_and(|w| (w >> (v % 64)) & 1 == 1),
+            ValidIds::Bits(b) => b
+                .get(v as usize / 64)
+                .is_some_and(|w| (w >> (v % 64)) & 1 == 1),
             ValidIds::Sorted(ids) => ids.binary_search(&v).is_ok(),
         }
     }
@@ -135,14 +137,14 @@ impl StateKey {
 const RESTORE_SLACK_PAGES: usize = 4;
 
 /// How many times its own size a restore may allocate in history pages.
-pub const RESTORE_FACTOR: usize = 16;
+const RESTORE_FACTOR: usize = 16;
 
 /// Bytes of history pages a restore of a state of `len` bytes may allocate
 /// (docs/history.md, "Saving and restoring"): `RESTORE_FACTOR * len` plus
 /// `RESTORE_SLACK_PAGES` pages. A dense state needs about its own size
 /// (4 bytes an entry, as in a page); only runs thousands of positions
 /// apart, each paying a 16 KiB page for a few bytes, need more.
-pub fn restore_bound(len: usize) -> usize {
+fn restore_bound(len: usize) -> usize {
     len.saturating_mul(RESTORE_FACTOR)
         .saturating_add(RESTORE_SLACK_PAGES * super::PAGE * 4)
 }
@@ -477,7 +479,10 @@ mod bound_tests {
         assert_eq!(h.bytes(), bytes, "nothing allocated");
         assert_eq!(h.entries(1).unwrap(), before, "nothing changed");
         // The bound: 16 times the state plus 4 pages.
-        assert_eq!(restore_bound(buf.len()), 16 * 786_472 + 4 * PAGE_POSITIONS * 4);
+        assert_eq!(
+            restore_bound(buf.len()),
+            16 * 786_472 + 4 * PAGE_POSITIONS * 4
+        );
         // Dense, the same entries restore (16 pages).
         let dense: Vec<(usize, i32)> = (0..65_536).map(|p| (p, 1)).collect();
         h.state_read(1, &key, &state_of(&dense, &key)).unwrap();
