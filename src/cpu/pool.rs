@@ -497,7 +497,8 @@ mod tests {
         let mut out = vec![0f32; 64];
         pool.for_each_chunk(&mut out, 8, |(_, c)| {
             let tiny = std::hint::black_box(f32::MIN_POSITIVE);
-            c.iter_mut().for_each(|v| *v = std::hint::black_box(tiny) * 0.5);
+            c.iter_mut()
+                .for_each(|v| *v = std::hint::black_box(tiny) * 0.5);
             Ok::<(), ()>(())
         })
         .unwrap();
