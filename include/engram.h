@@ -446,7 +446,9 @@ typedef struct engram_config {
   uint32_t max_positions;
   /*
    Threads the CPU backend may use in one call (0 or 1: the calling thread
-   only). At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
+   only). At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create);
+   threads that cannot be started are `ENGRAM_STATUS_ERR_CAPACITY`, as in
+   `engram_set_threads`.
    */
   uint32_t n_threads;
   /*
@@ -1420,9 +1422,12 @@ enum engram_status engram_seq_state_write(struct engram_context *ctx,
  saved (`len` bytes at `buf`), from any sequence of a context of the same
  model. A truncated, corrupted or foreign buffer (another model's: its hash
  tables' fingerprint differs) is `ENGRAM_STATUS_ERR_FORMAT`, and so is a
- state holding a position outside `[0, max_positions)`; everything is
- checked before `seq` changes, and on error nothing changes. Serialised
- with `engram_hash`.
+ state holding a position outside `[0, max_positions)` or an id no token
+ maps to. A state whose positions are so sparse that its history pages
+ would take more than 16 times its size plus 64 KiB is
+ `ENGRAM_STATUS_ERR_CAPACITY` (docs/history.md). Everything is checked
+ before `seq` changes (and before any page is allocated), and on error
+ nothing changes. Serialised with `engram_hash`.
 
  `ctx` as in `engram_free`; `buf` must hold `len` bytes.
  */

@@ -109,7 +109,7 @@ impl<'w> Context<'w> {
             limits: cfg.limits,
             history: Mutex::new(History::new(cfg.limits)?),
             layers: RwLock::new(try_vec_with(shape.n_layers, || None, "engram layers")?),
-            state_key: StateKey::of(&tables),
+            state_key: StateKey::of(&tables)?,
             tables,
             backend,
             n_threads: Mutex::new(cfg.n_threads.max(1)),
@@ -198,7 +198,7 @@ impl<'w> Context<'w> {
         stream: Stream,
     ) -> Result<usize> {
         let e = self.backend.seq_entries_device(seq, stream)?;
-        crate::hash::history::state::encode(|| e.iter().copied(), seq, self.state_key, buf)
+        crate::hash::history::state::encode(|| e.iter().copied(), seq, &self.state_key, buf)
     }
 
     /// Restore a saved state (of a host or a device history) into `seq`'s
@@ -214,7 +214,7 @@ impl<'w> Context<'w> {
         self.limits.seq(seq)?;
         let mut entries: Vec<(usize, i32)> = Vec::new();
         crate::hash::history::state::decode(
-            self.state_key,
+            &self.state_key,
             self.limits.max_positions,
             buf,
             |p, v| {
@@ -349,13 +349,13 @@ impl<'w> Context<'w> {
     /// Save `seq`'s state into `buf`; returns the bytes written.
     pub fn seq_state_write(&self, seq: i32, buf: &mut [u8]) -> Result<usize> {
         self.host_history_only("engram_seq_state_write")?;
-        self.history().state_write(seq, self.state_key, buf)
+        self.history().state_write(seq, &self.state_key, buf)
     }
 
     /// Restore a saved state into `seq` (any slot).
     pub fn seq_state_read(&self, seq: i32, buf: &[u8]) -> Result<()> {
         self.host_history_only("engram_seq_state_read")?;
-        self.history().state_read(seq, self.state_key, buf)
+        self.history().state_read(seq, &self.state_key, buf)
     }
 
     /// The hash tables' fingerprint, which a saved state carries.

@@ -50,13 +50,13 @@ pub mod error;
 mod fallible;
 /// The C ABI in Rust form: every export, and the structs it takes.
 pub mod ffi;
-/// Kept reachable while the path rule's tests (issue 34 F1, F2) are being
-/// written in parallel and may open files through it; private once none does.
+/// Tests: path_rule (`force_walk`, the fallback walk forced on one thread).
 #[doc(hidden)]
 pub mod files;
 /// Tests and benches throughout (conversions, dequantisation, `Fp8Blocks`).
 #[doc(hidden)]
 pub mod formats;
+mod fpmode;
 /// Tests: gguf_*, file_memory, file_safety, hostile; tools: engram-inspect.
 #[doc(hidden)]
 pub mod gguf;

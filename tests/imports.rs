@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     // What every module may use: errors; allocations sized by a caller or a
     // file; the engine's memory, the row and weight formats, opening files.
-    &["error"],
+    &["error", "fpmode"],
     &["fallible"],
     &["memory", "formats", "files"],
     // The plain data a call is made of (what a backend is given).

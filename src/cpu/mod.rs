@@ -63,7 +63,7 @@ impl CpuBackend<'_> {
         };
         let mut projection = Projection::new(n_threads).map_err(|e| {
             Error::new(
-                crate::EngramStatus::ErrInvalidConfig,
+                crate::EngramStatus::ErrCapacity,
                 format!("cannot start {n_threads} threads: {e}"),
             )
         })?;

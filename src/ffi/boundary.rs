@@ -124,6 +124,8 @@ pub fn run<R: FfiReturn>(f: impl FnOnce() -> R) -> R {
 macro_rules! ffi_boundary {
     ($body:block) => {
         $crate::ffi::boundary::run(move || {
+            // The library's FP mode for the body, the caller's back after.
+            let _fp = $crate::fpmode::FpMode::enter();
             // The inner closure lets the body use `?`.
             #[allow(clippy::redundant_closure_call)]
             let r = (move || $body)();

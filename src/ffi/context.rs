@@ -126,7 +126,9 @@ pub struct EngramConfig {
     /// Positions run over `[0, max_positions)`.
     pub max_positions: u32,
     /// Threads the CPU backend may use in one call (0 or 1: the calling thread
-    /// only). At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create).
+    /// only). At most 1024 (more is `ENGRAM_STATUS_ERR_INVALID_CONFIG` at create);
+    /// threads that cannot be started are `ENGRAM_STATUS_ERR_CAPACITY`, as in
+    /// `engram_set_threads`.
     pub n_threads: u32,
     /// 0 (the default): the history is on the host (`engram_hash`). Else the
     /// context's history is on the device (CUDA backend only; the CPU backend

@@ -186,9 +186,12 @@ pub extern "C" fn engram_seq_state_write(
 /// saved (`len` bytes at `buf`), from any sequence of a context of the same
 /// model. A truncated, corrupted or foreign buffer (another model's: its hash
 /// tables' fingerprint differs) is `ENGRAM_STATUS_ERR_FORMAT`, and so is a
-/// state holding a position outside `[0, max_positions)`; everything is
-/// checked before `seq` changes, and on error nothing changes. Serialised
-/// with `engram_hash`.
+/// state holding a position outside `[0, max_positions)` or an id no token
+/// maps to. A state whose positions are so sparse that its history pages
+/// would take more than 16 times its size plus 64 KiB is
+/// `ENGRAM_STATUS_ERR_CAPACITY` (docs/history.md). Everything is checked
+/// before `seq` changes (and before any page is allocated), and on error
+/// nothing changes. Serialised with `engram_hash`.
 ///
 /// `ctx` as in `engram_free`; `buf` must hold `len` bytes.
 #[no_mangle]

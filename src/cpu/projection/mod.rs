@@ -35,7 +35,6 @@
 use crate::batch::try_vec;
 use crate::error::Result;
 use crate::formats::{bf16_to_f32, f32_to_bf16, EngramType, Weights};
-use rayon::prelude::*;
 
 /// Which kernel computes the dot products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,7 +162,7 @@ pub struct Projection {
     /// Joined when dropped (`engram_free` returns with no thread left).
     /// Held for reading by every run, for writing by [`Projection::set_threads`]:
     /// a pool is never replaced under a run that uses it.
-    pool: std::sync::RwLock<Option<crate::cpu::pool::Pool>>,
+    pool: std::sync::RwLock<Option<crate::cpu::pool::Workers>>,
     kernel: Kernel,
     /// Leave the f32 sums unrounded (tests: the bf16 rounding would hide most
     /// changes of summation order).
@@ -182,9 +181,9 @@ impl Projection {
         })
     }
 
-    fn pool(threads: usize) -> std::io::Result<Option<crate::cpu::pool::Pool>> {
+    fn pool(threads: usize) -> std::io::Result<Option<crate::cpu::pool::Workers>> {
         Ok(if threads > 1 {
-            Some(crate::cpu::pool::Pool::new(threads)?)
+            Some(crate::cpu::pool::Workers::new(threads)?)
         } else {
             None
         })
@@ -304,9 +303,7 @@ impl Projection {
             Ok(())
         };
         match &*pool {
-            Some(p) if n_out > chunk => {
-                p.install(|| kvt.par_chunks_mut(chunk * n).enumerate().try_for_each(f))
-            }
+            Some(p) if n_out > chunk => p.for_each_chunk(kvt, chunk * n, f),
             _ => kvt.chunks_mut(chunk * n).enumerate().try_for_each(f),
         }
     }

@@ -509,22 +509,8 @@ impl History {
                 // read as `lookback` reads it (no marker is left between
                 // calls).
                 Some(Some(page)) if off >= back => {
-                    if c != -1 {
-                        let before = &page[off - back..off];
-                        let mut k = back;
-                        while k > 0 {
-                            match before[k - 1] {
-                                UNSET => break 'tokens,
-                                -1 => {
-                                    ctx[..k].fill(pad);
-                                    k = 0;
-                                }
-                                v => {
-                                    ctx[k - 1] = v as i64;
-                                    k -= 1;
-                                }
-                            }
-                        }
+                    if c != -1 && !warm_lookback(&page[off - back..off], pad, ctx) {
+                        break 'tokens;
                     }
                     std::mem::replace(&mut page[off], c)
                 }
@@ -543,16 +529,7 @@ impl History {
             };
             *word |= bit;
             if c == -1 {
-                match nr.checked_sub(1).map(|r| &mut runs[r]) {
-                    Some(r) if r.x == Run::DEAD => r.len += 1,
-                    _ => {
-                        runs[nr] = Run {
-                            x: Run::DEAD,
-                            len: 1,
-                        };
-                        nr += 1;
-                    }
-                }
+                push_dead(runs, &mut nr);
             } else {
                 ctx[back] = c as i64;
                 runs[nr] = Run { x: nx, len: 1 };
@@ -568,18 +545,30 @@ impl History {
         if i == n {
             return Some((nx, nr));
         }
-        for ((&sq, &ps), &old) in seq_ids[..i].iter().zip(&pos[..i]).zip(&saved[..i]) {
+        self.undo_step(&seq_ids[..i], &pos[..i], &saved[..i], &mut sc.reserved);
+        None
+    }
+
+    /// Put back what [`History::step`] laid in for its first tokens
+    /// (`saved`: what their positions held) and free the pages it allocated.
+    fn undo_step(
+        &mut self,
+        seq_ids: &[i32],
+        pos: &[i32],
+        saved: &[i32],
+        reserved: &mut Vec<(usize, Reserved)>,
+    ) {
+        for ((&sq, &ps), &old) in seq_ids.iter().zip(pos).zip(saved) {
             let (s, p) = (sq as usize, ps as usize);
             let page = self.seqs[s].pages[p / PAGE]
                 .as_deref_mut()
                 .expect("a page written above");
             page[p % PAGE] = old;
         }
-        for (s, r) in sc.reserved.iter().rev() {
+        for (s, r) in reserved.iter().rev() {
             self.seqs[*s].unreserve(r);
         }
-        sc.reserved.clear();
-        None
+        reserved.clear();
     }
 
     /// Pass 1 of [`History::hash_with`]: validate each token and claim its
@@ -786,6 +775,44 @@ impl History {
         }
         for (s, r) in sc.reserved.iter().rev() {
             self.seqs[*s].unreserve(r);
+        }
+    }
+}
+
+/// A live token's look-back `before` (the `back` entries before it, in its
+/// own page) into `ctx[..back]`, as `lookback` reads it: a dead entry pads
+/// everything before it. False if an entry was never hashed (the two passes
+/// then report it).
+#[inline(always)]
+fn warm_lookback(before: &[i32], pad: i64, ctx: &mut [i64]) -> bool {
+    let mut k = before.len();
+    while k > 0 {
+        match before[k - 1] {
+            UNSET => return false,
+            -1 => {
+                ctx[..k].fill(pad);
+                return true;
+            }
+            v => {
+                ctx[k - 1] = v as i64;
+                k -= 1;
+            }
+        }
+    }
+    true
+}
+
+/// A dead token's run: it extends the last run if that is dead too.
+#[inline(always)]
+fn push_dead(runs: &mut [Run], nr: &mut usize) {
+    match nr.checked_sub(1).map(|r| &mut runs[r]) {
+        Some(r) if r.x == Run::DEAD => r.len += 1,
+        _ => {
+            runs[*nr] = Run {
+                x: Run::DEAD,
+                len: 1,
+            };
+            *nr += 1;
         }
     }
 }

@@ -85,18 +85,13 @@ fn a_bad_token_inside_a_run_changes_nothing() {
     assert_eq!(a, b);
 }
 
-/// A decode step (one token for each of several sequences, the shape
-/// `History::step` takes in one pass) that fails at one token reports it as
-/// the general checks word it, and leaves the history as it was: its bytes
-/// (a page the step allocated for an earlier token is freed), its lengths,
-/// and the ids a later good step gets equal those of a history that never
-/// saw the failing step.
-#[test]
-fn a_bad_token_inside_a_decode_step_changes_nothing() {
+/// The tables of [`a_bad_token_inside_a_decode_step_changes_nothing`]: 2
+/// layers, `N = 4`, 8 heads, 100 tokens.
+fn decode_step_tables() -> HashTables {
     let primes = derive_primes_uniform(2, 4, 8, 20_000).unwrap();
     let offsets = derive_offsets(&primes, 24);
     let map: Vec<i32> = (0..100).collect();
-    let t = HashTables::new(&HashTablesIn {
+    HashTables::new(&HashTablesIn {
         layer_ids: &[3, 5],
         max_ngram: 4,
         n_heads: 8,
@@ -106,7 +101,69 @@ fn a_bad_token_inside_a_decode_step_changes_nothing() {
         primes: &primes,
         offsets: &offsets,
     })
-    .unwrap();
+    .unwrap()
+}
+
+/// A decode step (sequences 0..4 at position 10) made bad at token 2 in
+/// one of five ways (`bad % 5`), with token 0 dead far out (a page the step
+/// allocates) when `bad >= 5`: its tokens, sequences and positions, and
+/// the status and message the call must return.
+fn bad_decode_step(bad: usize) -> (Vec<i32>, Vec<i32>, Vec<i32>, EngramStatus, String) {
+    let (mut tk, mut sq, mut ps) = (vec![1, 2, 3, 4], vec![0, 1, 2, 3], vec![10; 4]);
+    let (status, msg) = match bad % 5 {
+        0 => {
+            tk[2] = 1000;
+            (
+                EngramStatus::ErrInvalidToken,
+                "token 2: id 1000 is outside token_map [0, 100) (use -1 to mark a dead position)",
+            )
+        }
+        1 => {
+            sq[2] = 9;
+            (
+                EngramStatus::ErrInvalidSequence,
+                "token 2: sequence id 9 outside [0, max_seqs = 4)",
+            )
+        }
+        2 => {
+            ps[2] = 10_000;
+            (
+                EngramStatus::ErrInvalidSequence,
+                "token 2: position 10000 outside [0, max_positions = 10000)",
+            )
+        }
+        3 => {
+            sq[2] = 1;
+            (
+                EngramStatus::ErrInvalidSequence,
+                "tokens 1 and 2: sequence 1 position 10 appears twice in one batch",
+            )
+        }
+        _ => {
+            ps[2] = 50;
+            (
+                EngramStatus::ErrMissingHistory,
+                "token 2: sequence 2 position 50 looks back to position 49, which was never hashed",
+            )
+        }
+    };
+    if bad >= 5 {
+        // Token 0 dead, far out: the step allocates its page.
+        tk[0] = crate::hash::TOKEN_DEAD;
+        ps[0] = 9000;
+    }
+    (tk, sq, ps, status, msg.to_string())
+}
+
+/// A decode step (one token for each of several sequences, the shape
+/// `History::step` takes in one pass) that fails at one token reports it as
+/// the general checks word it, and leaves the history as it was: its bytes
+/// (a page the step allocated for an earlier token is freed), its lengths,
+/// and the ids a later good step gets equal those of a history that never
+/// saw the failing step.
+#[test]
+fn a_bad_token_inside_a_decode_step_changes_nothing() {
+    let t = decode_step_tables();
     let limits = Limits {
         max_tokens: 64,
         max_seqs: 4,
@@ -123,54 +180,8 @@ fn a_bad_token_inside_a_decode_step_changes_nothing() {
             hist.hash(&t, &toks, &[s; 10], &pos, &mut out).unwrap();
         }
     }
-    let step = |bad: usize| -> (Vec<i32>, Vec<i32>, Vec<i32>, EngramStatus, String) {
-        let (mut tk, mut sq, mut ps) = (vec![1, 2, 3, 4], vec![0, 1, 2, 3], vec![10; 4]);
-        let (status, msg) = match bad % 5 {
-            0 => {
-                tk[2] = 1000;
-                (
-                    EngramStatus::ErrInvalidToken,
-                    "token 2: id 1000 is outside token_map [0, 100) (use -1 to mark a dead position)",
-                )
-            }
-            1 => {
-                sq[2] = 9;
-                (
-                    EngramStatus::ErrInvalidSequence,
-                    "token 2: sequence id 9 outside [0, max_seqs = 4)",
-                )
-            }
-            2 => {
-                ps[2] = 10_000;
-                (
-                    EngramStatus::ErrInvalidSequence,
-                    "token 2: position 10000 outside [0, max_positions = 10000)",
-                )
-            }
-            3 => {
-                sq[2] = 1;
-                (
-                    EngramStatus::ErrInvalidSequence,
-                    "tokens 1 and 2: sequence 1 position 10 appears twice in one batch",
-                )
-            }
-            _ => {
-                ps[2] = 50;
-                (
-                    EngramStatus::ErrMissingHistory,
-                    "token 2: sequence 2 position 50 looks back to position 49, which was never hashed",
-                )
-            }
-        };
-        if bad >= 5 {
-            // Token 0 dead, far out: the step allocates its page.
-            tk[0] = crate::hash::TOKEN_DEAD;
-            ps[0] = 9000;
-        }
-        (tk, sq, ps, status, msg.to_string())
-    };
     for bad in 0..10 {
-        let (tk, sq, ps, status, msg) = step(bad);
+        let (tk, sq, ps, status, msg) = bad_decode_step(bad);
         let mut out = vec![7i64; 4 * row];
         let e = h.hash(&t, &tk, &sq, &ps, &mut out).unwrap_err();
         assert_eq!(

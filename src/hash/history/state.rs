@@ -58,21 +58,95 @@ pub fn fingerprint(t: &crate::hash::HashTables) -> u64 {
     h
 }
 
-/// What a state is checked against: the fingerprint and the largest
-/// compressed id of the context's tables.
-#[derive(Clone, Copy, Debug)]
+/// What a state is checked against: the fingerprint and the compressed ids
+/// of this model (the values its token map holds).
+#[derive(Clone, Debug)]
 pub struct StateKey {
     pub fingerprint: u64,
-    pub max_id: i32,
+    ids: ValidIds,
+}
+
+/// The compressed ids some token maps to: a bitmap over `[0, max id]`, or,
+/// where that would be larger than the token map itself (a map with a few
+/// large ids), the ids sorted.
+#[derive(Clone, Debug)]
+enum ValidIds {
+    Bits(Vec<u64>),
+    Sorted(Vec<i32>),
+}
+
+impl ValidIds {
+    /// The set of the values of `map` other than -1, allocated fallibly.
+    fn of(map: &[i32]) -> Result<ValidIds> {
+        let max = map.iter().copied().max().unwrap_or(-1);
+        let words = (max as i64 + 1).max(0) as usize / 64 + 1;
+        if words <= map.len().div_ceil(2) {
+            let mut bits = crate::fallible::try_vec(words, 0u64, "the valid compressed ids")?;
+            for &v in map.iter().filter(|&&v| v >= 0) {
+                bits[v as usize / 64] |= 1 << (v % 64);
+            }
+            return Ok(ValidIds::Bits(bits));
+        }
+        let mut ids = crate::fallible::try_room(map.len(), "the valid compressed ids")?;
+        ids.extend(map.iter().copied().filter(|&v| v >= 0));
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ValidIds::Sorted(ids))
+    }
+
+    fn contains(&self, v: i32) -> bool {
+        match self {
+            _ if v < 0 => false,
+            ValidIds::Bits(b) => b
+                .get(v as usize / 64)
+                .is_some_and(|w| (w >> (v % 64)) & 1 == 1),
+            ValidIds::Sorted(ids) => ids.binary_search(&v).is_ok(),
+        }
+    }
 }
 
 impl StateKey {
-    pub fn of(t: &crate::hash::HashTables) -> StateKey {
-        StateKey {
+    /// The key of the tables `t` (allocates the set of valid ids: one bit
+    /// per id up to the largest, fallibly).
+    pub fn of(t: &crate::hash::HashTables) -> Result<StateKey> {
+        Ok(StateKey {
             fingerprint: fingerprint(t),
-            max_id: t.token_map.iter().copied().max().unwrap_or(-1),
+            ids: ValidIds::of(&t.token_map)?,
+        })
+    }
+
+    /// A key with `fingerprint` whose valid ids are the values of `map`
+    /// (the unit tests).
+    #[cfg(test)]
+    pub(crate) fn with_map(fingerprint: u64, map: &[i32]) -> StateKey {
+        StateKey {
+            fingerprint,
+            ids: ValidIds::of(map).expect("a small map"),
         }
     }
+
+    /// Whether `v` may be a history entry: -1 (a dead token) or a
+    /// compressed id some token maps to.
+    fn entry_ok(&self, v: i32) -> bool {
+        v == -1 || self.ids.contains(v)
+    }
+}
+
+/// History pages a restore may allocate beyond what [`restore_bound`]
+/// scales with the state: a few, so that any short state restores.
+const RESTORE_SLACK_PAGES: usize = 4;
+
+/// How many times its own size a restore may allocate in history pages.
+const RESTORE_FACTOR: usize = 16;
+
+/// Bytes of history pages a restore of a state of `len` bytes may allocate
+/// (docs/history.md, "Saving and restoring"): `RESTORE_FACTOR * len` plus
+/// `RESTORE_SLACK_PAGES` pages. A dense state needs about its own size
+/// (4 bytes an entry, as in a page); only runs thousands of positions
+/// apart, each paying a 16 KiB page for a few bytes, need more.
+fn restore_bound(len: usize) -> usize {
+    len.saturating_mul(RESTORE_FACTOR)
+        .saturating_add(RESTORE_SLACK_PAGES * super::PAGE * 4)
 }
 
 /// Bytes the state of a sequence holding `entries` (written positions in
@@ -94,7 +168,7 @@ pub fn encoded_size(entries: impl Iterator<Item = (usize, i32)>) -> usize {
 /// the same, as [`encoded_size`] takes them) into
 /// `buf`; returns the bytes written. A `buf` shorter than the state is
 /// `ERR_INVALID_ARGUMENT` (nothing written).
-pub fn encode<I>(entries: impl Fn() -> I, seq: i32, key: StateKey, buf: &mut [u8]) -> Result<usize>
+pub fn encode<I>(entries: impl Fn() -> I, seq: i32, key: &StateKey, buf: &mut [u8]) -> Result<usize>
 where
     I: Iterator<Item = (usize, i32)>,
 {
@@ -149,7 +223,7 @@ where
 /// so a caller that builds its new history from `put` and installs it only
 /// on success changes nothing on error.
 pub fn decode(
-    key: StateKey,
+    key: &StateKey,
     max: usize,
     b: &[u8],
     mut put: impl FnMut(usize, i32) -> Result<()>,
@@ -219,10 +293,10 @@ pub fn decode(
         for j in 0..rl {
             let v = i32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
             o += 4;
-            if v < -1 || v > key.max_id {
+            if !key.entry_ok(v) {
                 bail!(
                     ErrFormat,
-                    "sequence state position {}: entry {v} is not a compressed id of this model",
+                    "sequence state position {}: entry {v} is neither -1 nor a compressed id of this model (no token maps to it)",
                     start + j
                 );
             }
@@ -249,19 +323,41 @@ impl History {
 
     /// `seq`'s state into `buf`; returns the bytes written. A `buf` shorter
     /// than [`History::state_size`] is `ERR_INVALID_ARGUMENT` (nothing written).
-    pub fn state_write(&self, seq: i32, key: StateKey, buf: &mut [u8]) -> Result<usize> {
+    pub fn state_write(&self, seq: i32, key: &StateKey, buf: &mut [u8]) -> Result<usize> {
         let s = self.check_seq(seq)?;
         encode(|| self.seqs[s].entries(0, usize::MAX), seq, key, buf)
     }
 
     /// Replace `seq`'s history with the state in `buf` (from
     /// [`History::state_write`] of this model, any sequence). Every check
-    /// runs before `seq` changes; a bad buffer is `ERR_FORMAT`.
-    pub fn state_read(&mut self, seq: i32, key: StateKey, buf: &[u8]) -> Result<()> {
+    /// runs before `seq` changes; a bad buffer is `ERR_FORMAT`, a state
+    /// whose pages would take more than [`restore_bound`] is `ERR_CAPACITY`
+    /// (checked before any page is allocated).
+    pub fn state_read(&mut self, seq: i32, key: &StateKey, buf: &[u8]) -> Result<()> {
         let s = self.check_seq(seq)?;
+        let max = self.limits.max_positions;
+        let total = buf.len();
+        // First pass: check everything, count the pages the entries touch.
+        let (mut pages, mut last) = (0usize, None);
+        decode(key, max, buf, |p, _| {
+            if last != Some(p / super::PAGE) {
+                pages += 1;
+                last = Some(p / super::PAGE);
+            }
+            Ok(())
+        })?;
+        let need = pages.saturating_mul(super::PAGE * 4);
+        if need > restore_bound(total) {
+            bail!(
+                ErrCapacity,
+                "a sequence state of {total} bytes would take {pages} history pages ({need} bytes); \
+                 a restore allocates at most {RESTORE_FACTOR} times the state's size plus \
+                 {RESTORE_SLACK_PAGES} pages ({} bytes): its positions are too sparse",
+                restore_bound(total)
+            );
+        }
         let mut new = SeqHistory::default();
-        decode(key, self.limits.max_positions, buf, |p, v| {
-            let total = buf.len();
+        decode(key, max, buf, |p, v| {
             new.put(p, v).map_err(|_| {
                 crate::error::Error::new(
                     crate::EngramStatus::ErrCapacity,
@@ -288,13 +384,15 @@ mod tests {
         .unwrap()
     }
 
-    const KEY: StateKey = StateKey {
-        fingerprint: 0x1234_5678_9abc_def0,
-        max_id: 500,
-    };
+    /// A key whose model maps tokens to the ids 0 to 500.
+    fn test_key() -> StateKey {
+        let map: Vec<i32> = (0..=500).collect();
+        StateKey::with_map(0x1234_5678_9abc_def0, &map)
+    }
 
     #[test]
     fn round_trip_into_another_slot_and_every_bad_buffer_is_refused() {
+        let key = test_key();
         let mut h = history();
         for p in (0..30).chain(4095..4100).chain([9000]) {
             h.seqs[0].put(p, (p % 7) as i32 - 1).unwrap();
@@ -303,43 +401,127 @@ mod tests {
         assert_eq!(size, HEADER + 3 * 8 + 36 * 4 + TRAILER);
         let mut buf = vec![0u8; size];
         assert_eq!(
-            h.state_write(0, KEY, &mut buf[..size - 1])
+            h.state_write(0, &key, &mut buf[..size - 1])
                 .unwrap_err()
                 .status,
             crate::EngramStatus::ErrInvalidArgument
         );
-        assert_eq!(h.state_write(0, KEY, &mut buf).unwrap(), size);
+        assert_eq!(h.state_write(0, &key, &mut buf).unwrap(), size);
         h.seqs[1].put(3, 3).unwrap();
         let before = h.entries(1).unwrap();
         for cut in 0..size {
-            let e = h.state_read(1, KEY, &buf[..cut]).unwrap_err();
+            let e = h.state_read(1, &key, &buf[..cut]).unwrap_err();
             assert_eq!(e.status, crate::EngramStatus::ErrFormat, "cut {cut}");
         }
         for i in 0..size {
             for bit in [0x01u8, 0x80] {
                 let mut m = buf.clone();
                 m[i] ^= bit;
-                let e = h.state_read(1, KEY, &m).unwrap_err();
+                let e = h.state_read(1, &key, &m).unwrap_err();
                 assert_eq!(e.status, crate::EngramStatus::ErrFormat, "byte {i}");
             }
         }
         let other = StateKey {
-            fingerprint: KEY.fingerprint ^ 1,
-            ..KEY
+            fingerprint: key.fingerprint ^ 1,
+            ..key.clone()
         };
         assert!(h
-            .state_read(1, other, &buf)
+            .state_read(1, &other, &buf)
             .unwrap_err()
             .message
             .contains("another model"));
         assert_eq!(h.entries(1).unwrap(), before, "nothing changed");
-        h.state_read(1, KEY, &buf).unwrap();
+        h.state_read(1, &key, &buf).unwrap();
         assert_eq!(h.entries(1).unwrap(), h.entries(0).unwrap());
         // An empty sequence's state empties a sequence.
         h.seq_rm(1, 0, -1).unwrap();
         let mut e = vec![0u8; h.state_size(1).unwrap()];
-        h.state_write(1, KEY, &mut e).unwrap();
-        h.state_read(0, KEY, &e).unwrap();
+        h.state_write(1, &key, &mut e).unwrap();
+        h.state_read(0, &key, &e).unwrap();
         assert!(h.entries(0).unwrap().is_empty());
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+    use crate::batch::Limits;
+
+    /// A state of `entries` (positions in increasing order), sealed.
+    fn state_of(entries: &[(usize, i32)], key: &StateKey) -> Vec<u8> {
+        let mut buf = vec![0u8; encoded_size(entries.iter().copied())];
+        encode(|| entries.iter().copied(), 0, key, &mut buf).unwrap();
+        buf
+    }
+
+    /// Issue 34, F7: 65,536 one-position runs 4,096 positions apart, a
+    /// checksum-valid state of 786,472 bytes, asked one 16 KiB page per run
+    /// (1 GiB). The restore refuses it with ERR_CAPACITY before allocating
+    /// anything; the same entries dense, or a few runs a page apart each,
+    /// restore.
+    #[test]
+    fn a_restore_allocates_at_most_a_bounded_multiple_of_the_state() {
+        let key = StateKey::with_map(7, &[0, 1, 2]);
+        let mut h = History::new(Limits {
+            max_tokens: 64,
+            max_seqs: 2,
+            max_positions: 1 << 29,
+        })
+        .unwrap();
+        h.seqs[1].put(3, 2).unwrap();
+        let (bytes, before) = (h.bytes(), h.entries(1).unwrap());
+        let sparse: Vec<(usize, i32)> = (0..65_536).map(|r| (r * PAGE_POSITIONS, 1)).collect();
+        let buf = state_of(&sparse, &key);
+        assert_eq!(buf.len(), 786_472);
+        let e = h.state_read(1, &key, &buf).unwrap_err();
+        assert_eq!(e.status, crate::EngramStatus::ErrCapacity, "{}", e.message);
+        assert!(e.message.contains("65536 history pages"), "{}", e.message);
+        assert_eq!(h.bytes(), bytes, "nothing allocated");
+        assert_eq!(h.entries(1).unwrap(), before, "nothing changed");
+        // The bound: 16 times the state plus 4 pages.
+        assert_eq!(
+            restore_bound(buf.len()),
+            16 * 786_472 + 4 * PAGE_POSITIONS * 4
+        );
+        // Dense, the same entries restore (16 pages).
+        let dense: Vec<(usize, i32)> = (0..65_536).map(|p| (p, 1)).collect();
+        h.state_read(1, &key, &state_of(&dense, &key)).unwrap();
+        assert_eq!(h.len(1), 65_536);
+        // A few one-position runs, a page apart each (the slack), restore.
+        let few: Vec<(usize, i32)> = (0..4).map(|r| (r * PAGE_POSITIONS, 0)).collect();
+        h.state_read(1, &key, &state_of(&few, &key)).unwrap();
+        assert_eq!(h.entries(1).unwrap(), few);
+    }
+
+    const PAGE_POSITIONS: usize = super::super::PAGE;
+
+    /// Issue 34, F8: an entry is valid if some token maps to it, not merely
+    /// if it lies in `[-1, max id]`: with no token mapping to 15, a state
+    /// holding 15 is ERR_FORMAT; -1 and the ids that are used restore. The
+    /// same with ids too sparse for a bitmap.
+    #[test]
+    fn a_state_entry_must_be_an_id_some_token_maps_to() {
+        let mut h = History::new(Limits {
+            max_tokens: 64,
+            max_seqs: 1,
+            max_positions: 100,
+        })
+        .unwrap();
+        let dense: Vec<i32> = (0..100).filter(|&v| v != 15).chain([-1]).collect();
+        let sparse = [-1, 5, 1 << 30];
+        for (map, used, unused) in [(&dense[..], 99, 15), (&sparse[..], 1 << 30, 6)] {
+            let key = StateKey::with_map(9, map);
+            let good = [(0, -1), (1, used), (2, map[0])];
+            h.state_read(0, &key, &state_of(&good, &key)).unwrap();
+            assert_eq!(h.entries(0).unwrap(), good);
+            for bad in [unused, -2, i32::MAX] {
+                let e = h
+                    .state_read(0, &key, &state_of(&[(0, 1), (1, bad)], &key))
+                    .unwrap_err();
+                assert_eq!(e.status, crate::EngramStatus::ErrFormat, "{bad}");
+                assert!(e.message.contains("no token maps to it"), "{}", e.message);
+                assert_eq!(h.entries(0).unwrap(), good, "nothing changed");
+            }
+        }
     }
 }
