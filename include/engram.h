@@ -17,6 +17,13 @@
  nothing changed (no output written, no state moved) and
  `engram_last_error()` names the argument and why.
 
+ NULL. A pointer parameter described as "NULL or X" may be NULL: the call
+ then returns ENGRAM_STATUS_ERR_NULL_ARGUMENT and changes nothing. NULL
+ never stands for an options struct's defaults (its `_init` call fills
+ those). Where NULL means something else (an `_init` or free call given
+ NULL does nothing; an options field left NULL looks a file up), the text
+ of that call or field says so.
+
  Ownership. Every pointer parameter is borrowed for the call only: the
  caller owns it, and the library keeps no pointer to it after returning,
  except where a call says otherwise:
@@ -715,7 +722,8 @@ void engram_gguf_options_init_sized(struct engram_gguf_options *o, size_t struct
  is left as it was.
 
  `path` must be NULL or a NUL-terminated path; `options` NULL or filled by
- `engram_gguf_options_init`; `out` NULL or writable.
+ `engram_gguf_options_init` (a NULL `options` is `ERR_NULL_ARGUMENT`, not
+ the defaults: the defaults are what `_init` fills); `out` NULL or writable.
  */
 enum engram_status engram_create_from_gguf(const char *path,
                                            const struct engram_gguf_options *options,
@@ -814,7 +822,9 @@ void engram_safetensors_options_init_sized(struct engram_safetensors_options *o,
  failure `*out` is left as it was.
 
  `model_dir` must be NULL or a NUL-terminated path; `options` NULL or
- filled by `engram_safetensors_options_init`; `out` NULL or writable.
+ filled by `engram_safetensors_options_init` (a NULL `options` is
+ `ERR_NULL_ARGUMENT`, not the defaults: the defaults are what `_init`
+ fills); `out` NULL or writable.
  */
 enum engram_status engram_create_from_safetensors(const char *model_dir,
                                                   const struct engram_safetensors_options *options,

@@ -132,7 +132,8 @@ pub extern "C" fn engram_gguf_options_init_sized(o: *mut EngramGgufOptions, stru
 /// is left as it was.
 ///
 /// `path` must be NULL or a NUL-terminated path; `options` NULL or filled by
-/// `engram_gguf_options_init`; `out` NULL or writable.
+/// `engram_gguf_options_init` (a NULL `options` is `ERR_NULL_ARGUMENT`, not
+/// the defaults: the defaults are what `_init` fills); `out` NULL or writable.
 #[no_mangle]
 pub extern "C" fn engram_create_from_gguf(
     path: *const c_char,

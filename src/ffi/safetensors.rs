@@ -111,7 +111,9 @@ pub extern "C" fn engram_safetensors_options_init_sized(
 /// failure `*out` is left as it was.
 ///
 /// `model_dir` must be NULL or a NUL-terminated path; `options` NULL or
-/// filled by `engram_safetensors_options_init`; `out` NULL or writable.
+/// filled by `engram_safetensors_options_init` (a NULL `options` is
+/// `ERR_NULL_ARGUMENT`, not the defaults: the defaults are what `_init`
+/// fills); `out` NULL or writable.
 #[no_mangle]
 pub extern "C" fn engram_create_from_safetensors(
     model_dir: *const c_char,
