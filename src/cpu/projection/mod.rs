@@ -321,6 +321,9 @@ impl Projection {
         kvt: &mut [f32],
         sink: &Sink,
     ) -> Result<()> {
+        use crate::formats::{
+            BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ6K, BlockQ8_0, GgmlBlock,
+        };
         use avx2::{Bf16, Fp8, CH, F32, MR, NR, Q2K, Q3K, Q4K, Q4_0, Q5K, Q6K, Q8_0};
         let kp = k.div_ceil(CH) * CH;
         let mut xs = try_vec(n * kp, 0f32, "the token rows")?;
@@ -431,13 +434,83 @@ impl Projection {
             {
                 let (rb, p) = (format.row_bytes(k), data.as_ptr());
                 match format {
-                    EngramType::Q8_0 => go!(dot_q8_0, gemm_q8_0, Q8_0, p, rb, k / 32, lo, hi, out),
-                    EngramType::Q4_0 => go!(dot_q4_0, gemm_q4_0, Q4_0, p, rb, k / 32, lo, hi, out),
-                    EngramType::Q2_K => go!(dot_q2_k, gemm_q2_k, Q2K, p, rb, k / 256, lo, hi, out),
-                    EngramType::Q3_K => go!(dot_q3_k, gemm_q3_k, Q3K, p, rb, k / 256, lo, hi, out),
-                    EngramType::Q5_K => go!(dot_q5_k, gemm_q5_k, Q5K, p, rb, k / 256, lo, hi, out),
-                    EngramType::Q6_K => go!(dot_q6_k, gemm_q6_k, Q6K, p, rb, k / 256, lo, hi, out),
-                    _ => go!(dot_q4_k, gemm_q4_k, Q4K, p, rb, k / 256, lo, hi, out),
+                    EngramType::Q8_0 => go!(
+                        dot_q8_0,
+                        gemm_q8_0,
+                        Q8_0,
+                        p,
+                        rb,
+                        k / BlockQ8_0::VALUES,
+                        lo,
+                        hi,
+                        out
+                    ),
+                    EngramType::Q4_0 => go!(
+                        dot_q4_0,
+                        gemm_q4_0,
+                        Q4_0,
+                        p,
+                        rb,
+                        k / BlockQ4_0::VALUES,
+                        lo,
+                        hi,
+                        out
+                    ),
+                    EngramType::Q2_K => go!(
+                        dot_q2_k,
+                        gemm_q2_k,
+                        Q2K,
+                        p,
+                        rb,
+                        k / BlockQ2K::VALUES,
+                        lo,
+                        hi,
+                        out
+                    ),
+                    EngramType::Q3_K => go!(
+                        dot_q3_k,
+                        gemm_q3_k,
+                        Q3K,
+                        p,
+                        rb,
+                        k / BlockQ3K::VALUES,
+                        lo,
+                        hi,
+                        out
+                    ),
+                    EngramType::Q5_K => go!(
+                        dot_q5_k,
+                        gemm_q5_k,
+                        Q5K,
+                        p,
+                        rb,
+                        k / BlockQ5K::VALUES,
+                        lo,
+                        hi,
+                        out
+                    ),
+                    EngramType::Q6_K => go!(
+                        dot_q6_k,
+                        gemm_q6_k,
+                        Q6K,
+                        p,
+                        rb,
+                        k / BlockQ6K::VALUES,
+                        lo,
+                        hi,
+                        out
+                    ),
+                    _ => go!(
+                        dot_q4_k,
+                        gemm_q4_k,
+                        Q4K,
+                        p,
+                        rb,
+                        k / BlockQ4K::VALUES,
+                        lo,
+                        hi,
+                        out
+                    ),
                 }
             }
             _ => {

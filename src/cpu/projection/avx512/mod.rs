@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 mod dp;
 mod quant;
 pub(super) use dp::pack_bf16;
-use quant::{F16Q, F32Q, Q2KQ, Q3KQ, Q4KQ, Q4_0Q, Q5KQ, Q6KQ, Q8_0Q};
+use quant::{F16, F32, Q2K, Q3K, Q4K, Q4_0, Q5K, Q6K, Q8_0};
 
 macro_rules! entry {
     ($name:ident, $src:ty) => {
@@ -42,15 +42,15 @@ macro_rules! entry {
     };
 }
 
-entry!(range_f32, F32Q);
-entry!(range_f16, F16Q);
-entry!(range_q8_0, Q8_0Q);
-entry!(range_q4_0, Q4_0Q);
-entry!(range_q2_k, Q2KQ);
-entry!(range_q3_k, Q3KQ);
-entry!(range_q4_k, Q4KQ);
-entry!(range_q5_k, Q5KQ);
-entry!(range_q6_k, Q6KQ);
+entry!(range_f32, F32);
+entry!(range_f16, F16);
+entry!(range_q8_0, Q8_0);
+entry!(range_q4_0, Q4_0);
+entry!(range_q2_k, Q2K);
+entry!(range_q3_k, Q3K);
+entry!(range_q4_k, Q4K);
+entry!(range_q5_k, Q5K);
+entry!(range_q6_k, Q6K);
 
 /// 32-value chunks per k block of the bf16 kernel (6 weight rows x 1024 bf16
 /// = 12 KB stay in L1 while the block's token vectors stream past).
