@@ -17,13 +17,16 @@
 use super::EngramType;
 use std::mem::{align_of, offset_of, size_of};
 
+// The constants below are `pub(crate)`: cbindgen renders every `pub` const
+// into the C header, and these are no part of the C API.
+
 /// Values per block of the 32-value formats (ggml's `QK4_0`, `QK8_0`).
-pub const QK: usize = 32;
+pub(crate) const QK: usize = 32;
 /// Values per block of the K-quants (ggml's `QK_K`).
-pub const QK_K: usize = 256;
+pub(crate) const QK_K: usize = 256;
 /// Bytes of the packed 6-bit scales of `Q3_K`, `Q4_K` and `Q5_K` (ggml's
 /// `K_SCALE_SIZE`).
-pub const K_SCALE_SIZE: usize = 12;
+pub(crate) const K_SCALE_SIZE: usize = 12;
 
 /// One block of a GGUF block format, as its bytes lie in a row.
 ///
