@@ -87,7 +87,10 @@ pub enum Source {
 // `Drop`) wait until no reader but the stager holds the old one, so no thread
 // reads the table after its layer was replaced or the context freed.
 unsafe impl Send for Source {}
-// SAFETY: as above; the source is only read.
+// SAFETY: sharing a `Source` between threads only reads it: a borrowed
+// table stays valid while any `Arc<Source>` lives (the `Send` argument
+// above), a file is read with positioned reads (`pread`), and a split
+// table's two parts are sources of their own.
 unsafe impl Sync for Source {}
 
 impl Source {

@@ -17,10 +17,12 @@ pub trait Src: Copy {
     /// What a unit's chunks share (its scales), set up once per unit.
     type St: Copy;
     /// # Safety
-    /// avx2, fma and f16c; `row` is a whole row of this format.
+    /// The CPU has avx2, fma and f16c; `row` is a whole row of this format
+    /// and `u` one of its units (a whole block of a GGUF format).
     unsafe fn setup(self, row: *const u8, u: usize) -> Self::St;
     /// # Safety
-    /// As `setup`, with `j < UNIT`.
+    /// As `setup` (the features; `u` a unit of the whole row `row`), and
+    /// `j < UNIT`.
     unsafe fn chunk(self, st: &Self::St, row: *const u8, u: usize, j: usize) -> (__m256, __m256);
 }
 
@@ -38,7 +40,9 @@ impl Src for Bf16 {
     unsafe fn setup(self, _: *const u8, _: usize) {}
     #[inline(always)]
     unsafe fn chunk(self, _: &(), row: *const u8, u: usize, _: usize) -> (__m256, __m256) {
-        // SAFETY: the chunk lies inside the row (the caller's contract).
+        // SAFETY: unit `u` of a bf16 row is one chunk, 16 values or 32 bytes
+        // at `u * 32`, inside the row since `u` is one of its units
+        // (`chunk`'s contract, which also promises avx2).
         unsafe {
             let v = _mm256_loadu_si256(row.add(u * 32) as *const __m256i);
             let hi = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
@@ -64,7 +68,9 @@ impl Src for F32 {
     unsafe fn setup(self, _: *const u8, _: usize) {}
     #[inline(always)]
     unsafe fn chunk(self, _: &(), row: *const u8, u: usize, _: usize) -> (__m256, __m256) {
-        // SAFETY: the chunk lies inside the row (the caller's contract).
+        // SAFETY: unit `u` of an f32 row is one chunk, 16 values or 64 bytes
+        // at `u * 64` (two 8-lane loads), inside the row since `u` is one of
+        // its units (`chunk`'s contract, which also promises avx2).
         unsafe {
             let p = row.add(u * 64) as *const f32;
             let (a, b) = (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)));
@@ -80,24 +86,38 @@ impl Src for F32 {
 }
 
 /// An f16 at `p` in all 8 lanes.
+///
+/// # Safety
+/// Two readable bytes at `p`; the CPU has f16c.
 #[inline(always)]
 unsafe fn f16x8(p: *const u8) -> __m256 {
-    // SAFETY: two readable bytes at `p` (the caller's contract); f16c.
+    // SAFETY: the unaligned read takes just the two bytes at `p`, readable
+    // by this function's contract, which also promises the f16c that
+    // `vcvtph2ps` needs.
     unsafe { _mm256_cvtph_ps(_mm_set1_epi16((p as *const i16).read_unaligned())) }
 }
 
 /// An f16 at `p` as f32.
+///
+/// # Safety
+/// As [`f16x8`].
 #[inline(always)]
 unsafe fn f16(p: *const u8) -> f32 {
-    // SAFETY: as `f16x8`.
+    // SAFETY: this function's contract is `f16x8`'s (two readable bytes at
+    // `p`, f16c).
     unsafe { _mm256_cvtss_f32(f16x8(p)) }
 }
 
 /// 16 bytes at `p` as 8 dwords, byte `2l` in the low half of dword `l` and
 /// byte `2l + 1` in the high half.
+///
+/// # Safety
+/// 16 readable bytes at `p`; the CPU has avx2.
 #[inline(always)]
 unsafe fn pairs16(p: *const u8) -> __m256i {
-    // SAFETY: 16 readable bytes at `p` (the caller's contract).
+    // SAFETY: the unaligned 16-byte load reads exactly the bytes this
+    // function's contract makes readable; the widening needs avx2, which it
+    // promises too.
     unsafe { _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i)) }
 }
 
@@ -110,12 +130,16 @@ impl Src for Q8_0 {
     type St = __m256;
     #[inline(always)]
     unsafe fn setup(self, row: *const u8, u: usize) -> __m256 {
-        // SAFETY: block `u` lies inside the row.
+        // SAFETY: `u` is a block of the row (`setup`'s contract), so its f16
+        // `d` (its first two bytes, at `u * BYTES`) is readable; f16c by the
+        // same contract.
         unsafe { f16x8(row.add(u * BlockQ8_0::BYTES)) }
     }
     #[inline(always)]
     unsafe fn chunk(self, d: &__m256, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
-        // SAFETY: as `setup`.
+        // SAFETY: chunk `j < 2` reads the 16 codes at `QS + 16 * j`, ending
+        // by `QS + 32 = BYTES`: inside block `u`, a block of the row
+        // (`chunk`'s contract, which also promises avx2).
         unsafe {
             let q = _mm256_cvtepi8_epi16(_mm_loadu_si128(
                 row.add(u * BlockQ8_0::BYTES + BlockQ8_0::QS + 16 * j) as *const _,
@@ -140,12 +164,16 @@ impl Src for Q4_0 {
     type St = __m256;
     #[inline(always)]
     unsafe fn setup(self, row: *const u8, u: usize) -> __m256 {
-        // SAFETY: block `u` lies inside the row.
+        // SAFETY: `u` is a block of the row (`setup`'s contract), so its f16
+        // `d` (its first two bytes, at `u * BYTES`) is readable; f16c by the
+        // same contract.
         unsafe { f16x8(row.add(u * BlockQ4_0::BYTES)) }
     }
     #[inline(always)]
     unsafe fn chunk(self, d: &__m256, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
-        // SAFETY: as `setup`.
+        // SAFETY: both chunks read the 16 code bytes at `QS` (`j` picks the
+        // nibble), ending at `BYTES`: inside block `u`, a block of the row
+        // (`chunk`'s contract, which also promises avx2).
         unsafe {
             let v = pairs16(row.add(u * BlockQ4_0::BYTES + BlockQ4_0::QS));
             let m = _mm256_set1_epi32(15);
@@ -185,7 +213,9 @@ impl Src for Q2K {
     type St = Q2KSt;
     #[inline(always)]
     unsafe fn setup(self, row: *const u8, u: usize) -> Q2KSt {
-        // SAFETY: block `u` lies inside the row.
+        // SAFETY: `u` is a block of the row (`setup`'s contract); the reads
+        // are its `d` and `dmin` (at `D`, `DMIN`) and its 16 scale bytes (at
+        // 0, two 8-byte loads), all inside its `BYTES`.
         unsafe {
             let b = row.add(u * BlockQ2K::BYTES);
             let (d, dmin) = (
@@ -208,7 +238,9 @@ impl Src for Q2K {
     }
     #[inline(always)]
     unsafe fn chunk(self, st: &Q2KSt, row: *const u8, u: usize, g: usize) -> (__m256, __m256) {
-        // SAFETY: as `setup`.
+        // SAFETY: group `g < 16` reads 16 bytes at `QS + 32 * (g / 8) +
+        // 16 * (g % 2)`, ending by `QS + 64`, the end of `qs`: inside block
+        // `u`, a block of the row (`chunk`'s contract; avx2 and fma too).
         unsafe {
             let b = row.add(u * BlockQ2K::BYTES);
             let q = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0);
@@ -280,7 +312,10 @@ impl Src for Q4K {
     type St = Q4KSt;
     #[inline(always)]
     unsafe fn setup(self, row: *const u8, u: usize) -> Q4KSt {
-        // SAFETY: block `u` lies inside the row.
+        // SAFETY: `u` is a block of the row (`setup`'s contract), so its
+        // `BYTES` are readable, and a `BlockQ4K` (byte arrays, alignment 1)
+        // may be read at any address; `d`, `dmin` and `scales` are read
+        // through the reference.
         unsafe {
             let b = &*(row.add(u * BlockQ4K::BYTES) as *const BlockQ4K);
             let (d, dmin) = (f16x8(b.d.as_ptr()), f16x8(b.dmin.as_ptr()));
@@ -312,7 +347,9 @@ impl Src for Q4K {
     }
     #[inline(always)]
     unsafe fn chunk(self, st: &Q4KSt, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
-        // SAFETY: as `setup`.
+        // SAFETY: chunk `j < 16` reads 16 bytes at `QS + 32 * (j / 4) +
+        // 16 * (j % 2)`, ending by `QS + 128`, the end of `qs`: inside block
+        // `u`, a block of the row (`chunk`'s contract; avx2 and fma too).
         unsafe {
             let sb = j / 2;
             let v =
@@ -357,7 +394,11 @@ impl Src for Fp8 {
     type St = __m256;
     #[inline(always)]
     unsafe fn setup(self, _: *const u8, u: usize) -> __m256 {
-        // SAFETY: the chunk's block is in the scale row (the caller's contract).
+        // SAFETY: `srow` is the scale row of the rows being read, one byte
+        // per block of `1 << shift` columns (how the AVX2 run builds an
+        // `Fp8`); unit `u` is a chunk of the row (`setup`'s contract), so
+        // its first column `u * CH` is in the row and its block's byte
+        // `(u * CH) >> shift` in `srow`.
         unsafe {
             _mm256_set1_ps(crate::formats::fp8_block::e8m0_scale(
                 *self.srow.add((u * CH) >> self.shift),
@@ -366,7 +407,9 @@ impl Src for Fp8 {
     }
     #[inline(always)]
     unsafe fn chunk(self, s: &__m256, row: *const u8, u: usize, _: usize) -> (__m256, __m256) {
-        // SAFETY: the chunk lies inside the row (the caller's contract).
+        // SAFETY: unit `u` of an fp8 row is one chunk of 16 one-byte codes
+        // at `u * CH`, inside the row since `u` is one of its units
+        // (`chunk`'s contract, which also promises f16c).
         unsafe {
             // 16-bit lane l: code 2l in the low byte, code 2l + 1 in the high.
             let x = _mm_loadu_si128(row.add(u * CH) as *const __m128i);
@@ -401,7 +444,10 @@ impl Src for Q5K {
     type St = Q5KSt;
     #[inline(always)]
     unsafe fn setup(self, row: *const u8, u: usize) -> Q5KSt {
-        // SAFETY: block `u` lies inside the row.
+        // SAFETY: `u` is a block of the row (`setup`'s contract), so its
+        // `BYTES` are readable, and a `BlockQ5K` (byte arrays, alignment 1)
+        // may be read at any address; `d`, `dmin` and `scales` are read
+        // through the reference.
         unsafe {
             let b = &*(row.add(u * BlockQ5K::BYTES) as *const BlockQ5K);
             let (d, dmin) = (f16x8(b.d.as_ptr()), f16x8(b.dmin.as_ptr()));
@@ -423,7 +469,10 @@ impl Src for Q5K {
     }
     #[inline(always)]
     unsafe fn chunk(self, st: &Q5KSt, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
-        // SAFETY: as `setup`.
+        // SAFETY: chunk `j < 16` reads 16 bytes of `qs` at `QS + 32 * (j / 4)
+        // + 16 * (j % 2)` (ending by `QS + 128`, its end) and 16 of `qh` at
+        // `QH + 16 * (j % 2)` (ending by `QH + 32`, its end): inside block
+        // `u`, a block of the row (`chunk`'s contract; avx2 and fma too).
         unsafe {
             let b = row.add(u * BlockQ5K::BYTES);
             let sb = j / 2;
@@ -482,7 +531,9 @@ impl Src for Q6K {
     type St = Q6KSt;
     #[inline(always)]
     unsafe fn setup(self, row: *const u8, u: usize) -> Q6KSt {
-        // SAFETY: block `u` lies inside the row.
+        // SAFETY: `u` is a block of the row (`setup`'s contract); the reads
+        // are its `d` (at `D`) and its 16 scales (at `SCALES`, two 8-byte
+        // loads, ending at `D`), all inside its `BYTES`.
         unsafe {
             let b = row.add(u * BlockQ6K::BYTES);
             let d = f16x8(b.add(BlockQ6K::D));
@@ -501,7 +552,11 @@ impl Src for Q6K {
     }
     #[inline(always)]
     unsafe fn chunk(self, st: &Q6KSt, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
-        // SAFETY: as `setup`.
+        // SAFETY: chunk `j < 16` reads 16 bytes of `ql` at `64 * (j / 8) +
+        // 32 * (g % 2) + 16 * (j % 2)` (ending by 128, the end of `ql`) and
+        // 16 of `qh` at `QH + 32 * (j / 8) + 16 * (j % 2)` (ending by
+        // `QH + 64`, its end): inside block `u`, a block of the row
+        // (`chunk`'s contract, which also promises avx2).
         unsafe {
             let b = row.add(u * BlockQ6K::BYTES);
             let (half, g, l0) = (j / 8, (j / 2) % 4, 16 * (j % 2));
@@ -554,7 +609,9 @@ impl Src for Q3K {
     type St = Q3KSt;
     #[inline(always)]
     unsafe fn setup(self, row: *const u8, u: usize) -> Q3KSt {
-        // SAFETY: block `u` lies inside the row.
+        // SAFETY: `u` is a block of the row (`setup`'s contract); the reads
+        // are its `d` (at `D`), 8 scale bytes at `SCALES` and 4 at
+        // `SCALES + 8` (ending at `D`), all inside its `BYTES`.
         unsafe {
             let b = row.add(u * BlockQ3K::BYTES);
             let d = f16x8(b.add(BlockQ3K::D));
@@ -592,7 +649,10 @@ impl Src for Q3K {
     }
     #[inline(always)]
     unsafe fn chunk(self, st: &Q3KSt, row: *const u8, u: usize, j: usize) -> (__m256, __m256) {
-        // SAFETY: as `setup`.
+        // SAFETY: chunk `j < 16` reads 16 bytes of `qs` at `QS + 32 * (j / 8)
+        // + 16 * (j % 2)` (ending by `QS + 64`, its end) and 16 of `hmask`
+        // at `16 * (j % 2)` (ending by 32, its end): inside block `u`, a
+        // block of the row (`chunk`'s contract, which also promises avx2).
         unsafe {
             let b = row.add(u * BlockQ3K::BYTES);
             let (half, g, l0) = (j / 8, (j / 2) % 4, 16 * (j % 2));

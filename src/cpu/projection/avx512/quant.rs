@@ -61,23 +61,35 @@ pub(super) trait QSrc: Copy {
     /// As `chunk`.
     #[inline(always)]
     unsafe fn chunk2(blk: *const u8, st: &Self::St, c: usize) -> [(__m512, __m512); 2] {
-        // SAFETY: forwarded contract.
+        // SAFETY: `c` and `c + 1` are both chunks of the block (`c + 1 <
+        // BV / 32`, this function's contract), and the rest of `chunk`'s
+        // contract (the features, the whole block, its state) is this one's.
         unsafe { [Self::chunk(blk, st, c), Self::chunk(blk, st, c + 1)] }
     }
 }
 
 /// 32 bytes at `p` as 16 dwords: dword `j` holds byte `2j` in bits 0..8 and
 /// byte `2j + 1` in bits 8..16.
+///
+/// # Safety
+/// 32 readable bytes at `p`; the CPU has avx512f.
 #[inline(always)]
 unsafe fn words(p: *const u8) -> __m512i {
-    // SAFETY: 32 readable bytes at `p` (the caller's contract); avx512f.
+    // SAFETY: the unaligned 32-byte load reads exactly the bytes this
+    // function's contract makes readable; the widening needs avx512f, which
+    // it promises too.
     unsafe { _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i)) }
 }
 
 /// The f16 at `p` in all 16 lanes, exactly.
+///
+/// # Safety
+/// Two readable bytes at `p`; the CPU has avx512f.
 #[inline(always)]
 unsafe fn f16x16(p: *const u8) -> __m512 {
-    // SAFETY: two readable bytes at `p`; avx512f.
+    // SAFETY: the unaligned read takes just the two bytes at `p`, readable
+    // by this function's contract, which also promises the avx512f that the
+    // 16-lane conversion needs.
     unsafe { _mm512_cvtph_ps(_mm256_set1_epi16((p as *const i16).read_unaligned())) }
 }
 
@@ -137,7 +149,9 @@ impl QSrc for F32 {
     unsafe fn setup(_: *const u8) {}
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, _: &(), _: usize) -> (__m512, __m512) {
-        // SAFETY: 32 f32 at `blk` (the caller's contract).
+        // SAFETY: an f32 "block" is one chunk, 32 values (`BB` = 128 bytes)
+        // at `blk`, readable by `chunk`'s contract (a whole block): two
+        // 16-lane loads; avx512f by the same contract.
         unsafe {
             let p = blk as *const f32;
             let (a, b) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
@@ -161,7 +175,9 @@ impl QSrc for F16 {
     unsafe fn setup(_: *const u8) {}
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, _: &(), _: usize) -> (__m512, __m512) {
-        // SAFETY: 32 f16 at `blk` (the caller's contract).
+        // SAFETY: an f16 "block" is one chunk, 32 values (`BB` = 64 bytes)
+        // at `blk`, readable by `chunk`'s contract (a whole block): one
+        // 64-byte load; avx512f and f16c by the same contract.
         unsafe {
             let v = _mm512_loadu_si512(blk as *const _);
             (
@@ -187,7 +203,8 @@ impl QSrc for Q8_0 {
     }
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, d: &__m512, _: usize) -> (__m512, __m512) {
-        // SAFETY: the block's 32 codes follow `d`.
+        // SAFETY: the 32 codes at `QS` end at `BYTES`, inside the whole
+        // block at `blk` (`chunk`'s contract).
         unsafe {
             // Each dword: code 2j sign-extended with code 2j + 1 above it.
             let w =
@@ -218,7 +235,8 @@ impl QSrc for Q4_0 {
     }
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, table: &__m512, _: usize) -> (__m512, __m512) {
-        // SAFETY: the block's 16 code bytes follow `d`.
+        // SAFETY: the 16 code bytes at `QS` end at `BYTES`, inside the whole
+        // block at `blk` (`chunk`'s contract).
         unsafe {
             // Words 0..8 (bytes 0..16) in dwords 0..8 and again in 8..16.
             let q = _mm_loadu_si128(blk.add(BlockQ4_0::QS) as *const __m128i);
@@ -250,7 +268,9 @@ const _: () = assert!(BlockQ5K::DMIN == BlockQ4K::DMIN && BlockQ5K::SCALES == Bl
 /// avx512f (so avx2); `blk` is a whole `Q4_K` or `Q5_K` block.
 #[inline(always)]
 unsafe fn k4_setup(blk: *const u8) -> Q4KSt {
-    // SAFETY: `d`, `dmin` and the 12 scale bytes open the block.
+    // SAFETY: `d`, `dmin` and the 12 scale bytes (at 0, `DMIN`, `SCALES`)
+    // are the first 16 bytes of the whole block at `blk` (this function's
+    // contract), and `[u8; K_SCALE_SIZE]` has alignment 1.
     unsafe {
         let d = _mm256_set1_ps(_mm512_cvtss_f32(f16x16(blk)));
         let dmin = _mm256_set1_ps(_mm512_cvtss_f32(f16x16(blk.add(BlockQ4K::DMIN))));
@@ -283,7 +303,8 @@ impl QSrc for Q4K {
     type St = Q4KSt;
     #[inline(always)]
     unsafe fn setup(blk: *const u8) -> Q4KSt {
-        // SAFETY: forwarded contract.
+        // SAFETY: `k4_setup`'s contract is `setup`'s (the features, a whole
+        // `Q4_K` or `Q5_K` block at `blk`).
         unsafe { k4_setup(blk) }
     }
     #[inline(always)]
@@ -334,12 +355,14 @@ impl QSrc for Q5K {
     type St = Q4KSt;
     #[inline(always)]
     unsafe fn setup(blk: *const u8) -> Q4KSt {
-        // SAFETY: forwarded contract.
+        // SAFETY: `k4_setup`'s contract is `setup`'s (the features, a whole
+        // `Q4_K` or `Q5_K` block at `blk`).
         unsafe { k4_setup(blk) }
     }
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, st: &Q4KSt, c: usize) -> (__m512, __m512) {
-        // SAFETY: `qh` (32 bytes at 16) and sub-block `c`'s codes lie in the block.
+        // SAFETY: `qh` (32 bytes at `QH`) and sub-block `c`'s 32 code bytes
+        // (at `QS + 32 * (c / 2)`, ending by `QS + 128`) lie in the block.
         unsafe {
             let wq = words(blk.add(BlockQ5K::QS + 32 * (c / 2)));
             let wh = words(blk.add(BlockQ5K::QH));
@@ -387,7 +410,8 @@ impl QSrc for Q2K {
     type St = Q2KSt;
     #[inline(always)]
     unsafe fn setup(blk: *const u8) -> Q2KSt {
-        // SAFETY: the 16 scale bytes open the block; `d`, `dmin` at 80, 82.
+        // SAFETY: the 16 scale bytes open the block; `d`, `dmin` at `D`,
+        // `DMIN`, its last 4 bytes.
         unsafe {
             let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk as *const __m128i));
             let lo = _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(15)));
@@ -494,7 +518,8 @@ impl QSrc for Q3K {
     type St = __m512;
     #[inline(always)]
     unsafe fn setup(blk: *const u8) -> __m512 {
-        // SAFETY: the 12 scale bytes at 96 and `d` at 108 lie in the block.
+        // SAFETY: the 12 scale bytes at `SCALES` (an 8-byte and a 4-byte
+        // read) and `d` at `D` lie in the block.
         unsafe {
             let sc = blk.add(BlockQ3K::SCALES);
             // Low 4 bits: low nibbles of bytes 0..8, then their high nibbles.
@@ -578,7 +603,8 @@ impl QSrc for Q6K {
     type St = Q6KSt;
     #[inline(always)]
     unsafe fn setup(blk: *const u8) -> Q6KSt {
-        // SAFETY: the 16 signed scales at 192 and `d` at 208 lie in the block.
+        // SAFETY: the 16 signed scales at `SCALES` and `d` at `D` lie in the
+        // block.
         unsafe {
             let sc =
                 _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(BlockQ6K::SCALES) as *const __m128i));
@@ -652,7 +678,9 @@ pub(super) unsafe fn range<S: QSrc>(
     hi: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    // SAFETY: forwarded contract.
+    // SAFETY: `dot_range` and `panel_range` have this function's contract
+    // (the features; rows `lo..hi` whole rows of `S`), and the sizes they
+    // rely on are asserted here.
     unsafe {
         assert!(k.is_multiple_of(S::BV) && rb >= k / S::BV * S::BB);
         assert!(xs.len() == n * k && out.len() == (hi - lo) * n);
@@ -675,7 +703,10 @@ unsafe fn dot_tile<S: QSrc, const R: usize, const TT: usize>(
     chunks: usize,
     t0: usize,
 ) -> [[__m512; TT]; R] {
-    // SAFETY: the caller's contract (`dot_range`).
+    // SAFETY: `dot_range` passes `R` pointers to whole rows of `chunks / cpb`
+    // blocks of `S` and tokens `t0..t0 + TT` of `xs` (`pair_split` layout of
+    // `n` tokens of `chunks` chunks), so every block and token chunk read
+    // here is inside them; the features are `range`'s.
     unsafe {
         let cpb = S::BV / 32;
         let mut acc = [[_mm512_setzero_ps(); TT]; R];
@@ -735,7 +766,10 @@ unsafe fn dot_range<S: QSrc>(
     hi: usize,
     out: &mut [f32],
 ) {
-    // SAFETY: the caller's contract (`range`): rows `lo..hi` are whole rows.
+    // SAFETY: the tiles read rows `o..o + $r` with `o + $r <= hi`, whole
+    // rows of `S` by `range`'s contract, and tokens `t0..t0 + $t` with
+    // `t0 + $t <= n` of `xs`, whose length `range` asserted; `out` is
+    // indexed with bounds checks.
     unsafe {
         let chunks = k / 32;
         macro_rules! tile {
@@ -907,7 +941,9 @@ unsafe fn panel_range<S: QSrc>(
 #[cfg(test)]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn decode_row<S: QSrc>(row: &[u8], out: &mut [f32], pairs: bool) {
-    // SAFETY: the contract above.
+    // SAFETY: the features are enabled on this function; every block read
+    // is inside `row`, which the assert below checks holds `out.len() / BV`
+    // of them.
     unsafe {
         assert!(out.len().is_multiple_of(S::BV) && row.len() >= out.len() / S::BV * S::BB);
         let mut v = [0f32; 32];
