@@ -92,6 +92,7 @@ impl BlockQ8_0 {
     /// Byte offset of `qs` (`d` is at 0).
     pub const QS: usize = offset_of!(Self, qs);
 
+    #[inline]
     pub fn dequant(&self, y: &mut [f32; QK]) {
         let d = f16_le(self.d);
         for (o, &q) in y.iter_mut().zip(&self.qs) {
@@ -114,6 +115,7 @@ impl BlockQ4_0 {
     /// Byte offset of `qs` (`d` is at 0).
     pub const QS: usize = offset_of!(Self, qs);
 
+    #[inline]
     pub fn dequant(&self, y: &mut [f32; QK]) {
         let d = f16_le(self.d);
         let (lo, hi) = y.split_at_mut(QK / 2);
@@ -146,6 +148,7 @@ impl BlockQ2K {
     /// take the 2-bit fields at shifts 0, 2, 4, 6. Sub-block `s` (16 values)
     /// has the scale byte `scales[s]`: low nibble times `d`, high nibble
     /// times `dmin`; `y = (d * sc) * q - (dmin * m)`.
+    #[inline]
     pub fn dequant(&self, y: &mut [f32; QK_K]) {
         let d = f16_le(self.d);
         let dmin = f16_le(self.dmin);
@@ -182,6 +185,7 @@ impl BlockQ3K {
 
     /// Like `Q2_K` for the low 2 bits; `hmask[l]` bit `4 * half + group` set
     /// means no offset, clear means `-4`; `y = (d * (sc - 32)) * q`.
+    #[inline]
     pub fn dequant(&self, y: &mut [f32; QK_K]) {
         let d = f16_le(self.d);
         for (s, ys) in y.chunks_exact_mut(16).enumerate() {
@@ -229,6 +233,7 @@ impl BlockQ4K {
 
     /// Sub-block `s` (32 values) reads `qs[32 * (s / 2)..][..32]`, low
     /// nibbles for even `s`, high for odd; `y = (d * sc) * q - (dmin * m)`.
+    #[inline]
     pub fn dequant(&self, y: &mut [f32; QK_K]) {
         let d = f16_le(self.d);
         let dmin = f16_le(self.dmin);
@@ -281,6 +286,7 @@ impl BlockQ5K {
     pub const QS: usize = offset_of!(Self, qs);
 
     /// As `Q4_K`, plus the fifth bit: bit `s` of `qh[l]` adds 16.
+    #[inline]
     pub fn dequant(&self, y: &mut [f32; QK_K]) {
         let d = f16_le(self.d);
         let dmin = f16_le(self.dmin);
@@ -322,6 +328,7 @@ impl BlockQ6K {
     /// and the 2 bits of `qh` at shift `2 * g`; `q` is that 6-bit value minus
     /// 32 and `y = (d * sc) * q` with the signed scale `scales[s]` of
     /// sub-block `s` (16 values).
+    #[inline]
     pub fn dequant(&self, y: &mut [f32; QK_K]) {
         let d = f16_le(self.d);
         for (s, ys) in y.chunks_exact_mut(16).enumerate() {

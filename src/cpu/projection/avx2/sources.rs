@@ -312,14 +312,13 @@ impl Src for Q4K {
     type St = Q4KSt;
     #[inline(always)]
     unsafe fn setup(self, row: *const u8, u: usize) -> Q4KSt {
-        // SAFETY: `u` is a block of the row (`setup`'s contract), so its
-        // `BYTES` are readable, and a `BlockQ4K` (byte arrays, alignment 1)
-        // may be read at any address; `d`, `dmin` and `scales` are read
-        // through the reference.
+        // SAFETY: `u` is a block of the row (`setup`'s contract); the reads
+        // are its `d` and `dmin` (at 0 and `DMIN`) and its 12 scale bytes
+        // (at `SCALES`, as an array of alignment 1), its first 16 bytes.
         unsafe {
-            let b = &*(row.add(u * BlockQ4K::BYTES) as *const BlockQ4K);
-            let (d, dmin) = (f16x8(b.d.as_ptr()), f16x8(b.dmin.as_ptr()));
-            let sm = unpack_scales_k4(&b.scales);
+            let b = row.add(u * BlockQ4K::BYTES);
+            let (d, dmin) = (f16x8(b), f16x8(b.add(BlockQ4K::DMIN)));
+            let sm = unpack_scales_k4(&*(b.add(BlockQ4K::SCALES) as *const [u8; K_SCALE_SIZE]));
             let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
                 sm.as_ptr() as *const _
             )));
@@ -444,14 +443,13 @@ impl Src for Q5K {
     type St = Q5KSt;
     #[inline(always)]
     unsafe fn setup(self, row: *const u8, u: usize) -> Q5KSt {
-        // SAFETY: `u` is a block of the row (`setup`'s contract), so its
-        // `BYTES` are readable, and a `BlockQ5K` (byte arrays, alignment 1)
-        // may be read at any address; `d`, `dmin` and `scales` are read
-        // through the reference.
+        // SAFETY: `u` is a block of the row (`setup`'s contract); the reads
+        // are its `d` and `dmin` (at 0 and `DMIN`) and its 12 scale bytes
+        // (at `SCALES`, as an array of alignment 1), its first 16 bytes.
         unsafe {
-            let b = &*(row.add(u * BlockQ5K::BYTES) as *const BlockQ5K);
-            let (d, dmin) = (f16x8(b.d.as_ptr()), f16x8(b.dmin.as_ptr()));
-            let sm = unpack_scales_k4(&b.scales);
+            let b = row.add(u * BlockQ5K::BYTES);
+            let (d, dmin) = (f16x8(b), f16x8(b.add(BlockQ5K::DMIN)));
+            let sm = unpack_scales_k4(&*(b.add(BlockQ5K::SCALES) as *const [u8; K_SCALE_SIZE]));
             let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
                 sm.as_ptr() as *const _
             )));
