@@ -178,7 +178,9 @@ fn host_weights<'w>(
 /// file range checked against the file's length now.
 fn host_source(src: TableSource<'_>, bytes: u64, layer_id: u32, what: &str) -> Result<Source> {
     Ok(match src {
-        // SAFETY: as `host_weights`: host memory, sized by the context.
+        // SAFETY: `Region::host` needs host memory: a CPU context's regions
+        // are (`Region::from_raw`), and the context sized this one as the
+        // table's `bytes`.
         TableSource::Memory(r) => Source::memory(unsafe { r.host() }),
         TableSource::File { file, offset } => Source::file(file, offset, bytes, layer_id, what)?,
     })
@@ -201,7 +203,8 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
         let s = &self.shape;
         let wkv = match (l.wkv_type, l.wkv_scales) {
             (EngramType::Fp8E4m3E8m0Block, Some(sc)) => {
-                // SAFETY: as `host_weights`: host memory sized by the context.
+                // SAFETY: `Region::host` needs host memory: a CPU context's
+                // regions are (`Region::from_raw`), the context sized both.
                 let (codes, scales) = unsafe { (l.wkv.host(), sc.host()) };
                 let (br, bc) = l.wkv_block;
                 let b = Fp8Blocks::new(codes, scales, s.k_in, br, bc)?;

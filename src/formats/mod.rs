@@ -8,12 +8,14 @@
 //!   (`ggml_type` where ggml has the format), with the one table of block sizes
 //!   ([`GGML_BLOCKS`]) that the GGUF reader and the CUDA kernels also use.
 //! - [`fp8`]: the released checkpoint's e4m3 codes with e8m0 scales.
-//! - [`ggml`]: ggml's block formats (`q8_0`, `q4_0`, `q2_K` ... `q6_K`), which
-//!   dequantise first to ggml's f32 values, then to bf16 by round-to-nearest-even.
+//! - [`ggml`]: ggml's block formats (`Q8_0`, `Q4_0`, `Q2_K` ... `Q6_K`), one
+//!   home each: the typed block ([`BlockQ4K`] ...), its sizes ([`GgmlBlock`])
+//!   and field offsets, which every CPU path and the CUDA kernels' defines
+//!   take; they dequantise first to ggml's f32 values, then to bf16 by round-to-nearest-even.
 //!   Those f32 values do not depend on operation order or FMA contraction: every
 //!   product is exact in f32 (an f16 `d` has 11 significant bits, the scale at
 //!   most 7 and the quant at most 5), so only the final `- dmin * m` of
-//!   q2_K/q4_K/q5_K rounds, once. A GPU kernel reproduces them with plain f32
+//!   `Q2_K`/`Q4_K`/`Q5_K` rounds, once. A GPU kernel reproduces them with plain f32
 //!   arithmetic.
 //! - [`weights`]: how `wkv`, `q` and `k` are held (dense or quantised rows).
 //!
@@ -34,7 +36,10 @@ pub mod weights;
 
 pub use fp8::{e4m3_to_f32, e8m0_to_f32, FP8_SCALE_BLOCK};
 pub use fp8_block::Fp8Blocks;
-pub use ggml::dequant_block_f32;
+pub use ggml::{
+    dequant_block_f32, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ6K, BlockQ8_0,
+    GgmlBlock,
+};
 pub use weights::{WeightDtype, WeightFormat, Weights};
 
 use crate::error::{bail, Result};
@@ -92,21 +97,23 @@ pub enum EngramType {
 /// `(ggml_type, name, values per block, bytes per block)` of every ggml type
 /// (ggml's type traits; removed type numbers are absent). The one table of
 /// block sizes: [`EngramType::block`], the GGUF reader's tensor sizes and the
-/// CUDA kernels' row sizes (passed to NVRTC as defines) all read it.
+/// CUDA kernels' row sizes (passed to NVRTC as defines) all read it. The
+/// formats engram reads take their entries from their typed blocks
+/// ([`GgmlBlock`]); the names are ggml's type names (`ggml_type_name`).
 pub const GGML_BLOCKS: [(u32, &str, usize, usize); 32] = [
     (0, "f32", 1, 4),
     (1, "f16", 1, 2),
-    (2, "q4_0", 32, 18),
+    (2, "q4_0", BlockQ4_0::VALUES, BlockQ4_0::BYTES),
     (3, "q4_1", 32, 20),
     (6, "q5_0", 32, 22),
     (7, "q5_1", 32, 24),
-    (8, "q8_0", 32, 34),
+    (8, "q8_0", BlockQ8_0::VALUES, BlockQ8_0::BYTES),
     (9, "q8_1", 32, 36),
-    (10, "q2_K", 256, 84),
-    (11, "q3_K", 256, 110),
-    (12, "q4_K", 256, 144),
-    (13, "q5_K", 256, 176),
-    (14, "q6_K", 256, 210),
+    (10, "q2_K", BlockQ2K::VALUES, BlockQ2K::BYTES),
+    (11, "q3_K", BlockQ3K::VALUES, BlockQ3K::BYTES),
+    (12, "q4_K", BlockQ4K::VALUES, BlockQ4K::BYTES),
+    (13, "q5_K", BlockQ5K::VALUES, BlockQ5K::BYTES),
+    (14, "q6_K", BlockQ6K::VALUES, BlockQ6K::BYTES),
     (15, "q8_K", 256, 292),
     (16, "iq2_xxs", 256, 66),
     (17, "iq2_xs", 256, 74),
@@ -227,7 +234,7 @@ impl EngramType {
         }
     }
 
-    /// Whether this is one of ggml's block formats (`q8_0`, `q4_0`, K-quants).
+    /// Whether this is one of ggml's block formats (`Q8_0`, `Q4_0`, K-quants).
     pub fn is_gguf_block(self) -> bool {
         self.block().is_some()
     }
@@ -389,7 +396,7 @@ pub fn dequant_row_bf16(
         EngramType::Fp8E4m3E8m0Block => panic!("block-scaled fp8 has no rows of its own"),
         _ => {
             let (bl, bb) = fmt.block().expect("block format");
-            let mut tmp = [0f32; 256];
+            let mut tmp = [0f32; ggml::QK_K];
             for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(bl)) {
                 dequant_block_f32(fmt, blk, &mut tmp[..bl]);
                 for (o, &v) in o.iter_mut().zip(&tmp[..bl]) {

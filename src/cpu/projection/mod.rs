@@ -34,7 +34,10 @@
 
 use crate::batch::try_vec;
 use crate::error::Result;
-use crate::formats::{bf16_to_f32, f32_to_bf16, EngramType, Weights};
+use crate::formats::{bf16_to_f32, f32_to_bf16, Weights};
+// The tests (`tests.rs`, through `super::*`) name formats.
+#[cfg(test)]
+use crate::formats::EngramType;
 
 /// Which kernel computes the dot products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -308,6 +311,8 @@ impl Projection {
         }
     }
 
+    /// The AVX2 kernels (`Kernel::Avx2`): the tokens split (and packed for a
+    /// batch) once, then each task's rows by the source of `w`'s format.
     #[cfg(target_arch = "x86_64")]
     fn run_avx2(
         &self,
@@ -318,148 +323,13 @@ impl Projection {
         kvt: &mut [f32],
         sink: &Sink,
     ) -> Result<()> {
-        use avx2::{Bf16, Fp8, CH, F32, MR, NR, Q2K, Q3K, Q4K, Q4_0, Q5K, Q6K, Q8_0};
-        let kp = k.div_ceil(CH) * CH;
-        let mut xs = try_vec(n * kp, 0f32, "the token rows")?;
-        avx2::split_tokens(rows, n, k, &mut xs);
-        let gemm = n >= GEMM_MIN_TOKENS;
-        let xt = if gemm {
-            let mut xt = try_vec(n.div_ceil(NR) * kp * NR, 0f32, "the packed token rows")?;
-            avx2::pack_tokens(&xs, n, kp, &mut xt);
-            xt
-        } else {
-            Vec::new()
-        };
-        let (panel_len, sums_len) = avx2::gemm_scratch_len(n, kp);
-        // One task: rows `lo..hi` of `base` (rows of `rb` bytes, `units`
-        // units of the source), by dot products or by the GEMM.
-        macro_rules! go {
-            ($dot:ident, $gemm:ident, $src:expr, $base:expr, $rb:expr, $units:expr, $lo:expr, $hi:expr, $out:expr) => {{
-                let (base, rb, units, lo, hi, out) = ($base, $rb, $units, $lo, $hi, $out);
-                if gemm {
-                    let mut panel = try_vec(panel_len, 0f32, "the packed weight panel")?;
-                    let mut sums = try_vec(sums_len, 0f32, "the GEMM's lane sums")?;
-                    // SAFETY: the CPU has avx2, fma and f16c (`Kernel::Avx2` is
-                    // only selected then); rows `lo..hi` of `rb` bytes hold
-                    // `units` whole units of the source (checked by the caller
-                    // and `Weights`), the token buffers are sized for `kp`.
-                    unsafe {
-                        avx2::$gemm(
-                            $src, base, rb, units, &xt, n, lo, hi, out, &mut panel, &mut sums,
-                        )
-                    }
-                } else {
-                    // SAFETY: as above.
-                    unsafe { avx2::$dot($src, base, rb, units, &xs, n, lo, hi, out) }
-                }
-                Ok(())
-            }};
-        }
-        let fast = k.is_multiple_of(CH);
-        self.tasks(n, kvt, sink, |lo, hi, out| match w {
-            Weights::Bf16(v) if fast => {
-                go!(
-                    dot_bf16,
-                    gemm_bf16,
-                    Bf16 { kp },
-                    v.as_ptr() as *const u8,
-                    2 * k,
-                    k / CH,
-                    lo,
-                    hi,
-                    out
-                )
-            }
-            Weights::F32(v) if fast => {
-                go!(
-                    dot_f32,
-                    gemm_f32,
-                    F32 { kp },
-                    v.as_ptr() as *const u8,
-                    4 * k,
-                    k / CH,
-                    lo,
-                    hi,
-                    out
-                )
-            }
-            Weights::Fp8Block(b) if fast && b.bc.is_power_of_two() && b.bc >= CH && b.br >= MR => {
-                // Rows of one row of blocks at a time (one scale row each);
-                // a block holds whole chunks.
-                let shift = b.bc.trailing_zeros();
-                let mut a = lo;
-                while a < hi {
-                    let e = ((a / b.br + 1) * b.br).min(hi);
-                    let src = Fp8 {
-                        srow: b.scale_row(a).as_ptr(),
-                        shift,
-                    };
-                    let sub = &mut out[(a - lo) * n..(e - lo) * n];
-                    go!(
-                        dot_fp8,
-                        gemm_fp8,
-                        src,
-                        b.codes.as_ptr(),
-                        k,
-                        k / CH,
-                        a,
-                        e,
-                        sub
-                    )?;
-                    a = e;
-                }
-                Ok(())
-            }
-            Weights::Quant {
-                format,
-                data,
-                row_len,
-            } if row_len == k
-                && matches!(
-                    format,
-                    EngramType::Q8_0
-                        | EngramType::Q4_0
-                        | EngramType::Q2_K
-                        | EngramType::Q3_K
-                        | EngramType::Q4_K
-                        | EngramType::Q5_K
-                        | EngramType::Q6_K
-                ) =>
-            {
-                let (rb, p) = (format.row_bytes(k), data.as_ptr());
-                match format {
-                    EngramType::Q8_0 => go!(dot_q8_0, gemm_q8_0, Q8_0, p, rb, k / 32, lo, hi, out),
-                    EngramType::Q4_0 => go!(dot_q4_0, gemm_q4_0, Q4_0, p, rb, k / 32, lo, hi, out),
-                    EngramType::Q2_K => go!(dot_q2_k, gemm_q2_k, Q2K, p, rb, k / 256, lo, hi, out),
-                    EngramType::Q3_K => go!(dot_q3_k, gemm_q3_k, Q3K, p, rb, k / 256, lo, hi, out),
-                    EngramType::Q5_K => go!(dot_q5_k, gemm_q5_k, Q5K, p, rb, k / 256, lo, hi, out),
-                    EngramType::Q6_K => go!(dot_q6_k, gemm_q6_k, Q6K, p, rb, k / 256, lo, hi, out),
-                    _ => go!(dot_q4_k, gemm_q4_k, Q4K, p, rb, k / 256, lo, hi, out),
-                }
-            }
-            _ => {
-                // Any other format or K: the rows' exact f32 values (the
-                // reference dequantisation), zero-padded to whole chunks.
-                let mut wf = try_vec((hi - lo) * kp, 0f32, "the dequantised weight rows")?;
-                for (r, row) in wf.chunks_exact_mut(kp).enumerate() {
-                    w.to_f32((lo + r) * k, &mut row[..k]);
-                }
-                let base = wf.as_ptr() as *const u8;
-                go!(
-                    dot_f32,
-                    gemm_f32,
-                    F32 { kp },
-                    base,
-                    4 * kp,
-                    kp / CH,
-                    0,
-                    hi - lo,
-                    out
-                )
-            }
-        })
+        let run = x86::Avx2Run::new(rows, n, k)?;
+        self.tasks(n, kvt, sink, |lo, hi, out| run.task(w, lo, hi, out))
     }
 
+    /// The AVX-512 kernels (`Kernel::Avx512`, `Kernel::Avx512Bf16`): the
+    /// tokens laid out once, then each task's rows by the entry of `w`'s
+    /// format.
     #[cfg(target_arch = "x86_64")]
     fn run_avx512(
         &self,
@@ -470,125 +340,10 @@ impl Projection {
         kvt: &mut [f32],
         sink: &Sink,
     ) -> Result<()> {
-        // Every format in one order (see `avx512/`): tokens as f32, each
-        // 32-value chunk split into its odd and even elements; or, for
-        // `vdpbf16ps` (bf16 and fp8 weights, `Kernel::Avx512Bf16`), as bf16 pairs.
-        let dot = self.kernel == Kernel::Avx512Bf16
-            && matches!(w, Weights::Bf16(_) | Weights::Fp8Block(_));
-        let (xs, xb) = if dot {
-            (Vec::new(), avx512::pack_bf16(rows, n, k)?)
-        } else {
-            (avx512::pair_split(rows, n, k)?, Vec::new())
-        };
-        let chunks = k.div_ceil(32);
-        self.tasks(n, kvt, sink, |lo, hi, out| {
-            macro_rules! q {
-                ($f:ident, $base:expr, $rb:expr) => {
-                    // SAFETY: `Kernel::Avx512` is only selected when the CPU
-                    // has avx512f, avx512bw, avx2, fma and f16c; rows
-                    // `lo..hi` of `$rb` bytes are whole rows (`Weights`
-                    // checked the sizes, the guard the row length).
-                    unsafe { avx512::$f($base, $rb, &xs, n, k, lo, hi, out)? }
-                };
-            }
-            match w {
-                Weights::Bf16(wb) if dot => {
-                    // SAFETY: `Kernel::Avx512Bf16` is only selected when the
-                    // CPU has avx512f, avx512bw and avx512bf16; sizes are
-                    // asserted by `run`.
-                    unsafe { avx512::range_bf16_dp(&xb, n, k, wb, lo, hi, out)? }
-                }
-                Weights::Bf16(wb) => {
-                    // SAFETY: `Kernel::Avx512` is only selected when the CPU
-                    // has avx512f and avx512bw; sizes are asserted by `run`.
-                    unsafe { avx512::range_bf16(&xs, n, k, wb, lo, hi, out)? }
-                }
-                Weights::Fp8Block(b)
-                    if dot && k.is_multiple_of(32) && b.bc.is_power_of_two() && b.bc >= 32 =>
-                {
-                    // SAFETY: as the bf16 `dot` arm, with the shape conditions
-                    // of the guard.
-                    unsafe { avx512::range_fp8_dp(&xb, n, k, &b, lo, hi, out)? }
-                }
-                Weights::Fp8Block(b)
-                    if k.is_multiple_of(32) && b.bc.is_power_of_two() && b.bc >= 32 =>
-                {
-                    // Converted in registers, in the bf16 kernel's order.
-                    // SAFETY: avx512f, avx512bw and f16c (`Kernel::Avx512`);
-                    // the shape conditions of the guard.
-                    unsafe { avx512::range_fp8(&xs, n, k, &b, lo, hi, out)? }
-                }
-                Weights::Fp8Block(b) => {
-                    // Other shapes: this task's rows widened to bf16 (exact),
-                    // then the bf16 kernel (the same order, so the same bits).
-                    let mut wb = try_vec((hi - lo) * k, 0u16, "the widened weight rows")?;
-                    let mut row = try_vec(k, 0f32, "a weight row")?;
-                    for (r, o) in wb.chunks_exact_mut(k).enumerate() {
-                        b.to_f32((lo + r) * k, &mut row);
-                        for (o, &v) in o.iter_mut().zip(&row) {
-                            *o = (v.to_bits() >> 16) as u16;
-                        }
-                    }
-                    if dot {
-                        // SAFETY: as the bf16 `dot` arm; `wb` holds rows 0..hi-lo.
-                        unsafe { avx512::range_bf16_dp(&xb, n, k, &wb, 0, hi - lo, out)? }
-                    } else {
-                        // SAFETY: as the bf16 arm; `wb` holds rows 0..hi-lo.
-                        unsafe { avx512::range_bf16(&xs, n, k, &wb, 0, hi - lo, out)? }
-                    }
-                }
-                Weights::F32(v) if k.is_multiple_of(32) => {
-                    q!(range_f32, v.as_ptr() as *const u8, 4 * k)
-                }
-                Weights::Quant {
-                    format,
-                    data,
-                    row_len,
-                } if row_len == k && k.is_multiple_of(32) => {
-                    let (p, rb) = (data.as_ptr(), format.row_bytes(k));
-                    match format {
-                        EngramType::F16 => q!(range_f16, p, rb),
-                        EngramType::Q8_0 => q!(range_q8_0, p, rb),
-                        EngramType::Q4_0 => q!(range_q4_0, p, rb),
-                        EngramType::Q2_K => q!(range_q2_k, p, rb),
-                        EngramType::Q3_K => q!(range_q3_k, p, rb),
-                        EngramType::Q4_K => q!(range_q4_k, p, rb),
-                        EngramType::Q5_K => q!(range_q5_k, p, rb),
-                        EngramType::Q6_K => q!(range_q6_k, p, rb),
-                        _ => dense(w, lo, hi, k, chunks, &xs, n, out)?,
-                    }
-                }
-                _ => dense(w, lo, hi, k, chunks, &xs, n, out)?,
-            }
-            Ok(())
-        })
+        let bf16_dot = self.kernel == Kernel::Avx512Bf16;
+        let run = x86::Avx512Run::new(rows, n, k, w, bf16_dot)?;
+        self.tasks(n, kvt, sink, |lo, hi, out| run.task(w, lo, hi, out))
     }
-}
-
-/// Rows `lo..hi` of any weights the AVX-512 kernel does not read in place
-/// (K not a multiple of 32): their exact f32 values (the reference
-/// dequantisation), zero-padded to whole chunks, through the f32 source.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-fn dense(
-    w: Weights<'_>,
-    lo: usize,
-    hi: usize,
-    k: usize,
-    chunks: usize,
-    xs: &[f32],
-    n: usize,
-    out: &mut [f32],
-) -> Result<()> {
-    let kp = chunks * 32;
-    let mut wf = try_vec((hi - lo) * kp, 0f32, "the dequantised weight rows")?;
-    for (r, row) in wf.chunks_exact_mut(kp).enumerate() {
-        w.to_f32((lo + r) * k, &mut row[..k]);
-    }
-    // SAFETY: `Kernel::Avx512` (avx512f, avx512bw, avx2, fma, f16c); `wf`
-    // holds rows 0..hi-lo of `kp` values, `xs` is `[n, kp]` in `pair_split`
-    // layout.
-    unsafe { avx512::range_f32(wf.as_ptr() as *const u8, 4 * kp, xs, n, kp, 0, hi - lo, out) }
 }
 
 /// Where the tasks write `kv` (`[n, n_out]`): each its own output columns,
@@ -672,6 +427,8 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 #[cfg(test)]
 mod tests;

@@ -87,7 +87,10 @@ pub enum Source {
 // `Drop`) wait until no reader but the stager holds the old one, so no thread
 // reads the table after its layer was replaced or the context freed.
 unsafe impl Send for Source {}
-// SAFETY: as above; the source is only read.
+// SAFETY: sharing a `Source` between threads only reads it: a borrowed
+// table stays valid while any `Arc<Source>` lives (the `Send` argument
+// above), a file is read with positioned reads (`pread`), and a split
+// table's two parts are sources of their own.
 unsafe impl Sync for Source {}
 
 impl Source {
@@ -310,6 +313,106 @@ impl Shared {
     }
 }
 
+/// The error of a stage that could not allocate what its jobs own.
+fn stage_oom(k: usize) -> Error {
+    Error::new(
+        EngramStatus::ErrCapacity,
+        format!("out of memory to stage {k} rows"),
+    )
+}
+
+/// Everything one stage's jobs own, allocated (fallibly) before any state
+/// changes: the slot's ids, cells and row buffers, and each job's ids.
+struct Staged {
+    ids: Vec<i64>,
+    cells: Cells,
+    /// One (empty) buffer per job, for a layer without in-place memory.
+    parts: Vec<Vec<u8>>,
+    /// Each job's ids: `per` of them (the last job's may be fewer).
+    jobs: Vec<Vec<i64>>,
+    per: usize,
+}
+
+impl Staged {
+    /// Row ids `ids`, `cols` per token of `tokens` (empty: back to back),
+    /// in jobs of `per` ids (at least one job).
+    fn alloc(ids: &[i64], tokens: &[usize], cols: usize, per: usize) -> Result<Staged> {
+        let k = ids.len();
+        let n_jobs = k.div_ceil(per).max(1);
+        let oom = |_| stage_oom(k);
+        let mut owned_ids = Vec::new();
+        owned_ids.try_reserve_exact(k).map_err(oom)?;
+        owned_ids.extend_from_slice(ids);
+        let mut parts = Vec::new();
+        parts.try_reserve_exact(n_jobs).map_err(oom)?;
+        parts.resize_with(n_jobs, Vec::new);
+        let mut owned_tokens = Vec::new();
+        owned_tokens.try_reserve_exact(tokens.len()).map_err(oom)?;
+        owned_tokens.extend_from_slice(tokens);
+        let cells = Cells {
+            tokens: std::sync::Arc::new(owned_tokens),
+            cols: cols.max(1),
+        };
+        let mut jobs = Vec::new();
+        jobs.try_reserve_exact(n_jobs).map_err(oom)?;
+        for j in 0..n_jobs {
+            let (a, b) = ((j * per).min(k), ((j + 1) * per).min(k));
+            let mut v = Vec::new();
+            v.try_reserve_exact(b - a).map_err(oom)?;
+            v.extend_from_slice(&ids[a..b]);
+            jobs.push(v);
+        }
+        Ok(Staged {
+            ids: owned_ids,
+            cells,
+            parts,
+            jobs,
+            per,
+        })
+    }
+}
+
+/// What a stage's jobs read and where they write: the layer's table (as
+/// the lock that queues them sees it), its row bytes and generation, and
+/// the slot's in-place memory if the layer has one.
+struct Target {
+    src: Arc<Source>,
+    rb: usize,
+    gen: u64,
+    mem: Option<std::sync::Arc<dyn InPlace>>,
+}
+
+impl Target {
+    /// Layer `li`'s table and slot `si`'s memory, which must hold the rows
+    /// of `k` ids at `cells`. Read under the same hold of the lock that
+    /// queues the jobs: waiting for a slot released it, and a `set_source`
+    /// may have run meanwhile.
+    fn of(st: &State, li: usize, si: usize, cells: &Cells, k: usize) -> Result<Target> {
+        let l = &st.layers[li];
+        let Some(src) = &l.source else {
+            crate::error::bail!(ErrInternal, "staging layer {li}, whose table was never set");
+        };
+        let mem = l.mem.get(si).cloned();
+        if let Some(m) = &mem {
+            let need = cells.end(k).checked_mul(l.rb);
+            if need.is_none_or(|b| b > m.rows_len()) {
+                crate::error::bail!(
+                    ErrInternal,
+                    "staging {k} rows of {} bytes past the layer's in-place memory ({} bytes)",
+                    l.rb,
+                    m.rows_len()
+                );
+            }
+        }
+        Ok(Target {
+            src: src.clone(),
+            rb: l.rb,
+            gen: l.gen,
+            mem,
+        })
+    }
+}
+
 /// The staging area and worker threads of one context.
 pub struct Stager {
     shared: Arc<Shared>,
@@ -446,111 +549,86 @@ impl Stager {
         }
         self.start_workers()?;
         let per = k.div_ceil(self.n_workers).max(MIN_ROWS_PER_JOB);
-        let n_jobs = k.div_ceil(per).max(1);
-        // Everything the jobs own, allocated (fallibly) before any state changes.
-        let oom = || {
-            Error::new(
-                EngramStatus::ErrCapacity,
-                format!("out of memory to stage {k} rows"),
-            )
-        };
-        let mut owned_ids = Vec::new();
-        owned_ids.try_reserve_exact(k).map_err(|_| oom())?;
-        owned_ids.extend_from_slice(ids);
-        let mut parts = Vec::new();
-        parts.try_reserve_exact(n_jobs).map_err(|_| oom())?;
-        parts.resize_with(n_jobs, Vec::new);
-        let mut owned_tokens = Vec::new();
-        owned_tokens
-            .try_reserve_exact(tokens.len())
-            .map_err(|_| oom())?;
-        owned_tokens.extend_from_slice(tokens);
-        let cells = Cells {
-            tokens: std::sync::Arc::new(owned_tokens),
-            cols: cols.max(1),
-        };
-        let mut job_ids = Vec::new();
-        job_ids.try_reserve_exact(n_jobs).map_err(|_| oom())?;
-        for j in 0..n_jobs {
-            let (a, b) = ((j * per).min(k), ((j + 1) * per).min(k));
-            let mut v = Vec::new();
-            v.try_reserve_exact(b - a).map_err(|_| oom())?;
-            v.extend_from_slice(&ids[a..b]);
-            job_ids.push(v);
-        }
+        let staged = Staged::alloc(ids, tokens, cols, per)?;
         let mut st = self.shared.lock();
         if st.layers[li].source.is_none() {
             // The context checks a layer is set before it stages.
             crate::error::bail!(ErrInternal, "staging layer {li}, whose table was never set");
         }
-        st.queue.try_reserve(n_jobs).map_err(|_| oom())?;
-        // A slot: a free one, else the oldest that no apply holds (after its gather).
-        let si = loop {
+        st.queue
+            .try_reserve(staged.jobs.len())
+            .map_err(|_| stage_oom(k))?;
+        let (st, si) = self.claim_slot(st, li);
+        let target = Target::of(&st, li, si, &staged.cells, k)?;
+        self.queue_jobs(st, li, si, staged, target);
+        Ok(())
+    }
+
+    /// A slot of layer `li` to stage into: a free one, else the oldest that
+    /// no apply holds, once its gather is done. Waits (releasing the lock)
+    /// while there is none.
+    fn claim_slot<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        li: usize,
+    ) -> (MutexGuard<'a, State>, usize) {
+        loop {
             let slots = &st.layers[li].slots;
             if let Some(i) = slots.iter().position(|s| s.st == St::Free) {
-                break i;
+                return (st, i);
             }
             let oldest = (0..SLOTS)
                 .filter(|&i| slots[i].st != St::Taken)
                 .min_by_key(|&i| slots[i].seq);
             match oldest {
-                Some(i) if slots[i].st == St::Ready => break i,
+                Some(i) if slots[i].st == St::Ready => return (st, i),
                 _ => st = self.shared.wait(st),
             }
-        };
-        // The source is read under the same hold of the lock that queues the
-        // jobs: waiting for a slot above released it, and a `set_source`
-        // may have run meanwhile.
-        let (src, rb, gen, mem) = {
-            let l = &st.layers[li];
-            match &l.source {
-                Some(s) => (s.clone(), l.rb, l.gen, l.mem.get(si).cloned()),
-                None => crate::error::bail!(
-                    ErrInternal,
-                    "staging layer {li}, whose table was never set"
-                ),
-            }
-        };
-        if let Some(m) = &mem {
-            let need = cells.end(k).checked_mul(rb);
-            if need.is_none_or(|b| b > m.rows_len()) {
-                crate::error::bail!(
-                    ErrInternal,
-                    "staging {k} rows of {rb} bytes past the layer's in-place memory ({} bytes)",
-                    m.rows_len()
-                );
-            }
         }
+    }
+
+    /// Slot `si` of layer `li` takes `staged`'s ids and cells and its jobs
+    /// are queued (the lock held throughout); then the workers are woken.
+    fn queue_jobs(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        li: usize,
+        si: usize,
+        staged: Staged,
+        target: Target,
+    ) {
         st.seq += 1;
         let seq = st.seq;
+        let n_jobs = staged.jobs.len();
         let slot = &mut st.layers[li].slots[si];
         slot.clear();
-        slot.ids = owned_ids;
-        slot.cells = cells.clone();
-        slot.parts = parts;
+        slot.ids = staged.ids;
+        slot.cells = staged.cells.clone();
+        slot.parts = staged.parts;
         slot.seq = seq;
-        slot.gen = gen;
+        slot.gen = target.gen;
         slot.pending = n_jobs;
         slot.st = St::Gathering;
+        let (per, cells) = (staged.per, staged.cells);
         st.queue
-            .extend(job_ids.into_iter().enumerate().map(|(j, ids)| Job {
+            .extend(staged.jobs.into_iter().enumerate().map(|(j, ids)| Job {
                 layer: li,
                 slot: si,
                 seq,
                 part: j,
-                src: src.clone(),
-                rb,
+                src: target.src.clone(),
+                rb: target.rb,
                 ids,
-                place: mem.clone().map(|m| (m, cells.clone(), j * per)),
+                place: target.mem.clone().map(|m| (m, cells.clone(), j * per)),
             }));
-        drop(src);
-        drop(mem);
+        // The table and memory are let go of before the lock: a
+        // `set_source` waiting for the old table's last reader counts them.
+        drop(target);
         st.stats.prefetched += 1;
         drop(st);
         for _ in 0..n_jobs.min(self.n_workers) {
             self.shared.work.notify_one();
         }
-        Ok(())
     }
 
     /// How the gathers so far were served.

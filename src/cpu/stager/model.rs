@@ -207,7 +207,9 @@ struct ModelMem {
 // SAFETY: loom runs one thread at a time and checks, through `track`, that
 // the stager's writes and the copy's reads are ordered.
 unsafe impl Sync for ModelMem {}
-// SAFETY: as above.
+// SAFETY: sending it moves only what it owns: its bytes, the loom cell that
+// tracks accesses to them, loom's mutex and condvar; no pointer into another
+// thread's data. Accesses from several threads are ordered as for `Sync`.
 unsafe impl Send for ModelMem {}
 
 // SAFETY: `bytes` lives as long as the value; `track` makes loom report a

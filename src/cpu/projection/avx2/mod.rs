@@ -427,7 +427,8 @@ macro_rules! entry {
             hi: usize,
             out: &mut [f32],
         ) {
-            // SAFETY: forwarded contract.
+            // SAFETY: this entry's contract is `dot_range`'s, and it enables
+            // the features `dot_range` needs.
             unsafe { dot_range(src, base, rb, units, xs, n, lo, hi, out) }
         }
 
@@ -450,7 +451,8 @@ macro_rules! entry {
             panel: &mut [f32],
             sums: &mut [f32],
         ) {
-            // SAFETY: forwarded contract.
+            // SAFETY: this entry's contract is `gemm_range`'s, and it enables
+            // the features `gemm_range` needs.
             unsafe { gemm_range(src, base, rb, units, xt, n, lo, hi, out, panel, sums) }
         }
     };

@@ -57,7 +57,8 @@ impl DpW for Bf16D {
     }
     #[inline(always)]
     unsafe fn chunk(row: *const u16, kk: usize, k: usize) -> __m512bh {
-        // SAFETY: the caller's contract; a tail is masked.
+        // SAFETY: `chunk`'s contract puts the chunk at `kk` in the row; a
+        // chunk that runs past `k` (the last) is read with a masked load.
         unsafe {
             let v = if kk + 32 <= k {
                 _mm512_loadu_si512(row.add(kk) as *const _)
@@ -141,7 +142,8 @@ impl DpW for Fp8D {
 /// `lo..hi` in the matrix.
 #[inline(always)]
 pub(super) unsafe fn widen_fp8(w: Fp8D, lo: usize, hi: usize, out: &mut [u16]) {
-    // SAFETY: the contract above; every store is inside `out`.
+    // SAFETY: the features and rows `lo..hi` are this function's contract;
+    // each store is one row of `out`, whose length is asserted below.
     unsafe {
         assert!(out.len() == (hi - lo) * w.k && w.k.is_multiple_of(32));
         for o in lo..hi {

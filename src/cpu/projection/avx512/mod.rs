@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 mod dp;
 mod quant;
 pub(super) use dp::pack_bf16;
-use quant::{F16Q, F32Q, Q2KQ, Q3KQ, Q4KQ, Q4_0Q, Q5KQ, Q6KQ, Q8_0Q};
+use quant::{F16, F32, Q2K, Q3K, Q4K, Q4_0, Q5K, Q6K, Q8_0};
 
 macro_rules! entry {
     ($name:ident, $src:ty) => {
@@ -36,21 +36,22 @@ macro_rules! entry {
             hi: usize,
             out: &mut [f32],
         ) -> Result<()> {
-            // SAFETY: forwarded contract.
+            // SAFETY: this entry's contract is `quant::range`'s, and it
+            // enables the features `quant::range` needs.
             unsafe { quant::range::<$src>(base, rb, xs, n, k, lo, hi, out) }
         }
     };
 }
 
-entry!(range_f32, F32Q);
-entry!(range_f16, F16Q);
-entry!(range_q8_0, Q8_0Q);
-entry!(range_q4_0, Q4_0Q);
-entry!(range_q2_k, Q2KQ);
-entry!(range_q3_k, Q3KQ);
-entry!(range_q4_k, Q4KQ);
-entry!(range_q5_k, Q5KQ);
-entry!(range_q6_k, Q6KQ);
+entry!(range_f32, F32);
+entry!(range_f16, F16);
+entry!(range_q8_0, Q8_0);
+entry!(range_q4_0, Q4_0);
+entry!(range_q2_k, Q2K);
+entry!(range_q3_k, Q3K);
+entry!(range_q4_k, Q4K);
+entry!(range_q5_k, Q5K);
+entry!(range_q6_k, Q6K);
 
 /// 32-value chunks per k block of the bf16 kernel (6 weight rows x 1024 bf16
 /// = 12 KB stay in L1 while the block's token vectors stream past).
@@ -129,8 +130,9 @@ pub unsafe fn range_bf16(
     hi: usize,
     out: &mut [f32],
 ) -> crate::error::Result<()> {
-    // SAFETY: the caller upholds this function's `# Safety` contract
-    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    // SAFETY: the features are enabled here; `range_pairs` reads rows
+    // `lo..hi` of `Bf16W`, inside `w` by the assert below, tokens of `xs`
+    // and writes `out`, both sized by this function's contract.
     unsafe {
         assert!(w.len() >= hi * k);
         range_pairs(Fma(Bf16W { w: w.as_ptr(), k }), xs, n, k, lo, hi, out)
@@ -156,8 +158,10 @@ pub unsafe fn range_fp8(
     hi: usize,
     out: &mut [f32],
 ) -> crate::error::Result<()> {
-    // SAFETY: the caller upholds this function's `# Safety` contract
-    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    // SAFETY: the features are enabled here; the asserts below check the
+    // shape `Fp8W` relies on (whole chunks, a chunk in one block) and that
+    // rows `lo..hi` are in the matrix (`Fp8Blocks` checked its codes and
+    // scales hold every row); `xs` and `out` are sized by the contract.
     unsafe {
         assert!(w.k == k && k.is_multiple_of(32) && w.bc.is_power_of_two() && w.bc >= 32);
         assert!(w.rows() >= hi);
@@ -188,7 +192,9 @@ pub unsafe fn range_bf16_dp(
     hi: usize,
     out: &mut [f32],
 ) -> crate::error::Result<()> {
-    // SAFETY: the caller upholds this function's `# Safety` contract.
+    // SAFETY: as in `range_bf16` (rows inside `w` by the assert below, `xs`
+    // and `out` sized by the contract), with avx512bf16 enabled here for
+    // `vdpbf16ps`.
     unsafe {
         assert!(w.len() >= hi * k);
         range_pairs(
@@ -218,7 +224,9 @@ pub unsafe fn range_fp8_dp(
     hi: usize,
     out: &mut [f32],
 ) -> crate::error::Result<()> {
-    // SAFETY: the caller upholds this function's `# Safety` contract.
+    // SAFETY: as in `range_fp8` (the shape and rows asserted below, `xs`
+    // and `out` sized by the contract), with avx512bf16 enabled here; the
+    // widened rows are written to `wb`, sized for them.
     unsafe {
         assert!(w.k == k && k.is_multiple_of(32) && w.bc.is_power_of_two() && w.bc >= 32);
         assert!(w.rows() >= hi);
@@ -301,7 +309,8 @@ impl PairW for Bf16W {
     }
     #[inline(always)]
     unsafe fn half(row: *const u16, kk: usize, k: usize, half: usize) -> __m512 {
-        // SAFETY: the caller's contract.
+        // SAFETY: `half`'s contract puts the chunk at `kk` in the row; a
+        // chunk that runs past `k` (the last) is read with a masked load.
         unsafe {
             // 32 bf16 as 16 words: element 2j in the low half, 2j+1 in the high.
             let v = if kk + 32 <= k {
@@ -423,7 +432,8 @@ impl<W: PairW> Micro for Fma<W> {
         c1: usize,
         acc: *mut __m512,
     ) {
-        // SAFETY: forwarded contract.
+        // SAFETY: `Micro::tile`'s contract (the rows and tokens hold chunks
+        // `c0..c1`, `acc` the tile's accumulators) is `pairs`'s.
         unsafe { pairs::<W, RR, TT>(wp, xp, k, c0, c1, acc) }
     }
 }
@@ -450,8 +460,11 @@ unsafe fn range_pairs<M: Micro>(
     hi: usize,
     out: &mut [f32],
 ) -> crate::error::Result<()> {
-    // SAFETY: the callers' contracts (`range_bf16`, `range_fp8` and their
-    // `dp` forms).
+    // SAFETY: every caller (`range_bf16`, `range_fp8` and their `dp` forms)
+    // enables the features of `M` and has checked that rows `lo..hi` of `w`
+    // are in the matrix; the tiles read only those rows (`o + i < hi`) and
+    // the chunks `0..chunks` of `xs`, whose length is asserted below, and
+    // write the accumulators `accs`, sized `RB * TB`.
     unsafe {
         let chunks = k.div_ceil(32);
         assert!(xs.len() == n * chunks * 32 && out.len() == (hi - lo) * n);
@@ -537,8 +550,10 @@ unsafe fn pairs<W: PairW, const RR: usize, const TT: usize>(
     c1: usize,
     acc: *mut __m512,
 ) {
-    // SAFETY: the caller upholds this function's `# Safety` contract
-    // (the CPU features it is compiled for, and the sizes it reads and writes).
+    // SAFETY: the loads are chunks `c0..c1` of the `RR` rows (through
+    // `W::half`, whose contract the rows' span meets) and of the `TT` token
+    // rows, and the accumulators `TT * RB` vectors at `acc`: all inside what
+    // this function's contract says the pointers hold.
     unsafe {
         let mut a = [[_mm512_setzero_ps(); TT]; RR];
         for i in 0..RR {

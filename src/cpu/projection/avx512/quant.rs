@@ -15,11 +15,11 @@
 //! the bf16 `wkv`.
 //!
 //! **Lookups.** A sub-block's codes take few values (16 for a 4-bit code, 4
-//! for q2_K, 8 for q3_K, 32 for q5_K), so its values `dl * q - ml` for every
+//! for `Q2_K`, 8 for `Q3_K`, 32 for `Q5_K`), so its values `dl * q - ml` for every
 //! code are one FMA (a table in one or two registers) and 16 weights one
 //! `vpermps` (`vpermt2ps` for 32 entries), indexed by the code bits where
 //! they lie in the block: the permute reads only the low 4 (5) bits of each
-//! index, so a shift is usually all a code needs. q8_0 and q6_K (256 and 64
+//! index, so a shift is usually all a code needs. `Q8_0` and `Q6_K` (256 and 64
 //! codes) are converted and multiplied.
 //!
 //! **Two forms, the same sums.** For a few tokens ([`dot_range`]) the chunks
@@ -31,6 +31,10 @@
 use super::{hsum, pair_offset, pairs, PairW, KBC, RB, T, TB};
 use crate::cpu::projection::avx2::sources::unpack_scales_k4;
 use crate::error::Result;
+use crate::formats::ggml::K_SCALE_SIZE;
+use crate::formats::{
+    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ6K, BlockQ8_0, GgmlBlock,
+};
 use std::arch::x86_64::*;
 
 /// How a weight row is read: blocks of `BV` values in `BB` bytes; each
@@ -57,23 +61,35 @@ pub(super) trait QSrc: Copy {
     /// As `chunk`.
     #[inline(always)]
     unsafe fn chunk2(blk: *const u8, st: &Self::St, c: usize) -> [(__m512, __m512); 2] {
-        // SAFETY: forwarded contract.
+        // SAFETY: `c` and `c + 1` are both chunks of the block (`c + 1 <
+        // BV / 32`, this function's contract), and the rest of `chunk`'s
+        // contract (the features, the whole block, its state) is this one's.
         unsafe { [Self::chunk(blk, st, c), Self::chunk(blk, st, c + 1)] }
     }
 }
 
 /// 32 bytes at `p` as 16 dwords: dword `j` holds byte `2j` in bits 0..8 and
 /// byte `2j + 1` in bits 8..16.
+///
+/// # Safety
+/// 32 readable bytes at `p`; the CPU has avx512f.
 #[inline(always)]
 unsafe fn words(p: *const u8) -> __m512i {
-    // SAFETY: 32 readable bytes at `p` (the caller's contract); avx512f.
+    // SAFETY: the unaligned 32-byte load reads exactly the bytes this
+    // function's contract makes readable; the widening needs avx512f, which
+    // it promises too.
     unsafe { _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i)) }
 }
 
 /// The f16 at `p` in all 16 lanes, exactly.
+///
+/// # Safety
+/// Two readable bytes at `p`; the CPU has avx512f.
 #[inline(always)]
 unsafe fn f16x16(p: *const u8) -> __m512 {
-    // SAFETY: two readable bytes at `p`; avx512f.
+    // SAFETY: the unaligned read takes just the two bytes at `p`, readable
+    // by this function's contract, which also promises the avx512f that the
+    // 16-lane conversion needs.
     unsafe { _mm512_cvtph_ps(_mm256_set1_epi16((p as *const i16).read_unaligned())) }
 }
 
@@ -123,17 +139,19 @@ const AND_OR: i32 = 0xEA;
 /// f32 rows (an f32 `wkv`, or rows of any other format dequantised into a
 /// buffer by the reference code).
 #[derive(Clone, Copy)]
-pub(super) struct F32Q;
+pub(super) struct F32;
 
-impl QSrc for F32Q {
+impl QSrc for F32 {
     const BV: usize = 32;
-    const BB: usize = 128;
+    const BB: usize = 32 * size_of::<f32>();
     type St = ();
     #[inline(always)]
     unsafe fn setup(_: *const u8) {}
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, _: &(), _: usize) -> (__m512, __m512) {
-        // SAFETY: 32 f32 at `blk` (the caller's contract).
+        // SAFETY: an f32 "block" is one chunk, 32 values (`BB` = 128 bytes)
+        // at `blk`, readable by `chunk`'s contract (a whole block): two
+        // 16-lane loads; avx512f by the same contract.
         unsafe {
             let p = blk as *const f32;
             let (a, b) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
@@ -147,17 +165,19 @@ impl QSrc for F32Q {
 
 /// f16 rows (ds4's GGUFs carry `wkv` so): widened exactly.
 #[derive(Clone, Copy)]
-pub(super) struct F16Q;
+pub(super) struct F16;
 
-impl QSrc for F16Q {
+impl QSrc for F16 {
     const BV: usize = 32;
-    const BB: usize = 64;
+    const BB: usize = 32 * size_of::<half::f16>();
     type St = ();
     #[inline(always)]
     unsafe fn setup(_: *const u8) {}
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, _: &(), _: usize) -> (__m512, __m512) {
-        // SAFETY: 32 f16 at `blk` (the caller's contract).
+        // SAFETY: an f16 "block" is one chunk, 32 values (`BB` = 64 bytes)
+        // at `blk`, readable by `chunk`'s contract (a whole block): one
+        // 64-byte load; avx512f and f16c by the same contract.
         unsafe {
             let v = _mm512_loadu_si512(blk as *const _);
             (
@@ -168,13 +188,13 @@ impl QSrc for F16Q {
     }
 }
 
-/// `block_q8_0`: `q * d`.
+/// `Q8_0`: `q * d`.
 #[derive(Clone, Copy)]
-pub(super) struct Q8_0Q;
+pub(super) struct Q8_0;
 
-impl QSrc for Q8_0Q {
-    const BV: usize = 32;
-    const BB: usize = 34;
+impl QSrc for Q8_0 {
+    const BV: usize = BlockQ8_0::VALUES;
+    const BB: usize = BlockQ8_0::BYTES;
     type St = __m512;
     #[inline(always)]
     unsafe fn setup(blk: *const u8) -> __m512 {
@@ -183,10 +203,12 @@ impl QSrc for Q8_0Q {
     }
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, d: &__m512, _: usize) -> (__m512, __m512) {
-        // SAFETY: the block's 32 codes follow `d`.
+        // SAFETY: the 32 codes at `QS` end at `BYTES`, inside the whole
+        // block at `blk` (`chunk`'s contract).
         unsafe {
             // Each dword: code 2j sign-extended with code 2j + 1 above it.
-            let w = _mm512_cvtepi16_epi32(_mm256_loadu_si256(blk.add(2) as *const __m256i));
+            let w =
+                _mm512_cvtepi16_epi32(_mm256_loadu_si256(blk.add(BlockQ8_0::QS) as *const __m256i));
             let odd = _mm512_srai_epi32::<8>(w);
             let even = _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(w));
             (
@@ -197,14 +219,14 @@ impl QSrc for Q8_0Q {
     }
 }
 
-/// `block_q4_0`: `(q - 8) * d`; byte `j` holds value `j` (low nibble) and
+/// `Q4_0`: `(q - 8) * d`; byte `j` holds value `j` (low nibble) and
 /// `j + 16` (high). The block's 16 values are one table.
 #[derive(Clone, Copy)]
-pub(super) struct Q4_0Q;
+pub(super) struct Q4_0;
 
-impl QSrc for Q4_0Q {
-    const BV: usize = 32;
-    const BB: usize = 18;
+impl QSrc for Q4_0 {
+    const BV: usize = BlockQ4_0::VALUES;
+    const BB: usize = BlockQ4_0::BYTES;
     type St = __m512;
     #[inline(always)]
     unsafe fn setup(blk: *const u8) -> __m512 {
@@ -213,10 +235,11 @@ impl QSrc for Q4_0Q {
     }
     #[inline(always)]
     unsafe fn chunk(blk: *const u8, table: &__m512, _: usize) -> (__m512, __m512) {
-        // SAFETY: the block's 16 code bytes follow `d`.
+        // SAFETY: the 16 code bytes at `QS` end at `BYTES`, inside the whole
+        // block at `blk` (`chunk`'s contract).
         unsafe {
             // Words 0..8 (bytes 0..16) in dwords 0..8 and again in 8..16.
-            let q = _mm_loadu_si128(blk.add(2) as *const __m128i);
+            let q = _mm_loadu_si128(blk.add(BlockQ4_0::QS) as *const __m128i);
             let w = _mm512_cvtepu16_epi32(_mm256_broadcastsi128_si256(q));
             // Odd element 2j + 1: byte 2j + 1's low nibble (j < 8) or, for
             // 17..32, byte 2(j - 8) + 1's high nibble; even likewise.
@@ -230,29 +253,35 @@ impl QSrc for Q4_0Q {
     }
 }
 
-/// The 8 `d * sc` and `dmin * m` of a q4_K / q5_K block.
+/// The 8 `d * sc` and `dmin * m` of a `Q4_K` block (and of a `Q5_K` block,
+/// whose `d`, `dmin` and scales lie where `Q4_K`'s do).
 #[derive(Clone, Copy)]
-pub(super) struct K4St {
+pub(super) struct Q4KSt {
     d1: [f32; 8],
     m1: [f32; 8],
 }
 
+// `k4_setup` reads a `Q5_K` block's `d`, `dmin` and scales where `Q4_K` has them.
+const _: () = assert!(BlockQ5K::DMIN == BlockQ4K::DMIN && BlockQ5K::SCALES == BlockQ4K::SCALES);
+
 /// # Safety
-/// avx512f (so avx2); `blk` is a whole q4_K or q5_K block.
+/// avx512f (so avx2); `blk` is a whole `Q4_K` or `Q5_K` block.
 #[inline(always)]
-unsafe fn k4_setup(blk: *const u8) -> K4St {
-    // SAFETY: `d`, `dmin` and the 12 scale bytes open the block.
+unsafe fn k4_setup(blk: *const u8) -> Q4KSt {
+    // SAFETY: `d`, `dmin` and the 12 scale bytes (at 0, `DMIN`, `SCALES`)
+    // are the first 16 bytes of the whole block at `blk` (this function's
+    // contract), and `[u8; K_SCALE_SIZE]` has alignment 1.
     unsafe {
         let d = _mm256_set1_ps(_mm512_cvtss_f32(f16x16(blk)));
-        let dmin = _mm256_set1_ps(_mm512_cvtss_f32(f16x16(blk.add(2))));
-        let sm = unpack_scales_k4(&*(blk.add(4) as *const [u8; 12]));
+        let dmin = _mm256_set1_ps(_mm512_cvtss_f32(f16x16(blk.add(BlockQ4K::DMIN))));
+        let sm = unpack_scales_k4(&*(blk.add(BlockQ4K::SCALES) as *const [u8; K_SCALE_SIZE]));
         let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
             sm.as_ptr() as *const _
         )));
         let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
             sm.as_ptr().add(8) as *const _
         )));
-        let mut st = K4St {
+        let mut st = Q4KSt {
             d1: [0.0; 8],
             m1: [0.0; 8],
         };
@@ -262,26 +291,27 @@ unsafe fn k4_setup(blk: *const u8) -> K4St {
     }
 }
 
-/// `block_q4_K` (144 bytes): sub-block `s` (32 values, chunk `s`) takes the
+/// `Q4_K`: sub-block `s` (32 values, chunk `s`) takes the
 /// low (even `s`) or high nibbles of `qs[32 * (s / 2)..][..32]`; its table is
 /// `d1 * q - m1` for q = 0..16 (one rounding, as the reference's).
 #[derive(Clone, Copy)]
-pub(super) struct Q4KQ;
+pub(super) struct Q4K;
 
-impl QSrc for Q4KQ {
-    const BV: usize = 256;
-    const BB: usize = 144;
-    type St = K4St;
+impl QSrc for Q4K {
+    const BV: usize = BlockQ4K::VALUES;
+    const BB: usize = BlockQ4K::BYTES;
+    type St = Q4KSt;
     #[inline(always)]
-    unsafe fn setup(blk: *const u8) -> K4St {
-        // SAFETY: forwarded contract.
+    unsafe fn setup(blk: *const u8) -> Q4KSt {
+        // SAFETY: `k4_setup`'s contract is `setup`'s (the features, a whole
+        // `Q4_K` or `Q5_K` block at `blk`).
         unsafe { k4_setup(blk) }
     }
     #[inline(always)]
-    unsafe fn chunk(blk: *const u8, st: &K4St, c: usize) -> (__m512, __m512) {
+    unsafe fn chunk(blk: *const u8, st: &Q4KSt, c: usize) -> (__m512, __m512) {
         // SAFETY: sub-block `c`'s codes lie in the block.
         unsafe {
-            let w = words(blk.add(16 + 32 * (c / 2)));
+            let w = words(blk.add(BlockQ4K::QS + 32 * (c / 2)));
             let t = _mm512_fmsub_ps(_mm512_set1_ps(st.d1[c]), iota16(), _mm512_set1_ps(st.m1[c]));
             let (io, ie) = if c.is_multiple_of(2) {
                 (_mm512_srli_epi32::<8>(w), w)
@@ -292,10 +322,10 @@ impl QSrc for Q4KQ {
         }
     }
     #[inline(always)]
-    unsafe fn chunk2(blk: *const u8, st: &K4St, c: usize) -> [(__m512, __m512); 2] {
+    unsafe fn chunk2(blk: *const u8, st: &Q4KSt, c: usize) -> [(__m512, __m512); 2] {
         // SAFETY: sub-blocks `c`, `c + 1` share their 32 code bytes.
         unsafe {
-            let w = words(blk.add(16 + 16 * c));
+            let w = words(blk.add(BlockQ4K::QS + 16 * c));
             let t = |s: usize| {
                 _mm512_fmsub_ps(_mm512_set1_ps(st.d1[s]), iota16(), _mm512_set1_ps(st.m1[s]))
             };
@@ -314,26 +344,28 @@ impl QSrc for Q4KQ {
     }
 }
 
-/// `block_q5_K` (176 bytes): q4_K's nibbles plus bit `s` of `qh[l]` as the
+/// `Q5_K`: `Q4_K`'s nibbles plus bit `s` of `qh[l]` as the
 /// fifth bit; the table has 32 entries in two registers.
 #[derive(Clone, Copy)]
-pub(super) struct Q5KQ;
+pub(super) struct Q5K;
 
-impl QSrc for Q5KQ {
-    const BV: usize = 256;
-    const BB: usize = 176;
-    type St = K4St;
+impl QSrc for Q5K {
+    const BV: usize = BlockQ5K::VALUES;
+    const BB: usize = BlockQ5K::BYTES;
+    type St = Q4KSt;
     #[inline(always)]
-    unsafe fn setup(blk: *const u8) -> K4St {
-        // SAFETY: forwarded contract.
+    unsafe fn setup(blk: *const u8) -> Q4KSt {
+        // SAFETY: `k4_setup`'s contract is `setup`'s (the features, a whole
+        // `Q4_K` or `Q5_K` block at `blk`).
         unsafe { k4_setup(blk) }
     }
     #[inline(always)]
-    unsafe fn chunk(blk: *const u8, st: &K4St, c: usize) -> (__m512, __m512) {
-        // SAFETY: `qh` (32 bytes at 16) and sub-block `c`'s codes lie in the block.
+    unsafe fn chunk(blk: *const u8, st: &Q4KSt, c: usize) -> (__m512, __m512) {
+        // SAFETY: `qh` (32 bytes at `QH`) and sub-block `c`'s 32 code bytes
+        // (at `QS + 32 * (c / 2)`, ending by `QS + 128`) lie in the block.
         unsafe {
-            let wq = words(blk.add(48 + 32 * (c / 2)));
-            let wh = words(blk.add(16));
+            let wq = words(blk.add(BlockQ5K::QS + 32 * (c / 2)));
+            let wh = words(blk.add(BlockQ5K::QH));
             let (d1, m1) = (_mm512_set1_ps(st.d1[c]), _mm512_set1_ps(st.m1[c]));
             let lo = _mm512_fmsub_ps(d1, iota16(), m1);
             let hi = _mm512_fmsub_ps(d1, _mm512_add_ps(iota16(), _mm512_set1_ps(16.0)), m1);
@@ -359,33 +391,34 @@ impl QSrc for Q5KQ {
     }
 }
 
-/// q2_K's 16 `d * sc` and `dmin * m`.
+/// `Q2_K`'s 16 `d * sc` and `dmin * m`.
 #[derive(Clone, Copy)]
 pub(super) struct Q2KSt {
     dl: __m512,
     ml: __m512,
 }
 
-/// `block_q2_K` (84 bytes): chunk `c` (half `c / 4`, 2-bit field `c % 4`)
+/// `Q2_K`: chunk `c` (half `c / 4`, 2-bit field `c % 4`)
 /// reads `qs[32 * (c / 4)..][..32]`; its two 16-value sub-blocks `2c`,
 /// `2c + 1` are entries 0..4 and 4..8 of one table, picked by lane.
 #[derive(Clone, Copy)]
-pub(super) struct Q2KQ;
+pub(super) struct Q2K;
 
-impl QSrc for Q2KQ {
-    const BV: usize = 256;
-    const BB: usize = 84;
+impl QSrc for Q2K {
+    const BV: usize = BlockQ2K::VALUES;
+    const BB: usize = BlockQ2K::BYTES;
     type St = Q2KSt;
     #[inline(always)]
     unsafe fn setup(blk: *const u8) -> Q2KSt {
-        // SAFETY: the 16 scale bytes open the block; `d`, `dmin` at 80, 82.
+        // SAFETY: the 16 scale bytes open the block; `d`, `dmin` at `D`,
+        // `DMIN`, its last 4 bytes.
         unsafe {
             let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk as *const __m128i));
             let lo = _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(15)));
             let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(sc));
             Q2KSt {
-                dl: _mm512_mul_ps(f16x16(blk.add(80)), lo),
-                ml: _mm512_mul_ps(f16x16(blk.add(82)), hi),
+                dl: _mm512_mul_ps(f16x16(blk.add(BlockQ2K::D)), lo),
+                ml: _mm512_mul_ps(f16x16(blk.add(BlockQ2K::DMIN)), hi),
             }
         }
     }
@@ -393,7 +426,7 @@ impl QSrc for Q2KQ {
     unsafe fn chunk(blk: *const u8, st: &Q2KSt, c: usize) -> (__m512, __m512) {
         // SAFETY: chunk `c`'s code bytes lie in the block.
         unsafe {
-            let w = words(blk.add(16 + 32 * (c / 4)));
+            let w = words(blk.add(BlockQ2K::QS + 32 * (c / 4)));
             let sel = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
             let sel = _mm512_add_epi32(sel, _mm512_set1_epi32(2 * c as i32));
             let q = _mm512_setr_ps(
@@ -424,7 +457,7 @@ impl QSrc for Q2KQ {
     unsafe fn chunk2(blk: *const u8, st: &Q2KSt, c: usize) -> [(__m512, __m512); 2] {
         // SAFETY: chunks `c`, `c + 1` (same half) read the same 32 code bytes.
         unsafe {
-            let w = words(blk.add(16 + 32 * (c / 4)));
+            let w = words(blk.add(BlockQ2K::QS + 32 * (c / 4)));
             // One table for both chunks: sub-blocks 2c .. 2c + 4, four
             // entries each.
             let sel = _mm512_add_epi32(
@@ -471,23 +504,24 @@ impl QSrc for Q2KQ {
     }
 }
 
-/// `block_q3_K` (110 bytes): q2_K's 2-bit fields, minus 4 where the `hmask`
+/// `Q3_K`: `Q2_K`'s 2-bit fields, minus 4 where the `hmask`
 /// bit is clear; `y = (d * (sc - 32)) * v`. Each 16-value sub-block's 8
 /// values are one half of a table, picked by lane; an index is the field
 /// (bits 0..2), the inverted mask bit (bit 2) and the lane's half (bit 3).
 #[derive(Clone, Copy)]
-pub(super) struct Q3KQ;
+pub(super) struct Q3K;
 
-impl QSrc for Q3KQ {
-    const BV: usize = 256;
-    const BB: usize = 110;
+impl QSrc for Q3K {
+    const BV: usize = BlockQ3K::VALUES;
+    const BB: usize = BlockQ3K::BYTES;
     /// The 16 `d * (sc - 32)`.
     type St = __m512;
     #[inline(always)]
     unsafe fn setup(blk: *const u8) -> __m512 {
-        // SAFETY: the 12 scale bytes at 96 and `d` at 108 lie in the block.
+        // SAFETY: the 12 scale bytes at `SCALES` (an 8-byte and a 4-byte
+        // read) and `d` at `D` lie in the block.
         unsafe {
-            let sc = blk.add(96);
+            let sc = blk.add(BlockQ3K::SCALES);
             // Low 4 bits: low nibbles of bytes 0..8, then their high nibbles.
             let b = _mm_loadl_epi64(sc as *const __m128i);
             let nib = _mm_set1_epi8(15);
@@ -506,7 +540,7 @@ impl QSrc for Q3KQ {
                 _mm512_slli_epi32::<4>(_mm512_and_si512(hs, _mm512_set1_epi32(3))),
             );
             let s = _mm512_sub_epi32(s, _mm512_set1_epi32(32));
-            _mm512_mul_ps(f16x16(blk.add(108)), _mm512_cvtepi32_ps(s))
+            _mm512_mul_ps(f16x16(blk.add(BlockQ3K::D)), _mm512_cvtepi32_ps(s))
         }
     }
     #[inline(always)]
@@ -514,7 +548,7 @@ impl QSrc for Q3KQ {
         // SAFETY: `hmask` (32 bytes at 0) and chunk `c`'s code bytes lie in the block.
         unsafe {
             let (half, g) = ((c / 4) as i32, (c % 4) as i32);
-            let wq = words(blk.add(32 + 32 * (c / 4)));
+            let wq = words(blk.add(BlockQ3K::QS + 32 * (c / 4)));
             let wh = words(blk);
             let v = _mm512_setr_ps(
                 0.0, 1.0, 2.0, 3.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, -4.0, -3.0, -2.0,
@@ -548,32 +582,34 @@ impl QSrc for Q3KQ {
     }
 }
 
-/// q6_K's 16 `d * sc`.
+/// `Q6_K`'s 16 `d * sc`.
 #[derive(Clone, Copy)]
 pub(super) struct Q6KSt {
     sd: __m512,
 }
 
-/// `block_q6_K` (210 bytes): chunk `c` (half `c / 4`, group `c % 4`) takes
+/// `Q6_K`: chunk `c` (half `c / 4`, group `c % 4`) takes
 /// the low (groups 0, 1) or high nibbles of `ql[64 * half + 32 * (g % 2)..]`
 /// and the 2 bits of `qh[32 * half..]` at `2g`: `q` is 0..64 and
 /// `y = sd * (q - 32)`, one rounding. (Not `sd * q - 32 sd` by one FMA: the
 /// same value, but `+0` where the reference gives `-0` for `q = 32` and a
 /// negative scale.)
 #[derive(Clone, Copy)]
-pub(super) struct Q6KQ;
+pub(super) struct Q6K;
 
-impl QSrc for Q6KQ {
-    const BV: usize = 256;
-    const BB: usize = 210;
+impl QSrc for Q6K {
+    const BV: usize = BlockQ6K::VALUES;
+    const BB: usize = BlockQ6K::BYTES;
     type St = Q6KSt;
     #[inline(always)]
     unsafe fn setup(blk: *const u8) -> Q6KSt {
-        // SAFETY: the 16 signed scales at 192 and `d` at 208 lie in the block.
+        // SAFETY: the 16 signed scales at `SCALES` and `d` at `D` lie in the
+        // block.
         unsafe {
-            let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(192) as *const __m128i));
+            let sc =
+                _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(BlockQ6K::SCALES) as *const __m128i));
             Q6KSt {
-                sd: _mm512_mul_ps(f16x16(blk.add(208)), _mm512_cvtepi32_ps(sc)),
+                sd: _mm512_mul_ps(f16x16(blk.add(BlockQ6K::D)), _mm512_cvtepi32_ps(sc)),
             }
         }
     }
@@ -583,7 +619,7 @@ impl QSrc for Q6KQ {
         unsafe {
             let (half, g) = (c / 4, c % 4);
             let wl = words(blk.add(64 * half + 32 * (g % 2)));
-            let wh = words(blk.add(128 + 32 * half));
+            let wh = words(blk.add(BlockQ6K::QH + 32 * half));
             let sd = _mm512_permutexvar_ps(pair_lanes(2 * c), st.sd);
             let nib = _mm512_set1_epi32(0x0F);
             let six = _mm512_set1_epi32(0x3F);
@@ -642,7 +678,9 @@ pub(super) unsafe fn range<S: QSrc>(
     hi: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    // SAFETY: forwarded contract.
+    // SAFETY: `dot_range` and `panel_range` have this function's contract
+    // (the features; rows `lo..hi` whole rows of `S`), and the sizes they
+    // rely on are asserted here.
     unsafe {
         assert!(k.is_multiple_of(S::BV) && rb >= k / S::BV * S::BB);
         assert!(xs.len() == n * k && out.len() == (hi - lo) * n);
@@ -665,7 +703,10 @@ unsafe fn dot_tile<S: QSrc, const R: usize, const TT: usize>(
     chunks: usize,
     t0: usize,
 ) -> [[__m512; TT]; R] {
-    // SAFETY: the caller's contract (`dot_range`).
+    // SAFETY: `dot_range` passes `R` pointers to whole rows of `chunks / cpb`
+    // blocks of `S` and tokens `t0..t0 + TT` of `xs` (`pair_split` layout of
+    // `n` tokens of `chunks` chunks), so every block and token chunk read
+    // here is inside them; the features are `range`'s.
     unsafe {
         let cpb = S::BV / 32;
         let mut acc = [[_mm512_setzero_ps(); TT]; R];
@@ -725,7 +766,10 @@ unsafe fn dot_range<S: QSrc>(
     hi: usize,
     out: &mut [f32],
 ) {
-    // SAFETY: the caller's contract (`range`): rows `lo..hi` are whole rows.
+    // SAFETY: the tiles read rows `o..o + $r` with `o + $r <= hi`, whole
+    // rows of `S` by `range`'s contract, and tokens `t0..t0 + $t` with
+    // `t0 + $t <= n` of `xs`, whose length `range` asserted; `out` is
+    // indexed with bounds checks.
     unsafe {
         let chunks = k / 32;
         macro_rules! tile {
@@ -897,7 +941,9 @@ unsafe fn panel_range<S: QSrc>(
 #[cfg(test)]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn decode_row<S: QSrc>(row: &[u8], out: &mut [f32], pairs: bool) {
-    // SAFETY: the contract above.
+    // SAFETY: the features are enabled on this function; every block read
+    // is inside `row`, which the assert below checks holds `out.len() / BV`
+    // of them.
     unsafe {
         assert!(out.len().is_multiple_of(S::BV) && row.len() >= out.len() / S::BV * S::BB);
         let mut v = [0f32; 32];
@@ -977,14 +1023,14 @@ pub(super) mod tests {
                     // SAFETY: the features were checked above; whole blocks.
                     unsafe {
                         match ty {
-                            EngramType::F16 => decode_row::<F16Q>(row, &mut got, false),
-                            EngramType::Q8_0 => decode_row::<Q8_0Q>(row, &mut got, false),
-                            EngramType::Q4_0 => decode_row::<Q4_0Q>(row, &mut got, false),
-                            EngramType::Q2_K => decode_row::<Q2KQ>(row, &mut got, pairs),
-                            EngramType::Q3_K => decode_row::<Q3KQ>(row, &mut got, pairs),
-                            EngramType::Q4_K => decode_row::<Q4KQ>(row, &mut got, pairs),
-                            EngramType::Q5_K => decode_row::<Q5KQ>(row, &mut got, pairs),
-                            _ => decode_row::<Q6KQ>(row, &mut got, pairs),
+                            EngramType::F16 => decode_row::<F16>(row, &mut got, false),
+                            EngramType::Q8_0 => decode_row::<Q8_0>(row, &mut got, false),
+                            EngramType::Q4_0 => decode_row::<Q4_0>(row, &mut got, false),
+                            EngramType::Q2_K => decode_row::<Q2K>(row, &mut got, pairs),
+                            EngramType::Q3_K => decode_row::<Q3K>(row, &mut got, pairs),
+                            EngramType::Q4_K => decode_row::<Q4K>(row, &mut got, pairs),
+                            EngramType::Q5_K => decode_row::<Q5K>(row, &mut got, pairs),
+                            _ => decode_row::<Q6K>(row, &mut got, pairs),
                         }
                     }
                     check(&got, pairs);
