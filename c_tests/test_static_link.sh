@@ -161,8 +161,8 @@ int main(void) {
     }
 
     /* Fork sequence 0 into 2, drop 0: 2 continues at position 4. */
-    CHECK(engram_seq_copy(ctx, 0, 2) == ENGRAM_STATUS_OK);
-    CHECK(engram_seq_drop(ctx, 0) == ENGRAM_STATUS_OK);
+    CHECK(engram_seq_cp(ctx, 0, 2, -1, -1) == ENGRAM_STATUS_OK);
+    CHECK(engram_seq_rm(ctx, 0, -1, -1) == ENGRAM_STATUS_OK);
     const int32_t t4 = 12, s2 = 2, p4 = 4, s0 = 0;
     int64_t one[NL * C];
     CHECK(engram_hash(ctx, &t4, &s2, &p4, 1, one, per) == ENGRAM_STATUS_OK);
