@@ -221,7 +221,8 @@ impl<'a> Highway<'a> {
     /// # Safety
     /// As [`RegionMut::from_raw`].
     pub unsafe fn raw(addr: u64, ty: HighwayType) -> Highway<'a> {
-        // SAFETY: the caller's contract.
+        // SAFETY: `Highway::raw`'s `# Safety` is `RegionMut::from_raw`'s: `addr`, where
+        // read as host memory, is writable for the highway's size and used by no one else.
         Highway::Raw(unsafe { RegionMut::from_raw(addr as usize, None) }, ty)
     }
 

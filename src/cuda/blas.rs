@@ -104,7 +104,8 @@ impl RealBlas {
             return Err(e);
         }
         let mut handle = std::ptr::null_mut();
-        // SAFETY: as above.
+        // SAFETY: as cuMemAlloc above: `new`'s caller made `ctx` current; `handle`
+        // is a local out-pointer.
         let r = unsafe { (b.cublasCreate_v2)(&mut handle) };
         if let Err(e) = bcheck(r, "cublasCreate") {
             // SAFETY: created above, released once.

@@ -77,7 +77,8 @@ fn stream_context(d: &DriverApi, stream: Stream) -> Result<CUcontext> {
                 )?
             };
         }
-        // SAFETY: as above.
+        // SAFETY: as the `_v2` arm: `stream` is live or NULL (the library's contract
+        // for every `stream`); `sctx` is a local out-pointer.
         None => unsafe {
             check(
                 (d.cuStreamGetCtx)(stream as sys::CUstream, &mut sctx),
@@ -132,7 +133,8 @@ pub struct RealGpu {
 // SAFETY: driver handles usable from any thread with the context current,
 // which every method makes it; never mutated after `open`.
 unsafe impl Send for RealGpu {}
-// SAFETY: as above.
+// SAFETY: Sync for the reason Send is above: the handles are never mutated
+// after `open` (modules behind their Mutex, functions atomic).
 unsafe impl Sync for RealGpu {}
 
 impl RealGpu {
@@ -357,7 +359,8 @@ impl Gpu for RealGpu {
 
     unsafe fn free(&self, p: DevPtr) {
         if let (Ok(d), Ok(_g)) = (api(), self.ctx_guard()) {
-            // SAFETY: the caller's contract.
+            // SAFETY: `p` came from this device's `alloc` (cuMemAlloc) and `Gpu::free`'s
+            // contract says it is freed once, with no queued work still using it.
             unsafe {
                 let _ = (d.cuMemFree_v2)(p);
             }
@@ -395,7 +398,8 @@ impl Gpu for RealGpu {
 
     unsafe fn host_free(&self, p: *mut u8) {
         if let (Ok(d), Ok(_g)) = (api(), self.ctx_guard()) {
-            // SAFETY: the caller's contract.
+            // SAFETY: `p` came from this device's `host_alloc` (cuMemHostAlloc) and
+            // `Gpu::host_free`'s contract says it is freed once, with nothing queued using it.
             unsafe {
                 let _ = (d.cuMemFreeHost)(p as *mut c_void);
             }
@@ -416,7 +420,8 @@ impl Gpu for RealGpu {
     unsafe fn upload(&self, dst: DevPtr, src: *const u8, bytes: usize) -> Result<()> {
         let d = api()?;
         let _g = self.ctx_guard()?;
-        // SAFETY: the caller's contract. A copy from pageable memory returns
+        // SAFETY: `Gpu::upload`'s contract: `dst` holds `bytes` on this device and
+        // `src` is readable for `bytes`. A copy from pageable memory returns
         // once the source is consumed, possibly before the DMA to the device
         // has landed; the synchronisation makes it complete for every stream.
         unsafe {
@@ -431,7 +436,8 @@ impl Gpu for RealGpu {
     unsafe fn download(&self, dst: *mut u8, src: DevPtr, bytes: usize) -> Result<()> {
         let d = api()?;
         let _g = self.ctx_guard()?;
-        // SAFETY: the caller's contract.
+        // SAFETY: `Gpu::download`'s contract: `src` holds `bytes` on this device and
+        // `dst` is writable for `bytes`; the copy is complete when it returns.
         unsafe {
             check((d.cuCtxSynchronize)(), "waiting for the device")?;
             check(
@@ -450,7 +456,9 @@ impl Gpu for RealGpu {
     ) -> Result<()> {
         let d = api()?;
         let _g = self.ctx_guard()?;
-        // SAFETY: the caller's contract.
+        // SAFETY: `Gpu::upload_async`'s contract: `dst` holds `bytes` on the device, `src`
+        // is readable for `bytes` (page-locked: unchanged until the copy has run);
+        // `stream` is live or NULL (the library's contract for every `stream`).
         unsafe {
             check(
                 (d.cuMemcpyHtoDAsync_v2)(dst, src as *const c_void, bytes, stream as sys::CUstream),
@@ -468,7 +476,9 @@ impl Gpu for RealGpu {
     ) -> Result<()> {
         let d = api()?;
         let _g = self.ctx_guard()?;
-        // SAFETY: the caller's contract.
+        // SAFETY: `Gpu::download_async`'s contract: `src` holds `bytes` on the device,
+        // `dst` is writable for `bytes` and left alone until the copy has run;
+        // `stream` is live or NULL (the library's contract for every `stream`).
         unsafe {
             check(
                 (d.cuMemcpyDtoHAsync_v2)(dst as *mut c_void, src, bytes, stream as sys::CUstream),
@@ -480,7 +490,8 @@ impl Gpu for RealGpu {
     unsafe fn memset_async(&self, p: DevPtr, v: u8, bytes: usize, stream: Stream) -> Result<()> {
         let d = api()?;
         let _g = self.ctx_guard()?;
-        // SAFETY: the caller's contract.
+        // SAFETY: `Gpu::memset_async`'s contract: `p` holds `bytes` on the device;
+        // `stream` is live or NULL (the library's contract for every `stream`).
         unsafe {
             check(
                 (d.cuMemsetD8Async)(p, v, bytes, stream as sys::CUstream),
@@ -505,7 +516,8 @@ impl Gpu for RealGpu {
 
     unsafe fn stream_free(&self, stream: Stream) {
         if let (Ok(d), Ok(_g)) = (api(), self.ctx_guard()) {
-            // SAFETY: the caller's contract.
+            // SAFETY: `Gpu::stream_free`'s contract: `stream` came from this device's
+            // `stream_new`, has nothing still to run and is destroyed once.
             unsafe {
                 let _ = (d.cuStreamDestroy_v2)(stream as sys::CUstream);
             }
@@ -515,7 +527,8 @@ impl Gpu for RealGpu {
     unsafe fn stream_wait_event(&self, stream: Stream, ev: usize) -> Result<()> {
         let d = api()?;
         let _g = self.ctx_guard()?;
-        // SAFETY: the caller's contract.
+        // SAFETY: `Gpu::stream_wait_event`'s contract: `ev` is a live event from
+        // this device's `event_new`, `stream` a stream of this device or NULL.
         unsafe {
             check(
                 (d.cuStreamWaitEvent)(stream as sys::CUstream, ev as sys::CUevent, 0),
@@ -540,7 +553,8 @@ impl Gpu for RealGpu {
 
     unsafe fn event_free(&self, ev: usize) {
         if let (Ok(d), Ok(_g)) = (api(), self.ctx_guard()) {
-            // SAFETY: the caller's contract.
+            // SAFETY: `Gpu::event_free`'s contract: `ev` came from this device's
+            // `event_new` (cuEventCreate) and is destroyed once.
             unsafe {
                 let _ = (d.cuEventDestroy_v2)(ev as sys::CUevent);
             }
@@ -550,7 +564,8 @@ impl Gpu for RealGpu {
     unsafe fn event_record(&self, ev: usize, stream: Stream) -> Result<()> {
         let d = api()?;
         let _g = self.ctx_guard()?;
-        // SAFETY: the caller's contract.
+        // SAFETY: `Gpu::event_record`'s contract: `ev` is a live event of this device,
+        // `stream` a stream of this device or NULL.
         unsafe {
             check(
                 (d.cuEventRecord)(ev as sys::CUevent, stream as sys::CUstream),
@@ -562,7 +577,8 @@ impl Gpu for RealGpu {
     unsafe fn event_wait(&self, ev: usize) -> Result<()> {
         let d = api()?;
         let _g = self.ctx_guard()?;
-        // SAFETY: the caller's contract.
+        // SAFETY: `Gpu::event_wait`'s contract: `ev` is a live event of this device
+        // (from `event_new`, not yet freed).
         unsafe {
             check(
                 (d.cuEventSynchronize)(ev as sys::CUevent),
@@ -670,7 +686,8 @@ impl Gpu for RealGpu {
         stream: Stream,
         args: &[Arg],
     ) -> Result<()> {
-        // SAFETY: the caller's contract.
+        // SAFETY: `launch_shared`'s `# Safety` is `Gpu::launch`'s, which this
+        // function's caller met (args match `k`, their pointers valid); no shared memory.
         unsafe { self.launch_shared(k, grid, block, 0, stream, args) }
     }
 

@@ -827,14 +827,16 @@ impl Gpu for Emulator {
     unsafe fn upload(&self, dst: DevPtr, src: *const u8, bytes: usize) -> Result<()> {
         // On the legacy stream, then a wait for the context; the source is
         // read before this returns (pageable memory).
-        // SAFETY: the caller's contract.
+        // SAFETY: `Gpu::upload`'s contract: `dst` holds `bytes` (emulated device
+        // memory is host memory from `alloc`), `src` is readable for `bytes`.
         unsafe { std::ptr::copy(src, dst as *mut u8, bytes) };
         self.ctx_sync()
     }
 
     unsafe fn download(&self, dst: *mut u8, src: DevPtr, bytes: usize) -> Result<()> {
         self.ctx_sync()?;
-        // SAFETY: the caller's contract.
+        // SAFETY: `Gpu::download`'s contract: `src` holds `bytes` (host memory behind
+        // the emulated address), `dst` is writable for `bytes`.
         unsafe { std::ptr::copy(src as *const u8, dst, bytes) };
         Ok(())
     }
@@ -881,7 +883,8 @@ impl Gpu for Emulator {
         self.deferral.submit(
             stream,
             Box::new(move || {
-                // SAFETY: the caller's contract.
+                // SAFETY: `Gpu::memset_async`'s contract: `p` holds `bytes` (host memory from
+                // `alloc`); `Gpu::free`'s contract (nothing queued uses it) keeps it live here.
                 unsafe { std::ptr::write_bytes(p as *mut u8, v, bytes) };
                 Ok(())
             }),
@@ -962,7 +965,8 @@ impl Gpu for Emulator {
         stream: Stream,
         args: &[Arg],
     ) -> Result<()> {
-        // SAFETY: the caller's contract.
+        // SAFETY: `submit_launch`'s `# Safety` is `Gpu::launch`'s, which this
+        // function's caller met (args match `k`, their pointers valid); no shared memory.
         unsafe { self.submit_launch(k, grid, block, 0, false, stream, args) }
     }
 
@@ -975,7 +979,8 @@ impl Gpu for Emulator {
         stream: Stream,
         args: &[Arg],
     ) -> Result<()> {
-        // SAFETY: the caller's contract.
+        // SAFETY: `submit_launch`'s `# Safety` is `Gpu::launch`'s, which
+        // `Gpu::launch_shared`'s caller met (args match `k`, their pointers valid).
         unsafe { self.submit_launch(k, grid, block, shared, false, stream, args) }
     }
 

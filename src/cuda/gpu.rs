@@ -555,7 +555,8 @@ pub struct PinnedBuf {
 // SAFETY: memory owned by this value; its owner decides who writes it (behind
 // the backend's lock, or the device).
 unsafe impl Send for PinnedBuf {}
-// SAFETY: as above.
+// SAFETY: Sync for the reason Send is above: `&PinnedBuf` gives only the
+// addresses; who writes the memory is decided by its owner (lock or device).
 unsafe impl Sync for PinnedBuf {}
 
 impl PinnedBuf {

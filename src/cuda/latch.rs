@@ -195,7 +195,8 @@ pub unsafe fn take(mirror: *mut u32, rows: impl Fn(u32) -> u64) -> Result<()> {
         return Ok(());
     }
     std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-    // SAFETY: as above.
+    // SAFETY: `take`'s contract: `mirror` holds `LATCH_WORDS` live u32, and the
+    // reads below stay in it (word i < LATCH_WORDS).
     let rec: [u32; LATCH_WORDS] = std::array::from_fn(|i| {
         if i == 0 {
             code

@@ -399,7 +399,8 @@ pub struct CudaBackend {
 
 // SAFETY: all mutable state is behind `state`'s mutex; the device is `Sync`.
 unsafe impl Send for CudaBackend {}
-// SAFETY: as above.
+// SAFETY: Sync for the reason Send is above: `&self` reaches mutable state
+// only through `state`'s mutex, and the device (`Arc<dyn Gpu>`) is `Sync`.
 unsafe impl Sync for CudaBackend {}
 
 fn overflow(what: &str) -> Error {
@@ -519,7 +520,9 @@ impl CudaBackend {
     /// # Safety
     /// As [`Gpu::upload`].
     unsafe fn own_upload(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
-        // SAFETY: the caller's contract; waited for below.
+        // SAFETY: `Gpu::upload`'s contract (this function's `# Safety`): `dst` holds
+        // `bytes`, `src` is readable; `own.s` is this device's live stream, and the wait
+        // below ends the copy before `src` can change, as `upload_async` requires.
         unsafe { self.gpu.upload_async(dst, src, bytes, self.own.s)? };
         self.gpu.stream_synchronize(self.own.s)
     }
@@ -529,7 +532,9 @@ impl CudaBackend {
     /// # Safety
     /// As [`Gpu::download`].
     unsafe fn own_download(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
-        // SAFETY: the caller's contract; waited for below.
+        // SAFETY: `Gpu::download`'s contract (this function's `# Safety`): `src` holds
+        // `bytes`, `dst` is writable; `own.s` is this device's live stream, and the wait
+        // below ends the copy before this returns, as `download_async` requires.
         unsafe { self.gpu.download_async(dst, src, bytes, self.own.s)? };
         self.gpu.stream_synchronize(self.own.s)
     }
@@ -539,7 +544,8 @@ impl CudaBackend {
     /// # Safety
     /// As [`Gpu::memset`].
     unsafe fn own_memset(&self, p: u64, v: u8, bytes: usize) -> Result<()> {
-        // SAFETY: the caller's contract; waited for below.
+        // SAFETY: `Gpu::memset`'s contract (this function's `# Safety`): `p` holds
+        // `bytes` on the device; `own.s` is this device's live stream, waited for below.
         unsafe { self.gpu.memset_async(p, v, bytes, self.own.s)? };
         self.gpu.stream_synchronize(self.own.s)
     }
@@ -854,7 +860,8 @@ impl CudaBackend {
         };
         match self.place(l.wkv.addr()) {
             Place::Host => {
-                // SAFETY: as above.
+                // SAFETY: as the scales: `place` found `l.wkv` to be host memory (what
+                // `Region::host` requires), sized by the context's checks.
                 let codes = unsafe { l.wkv.host() };
                 Fp8Blocks::new(codes, scales, k, br, bc)?.check_err(&what)
             }

@@ -131,7 +131,8 @@ macro_rules! api {
                     // signature is the one declared here (the CUDA headers').
                     $( $f: unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($a),*) -> $r>(lib.sym(stringify!($f))?) }, )*
                     $( $o: lib.sym_opt(stringify!($o)).map(|p| {
-                        // SAFETY: as above.
+                        // SAFETY: as the required ones: the symbol is the C function of that name,
+                        // with the signature declared here (the CUDA headers').
                         unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($oa),*) -> $or>(p) }
                     }), )*
                 })
@@ -492,7 +493,8 @@ pub struct Loaded<T> {
 
 // SAFETY: function pointers into a library that stays loaded; no state.
 unsafe impl<T> Send for Loaded<T> {}
-// SAFETY: as above.
+// SAFETY: Sync for the reason Send is above: only function pointers into a
+// library that stays loaded and fields never mutated after the load.
 unsafe impl<T> Sync for Loaded<T> {}
 
 /// The driver API, loaded once per process.

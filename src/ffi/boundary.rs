@@ -384,7 +384,8 @@ mod tests {
             let c = unsafe { CStr::from_ptr(engram_status_str(s as i32)) };
             assert_eq!(c.to_str().unwrap(), s.as_str());
         }
-        // SAFETY: as above.
+        // SAFETY: as the loop's call: engram_status_str returns a static C string
+        // for unknown codes too ("unknown status").
         let c = unsafe { CStr::from_ptr(engram_status_str(12345)) };
         assert_eq!(c.to_str().unwrap(), "unknown status");
     }

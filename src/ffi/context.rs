@@ -891,7 +891,8 @@ mod tests {
         assert_eq!(e.status, EngramStatus::ErrInvalidArgument);
         assert!(e.message.contains("being freed"), "{}", e.message);
         // The refused calls left the in-flight count as it was.
-        // SAFETY: as above.
+        // SAFETY: `p` is still the live context from `tiny()` (engram_free comes
+        // after) and no other thread uses it.
         assert_eq!(unsafe { (*p).calls.load(Ordering::SeqCst) }, 0);
         engram_free(p);
     }

@@ -732,7 +732,8 @@ impl LoadedModel {
         let bytes = unsafe { self.weight_region(w)?.host() };
         Ok(match (EngramType::from_u32(w.ty), &w.scales) {
             (Some(EngramType::Fp8E4m3E8m0Block), Some((d, (br, bc)))) => {
-                // SAFETY: as above.
+                // SAFETY: as `bytes`: `data_region` makes the scales' region with
+                // `Region::of` from a host slice of this model (owned or its mapped file).
                 let sc = unsafe { self.data_region(d)?.host() };
                 Weights::Fp8Block(Fp8Blocks::new(bytes, sc, k, *br, *bc)?)
             }
