@@ -162,12 +162,12 @@ ENG_DEV eng_u32 eng_row_bytes(eng_u32 fmt, eng_u32 hd) {
 // ---- GGUF blocks: value `e` of one block (ggml's dequantize_row_* order) ----
 
 ENG_DEV float eng_q8_0(const eng_u8 *b, eng_u32 e) {
-    return ENG_MUL((float)(eng_i8)b[2u + e], eng_f16_at(b));
+    return ENG_MUL((float)(eng_i8)b[ENG_Q8_0_QS + e], eng_f16_at(b + ENG_Q8_0_D));
 }
 
 ENG_DEV float eng_q4_0(const eng_u8 *b, eng_u32 e) {
-    eng_u32 q = e < 16u ? (b[2u + e] & 0xFu) : (b[2u + e - 16u] >> 4);
-    return ENG_MUL((float)((eng_i32)q - 8), eng_f16_at(b));
+    eng_u32 q = e < 16u ? (b[ENG_Q4_0_QS + e] & 0xFu) : (b[ENG_Q4_0_QS + e - 16u] >> 4);
+    return ENG_MUL((float)((eng_i32)q - 8), eng_f16_at(b + ENG_Q4_0_D));
 }
 
 // The K-quants in two parts: the (sub-block) scales of value e, computed once
@@ -176,15 +176,15 @@ ENG_DEV float eng_q4_0(const eng_u8 *b, eng_u32 e) {
 
 // q2_K: 16 sub-blocks of 16; x = d * (sc & 15) * q - dmin * (sc >> 4).
 ENG_DEV void eng_q2_k_scale(const eng_u8 *b, eng_u32 e, float *dl, float *ml) {
-    const eng_u32 sc = b[e / 16u];
-    *dl = ENG_MUL(eng_f16_at(b + 80), (float)(sc & 0xFu));
-    *ml = ENG_MUL(eng_f16_at(b + 82), (float)(sc >> 4));
+    const eng_u32 sc = b[ENG_Q2_K_SCALES + e / 16u];
+    *dl = ENG_MUL(eng_f16_at(b + ENG_Q2_K_D), (float)(sc & 0xFu));
+    *ml = ENG_MUL(eng_f16_at(b + ENG_Q2_K_DMIN), (float)(sc >> 4));
 }
 
 ENG_DEV float eng_q2_k_at(const eng_u8 *b, eng_u32 e, float dl, float ml) {
     eng_u32 s = e / 16u, l = e % 16u;
     eng_u32 half = s / 8u, group = (s / 2u) % 4u, part = s % 2u;
-    eng_u32 qb = b[16u + 32u * half + 16u * part + l];
+    eng_u32 qb = b[ENG_Q2_K_QS + 32u * half + 16u * part + l];
     return ENG_SUB(ENG_MUL(dl, (float)((qb >> (2u * group)) & 3u)), ml);
 }
 
@@ -202,14 +202,14 @@ ENG_DEV eng_i32 eng_q3_k_scale6(const eng_u8 *sc, eng_u32 s) {
 
 // q3_K: 16 sub-blocks of 16; x = d * (scale - 32) * (q - (hmask ? 0 : 4)).
 ENG_DEV float eng_q3_k_scale(const eng_u8 *b, eng_u32 e) {
-    return ENG_MUL(eng_f16_at(b + 108), (float)eng_q3_k_scale6(b + 96, e / 16u));
+    return ENG_MUL(eng_f16_at(b + ENG_Q3_K_D), (float)eng_q3_k_scale6(b + ENG_Q3_K_SCALES, e / 16u));
 }
 
 ENG_DEV float eng_q3_k_at(const eng_u8 *b, eng_u32 e, float dl) {
     eng_u32 s = e / 16u, l = e % 16u;
     eng_u32 half = s / 8u, group = (s / 2u) % 4u, part = s % 2u;
-    eng_u32 qb = b[32u + 32u * half + 16u * part + l];
-    eng_u32 hb = b[16u * part + l];
+    eng_u32 qb = b[ENG_Q3_K_QS + 32u * half + 16u * part + l];
+    eng_u32 hb = b[ENG_Q3_K_HMASK + 16u * part + l];
     eng_u32 bit = 1u << (4u * half + group);
     eng_i32 v = (eng_i32)((qb >> (2u * group)) & 3u) - ((hb & bit) != 0u ? 0 : 4);
     return ENG_MUL(dl, (float)v);
@@ -231,14 +231,14 @@ ENG_DEV void eng_scale_min_k4(const eng_u8 *sc, eng_u32 j, eng_u32 *s, eng_u32 *
 // q4_K and q5_K: 8 sub-blocks of 32; x = d * sc * q - dmin * m.
 ENG_DEV void eng_k4_scale(const eng_u8 *b, eng_u32 e, float *d1, float *m1) {
     eng_u32 sc, m;
-    eng_scale_min_k4(b + 4, e / 32u, &sc, &m);
-    *d1 = ENG_MUL(eng_f16_at(b), (float)sc);
-    *m1 = ENG_MUL(eng_f16_at(b + 2), (float)m);
+    eng_scale_min_k4(b + ENG_Q4_K_SCALES, e / 32u, &sc, &m);
+    *d1 = ENG_MUL(eng_f16_at(b + ENG_Q4_K_D), (float)sc);
+    *m1 = ENG_MUL(eng_f16_at(b + ENG_Q4_K_DMIN), (float)m);
 }
 
 ENG_DEV float eng_q4_k_at(const eng_u8 *b, eng_u32 e, float d1, float m1) {
     eng_u32 s = e / 32u, l = e % 32u;
-    eng_u32 qb = b[16u + 32u * (s / 2u) + l];
+    eng_u32 qb = b[ENG_Q4_K_QS + 32u * (s / 2u) + l];
     return ENG_SUB(ENG_MUL(d1, (float)((qb >> (4u * (s % 2u))) & 0xFu)), m1);
 }
 
@@ -250,8 +250,8 @@ ENG_DEV float eng_q4_k(const eng_u8 *b, eng_u32 e) {
 
 ENG_DEV float eng_q5_k_at(const eng_u8 *b, eng_u32 e, float d1, float m1) {
     eng_u32 s = e / 32u, l = e % 32u;
-    eng_u32 qb = b[48u + 32u * (s / 2u) + l];
-    eng_u32 hb = b[16u + l];
+    eng_u32 qb = b[ENG_Q5_K_QS + 32u * (s / 2u) + l];
+    eng_u32 hb = b[ENG_Q5_K_QH + l];
     eng_u32 v = ((qb >> (4u * (s % 2u))) & 0xFu) + ((hb & (1u << s)) != 0u ? 16u : 0u);
     return ENG_SUB(ENG_MUL(d1, (float)v), m1);
 }
@@ -264,15 +264,15 @@ ENG_DEV float eng_q5_k(const eng_u8 *b, eng_u32 e) {
 
 // q6_K: 16 sub-blocks of 16; x = d * scale * (q - 32).
 ENG_DEV float eng_q6_k_scale(const eng_u8 *b, eng_u32 e) {
-    return ENG_MUL(eng_f16_at(b + 208), (float)(eng_i8)b[192u + e / 16u]);
+    return ENG_MUL(eng_f16_at(b + ENG_Q6_K_D), (float)(eng_i8)b[ENG_Q6_K_SCALES + e / 16u]);
 }
 
 ENG_DEV float eng_q6_k_at(const eng_u8 *b, eng_u32 e, float sd) {
     eng_u32 s = e / 16u, l = e % 16u;
     eng_u32 half = s / 8u, group = (s / 2u) % 4u, part = s % 2u;
     eng_u32 l0 = 16u * part;
-    eng_u32 lb = b[64u * half + 32u * (group % 2u) + l0 + l];
-    eng_u32 hb = b[128u + 32u * half + l0 + l];
+    eng_u32 lb = b[ENG_Q6_K_QL + 64u * half + 32u * (group % 2u) + l0 + l];
+    eng_u32 hb = b[ENG_Q6_K_QH + 32u * half + l0 + l];
     eng_u32 shift = 4u * (group / 2u);
     eng_i32 v = (eng_i32)(((lb >> shift) & 0xFu) | (((hb >> (2u * group)) & 3u) << 4)) - 32;
     return ENG_MUL(sd, (float)v);

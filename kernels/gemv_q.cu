@@ -47,15 +47,15 @@ __device__ __forceinline__ void eng_wkv_8(const eng_u8 *row, eng_u32 u, eng_u32 
     } else if (FMT == ENG_Q8_0 || FMT == ENG_Q4_0) {
         // One block per unit.
         const eng_u8 *b = row + u * (FMT == ENG_Q8_0 ? ENG_Q8_0_BLOCK_BYTES : ENG_Q4_0_BLOCK_BYTES);
-        const float d = eng_f16_at(b);
+        const float d = eng_f16_at(b + (FMT == ENG_Q8_0 ? ENG_Q8_0_D : ENG_Q4_0_D));
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const eng_u32 e = 8u * c + (eng_u32)j;
             float q;
             if (FMT == ENG_Q8_0) {
-                q = (float)(eng_i8)b[2u + e];
+                q = (float)(eng_i8)b[ENG_Q8_0_QS + e];
             } else {
-                q = (float)((eng_i32)(e < 16u ? (b[2u + e] & 0xFu) : (b[2u + e - 16u] >> 4)) - 8);
+                q = (float)((eng_i32)(e < 16u ? (b[ENG_Q4_0_QS + e] & 0xFu) : (b[ENG_Q4_0_QS + e - 16u] >> 4)) - 8);
             }
             v[j] = ENG_MUL(q, d);
         }

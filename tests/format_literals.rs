@@ -117,3 +117,47 @@ fn no_block_size_is_written_outside_the_formats_home() {
         bad.join("\n")
     );
 }
+
+/// The kernels address a GGUF block's fields by the offsets `src/cuda/kernels.rs`
+/// passes from the same home (`ENG_Q4_K_QS`, `ENG_Q6_K_D`, ...): a block
+/// pointer (`b`, the name every block accessor gives it) is never indexed or
+/// advanced by a number (`b[2u + e]`, `b + 208`).
+#[test]
+fn the_kernels_take_block_field_offsets_from_the_formats() {
+    let dir = std::env::var_os("ENGRAM_LITERALS_KERNELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels"));
+    let mut found = Vec::new();
+    let mut n_files = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let ext = p.extension().and_then(|x| x.to_str()).unwrap_or("");
+        if ext != "cu" && ext != "cuh" {
+            continue;
+        }
+        n_files += 1;
+        let text = std::fs::read_to_string(&p).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("").as_bytes();
+            for (j, _) in code.iter().enumerate().filter(|&(_, &c)| c == b'b') {
+                if j > 0 && is_word(code[j - 1]) || code.get(j + 1).is_some_and(|&c| is_word(c)) {
+                    continue;
+                }
+                let rest = std::str::from_utf8(&code[j + 1..]).unwrap_or("").trim_start();
+                let after = rest
+                    .strip_prefix('[')
+                    .or_else(|| rest.strip_prefix('+'))
+                    .map(str::trim_start);
+                if after.is_some_and(|a| a.starts_with(|c: char| c.is_ascii_digit())) {
+                    found.push(format!("{}:{}: {}", p.display(), i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(n_files >= 5, "no kernel sources under {}", dir.display());
+    assert!(
+        found.is_empty(),
+        "block fields addressed by number (use the ENG_<FORMAT>_<FIELD> offsets):\n{}",
+        found.join("\n")
+    );
+}

@@ -52,6 +52,47 @@ pub const MODULES: [(&str, &str); 3] = [
     ("engram_decode.cu", "#include \"decode.cu\"\n"),
 ];
 
+/// The byte offset of every field of the GGUF blocks, from their one
+/// definition (`crate::formats::ggml`), as `-DENG_<FORMAT>_<FIELD>=N`: the
+/// kernels address a block's fields by these names only.
+fn block_field_defines() -> Vec<String> {
+    use crate::formats::ggml::{
+        BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ5K, BlockQ6K, BlockQ8_0,
+    };
+    use std::mem::offset_of;
+    // `eng_k4_scale` reads Q5_K's scales through Q4_K's names: the same bytes.
+    const _: () = assert!(
+        offset_of!(BlockQ5K, d) == offset_of!(BlockQ4K, d)
+            && offset_of!(BlockQ5K, dmin) == offset_of!(BlockQ4K, dmin)
+            && offset_of!(BlockQ5K, scales) == offset_of!(BlockQ4K, scales)
+    );
+    let fields = [
+        ("Q8_0_D", offset_of!(BlockQ8_0, d)),
+        ("Q8_0_QS", offset_of!(BlockQ8_0, qs)),
+        ("Q4_0_D", offset_of!(BlockQ4_0, d)),
+        ("Q4_0_QS", offset_of!(BlockQ4_0, qs)),
+        ("Q2_K_SCALES", offset_of!(BlockQ2K, scales)),
+        ("Q2_K_QS", offset_of!(BlockQ2K, qs)),
+        ("Q2_K_D", offset_of!(BlockQ2K, d)),
+        ("Q2_K_DMIN", offset_of!(BlockQ2K, dmin)),
+        ("Q3_K_HMASK", offset_of!(BlockQ3K, hmask)),
+        ("Q3_K_QS", offset_of!(BlockQ3K, qs)),
+        ("Q3_K_SCALES", offset_of!(BlockQ3K, scales)),
+        ("Q3_K_D", offset_of!(BlockQ3K, d)),
+        ("Q4_K_D", offset_of!(BlockQ4K, d)),
+        ("Q4_K_DMIN", offset_of!(BlockQ4K, dmin)),
+        ("Q4_K_SCALES", offset_of!(BlockQ4K, scales)),
+        ("Q4_K_QS", offset_of!(BlockQ4K, qs)),
+        ("Q5_K_QH", offset_of!(BlockQ5K, qh)),
+        ("Q5_K_QS", offset_of!(BlockQ5K, qs)),
+        ("Q6_K_QL", offset_of!(BlockQ6K, ql)),
+        ("Q6_K_QH", offset_of!(BlockQ6K, qh)),
+        ("Q6_K_SCALES", offset_of!(BlockQ6K, scales)),
+        ("Q6_K_D", offset_of!(BlockQ6K, d)),
+    ];
+    fields.iter().map(|(name, off)| format!("-DENG_{name}={off}u")).collect()
+}
+
 /// The options every compile uses besides the architecture and [`defines`].
 /// No `--use_fast_math` and no `--ftz`: f32 subnormals and IEEE division and
 /// square root, so the dequantisation is exact and the gate matches the CPU's
@@ -59,7 +100,7 @@ pub const MODULES: [(&str, &str); 3] = [
 pub const OPTIONS: [&str; 3] = ["--std=c++17", "--fmad=true", "-lineinfo"];
 
 /// The constants the kernels share with Rust, as `-D` options: the type
-/// numbers and block sizes ([`crate::formats`]), the error-latch codes
+/// numbers, block sizes and block field offsets ([`crate::formats`]), the error-latch codes
 /// ([`super::latch`]), and the launch shapes below. The kernel sources define
 /// none of them, so a build without these options fails to compile.
 pub fn defines() -> Vec<String> {
@@ -74,6 +115,7 @@ pub fn defines() -> Vec<String> {
         }
     }
     v.push(format!("-DENG_FP8_SCALE_BLOCK={FP8_SCALE_BLOCK}u"));
+    v.extend(block_field_defines());
     v.extend(super::latch::LatchCode::defines());
     v.push(format!("-DENG_GATHER_THREADS={GATHER_THREADS}"));
     v.push(format!("-DENG_GATE_THREADS={GATE_THREADS}"));
