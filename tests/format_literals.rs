@@ -143,7 +143,9 @@ fn the_kernels_take_block_field_offsets_from_the_formats() {
                 if j > 0 && is_word(code[j - 1]) || code.get(j + 1).is_some_and(|&c| is_word(c)) {
                     continue;
                 }
-                let rest = std::str::from_utf8(&code[j + 1..]).unwrap_or("").trim_start();
+                let rest = std::str::from_utf8(&code[j + 1..])
+                    .unwrap_or("")
+                    .trim_start();
                 let after = rest
                     .strip_prefix('[')
                     .or_else(|| rest.strip_prefix('+'))

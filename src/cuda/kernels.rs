@@ -90,7 +90,10 @@ fn block_field_defines() -> Vec<String> {
         ("Q6_K_SCALES", offset_of!(BlockQ6K, scales)),
         ("Q6_K_D", offset_of!(BlockQ6K, d)),
     ];
-    fields.iter().map(|(name, off)| format!("-DENG_{name}={off}u")).collect()
+    fields
+        .iter()
+        .map(|(name, off)| format!("-DENG_{name}={off}u"))
+        .collect()
 }
 
 /// The options every compile uses besides the architecture and [`defines`].
