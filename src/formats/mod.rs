@@ -59,20 +59,20 @@ use crate::error::{bail, Result};
 pub enum EngramType {
     F32 = 0,
     F16 = 1,
-    /// `block_q4_0`: f16 `d`, 16 bytes of nibbles (low nibbles are values
+    /// `Q4_0` (ggml's `block_q4_0`): f16 `d`, 16 bytes of nibbles (low nibbles are values
     /// 0..15, high nibbles 16..31); `x = (q - 8) * d`. 18 bytes per 32 values.
     Q4_0 = 2,
-    /// `block_q8_0`: f16 `d`, 32 i8 `qs`; `x = qs * d`. 34 bytes per 32 values.
+    /// `Q8_0` (ggml's `block_q8_0`): f16 `d`, 32 i8 `qs`; `x = qs * d`. 34 bytes per 32 values.
     Q8_0 = 8,
-    /// `block_q2_K`: `scales[16]`, `qs[64]`, f16 `d`, f16 `dmin`. 84 bytes per 256.
+    /// `Q2_K` (ggml's `block_q2_K`): `scales[16]`, `qs[64]`, f16 `d`, f16 `dmin`. 84 bytes per 256.
     Q2_K = 10,
-    /// `block_q3_K`: `hmask[32]`, `qs[64]`, `scales[12]`, f16 `d`. 110 bytes per 256.
+    /// `Q3_K` (ggml's `block_q3_K`): `hmask[32]`, `qs[64]`, `scales[12]`, f16 `d`. 110 bytes per 256.
     Q3_K = 11,
-    /// `block_q4_K`: f16 `d`, f16 `dmin`, `scales[12]`, `qs[128]`. 144 bytes per 256.
+    /// `Q4_K` (ggml's `block_q4_K`): f16 `d`, f16 `dmin`, `scales[12]`, `qs[128]`. 144 bytes per 256.
     Q4_K = 12,
-    /// `block_q5_K`: f16 `d`, f16 `dmin`, `scales[12]`, `qh[32]`, `qs[128]`. 176 bytes per 256.
+    /// `Q5_K` (ggml's `block_q5_K`): f16 `d`, f16 `dmin`, `scales[12]`, `qh[32]`, `qs[128]`. 176 bytes per 256.
     Q5_K = 13,
-    /// `block_q6_K`: `ql[128]`, `qh[64]`, i8 `scales[16]`, f16 `d`. 210 bytes per 256.
+    /// `Q6_K` (ggml's `block_q6_K`): `ql[128]`, `qh[64]`, i8 `scales[16]`, f16 `d`. 210 bytes per 256.
     Q6_K = 14,
     Bf16 = 30,
     /// DeepSeek's released checkpoint: per row, `Hd` fp8 e4m3 codes followed by
