@@ -104,6 +104,40 @@ static int names_both(size_t a, size_t b) {
     return strstr(m, sa) != NULL && strstr(m, sb) != NULL;
 }
 
+/* The checked calls' args structs: `fill(buf, size)` is the struct's
+ * `_init_sized`; `full` its size in this header. */
+static void apply_args_fill(void *p, size_t n) { engram_apply_args_init_sized((engram_apply_args *)p, n); }
+static void read_back_args_fill(void *p, size_t n) {
+    engram_read_back_args_init_sized((engram_read_back_args *)p, n);
+}
+
+static void check_args_init_sized(const char *name, void (*fill)(void *, size_t), size_t full) {
+    unsigned char buf[256];
+    if (!check(full + 16 <= sizeof buf, "%s: fits the test's buffer", name)) return;
+    size_t ss;
+    /* The first 16 bytes only: struct_size says 16, nothing past them is written. */
+    memset(buf, 0xCD, sizeof buf);
+    fill(buf, 16);
+    memcpy(&ss, buf, sizeof ss);
+    int untouched = 1;
+    for (size_t i = 16; i < sizeof buf; i++) untouched &= buf[i] == 0xCD;
+    check(ss == 16 && untouched, "%s(16): struct_size 16 (%zu), nothing past 16 bytes written", name, ss);
+    /* Larger than this library's struct: only `full` bytes are written. */
+    memset(buf, 0xCD, sizeof buf);
+    fill(buf, full + 16);
+    memcpy(&ss, buf, sizeof ss);
+    untouched = 1;
+    for (size_t i = full; i < sizeof buf; i++) untouched &= buf[i] == 0xCD;
+    check(ss == full && untouched, "%s(larger): struct_size is the library's %zu (%zu), nothing past it written",
+          name, full, ss);
+    /* Too small to hold struct_size, and NULL: nothing happens. */
+    memset(buf, 0xCD, sizeof buf);
+    fill(buf, 4);
+    check(buf[0] == 0xCD && buf[3] == 0xCD && buf[4] == 0xCD, "%s(4): nothing written", name);
+    fill(NULL, full);
+    check(1, "%s(NULL): no crash", name);
+}
+
 static void test_init_sized(void) {
     /* A caller whose struct is only the first 16 bytes: nothing past them is written. */
     unsigned char buf[sizeof(engram_config) + 16];
@@ -140,6 +174,14 @@ static void test_init_sized(void) {
     engram_gguf_options_init(&o);
     check(o.struct_size == sizeof o && o.max_tokens == 4096 && o.mmap_tables == 0,
           "engram_gguf_options_init: struct_size and the documented defaults");
+    check_args_init_sized("engram_apply_args_init_sized", apply_args_fill, sizeof(engram_apply_args));
+    check_args_init_sized("engram_read_back_args_init_sized", read_back_args_fill, sizeof(engram_read_back_args));
+    engram_apply_args a;
+    engram_apply_args_init(&a);
+    engram_read_back_args r;
+    engram_read_back_args_init(&r);
+    check(a.struct_size == sizeof a && a.row_ids == NULL && a.highway == NULL && r.struct_size == sizeof r,
+          "engram_apply_args_init / engram_read_back_args_init: struct_size and NULL buffers");
 }
 
 static void test_struct_size(void) {
