@@ -95,6 +95,21 @@ for engines that already call them.",
         ],
     ),
     (
+        "Shards and split points",
+        "For engines that shard a layer across ranks (docs/sharding.md): a context \
+that holds a part of each layer, and the calls that take the layer apart where \
+the engine's collectives join it again (row ranges + all-reduce, heads or wkv \
+outputs + all-gather), each giving engram_apply's bits. The CPU backend.",
+        &[
+            "engram_context_set_shard",
+            "engram_shard_held",
+            "engram_gather_rows",
+            "engram_apply_rows",
+            "engram_kv_columns",
+            "engram_gate_from_kv",
+        ],
+    ),
+    (
         "The history",
         "What the engine's KV cache does to a sequence, done to its hash history \
 (llama_memory_seq_*); a sequence's saved state; the same on a device history.",

@@ -1310,6 +1310,159 @@ enum engram_status engram_check(struct engram_context *ctx,
                                 void *stream);
 
 /* ==========================================================================
+ * Shards and split points
+ *
+ * For engines that shard a layer across ranks (docs/sharding.md): a
+ * context that holds a part of each layer, and the calls that take the
+ * layer apart where the engine's collectives join it again (row ranges +
+ * all-reduce, heads or wkv outputs + all-gather), each giving
+ * engram_apply's bits. The CPU backend.
+ * ========================================================================= */
+
+/*
+ Make `ctx` a shard context: from now on it holds part `table_rank` of
+ `table_world` of every layer's table rows and part `wkv_rank` of
+ `wkv_world` of `wkv`'s outputs (`[r*T/w, (r+1)*T/w)` rounded down, so the
+ parts of ranks `0..w` tile the layer in order for every world size; a
+ block-scaled fp8 `wkv` is cut at whole scale blocks). Layers already set
+ are cut again from the arrays they were given, later ones as they are
+ set; the hash stays global. A rank reads only its part: with a table in
+ a file (mmap or `pread`) that is all the memory the table costs it.
+ `(0, 1, 0, 1)` is the whole layer. A world of 0 or a rank not below its
+ world is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`; a CUDA context is
+ `ENGRAM_STATUS_ERR_UNSUPPORTED`. A shard context refuses the whole-layer
+ calls (`engram_apply*`, `engram_read_back*`, `engram_prefetch`,
+ `engram_stage`) unless it holds the whole layer. On error nothing changes.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_context_set_shard(struct engram_context *ctx,
+                                            uint32_t table_rank,
+                                            uint32_t table_world,
+                                            uint32_t wkv_rank,
+                                            uint32_t wkv_world);
+
+/*
+ What `ctx` holds of layer `layer_id`: table rows `[*row_begin, *row_end)`
+ and `wkv` outputs `[*out_begin, *out_end)` (the whole layer unless
+ `engram_context_set_shard` made it a shard). Each out pointer may be
+ NULL. A layer whose weights were never set is
+ `ENGRAM_STATUS_ERR_NO_WEIGHTS`; on error nothing is written.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_shard_held(struct engram_context *ctx,
+                                     uint32_t layer_id,
+                                     uint64_t *row_begin,
+                                     uint64_t *row_end,
+                                     uint64_t *out_begin,
+                                     uint64_t *out_end);
+
+/*
+ The rows a shard owns: for the host `row_ids` of `n_tokens` tokens
+ (`[n_tokens, n_layers, C]`, `row_ids_len` elements, as `engram_hash`
+ wrote them), the rows of layer `layer_id` whose ids lie in `[row_begin,
+ row_end)`, for heads `[head_begin, head_end)`, dequantised, into `out`
+ (`[n_tokens, N-1, head_end - head_begin, Hd]`, n-gram size slowest,
+ `out_len` values of `out_type`: `ENGRAM_TYPE_F32` (bf16 values widened)
+ or `ENGRAM_TYPE_BF16`). Every other value, and every row of a dead token,
+ is written as -0.0: since `x + (-0) = x` for every `x`, the engine's
+ all-reduce (sum) of every rank's `out` over ranges that tile the table is
+ the whole rows bit for bit, in any order of summation. All heads and
+ `[0, rows)` give `engram_read_back`'s rows. `[row_begin, row_end)` must be
+ a non-empty range of the table, held by `ctx`
+ (`engram_context_set_shard`); `[head_begin, head_end)` a non-empty range
+ of the `H` heads. Bad ranges, lengths or ids are statuses
+ (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT`, `_ERR_INVALID_ROW_ID`, as for
+ `engram_apply`); on error `out` is unchanged. The CPU backend only (CUDA:
+ `ENGRAM_STATUS_ERR_UNSUPPORTED`).
+
+ `ctx` as in `engram_free`; the pointers host memory for the call.
+ */
+enum engram_status engram_gather_rows(struct engram_context *ctx,
+                                      uint32_t layer_id,
+                                      uint32_t n_tokens,
+                                      const int64_t *row_ids,
+                                      size_t row_ids_len,
+                                      uint64_t row_begin,
+                                      uint64_t row_end,
+                                      uint32_t head_begin,
+                                      uint32_t head_end,
+                                      void *out,
+                                      size_t out_len,
+                                      uint32_t out_type);
+
+/*
+ Projection, gate and highway update of layer `layer_id` from assembled
+ rows (`rows`: `[n_tokens, C*Hd]`, `rows_len` values of `rows_type`, as
+ the all-reduce of `engram_gather_rows` gives them): the highway as
+ `engram_gate_from_kv` takes it, the result `engram_apply`'s bit for bit.
+ Needs all of `wkv`'s outputs (a shard holding a part is
+ `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`). The CPU backend only.
+
+ `ctx` as in `engram_free`; the pointers host memory for the call.
+ */
+enum engram_status engram_apply_rows(struct engram_context *ctx,
+                                     uint32_t layer_id,
+                                     uint32_t n_tokens,
+                                     const int64_t *row_ids,
+                                     size_t row_ids_len,
+                                     const void *rows,
+                                     size_t rows_len,
+                                     uint32_t rows_type,
+                                     void *highway,
+                                     size_t highway_bytes,
+                                     uint32_t highway_type);
+
+/*
+ `kv` outputs `[out_begin, out_end)` of layer `layer_id` (its `wkv` rows
+ in that range, which `ctx` must hold) for `n_tokens` tokens' assembled
+ rows (`rows`: `[n_tokens, C*Hd]`, `rows_len` values of `rows_type`, f32
+ values rounded to bf16 first: bf16 values pass unchanged), into `kv`
+ (`[n_tokens, out_end - out_begin]`, `kv_len` values of `kv_type`; bf16
+ values). Each output is the same sum in the same order as in
+ `engram_apply`, so the engine's all-gather of the ranks' `kv` (in rank
+ order) is `engram_read_back`'s `kv`. The CPU backend only.
+
+ `ctx` as in `engram_free`; the pointers host memory for the call.
+ */
+enum engram_status engram_kv_columns(struct engram_context *ctx,
+                                     uint32_t layer_id,
+                                     uint32_t n_tokens,
+                                     const void *rows,
+                                     size_t rows_len,
+                                     uint32_t rows_type,
+                                     uint64_t out_begin,
+                                     uint64_t out_end,
+                                     void *kv,
+                                     size_t kv_len,
+                                     uint32_t kv_type);
+
+/*
+ The gate and the highway update of layer `layer_id` from an assembled
+ `kv` (`[n_tokens, D*(hc+1)]`, `kv_len` values of `kv_type`, f32 values
+ rounded to bf16 first): `highway` (`[n_tokens, hc, D]` host memory of
+ `highway_type`, `highway_bytes` bytes) is updated in place as
+ `engram_apply` updates it; the host `row_ids` (`row_ids_len` elements)
+ say which tokens are dead (left untouched) and are checked as
+ `engram_apply` checks them. On error the highway is unchanged. The CPU
+ backend only.
+
+ `ctx` as in `engram_free`; the pointers host memory for the call.
+ */
+enum engram_status engram_gate_from_kv(struct engram_context *ctx,
+                                       uint32_t layer_id,
+                                       uint32_t n_tokens,
+                                       const int64_t *row_ids,
+                                       size_t row_ids_len,
+                                       const void *kv,
+                                       size_t kv_len,
+                                       uint32_t kv_type,
+                                       void *highway,
+                                       size_t highway_bytes,
+                                       uint32_t highway_type);
+
+/* ==========================================================================
  * The history
  *
  * What the engine's KV cache does to a sequence, done to its hash history

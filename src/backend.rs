@@ -54,6 +54,55 @@ pub trait Backend<'w>: Send + Sync {
     /// Layer `li`'s rows and `kv` for a call's tokens (slow; synchronous).
     fn read_back(&self, li: usize, ids: Ids<'_>, n: usize) -> Result<ReadBack>;
 
+    /// The split points (docs/sharding.md): rows `ids` of layer `li`'s table
+    /// as this backend holds it (a shard's ids are local to its part),
+    /// dequantised to bf16, `[ids.len(), Hd]`. `Err((j, e))` inside: id `j`
+    /// failed to dequantise. The CPU backend only.
+    fn gather_held(&self, li: usize, ids: &[i64]) -> Result<Vec<u16>> {
+        let _ = (li, ids);
+        bail!(
+            ErrUnsupported,
+            "the split calls (engram_gather_rows, engram_kv_columns, engram_gate_from_kv, \
+             engram_apply_rows) run on the CPU backend only"
+        )
+    }
+
+    /// `kv` (bf16 values held as f32, `[n, hi - lo]`) for outputs `[lo, hi)`
+    /// of layer `li`'s `wkv` as this backend holds it, from `rows` (`[n,
+    /// C*Hd]` bf16). The CPU backend only.
+    fn project_held(
+        &self,
+        li: usize,
+        rows: &[u16],
+        n: usize,
+        lo: usize,
+        hi: usize,
+    ) -> Result<Vec<f32>> {
+        let _ = (li, rows, n, lo, hi);
+        bail!(
+            ErrUnsupported,
+            "the split calls run on the CPU backend only"
+        )
+    }
+
+    /// The gate and the highway update of layer `li` from `kv` (`[tokens.len(),
+    /// D*(hc+1)]`, bf16 values held as f32) for the live `tokens`. The CPU
+    /// backend only.
+    fn gate_held(
+        &self,
+        li: usize,
+        tokens: &[usize],
+        kv: &[f32],
+        highway: crate::memory::RegionMut<'_>,
+        ty: crate::batch::HighwayType,
+    ) -> Result<()> {
+        let _ = (li, tokens, kv, highway, ty);
+        bail!(
+            ErrUnsupported,
+            "the split calls run on the CPU backend only"
+        )
+    }
+
     /// Wait for `stream` and report errors found asynchronously (CUDA).
     fn check(&self, stream: Stream) -> Result<()>;
 

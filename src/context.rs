@@ -7,8 +7,8 @@
 use crate::backend::Backend;
 use crate::batch::{check_layer, layer_index, live_ids, Geometry, Limits, Shape};
 use crate::call::{
-    ApplyIn, BackendInfo, DeviceHashIn, DeviceSeqOp, EngramBackend, Highway, Ids, LayerIn,
-    ReadBack, RowIds, Stream,
+    ApplyIn, BackendInfo, CheckedLayer, DeviceHashIn, DeviceSeqOp, EngramBackend, Highway, Ids,
+    LayerIn, ReadBack, RowIds, Stream,
 };
 use crate::cpu::{CpuBackend, CpuTuning};
 use crate::cuda::{CudaBackend, CudaTuning};
@@ -17,6 +17,9 @@ use crate::fallible::try_vec_with;
 use crate::hash::history::StateKey;
 use crate::hash::{HashTables, HashTablesIn, History};
 use std::sync::{Mutex, RwLock};
+
+mod shard;
+pub use shard::{split_type, ShardSpec, SplitIn, SplitOut};
 
 /// Choices that tests and benchmarks make; engines keep the defaults. Each
 /// backend owns its part; the context hands it over unread.
@@ -51,6 +54,11 @@ pub struct LayerInfo {
     pub table_type: crate::formats::EngramType,
     pub wkv_type: crate::formats::EngramType,
     pub qk_type: crate::formats::EngramType,
+    /// The table rows this context holds, `[begin, end)` of `rows`
+    /// (`[0, rows)` unless it is a shard: [`Context::set_shard`]).
+    pub held_rows: (u64, u64),
+    /// The `wkv` outputs it holds, `[begin, end)` of `D*(hc+1)`.
+    pub held_outs: (usize, usize),
 }
 
 pub struct Context<'w> {
@@ -69,6 +77,13 @@ pub struct Context<'w> {
     /// The history is on the device (`with_device_history`): the host hash
     /// and its sequence operations are refused.
     device_history: bool,
+    /// The backend's kind (the split calls and shards need the CPU's).
+    kind: EngramBackend,
+    /// Each set layer as the engine gave it, whole (a shard holds a part of
+    /// it: [`Context::set_shard`] cuts it again). Guarded by `layers`' lock.
+    whole: Mutex<Vec<Option<CheckedLayer<'w>>>>,
+    /// Which part of every layer this context holds.
+    shard: Mutex<shard::ShardSpec>,
 }
 
 /// The backend `kind` for a context of `shape`.
@@ -114,6 +129,9 @@ impl<'w> Context<'w> {
             backend,
             n_threads: Mutex::new(cfg.n_threads.max(1)),
             device_history: false,
+            whole: Mutex::new(try_vec_with(shape.n_layers, || None, "engram layers")?),
+            shard: Mutex::new(shard::ShardSpec::WHOLE),
+            kind,
         })
     }
 
@@ -383,14 +401,11 @@ impl<'w> Context<'w> {
     pub fn set_layer(&self, w: LayerIn<'w>) -> Result<()> {
         let li = layer_index(&self.tables.layer_ids, w.layer_id)?;
         let checked = check_layer(&self.shape, self.tables.rows_needed[li], w)?;
-        let info = LayerInfo {
-            rows: checked.rows,
-            table_type: checked.format,
-            wkv_type: checked.wkv_type,
-            qk_type: checked.qk_type,
-        };
         let mut layers = self.layers.write().unwrap_or_else(|p| p.into_inner());
-        self.backend.set_layer(li, checked)?;
+        let spec = *self.shard.lock().unwrap_or_else(|p| p.into_inner());
+        let (held, info) = shard::cut(&self.shape, &checked, spec)?;
+        self.backend.set_layer(li, held)?;
+        self.whole.lock().unwrap_or_else(|p| p.into_inner())[li] = Some(checked);
         layers[li] = Some(info);
         Ok(())
     }
@@ -449,13 +464,23 @@ impl<'w> Context<'w> {
         }
     }
 
+    /// [`Context::layer_rows`] for a whole-layer call: refused on a context
+    /// that holds only part of the layer ([`Context::set_shard`]).
+    fn whole_rows(&self, layers: &[Option<LayerInfo>], li: usize, layer_id: u32) -> Result<u64> {
+        let rows = Self::layer_rows(layers, li, layer_id)?;
+        if let Some(info) = &layers[li] {
+            shard::whole_only(info, self.shape.k_out, layer_id)?;
+        }
+        Ok(rows)
+    }
+
     /// Start gathering layer `layer_id`'s table rows for a step's `row_ids`
     /// (`[n, n_layers, C]`, the `hash` output) ahead of `apply`
     /// (`engram_prefetch`). Bad ids are reported here.
     pub fn prefetch(&self, layer_id: u32, row_ids: &[i64], n: usize) -> Result<()> {
         let li = self.call_layer(layer_id, n, RowIds::Host(row_ids))?;
         let layers = self.layers();
-        let rows = Self::layer_rows(&layers, li, layer_id)?;
+        let rows = self.whole_rows(&layers, li, layer_id)?;
         let live = live_ids(&self.shape, row_ids, n, li, layer_id, rows)?;
         self.backend.stage(li, &live)
     }
@@ -467,7 +492,7 @@ impl<'w> Context<'w> {
     pub fn stage(&self, layer_id: u32, row_ids: &[i64], n: usize, stream: Stream) -> Result<()> {
         let li = self.call_layer(layer_id, n, RowIds::Host(row_ids))?;
         let layers = self.layers();
-        let rows = Self::layer_rows(&layers, li, layer_id)?;
+        let rows = self.whole_rows(&layers, li, layer_id)?;
         let live = live_ids(&self.shape, row_ids, n, li, layer_id, rows)?;
         self.backend.stage_device(li, row_ids, &live, n, stream)
     }
@@ -508,7 +533,7 @@ impl<'w> Context<'w> {
         let size = highway_type.size();
         let highway = region.sized(n * s.hw_per_token() * size, size, "highway")?;
         let layers = self.layers();
-        let rows = Self::layer_rows(&layers, li, layer_id)?;
+        let rows = self.whole_rows(&layers, li, layer_id)?;
         let live;
         let ids = match ids {
             RowIds::Host(all) => {
@@ -535,7 +560,7 @@ impl<'w> Context<'w> {
     pub fn read_back(&self, layer_id: u32, ids: RowIds<'_>, n: usize) -> Result<ReadBack> {
         let li = self.call_layer(layer_id, n, ids)?;
         let layers = self.layers();
-        let rows = Self::layer_rows(&layers, li, layer_id)?;
+        let rows = self.whole_rows(&layers, li, layer_id)?;
         let live;
         let ids = match ids {
             RowIds::Host(all) => {

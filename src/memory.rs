@@ -68,6 +68,24 @@ impl<'a> Region<'a> {
         })
     }
 
+    /// Bytes `[start, start + bytes)` of a sized region (a shard's part of a
+    /// table or of `wkv`): `ErrInternal` if the region is unsized or the
+    /// range passes its end (the context computes both from checked sizes).
+    pub fn sub(self, start: usize, bytes: usize) -> Result<Region<'a>> {
+        match (self.len, start.checked_add(bytes)) {
+            (Some(len), Some(end)) if end <= len => Ok(Region {
+                addr: self.addr + start,
+                len: Some(bytes),
+                _p: PhantomData,
+            }),
+            _ => bail!(
+                ErrInternal,
+                "a shard's range [{start}, +{bytes}) passes its region of {:?} bytes",
+                self.len
+            ),
+        }
+    }
+
     /// The bytes, as host memory (after [`Region::sized`]).
     ///
     /// # Safety

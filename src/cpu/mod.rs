@@ -303,6 +303,66 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
         Ok(out)
     }
 
+    fn gather_held(&self, li: usize, ids: &[i64]) -> Result<Vec<u16>> {
+        let hd = self.shape.geo.hd;
+        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
+        let layer = layer_of(&layers, li)?;
+        let mut rows = try_vec(ids.len() * hd, 0u16, "the gathered rows")?;
+        let gathered = self.stager.gather(li, layer.gen, hd, ids, &mut rows)?;
+        gathered.map_err(|(j, e)| {
+            Error::new(
+                crate::EngramStatus::ErrInvalidRowId,
+                format!(
+                    "layer {}: held row {} cannot be read: {}",
+                    layer.layer_id,
+                    ids[j],
+                    e.describe()
+                ),
+            )
+        })?;
+        Ok(rows)
+    }
+
+    fn project_held(
+        &self,
+        li: usize,
+        rows: &[u16],
+        n: usize,
+        lo: usize,
+        hi: usize,
+    ) -> Result<Vec<f32>> {
+        let k_in = self.shape.k_in;
+        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
+        let w = layer_of(&layers, li)?.wkv.rows(lo, hi, k_in)?;
+        let mut kv = try_vec(n * (hi - lo), 0f32, "kv")?;
+        self.projection.run(rows, n, k_in, w, hi - lo, &mut kv)?;
+        Ok(kv)
+    }
+
+    fn gate_held(
+        &self,
+        li: usize,
+        tokens: &[usize],
+        kv: &[f32],
+        highway: crate::memory::RegionMut<'_>,
+        ty: HighwayType,
+    ) -> Result<()> {
+        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
+        let layer = layer_of(&layers, li)?;
+        let mut scratch = gate::Scratch::new(self.shape.geo)?;
+        let mut hw = highway;
+        // SAFETY: a CPU context's highway is host memory the caller lends for
+        // this call only (`RegionMut::from_raw`), sized and aligned by the context.
+        let host = unsafe {
+            match ty {
+                HighwayType::F32 => HostHighway::F32(hw.host_as_mut::<f32>()),
+                HighwayType::Bf16 => HostHighway::Bf16(hw.host_as_mut::<u16>()),
+            }
+        };
+        gate::update(self.shape.geo, tokens, kv, &layer.qk, host, &mut scratch);
+        Ok(())
+    }
+
     fn check(&self, _stream: Stream) -> Result<()> {
         Ok(())
     }

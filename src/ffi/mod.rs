@@ -21,6 +21,7 @@
 //! - [`tables`]: hash tables from `config.json` + `tokenizer.json`.
 //! - [`gguf`]: a context straight from a GGUF file (any dialect, split sets).
 //! - [`safetensors`]: a context straight from the released checkpoint.
+//! - [`split`]: the split points and shard contexts (docs/sharding.md).
 
 // Private: the exports and their structs are re-exported below, the rest
 // is the boundary's own.
@@ -32,6 +33,7 @@ mod gguf;
 mod history;
 mod info;
 mod safetensors;
+mod split;
 mod tables;
 
 pub use boundary::{engram_last_error, engram_status_str, engram_version};
@@ -41,4 +43,5 @@ pub use gguf::*;
 pub use history::*;
 pub use info::*;
 pub use safetensors::*;
+pub use split::*;
 pub use tables::*;

@@ -152,6 +152,50 @@ impl<'a> Weights<'a> {
         })
     }
 
+    /// Output rows `[lo, hi)` of a matrix whose rows hold `row_len` values
+    /// (a shard's part of `wkv`), read in place. A block-scaled fp8 matrix is
+    /// cut at its scale blocks only: `lo` a multiple of the block's rows
+    /// (else `ErrInvalidArgument`); `hi` past the end is `ErrInvalidArgument`.
+    pub fn rows(&self, lo: usize, hi: usize, row_len: usize) -> Result<Weights<'a>> {
+        let n_rows = self.len().checked_div(row_len).unwrap_or(0);
+        if lo > hi || hi > n_rows {
+            bail!(
+                ErrInvalidArgument,
+                "output rows [{lo}, {hi}) of a weight with {n_rows} rows"
+            );
+        }
+        Ok(match *self {
+            Weights::F32(v) => Weights::F32(&v[lo * row_len..hi * row_len]),
+            Weights::Bf16(v) => Weights::Bf16(&v[lo * row_len..hi * row_len]),
+            Weights::Quant { format, data, .. } => {
+                let rb = format.row_bytes(row_len);
+                Weights::Quant {
+                    format,
+                    data: &data[lo * rb..hi * rb],
+                    row_len,
+                }
+            }
+            Weights::Fp8Block(b) => {
+                if !lo.is_multiple_of(b.br) {
+                    bail!(
+                        ErrInvalidArgument,
+                        "output rows [{lo}, {hi}) of a block-scaled fp8 weight: the range \
+                         starts inside a block of {} rows",
+                        b.br
+                    );
+                }
+                let sc = b.block_cols();
+                let s_lo = (lo / b.br) * sc;
+                let s_hi = hi.div_ceil(b.br) * sc;
+                Weights::Fp8Block(Fp8Blocks {
+                    codes: &b.codes[lo * row_len..hi * row_len],
+                    scales: &b.scales[s_lo..s_hi],
+                    ..b
+                })
+            }
+        })
+    }
+
     /// Total values.
     pub fn len(&self) -> usize {
         match self {
