@@ -99,6 +99,25 @@ def _ptr(a: Optional[np.ndarray], ctype: Any = ctypes.c_void_p) -> Any:
     return ctypes.cast(a.ctypes.data, ctype) if ctype is not ctypes.c_void_p else a.ctypes.data
 
 
+def _value_type(a: np.ndarray, what: str) -> int:
+    """``Type.F32`` for float32, ``Type.BF16`` for bf16 bits; else TypeError."""
+    if a.dtype == np.float32:
+        return int(Type.F32)
+    if _bf16_like(a):
+        return int(Type.BF16)
+    raise TypeError(f"{what}: dtype {a.dtype}, expected float32 or bf16 (uint16 bits)")
+
+
+def _in_array(a: np.ndarray, what: str) -> np.ndarray:
+    """A read-only value input: a C-contiguous float32 or bf16 ndarray (no silent copy)."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{what}: expected a numpy array, got {type(a).__name__}")
+    _value_type(a, what)
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{what}: the array is not C-contiguous")
+    return a
+
+
 def _bf16_like(a: np.ndarray) -> bool:
     """uint16 bit patterns, or an ml_dtypes/torch-style ``bfloat16`` dtype."""
     return a.dtype == np.uint16 or (a.dtype.itemsize == 2 and a.dtype.name == "bfloat16")
@@ -170,6 +189,7 @@ class Context:
         self._per_token = int(lib.engram_row_ids_per_token(handle))
         inf = self.info(layers=False)
         self._geom = (inf.hidden_size, inf.hc, inf.head_dim, inf.cols, inf.n_layers)
+        self._heads = (inf.n_heads, inf.max_ngram - 1)
         self._backend = inf.backend
 
     # ---- creation ------------------------------------------------------
@@ -505,6 +525,122 @@ class Context:
     def check(self) -> None:
         """Raise what went wrong in queued device work (``engram_check``; always fine on the CPU)."""
         _check(lib.engram_check(self._ctx(), None), "engram_check")
+
+    # ---- shards and split points (docs/sharding.md) ---------------------
+
+    def set_shard(self, table: Tuple[int, int] = (0, 1), wkv: Tuple[int, int] = (0, 1)) -> None:
+        """Hold part ``rank`` of ``world`` of every layer's table rows
+        (``table=(rank, world)``) and of ``wkv``'s outputs (``wkv=(rank,
+        world)``) from now on (``engram_context_set_shard``; CPU backend).
+        ``(0, 1)`` is the whole. The parts of ranks ``0..world`` tile the
+        layer for any world size."""
+        _check(lib.engram_context_set_shard(self._ctx(), table[0], table[1], wkv[0], wkv[1]),
+               "engram_context_set_shard")
+
+    def shard_held(self, layer_id: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+        """``((row_begin, row_end), (out_begin, out_end))``: the table rows and
+        ``wkv`` outputs this context holds of layer ``layer_id`` (``engram_shard_held``)."""
+        v = [ctypes.c_uint64() for _ in range(4)]
+        _check(lib.engram_shard_held(self._ctx(), layer_id, *[ctypes.byref(x) for x in v]), "engram_shard_held")
+        return (v[0].value, v[1].value), (v[2].value, v[3].value)
+
+    def heads(self) -> Tuple[int, int]:
+        """``(H, N-1)``: hash heads per n-gram size and n-gram sizes (the
+        shape of :meth:`gather_rows`' middle axes)."""
+        return self._heads
+
+    def _gather_rows_raw(self, layer_id: int, ids: Tuple[int, int], n: int, rows: Tuple[int, int],
+                         heads: Tuple[int, int], out: Tuple[int, int, int]) -> None:
+        _check(lib.engram_gather_rows(self._ctx(), layer_id, n, ids[0], ids[1], rows[0], rows[1], heads[0],
+                                      heads[1], out[0], out[1], out[2]), "engram_gather_rows")
+
+    def _kv_columns_raw(self, layer_id: int, n: int, rows: Tuple[int, int, int], outs: Tuple[int, int],
+                        kv: Tuple[int, int, int]) -> None:
+        _check(lib.engram_kv_columns(self._ctx(), layer_id, n, rows[0], rows[1], rows[2], outs[0], outs[1],
+                                     kv[0], kv[1], kv[2]), "engram_kv_columns")
+
+    def _gate_from_kv_raw(self, layer_id: int, ids: Tuple[int, int], n: int, kv: Tuple[int, int, int],
+                          hw: Tuple[int, int, int]) -> None:
+        _check(lib.engram_gate_from_kv(self._ctx(), layer_id, n, ids[0], ids[1], kv[0], kv[1], kv[2], hw[0],
+                                       hw[1], hw[2]), "engram_gate_from_kv")
+
+    def _apply_rows_raw(self, layer_id: int, ids: Tuple[int, int], n: int, rows: Tuple[int, int, int],
+                        hw: Tuple[int, int, int]) -> None:
+        _check(lib.engram_apply_rows(self._ctx(), layer_id, n, ids[0], ids[1], rows[0], rows[1], rows[2], hw[0],
+                                     hw[1], hw[2]), "engram_apply_rows")
+
+    def gather_rows(self, layer_id: int, row_ids: np.ndarray, rows: Optional[Tuple[int, int]] = None,
+                    heads: Optional[Tuple[int, int]] = None, out: Optional[np.ndarray] = None,
+                    dtype: Any = np.float32) -> np.ndarray:
+        """The rows this shard owns (``engram_gather_rows``): for table rows
+        ``[rows[0], rows[1])`` (default: all this context holds) and heads
+        ``[heads[0], heads[1])`` (default: all), ``[n_tokens, N-1, heads, Hd]``
+        of ``float32`` or bf16 bits (``uint16``); every other value is
+        ``-0.0``, so the sum over ranks that tile the table is the whole
+        rows, bit for bit, in any order."""
+        ids, n = self._row_ids(row_ids)
+        if rows is None:
+            rows = self.shard_held(layer_id)[0]
+        nh, n1 = self._heads
+        h0, h1 = heads if heads is not None else (0, nh)
+        hd = self._geom[2]
+        if out is None:
+            out = np.empty((n, n1, max(h1 - h0, 0), hd), dtype=dtype)
+        ty = _value_type(out, "out")
+        _out_array(out, out.dtype, n * n1 * max(h1 - h0, 0) * hd, "out")
+        self._gather_rows_raw(layer_id, (ids.ctypes.data, ids.size), n, rows, (h0, h1),
+                              (out.ctypes.data, out.size, ty))
+        return out
+
+    def kv_columns(self, layer_id: int, rows: np.ndarray, outs: Optional[Tuple[int, int]] = None,
+                   out: Optional[np.ndarray] = None, dtype: Any = np.float32) -> np.ndarray:
+        """``kv`` outputs ``[outs[0], outs[1])`` (default: those this context
+        holds) for assembled rows ``[n_tokens, C*Hd]`` (``engram_kv_columns``):
+        ``[n_tokens, outs[1]-outs[0]]``, bf16 values as ``float32`` or ``uint16``."""
+        r = _in_array(rows, "rows")
+        kin = self._geom[2] * self._geom[3]
+        if r.size % kin:
+            raise ValueError(f"rows: {r.size} values, not a multiple of C*Hd = {kin}")
+        n = r.size // kin
+        if outs is None:
+            outs = self.shard_held(layer_id)[1]
+        if out is None:
+            out = np.empty((n, max(outs[1] - outs[0], 0)), dtype=dtype)
+        ty = _value_type(out, "out")
+        _out_array(out, out.dtype, n * max(outs[1] - outs[0], 0), "out")
+        self._kv_columns_raw(layer_id, n, (r.ctypes.data, r.size, _value_type(r, "rows")), outs,
+                             (out.ctypes.data, out.size, ty))
+        return out
+
+    def gate_from_kv(self, layer_id: int, row_ids: np.ndarray, kv: np.ndarray, highway: np.ndarray) -> np.ndarray:
+        """The gate and the in-place highway update from an assembled ``kv``
+        ``[n_tokens, D*(hc+1)]`` (``engram_gate_from_kv``); returns ``highway``."""
+        ids, n = self._row_ids(row_ids)
+        k = _in_array(kv, "kv")
+        hw, hty = self._host_highway(highway, n)
+        self._gate_from_kv_raw(layer_id, (ids.ctypes.data, ids.size), n, (k.ctypes.data, k.size,
+                               _value_type(k, "kv")), (hw.ctypes.data, hw.nbytes, hty))
+        return highway
+
+    def apply_rows(self, layer_id: int, row_ids: np.ndarray, rows: np.ndarray, highway: np.ndarray) -> np.ndarray:
+        """Projection, gate and in-place highway update from assembled rows
+        ``[n_tokens, C*Hd]`` (``engram_apply_rows``); returns ``highway``."""
+        ids, n = self._row_ids(row_ids)
+        r = _in_array(rows, "rows")
+        hw, hty = self._host_highway(highway, n)
+        self._apply_rows_raw(layer_id, (ids.ctypes.data, ids.size), n, (r.ctypes.data, r.size,
+                             _value_type(r, "rows")), (hw.ctypes.data, hw.nbytes, hty))
+        return highway
+
+    def _host_highway(self, highway: np.ndarray, n: int) -> Tuple[np.ndarray, int]:
+        if self._backend != Backend.CPU:
+            raise ValueError("the split calls run on the CPU backend only")
+        if not isinstance(highway, np.ndarray):
+            raise TypeError(f"highway: expected a numpy array, got {type(highway).__name__}")
+        ty = _value_type(highway, "highway")
+        d, hc = self._geom[0], self._geom[1]
+        _out_array(highway, highway.dtype, n * hc * d, "highway")
+        return highway, ty
 
     # ---- history -------------------------------------------------------
 
