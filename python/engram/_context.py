@@ -478,14 +478,23 @@ class Context:
         else:
             raise TypeError(f"highway: dtype {highway.dtype}, expected float32 or bf16 (uint16 bits)")
         _out_array(highway, highway.dtype, n * hc * d, "highway")
+        self._apply_raw(layer_id, (ids.ctypes.data, ids.size), n,
+                        (highway.ctypes.data, highway.nbytes, int(ty)), None)
+        return highway
+
+    def _apply_raw(self, layer_id: int, ids: Tuple[int, int], n: int, hw: Tuple[int, int, int],
+                   stream: Optional[int]) -> None:
+        """``engram_apply_checked`` on addresses: host row ids ``(addr,
+        len)``, the highway ``(addr, bytes, type)`` in the backend's memory."""
+        d, hc = self._geom[0], self._geom[1]
         a = _init(S.engram_apply_args, "engram_apply_args_init_sized")
         a.layer_id, a.n_tokens = layer_id, n
-        a.row_ids, a.row_ids_len = ids.ctypes.data, ids.size
-        a.highway, a.highway_bytes = highway.ctypes.data, highway.nbytes
-        a.highway_token_stride = hc * d * highway.itemsize
-        a.highway_type = int(ty)
+        a.row_ids, a.row_ids_len = ids[0], ids[1]
+        a.highway, a.highway_bytes = hw[0], hw[1]
+        a.highway_token_stride = hc * d * (4 if hw[2] == int(Type.F32) else 2)
+        a.highway_type = hw[2]
+        a.stream = stream
         _check(lib.engram_apply_checked(self._ctx(), ctypes.byref(a)), "engram_apply_checked")
-        return highway
 
     def prefetch(self, layer_id: int, row_ids: np.ndarray) -> None:
         """Start gathering layer ``layer_id``'s rows for ``row_ids`` on the
