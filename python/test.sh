@@ -20,5 +20,27 @@ PY="$VENV/bin/python"
 # trust its version number); numpy comes as the package's only dependency.
 "$PY" -m pip install --quiet --disable-pip-version-check ./python pytest
 # From the repository root, so `import engram` is the installed package,
-# not python/engram (which has no library or generated structs).
+# not python/engram (which has no library or generated structs). Without
+# torch here: the torch tests skip, and the package must import without it.
 env -u ENGRAM_LIBRARY "$PY" -m pytest -q -p no:cacheprovider python/tests "$@"
+
+# The torch ops and the gloo distributed test (python/tests/test_torch_ops.py,
+# test_distributed.py) in a second virtualenv that has torch: made once and
+# cached in ENGRAM_TORCH_VENV (default ~/.cache/engram/torch-2.9.0-venv, as
+# bench/ggml caches its build). PyPI's torch==2.9.0 wheel needs its nvidia-*
+# packages to import even on a CPU (about 5 GB; the CPU-only wheels live on
+# download.pytorch.org, not on PyPI), so the first run downloads them.
+# ENGRAM_PY_TORCH=0 skips this part.
+if [ "${ENGRAM_PY_TORCH:-1}" != 0 ]; then
+    TVENV="${ENGRAM_TORCH_VENV:-$HOME/.cache/engram/torch-2.9.0-venv}"
+    if [ ! -f "$TVENV/.engram-complete" ]; then
+        echo "# installing torch==2.9.0 into $TVENV (once)"
+        rm -rf "$TVENV"
+        python3 -m venv "$TVENV"
+        "$TVENV/bin/pip" install --quiet --disable-pip-version-check torch==2.9.0 pytest
+        touch "$TVENV/.engram-complete"
+    fi
+    "$TVENV/bin/pip" install --quiet --disable-pip-version-check ./python
+    env -u ENGRAM_LIBRARY "$TVENV/bin/python" -m pytest -q -p no:cacheprovider \
+        python/tests/test_torch_ops.py python/tests/test_distributed.py "$@"
+fi

@@ -1,0 +1,139 @@
+"""The layer sharded across processes with torch.distributed (gloo, this
+machine), world sizes 1..5 (5 divides neither the heads nor anything else):
+each rank a shard context of tiny.gguf that hashes the step itself, then
+
+- row ranges: ``gather_rows`` of the rows it holds, ``all_reduce`` (sum),
+  ``apply_rows_``;
+- heads: ``gather_rows`` of its heads, ``all_gather`` (padded to the largest
+  part), joined in head order, ``apply_rows_``;
+- wkv outputs: ``kv_columns`` of the outputs it holds, ``all_gather``
+  (padded), joined, ``gate_from_kv_``;
+
+and every rank's highway must equal one unsharded ``apply`` bit for bit.
+The CPU backend: the split calls do not run on CUDA (docs/sharding.md).
+Skipped when torch is not importable.
+"""
+
+import socket
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+mp = pytest.importorskip("torch.multiprocessing")
+
+import engram  # noqa: E402
+
+from conftest import EPS, TINY_GGUF, values  # noqa: E402
+
+TOKENS = [5, 17, engram.TOKEN_DEAD, 9, 33, 2, 41, 8]
+SEQS = [0, 0, 0, 0, 1, 1, 1, 1]
+POS = [0, 1, 2, 3, 0, 1, 2, 3]
+LAYOUTS = ("rows", "heads", "wkv")
+
+
+def part(total, rank, world):
+    return total * rank // world, total * (rank + 1) // world
+
+
+def gather_padded(t, world, size):
+    """all_gather of tensors whose first axis may differ (padded to ``size``)."""
+    pad = torch.zeros((size,) + tuple(t.shape[1:]), dtype=t.dtype)
+    pad[: t.shape[0]] = t
+    out = [torch.empty_like(pad) for _ in range(world)]
+    dist.all_gather(out, pad)
+    return out
+
+
+def run_layout(rank, world, ref, layout):
+    """One layout on this rank; the number of layers whose highway differs."""
+    from engram import torch_ops
+
+    ctx = engram.Context.from_gguf(TINY_GGUF, eps=EPS)
+    if layout == "rows":
+        ctx.set_shard(table=(rank, world))
+    elif layout == "wkv":
+        ctx.set_shard(wkv=(rank, world))
+    h = torch_ops.register(ctx)
+    inf = ctx.info()
+    n = len(TOKENS)
+    ids = torch.ops.engram.hash(h, torch.tensor(TOKENS, dtype=torch.int32),
+                                torch.tensor(SEQS, dtype=torch.int32), torch.tensor(POS, dtype=torch.int32))
+    bad = 0
+    for layer in inf.layers:
+        lid = layer.layer_id
+        x = torch.from_numpy(ref["x"].copy())
+        if layout == "rows":
+            (r0, r1), _ = ctx.shard_held(lid)
+            rows = torch.ops.engram.gather_rows(h, lid, ids, r0, r1, 0, inf.n_heads)
+            dist.all_reduce(rows, op=dist.ReduceOp.SUM)
+            torch.ops.engram.apply_rows_(h, lid, ids, rows.reshape(n, -1), x)
+        elif layout == "heads":
+            nh = inf.n_heads
+            h0, h1 = part(nh, rank, world)
+            mine = torch.ops.engram.gather_rows(h, lid, ids, 0, layer.table_rows, h0, h1) if h0 < h1 else \
+                torch.zeros((n, inf.max_ngram - 1, 0, inf.head_dim))
+            parts = gather_padded(mine.permute(2, 0, 1, 3).contiguous(), world, -(-nh // world))
+            heads = [parts[r][: part(nh, r, world)[1] - part(nh, r, world)[0]] for r in range(world)]
+            rows = torch.cat(heads, dim=0).permute(1, 2, 0, 3).contiguous()
+            torch.ops.engram.apply_rows_(h, lid, ids, rows.reshape(n, -1), x)
+        else:
+            full = torch.from_numpy(ref[f"rows{lid}"])
+            _, (o0, o1) = ctx.shard_held(lid)
+            kv = torch.ops.engram.kv_columns(h, lid, full, o0, o1)
+            k_out = inf.hidden_size * (inf.hc + 1)
+            parts = gather_padded(kv.t().contiguous(), world, k_out)
+            sizes = [torch.empty(1, dtype=torch.int64) for _ in range(world)]
+            dist.all_gather(sizes, torch.tensor([o1 - o0], dtype=torch.int64))
+            kv_all = torch.cat([parts[r][: int(sizes[r])] for r in range(world)], dim=0).t().contiguous()
+            torch.ops.engram.gate_from_kv_(h, lid, ids, kv_all, x)
+        if not np.array_equal(x.numpy().view(np.uint32), ref[f"hw{lid}"].view(np.uint32)):
+            bad += 1
+    torch_ops.unregister(h)
+    ctx.close()
+    return bad
+
+
+def run_rank(rank, world, port, ref_path, result_path):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        ref = np.load(ref_path)
+        bad = {layout: run_layout(rank, world, ref, layout) for layout in LAYOUTS}
+        with open(f"{result_path}.{rank}", "w") as f:
+            f.write(repr(bad))
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dist") / "ref.npz"
+    with engram.Context.from_gguf(TINY_GGUF, eps=EPS) as ctx:
+        inf = ctx.info()
+        n = len(TOKENS)
+        ids = ctx.hash(TOKENS, SEQS, POS)
+        x = values("dist.highway", n * inf.hc * inf.hidden_size, 1.0, 0.0).reshape(n, inf.hc, inf.hidden_size)
+        arrays = {"x": x}
+        for layer in inf.layers:
+            arrays[f"hw{layer.layer_id}"] = ctx.apply(layer.layer_id, ids, x.copy())
+            arrays[f"rows{layer.layer_id}"] = ctx.gather_rows(layer.layer_id, ids).reshape(n, -1)
+    np.savez(path, **arrays)
+    return str(path)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_sharded_across_processes_equals_the_whole_layer(reference, tmp_path, world):
+    result = str(tmp_path / "result")
+    mp.start_processes(run_rank, args=(world, free_port(), reference, result), nprocs=world, join=True,
+                       start_method="fork")
+    for r in range(world):
+        with open(f"{result}.{r}") as f:
+            bad = eval(f.read())
+        assert bad == {layout: 0 for layout in LAYOUTS}, f"world {world}, rank {r}: layers that differ: {bad}"
