@@ -77,7 +77,7 @@ pub use batch::{Geometry, Limits};
 pub use call::{
     EngramBackend, Highway, HighwayType, LayerIn, ReadBack, RowIds, TableIn, TableSource,
 };
-pub use context::{Context, ContextConfig, Tuning};
+pub use context::{Context, ContextConfig, ShardSpec, SplitIn, SplitOut, Tuning};
 pub use error::{EngramStatus, Error, Result};
 pub use formats::{EngramType, WeightDtype, Weights};
 pub use hash::{HashTables, HashTablesIn, ROW_ID_DEAD, TOKEN_DEAD};
