@@ -72,7 +72,7 @@ for lang in de fr ja; do
         emit "$lang" "$mo (msgstr)" < <("$PY" -c "$MO_TEXTS" "$mo")
     done
     for f in $(find "/usr/share/man/$lang" -type f | LC_ALL=C sort); do
-        emit "$lang" "$f (man -l)" < <(MANWIDTH=80 man -l "$f" 2>/dev/null | col -b)
+        emit "$lang" "$f (man -l)" < <(MANWIDTH=80 timeout 30 man -l "$f" </dev/null 2>/dev/null | col -b)
     done
 done
 for c in en code de fr ja; do

@@ -10,6 +10,8 @@ mod report;
 mod run;
 mod sim;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -56,24 +58,58 @@ fn files_under(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// The texts: each input file one text (invalid UTF-8 replaced), stdin one.
-pub fn read_texts(inputs: &[String]) -> Result<Vec<(String, String)>> {
-    let mut texts = Vec::new();
-    if inputs.is_empty() || inputs.iter().any(|i| i == "-") {
-        let mut b = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).context("stdin")?;
-        texts.push(("-".to_string(), String::from_utf8_lossy(&b).into_owned()));
+/// One input text: which input (PATH argument) it came from, its file.
+pub struct Text {
+    pub input: usize,
+    pub path: String,
+    pub body: String,
+}
+
+/// The texts: each input file one text (invalid UTF-8 replaced), stdin one;
+/// in argument order, or with `round_robin` one text of each input in turn
+/// (a mix of the inputs whatever `--max-tokens` keeps).
+pub fn read_texts(inputs: &[String], round_robin: bool) -> Result<Vec<Text>> {
+    let mut per: Vec<Vec<Text>> = Vec::new();
+    let stdin = [String::from("-")];
+    let inputs = if inputs.is_empty() {
+        &stdin[..]
+    } else {
+        inputs
+    };
+    for (k, i) in inputs.iter().enumerate() {
+        let mut v = Vec::new();
+        if i == "-" {
+            let mut b = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).context("stdin")?;
+            v.push((PathBuf::from("-"), b));
+        } else {
+            let mut files = Vec::new();
+            files_under(Path::new(i), &mut files)?;
+            for f in files {
+                let b = std::fs::read(&f).with_context(|| f.display().to_string())?;
+                v.push((f, b));
+            }
+        }
+        per.push(
+            v.into_iter()
+                .map(|(f, b)| Text {
+                    input: k,
+                    path: f.display().to_string(),
+                    body: String::from_utf8_lossy(&b).into_owned(),
+                })
+                .collect(),
+        );
     }
-    let mut files = Vec::new();
-    for i in inputs.iter().filter(|i| *i != "-") {
-        files_under(Path::new(i), &mut files)?;
+    if !round_robin {
+        return Ok(per.into_iter().flatten().collect());
     }
-    for f in files {
-        let b = std::fs::read(&f).with_context(|| f.display().to_string())?;
-        texts.push((
-            f.display().to_string(),
-            String::from_utf8_lossy(&b).into_owned(),
-        ));
+    let mut its: Vec<_> = per.into_iter().map(|v| v.into_iter()).collect();
+    let mut out = Vec::new();
+    loop {
+        let before = out.len();
+        out.extend(its.iter_mut().filter_map(|it| it.next()));
+        if out.len() == before {
+            return Ok(out);
+        }
     }
-    Ok(texts)
 }

@@ -26,6 +26,7 @@ options:
   --readahead-kib K    mmap readahead window on a fault (default 0: off, as a
                        table mapped MADV_RANDOM; the kernel's default is 128)
   --max-tokens N       stop after N tokens of text (the last text cut short)
+  --round-robin        take one text of each PATH in turn (a mix of the inputs)
   --threads N          simulation threads (default: the CPUs)
   --check-lru          also replay the tool's own exact LRU and fail if the
                        library's LRU counts different hits
@@ -43,6 +44,7 @@ pub struct Opts {
     pub chunk: usize,
     pub readahead_kib: u64,
     pub max_tokens: Option<usize>,
+    pub round_robin: bool,
     pub threads: usize,
     pub check_lru: bool,
     pub json: Option<String>,
@@ -60,11 +62,15 @@ pub fn parse_size(s: &str) -> Result<u64> {
         _ => (s, 1),
     };
     let v: u64 = num.parse().with_context(|| format!("size {s:?}"))?;
-    v.checked_mul(mult).with_context(|| format!("size {s:?} overflows"))
+    v.checked_mul(mult)
+        .with_context(|| format!("size {s:?} overflows"))
 }
 
 fn list<T>(s: &str, f: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
-    s.split(',').filter(|x| !x.trim().is_empty()).map(f).collect()
+    s.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(f)
+        .collect()
 }
 
 /// The arguments; `None` for `--help`.
@@ -81,6 +87,7 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Opts>> {
         chunk: 4096,
         readahead_kib: 0,
         max_tokens: None,
+        round_robin: false,
         threads,
         check_lru: false,
         json: None,
@@ -102,6 +109,7 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Opts>> {
             "--max-tokens" => o.max_tokens = Some(num(val()?)? as usize),
             "--threads" => o.threads = num(val()?)?.max(1) as usize,
             "--check-lru" => o.check_lru = true,
+            "--round-robin" => o.round_robin = true,
             "--json" => o.json = Some(val()?),
             "-h" | "--help" => return Ok(None),
             s if s.starts_with("--") => bail!("unknown option {s}"),

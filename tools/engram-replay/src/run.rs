@@ -7,6 +7,7 @@ use crate::opts::Opts;
 use crate::report::{CacheRow, DedupRow, Report, SchedReport};
 use crate::sim::{replay_cache, replay_pages, Layout, RowPolicy, PAGE};
 use crate::stream::{accesses, Accesses, Schedule, Shape};
+use crate::Text;
 use anyhow::{bail, Context as _, Result};
 use engram::rowcache::{new_policy, Policy, PolicyKind};
 use engram::EngramType;
@@ -46,25 +47,34 @@ pub fn row_bytes(name: &str, width: usize) -> Result<(String, u64)> {
     bail!("unknown row format {name:?}")
 }
 
-/// Tokenize and hash the texts, at most `max` tokens in all.
-fn texts_ids(h: &Hasher, texts: &[(String, String)], max: usize) -> Result<Vec<TextIds>> {
+/// Tokenize and hash the texts, at most `max` tokens in all; also the
+/// tokens and texts kept of each input.
+fn texts_ids(
+    h: &Hasher,
+    texts: &[Text],
+    inputs: usize,
+    max: usize,
+) -> Result<(Vec<TextIds>, Vec<(u64, u64)>)> {
     let ctx = h.context()?;
     let mut out = Vec::new();
+    let mut per = vec![(0u64, 0u64); inputs.max(1)];
     let mut total = 0usize;
     for group in texts.chunks(64) {
-        let body: Vec<String> = group.iter().map(|t| t.1.clone()).collect();
-        for toks in h.tokenize(&body)? {
+        let body: Vec<String> = group.iter().map(|t| t.body.clone()).collect();
+        for (toks, t) in h.tokenize(&body)?.into_iter().zip(group) {
             let keep = toks.len().min(max - total);
             if keep > 0 {
                 out.push(h.hash_text(&ctx, &toks[..keep])?);
                 total += keep;
+                per[t.input].0 += keep as u64;
+                per[t.input].1 += 1;
             }
             if total >= max {
-                return Ok(out);
+                return Ok((out, per));
             }
         }
     }
-    Ok(out)
+    Ok((out, per))
 }
 
 /// One simulation: a policy (or the tool's own LRU, `None`) or the page
@@ -108,9 +118,10 @@ fn run_job(acc: &Accesses, lay: &Layout, o: &Opts, job: &Job, nl: u64) -> Result
             let mut pols: Vec<Box<dyn RowPolicy>> = Vec::new();
             for _ in 0..nl {
                 pols.push(match kind {
-                    Some(k) => Box::new(Library(new_policy(k, cap).with_context(|| {
-                        format!("{} of {cap} rows", k.name())
-                    })?)),
+                    Some(k) => Box::new(Library(
+                        new_policy(k, cap)
+                            .with_context(|| format!("{} of {cap} rows", k.name()))?,
+                    )),
                     None => Box::new(Lru::new(cap)),
                 });
             }
@@ -165,15 +176,16 @@ pub fn run(o: &Opts) -> Result<()> {
         row_bytes: rb,
         rows: h.tables.rows.clone(),
     };
-    let texts = crate::read_texts(&o.inputs)?;
-    let ids = texts_ids(&h, &texts, o.max_tokens.unwrap_or(usize::MAX))?;
+    let texts = crate::read_texts(&o.inputs, o.round_robin)?;
+    let max = o.max_tokens.unwrap_or(usize::MAX);
+    let (ids, per_input) = texts_ids(&h, &texts, o.inputs.len(), max)?;
     let tokens: usize = ids.iter().map(|t| t.tokens).sum();
     eprintln!(
         "{} texts, {tokens} tokens tokenized and hashed in {:.1} s",
         ids.len(),
         t0.elapsed().as_secs_f64()
     );
-    let mut rep = Report::new(o, &h, &fmt, rb, ids.len(), tokens, &texts);
+    let mut rep = Report::new(o, &h, (&fmt, rb), (ids.len(), tokens), &per_input);
     let scheds = [
         Schedule::Stream,
         Schedule::Mix(o.seqs),
@@ -183,11 +195,20 @@ pub fn run(o: &Opts) -> Result<()> {
         let t1 = Instant::now();
         let acc = accesses(&ids, shape, sched, true);
         let rows = run_jobs(&acc, &lay, o, &jobs(o, &kinds))?;
-        eprintln!("{}: replayed in {:.1} s", sched.name(), t1.elapsed().as_secs_f64());
+        eprintln!(
+            "{}: replayed in {:.1} s",
+            sched.name(),
+            t1.elapsed().as_secs_f64()
+        );
         rep.scheds.push(SchedReport::new(sched, &acc, rows));
     }
-    for sched in [1, 8, 64].map(Schedule::Mix).into_iter().chain([Schedule::Prefill(o.chunk)]) {
-        rep.dedup.push(DedupRow::new(sched, &accesses(&ids, shape, sched, false)));
+    for sched in [1, 8, 64]
+        .map(Schedule::Mix)
+        .into_iter()
+        .chain([Schedule::Prefill(o.chunk)])
+    {
+        rep.dedup
+            .push(DedupRow::new(sched, &accesses(&ids, shape, sched, false)));
     }
     rep.finish(o)
 }

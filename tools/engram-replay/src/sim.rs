@@ -62,7 +62,11 @@ pub struct CacheCounts {
 }
 
 /// Replay `acc` through one row cache a layer (`policies[l]`).
-pub fn replay_cache(acc: &Accesses, lay: &Layout, policies: &mut [Box<dyn RowPolicy + '_>]) -> CacheCounts {
+pub fn replay_cache(
+    acc: &Accesses,
+    lay: &Layout,
+    policies: &mut [Box<dyn RowPolicy + '_>],
+) -> CacheCounts {
     let nl = acc.shape.layers;
     let mut c = CacheCounts {
         hits: vec![0; nl],
@@ -104,7 +108,12 @@ pub struct PageCounts {
 
 /// Replay `acc` through an exact-LRU page cache of `cap_pages` pages shared
 /// by the layers' files.
-pub fn replay_pages(acc: &Accesses, lay: &Layout, cap_pages: u64, readahead_pages: u64) -> PageCounts {
+pub fn replay_pages(
+    acc: &Accesses,
+    lay: &Layout,
+    cap_pages: u64,
+    readahead_pages: u64,
+) -> PageCounts {
     let nl = acc.shape.layers;
     let mut c = PageCounts {
         touches: vec![0; nl],
