@@ -26,6 +26,8 @@ options:
   --readahead-kib K    mmap readahead window on a fault (default 0: off, as a
                        table mapped MADV_RANDOM; the kernel's default is 128)
   --max-tokens N       stop after N tokens of text (the last text cut short)
+  --request-tokens N   cut each text into requests of at most N tokens (each its
+                       own sequence; default 0: a text is one request)
   --round-robin        take one text of each PATH in turn (a mix of the inputs)
   --threads N          simulation threads (default: the CPUs)
   --check-lru          also replay the tool's own exact LRU and fail if the
@@ -45,6 +47,7 @@ pub struct Opts {
     pub readahead_kib: u64,
     pub max_tokens: Option<usize>,
     pub round_robin: bool,
+    pub request_tokens: usize,
     pub threads: usize,
     pub check_lru: bool,
     pub json: Option<String>,
@@ -88,6 +91,7 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Opts>> {
         readahead_kib: 0,
         max_tokens: None,
         round_robin: false,
+        request_tokens: 0,
         threads,
         check_lru: false,
         json: None,
@@ -110,6 +114,7 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Opts>> {
             "--threads" => o.threads = num(val()?)?.max(1) as usize,
             "--check-lru" => o.check_lru = true,
             "--round-robin" => o.round_robin = true,
+            "--request-tokens" => o.request_tokens = num(val()?)? as usize,
             "--json" => o.json = Some(val()?),
             "-h" | "--help" => return Ok(None),
             s if s.starts_with("--") => bail!("unknown option {s}"),
