@@ -197,13 +197,16 @@ impl Report {
         h: &Hasher,
         (fmt, row_bytes): (&str, u64),
         (n_texts, tokens): (usize, usize),
-        per_input: &[(u64, u64)],
+        per_input: &[crate::run::PerInput],
     ) -> Report {
         let inputs: Vec<Value> = o
             .inputs
             .iter()
             .zip(per_input)
-            .map(|(p, &(t, n))| json!({"path": p, "tokens": t, "requests": n}))
+            .map(|(p, k)| {
+                json!({"path": p, "tokens": k.tokens, "requests": k.requests,
+                       "files": k.files, "last_file": k.last})
+            })
             .collect();
         let head = json!({
             "tool": "engram-replay",
@@ -442,8 +445,8 @@ impl Report {
         for i in self.head["inputs"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 out,
-                "  input {}: {} tokens, {} requests",
-                i["path"], i["tokens"], i["texts"]
+                "  input {}: {} tokens, {} requests, its first {} files (the last {})",
+                i["path"], i["tokens"], i["requests"], i["files"], i["last_file"]
             );
         }
         for r in &self.scheds {

@@ -47,8 +47,15 @@ pub fn row_bytes(name: &str, width: usize) -> Result<(String, u64)> {
     bail!("unknown row format {name:?}")
 }
 
-/// Tokens and requests kept of one input.
-type PerInput = (u64, u64);
+/// What was kept of one input: tokens, requests, and its files (the
+/// first `files` in name order, the last of them `last`).
+#[derive(Clone, Debug, Default)]
+pub struct PerInput {
+    pub tokens: u64,
+    pub requests: u64,
+    pub files: u64,
+    pub last: String,
+}
 
 /// Tokenize and hash the texts, at most `max` tokens in all, each text one
 /// request or (`request` > 0) requests of at most `request` tokens; also
@@ -61,7 +68,7 @@ fn texts_ids(
 ) -> Result<(Vec<TextIds>, Vec<PerInput>)> {
     let ctx = h.context()?;
     let mut out = Vec::new();
-    let mut per = vec![(0u64, 0u64); inputs.max(1)];
+    let mut per = vec![PerInput::default(); inputs.max(1)];
     let mut total = 0usize;
     for group in texts.chunks(64) {
         let body: Vec<String> = group.iter().map(|t| t.body.clone()).collect();
@@ -72,8 +79,13 @@ fn texts_ids(
                 if keep > 0 {
                     out.push(h.hash_text(&ctx, &req[..keep])?);
                     total += keep;
-                    per[t.input].0 += keep as u64;
-                    per[t.input].1 += 1;
+                    let p = &mut per[t.input];
+                    p.tokens += keep as u64;
+                    p.requests += 1;
+                    if p.last != t.path {
+                        p.files += 1;
+                        p.last = t.path.clone();
+                    }
                 }
                 if total >= max {
                     return Ok((out, per));
@@ -197,6 +209,15 @@ pub fn run(o: &Opts) -> Result<()> {
         ids.len(),
         t0.elapsed().as_secs_f64()
     );
+    if o.inputs_only {
+        for (p, k) in o.inputs.iter().zip(&per_input) {
+            println!(
+                "{p}: {} tokens, {} requests, its first {} files (the last {})",
+                k.tokens, k.requests, k.files, k.last
+            );
+        }
+        return Ok(());
+    }
     let mut rep = Report::new(o, &h, (&fmt, rb), (ids.len(), tokens), &per_input);
     let scheds = [
         Schedule::Stream,
