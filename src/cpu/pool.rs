@@ -115,35 +115,75 @@ fn spare_room() -> bool {
     true
 }
 
-/// One parallel loop in flight: tasks `0..n` claimed one at a time by the
-/// workers. Lives on the stack of the call that runs it, which waits until
-/// no worker uses it any more.
+/// One parallel loop in flight: tasks `0..n`, cut into one contiguous block
+/// a worker (`parts` blocks). Each worker claims the tasks of its own block in
+/// order, one at a time, then helps with the other blocks' remaining tasks.
+/// Each worker thus streams one contiguous range of the weights, as rayon's
+/// halving split did (claiming tasks alternately from one counter made 1-token
+/// K-quant projections 10-24% slower on two threads: BENCHMARKS.md). Lives on
+/// the stack of the call that runs it, which waits until no worker uses it
+/// any more.
 struct Job<'a> {
     /// Runs task `i`; false stops the loop (an error was recorded).
     task: &'a (dyn Fn(usize) -> bool + Sync),
     n: usize,
-    next: AtomicUsize,
+    /// Block `b`'s next task (starting at [`Job::start`]`(b)`), `parts` of them.
+    next: &'a [Padded],
+    /// Counts the workers that joined, so that each starts in its own block.
+    joined: AtomicUsize,
     /// A task returned false or panicked: claim no more.
     stop: AtomicBool,
     panicked: AtomicBool,
 }
 
+/// A counter on a cache line of its own (workers claim from different blocks
+/// at once).
+#[repr(align(64))]
+struct Padded(AtomicUsize);
+
 impl Job<'_> {
-    /// Claim and run tasks until none is left (or the loop stopped).
+    /// The first task of block `b`.
+    fn start(&self, b: usize) -> usize {
+        b * self.n / self.next.len()
+    }
+
+    /// Whether every task has been claimed.
+    fn all_claimed(&self) -> bool {
+        (0..self.next.len()).all(|b| self.next[b].0.load(Ordering::Relaxed) >= self.start(b + 1))
+    }
+
+    /// Claim and run tasks, own block first, until none is left (or the
+    /// loop stopped).
     fn work(&self) {
         crate::fpmode::FpMode::set_for_thread();
-        while !self.stop.load(Ordering::Relaxed) {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
-            if i >= self.n {
-                break;
-            }
-            match catch_unwind(AssertUnwindSafe(|| (self.task)(i))) {
-                Ok(true) => {}
-                Ok(false) => self.stop.store(true, Ordering::Relaxed),
-                Err(_) => {
-                    self.panicked.store(true, Ordering::Relaxed);
-                    self.stop.store(true, Ordering::Relaxed);
+        let parts = self.next.len();
+        let first = self.joined.fetch_add(1, Ordering::Relaxed) % parts;
+        for b in (first..parts).chain(0..first) {
+            let end = self.start(b + 1);
+            while !self.stop.load(Ordering::Relaxed) {
+                let i = self.next[b].0.fetch_add(1, Ordering::Relaxed);
+                if i >= end {
+                    break;
                 }
+                if !self.run_task(i) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Run task `i`; false when the loop must stop (an error or a panic).
+    fn run_task(&self, i: usize) -> bool {
+        match catch_unwind(AssertUnwindSafe(|| (self.task)(i))) {
+            Ok(true) => true,
+            Ok(false) => {
+                self.stop.store(true, Ordering::Relaxed);
+                false
+            }
+            Err(_) => {
+                self.panicked.store(true, Ordering::Relaxed);
+                self.stop.store(true, Ordering::Relaxed);
+                false
             }
         }
     }
@@ -236,6 +276,8 @@ pub struct Workers {
     /// One element (a stable address the threads hold), allocated fallibly.
     shared: Box<[Shared]>,
     threads: Vec<libc::pthread_t>,
+    /// The blocks' counters of the job in flight, one a thread (see [`Job`]).
+    next: Box<[Padded]>,
 }
 
 impl Workers {
@@ -259,9 +301,13 @@ impl Workers {
         });
         let mut threads = Vec::new();
         threads.try_reserve_exact(n).map_err(|_| oom())?;
+        let mut next = Vec::new();
+        next.try_reserve_exact(n.max(1)).map_err(|_| oom())?;
+        next.extend((0..n.max(1)).map(|_| Padded(AtomicUsize::new(0))));
         let mut pool = Workers {
             shared: shared.into_boxed_slice(),
             threads,
+            next: next.into_boxed_slice(),
         };
         for i in 0..n {
             // On error, dropping `pool` stops and joins the threads started.
@@ -323,7 +369,7 @@ impl Workers {
         let task = |i: usize| {
             let lo = i * chunk;
             let hi = (lo + chunk).min(len);
-            // SAFETY: each task index is claimed once (`Job::next`), so the
+            // SAFETY: each task index is claimed once (`Job::work`), so the
             // chunks `lo..hi` handed out are disjoint parts of `data`, which
             // the caller borrows mutably until every task is done.
             let part = unsafe { std::slice::from_raw_parts_mut(base.get().add(lo), hi - lo) };
@@ -336,15 +382,7 @@ impl Workers {
                 }
             }
         };
-        let job = Job {
-            task: &task,
-            n: len.div_ceil(chunk),
-            next: AtomicUsize::new(0),
-            stop: AtomicBool::new(false),
-            panicked: AtomicBool::new(false),
-        };
-        self.run(&job);
-        if job.panicked.load(Ordering::Relaxed) {
+        if self.run(&task, len.div_ceil(chunk)) {
             panic!("a task of the projection's thread pool panicked");
         }
         match error.into_inner().unwrap_or_else(|p| p.into_inner()) {
@@ -353,25 +391,39 @@ impl Workers {
         }
     }
 
-    /// Publish `job`, wait until it is done and no worker uses it.
-    fn run(&self, job: &Job<'_>) {
+    /// Run tasks `0..n` of `task` on the workers (see [`Job`]): publish the
+    /// job, wait until it is done and no worker uses it. True if a task
+    /// panicked.
+    fn run(&self, task: &(dyn Fn(usize) -> bool + Sync), n: usize) -> bool {
         let sh = &self.shared[0];
         let _turn = sh.turn.lock().unwrap_or_else(|p| p.into_inner());
+        // The counters are this job's alone while `turn` is held.
+        let job = Job {
+            task,
+            n,
+            next: &self.next,
+            joined: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+        };
+        for (b, c) in job.next.iter().enumerate() {
+            c.0.store(job.start(b), Ordering::Relaxed);
+        }
         let mut st = sh.lock();
         // SAFETY (lifetime erasure): the pointer is cleared below, and this
         // call returns only once `active` is 0, so no worker dereferences
         // it after `job` goes away.
-        st.job = Some(std::ptr::from_ref(job).cast());
+        st.job = Some(std::ptr::from_ref(&job).cast());
         st.epoch += 1;
         sh.work.notify_all();
         // Wait until every task is claimed and finished: all claimed once
-        // `next >= n` (or stopped), all finished once no worker is inside.
-        while !(job.stop.load(Ordering::Relaxed) || job.next.load(Ordering::Relaxed) >= job.n)
-            || st.active > 0
-        {
+        // each block's counter passed its end (or stopped), all finished
+        // once no worker is inside.
+        while !(job.stop.load(Ordering::Relaxed) || job.all_claimed()) || st.active > 0 {
             st = sh.idle.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         st.job = None;
+        job.panicked.load(Ordering::Relaxed)
     }
 }
 
