@@ -9,7 +9,7 @@ pub mod stats;
 
 pub use cache::{Miss, RowCache};
 pub use policy::{new_policy, Policy, PolicyKind};
-pub use stats::{Snapshot, TierStats};
+pub use stats::{Snapshot, Tier, TierStats};
 
 use crate::error::{bail, Result};
 

@@ -27,6 +27,8 @@ pub struct TierStats {
     row_bytes: AtomicU64,
     memory_bytes: AtomicU64,
     policy: AtomicU64,
+    /// Rows held (insertions that evicted nothing since configured).
+    held: AtomicU64,
 }
 
 /// What a poller reads: counters since the last reset, and the tier's
@@ -54,6 +56,8 @@ pub struct Snapshot {
     /// there is no cache.
     pub budget: u64,
     pub capacity_rows: u64,
+    /// Rows it holds now.
+    pub rows_held: u64,
     pub row_bytes: u64,
     pub memory_bytes: u64,
     /// The replacement policy (`None`: no cache).
@@ -77,8 +81,20 @@ impl Default for TierStats {
             row_bytes: z(),
             memory_bytes: z(),
             policy: z(),
+            held: z(),
         }
     }
+}
+
+/// A tier of a table: where its rows may be found, fastest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    /// The device cache (CUDA; not kept yet).
+    Device,
+    /// The host row cache.
+    Host,
+    /// The file itself (not kept apart yet: the host tier counts its reads).
+    Storage,
 }
 
 /// The bucket of a read of `us` microseconds.
@@ -106,6 +122,8 @@ impl TierStats {
         self.insertions.fetch_add(1, Relaxed);
         if evicted {
             self.evictions.fetch_add(1, Relaxed);
+        } else {
+            self.held.fetch_add(1, Relaxed);
         }
     }
 
@@ -124,6 +142,7 @@ impl TierStats {
         self.capacity_rows.store(capacity_rows, Relaxed);
         self.row_bytes.store(row_bytes, Relaxed);
         self.memory_bytes.store(memory_bytes, Relaxed);
+        self.held.store(0, Relaxed);
         let p = policy.map_or(0, |k| {
             1 + PolicyKind::ALL.iter().position(|&x| x == k).unwrap_or(0) as u64
         });
@@ -171,6 +190,7 @@ impl TierStats {
             read_p99_us: q(0.99),
             budget: self.budget.load(Relaxed),
             capacity_rows: self.capacity_rows.load(Relaxed),
+            rows_held: self.held.load(Relaxed),
             row_bytes: self.row_bytes.load(Relaxed),
             memory_bytes: self.memory_bytes.load(Relaxed),
             policy,

@@ -21,7 +21,7 @@ fn cache(budget: u64, rb: usize, kind: PolicyKind) -> RowCache {
 
 #[test]
 fn rows_read_through_are_their_own_bytes_on_every_policy_budget_and_thread_count() {
-    let rb = 84;
+    let rb = 80;
     for kind in PolicyKind::ALL {
         for rows in [1u64, 3, 64, 1000, 20_000] {
             for threads in 1..=4u64 {
@@ -114,7 +114,7 @@ fn memory_stays_within_the_budget_and_the_stated_overhead() {
         for (budget, rb) in [
             (264u64, 264usize),
             (1000, 264),
-            (1 << 20, 84),
+            (1 << 20, 80),
             (64 << 20, 264),
         ] {
             let c = cache(budget, rb, kind);
