@@ -53,6 +53,25 @@ impl Drop for Arena {
     }
 }
 
+/// The machine's physical memory in bytes, where the system says.
+fn physical_memory() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        (pages > 0 && page > 0).then(|| (pages as u64).saturating_mul(page as u64))
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
 struct Shard {
     policy: Mutex<Box<dyn Policy>>,
     /// Its first slot in the arena.
@@ -74,7 +93,8 @@ impl RowCache {
     /// A cache of as many rows of `rb` bytes as `budget` bytes hold, under
     /// `kind`, counting into `stats` (its configuration set here). `None`
     /// when the budget holds no row. `ErrCapacity` when the memory cannot be
-    /// had.
+    /// had: more rows than the machine's physical memory holds, or an
+    /// allocation refused. (The arena's pages are taken as rows arrive.)
     pub fn new(
         budget: u64,
         rb: usize,
@@ -95,6 +115,13 @@ impl RowCache {
                 "a row cache of {budget} bytes does not fit this machine's addresses"
             );
         };
+        if let Some(ram) = physical_memory().filter(|&m| (rows * rb) as u64 > m) {
+            bail!(
+                ErrCapacity,
+                "a row cache of {} bytes of rows is more than this machine's memory ({ram} bytes)",
+                rows * rb
+            );
+        }
         let n = (rows / MIN_SHARD_ROWS).clamp(1, MAX_SHARDS);
         let arena = Arena::new(rows * rb)?;
         let mut shards = try_room(n, "the row cache's shards")?;

@@ -141,4 +141,10 @@ fn a_budget_of_no_row_is_no_cache_and_one_out_of_reach_is_err_capacity() {
         let e = RowCache::new(budget, 264, PolicyKind::S3Fifo, st.clone()).err();
         assert_eq!(e.expect("refused").status, crate::EngramStatus::ErrCapacity);
     }
+    // Just more than the machine's memory: refused before any allocation.
+    let ram = super::physical_memory().expect("Linux says");
+    let e = RowCache::new(ram + 4096, 4096, PolicyKind::Lru, st.clone()).err();
+    let e = e.expect("refused");
+    assert_eq!(e.status, crate::EngramStatus::ErrCapacity);
+    assert!(e.message.contains("machine's memory"), "{}", e.message);
 }
