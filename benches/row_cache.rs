@@ -11,6 +11,8 @@
 //! - `cache 1/8`: a cache of an eighth of the table (Zipf ids: hits and
 //!   misses, the misses read with `pread` from the warm page cache).
 //!
+//! Run:
+//!
 //!     cargo bench --bench row_cache
 //!     ENGRAM_BENCH_MB=256 ENGRAM_BENCH_ROUNDS=5 ENGRAM_BENCH_STEPS=200
 //!
@@ -133,7 +135,10 @@ fn main() {
         ("cache all", Some(table)),
         ("cache 1/8", Some(table / 8)),
     ];
-    let st: Vec<Stager> = methods.iter().map(|m| stager(&file, &map, rows, m.1)).collect();
+    let st: Vec<Stager> = methods
+        .iter()
+        .map(|m| stager(&file, &map, rows, m.1))
+        .collect();
     // `cache all` takes in every row (both layers) before anything is timed.
     let all: Vec<i64> = (0..rows as i64).collect();
     let mut buf = vec![0u16; 2 * 4096 * HD];
@@ -186,13 +191,20 @@ fn main() {
         let floor = med(&mut times[0]);
         for (mi, (name, _)) in methods.iter().enumerate() {
             let t = med(&mut times[mi]);
-            let c = st[mi].cache_stats(0).map(|c| c.snapshot()).unwrap_or_default();
+            let c = st[mi]
+                .cache_stats(0)
+                .map(|c| c.snapshot())
+                .unwrap_or_default();
             let hit = if c.lookups > 0 {
                 format!("{:.1}%", 100.0 * c.hits as f64 / c.lookups as f64)
             } else {
                 "-".into()
             };
-            println!("| {n} | {name} | {:.1} | {:.2} | {hit} |", t * 1e6, t / floor);
+            println!(
+                "| {n} | {name} | {:.1} | {:.2} | {hit} |",
+                t * 1e6,
+                t / floor
+            );
         }
     }
     drop(map);
