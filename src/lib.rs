@@ -66,6 +66,10 @@ pub mod hash;
 /// Tests: cuda_fp8_wkv, cuda_host_tables, cuda_streams (`Region`).
 #[doc(hidden)]
 pub mod memory;
+/// cbindgen:ignore
+/// Tests: rowio; benches/disk (`RowReader`, `probe`).
+#[doc(hidden)]
+pub mod rowio;
 /// Tests: file_memory, hostile, json_peak (`parse_header`, `read`).
 #[doc(hidden)]
 pub mod safetensors;
