@@ -70,6 +70,7 @@ pub mod memory;
 /// Tests: row_cache; tools: engram-replay (the policies, `policy`).
 #[doc(hidden)]
 pub mod rowcache;
+/// cbindgen:ignore
 /// Tests: rowio; benches/disk (`RowReader`, `probe`).
 #[doc(hidden)]
 pub mod rowio;
