@@ -330,3 +330,30 @@ fn engram_row_io_forces_a_mode() {
     std::env::remove_var("ENGRAM_ROW_IO");
     assert_eq!(ReaderOptions::from_env().unwrap().force, Force::Auto);
 }
+
+#[test]
+fn io_uring_refused_at_setup_falls_back_to_the_pool_and_says_why() {
+    // A ring of 2^20 entries is past the kernel's limit (32768 without
+    // IORING_SETUP_CLAMP): setup fails with EINVAL, as it fails with ENOSYS
+    // or EPERM where io_uring is missing or forbidden.
+    let t = disk_table("refused");
+    let o = ReaderOptions {
+        force: Force::Uring,
+        depth: 1 << 20,
+        threads: 3,
+    };
+    let r = RowReader::open_with(&t.file, BASE, ROWS * RB as u64, o).unwrap();
+    match r.mode() {
+        ReadMode::PreadvPool { threads, why, .. } => {
+            assert_eq!(*threads, 3);
+            assert!(why.contains("refused"), "{why}");
+        }
+        ReadMode::Buffered { why } => {
+            println!("skipping: no direct I/O here ({why})");
+            return;
+        }
+        m => panic!("a ring of 2^20 entries was set up: {m}"),
+    }
+    println!("{}", r.mode());
+    check_rows(&r, &t.file, &row_set(&mut Rng(21), 300));
+}
