@@ -156,6 +156,7 @@ layer's tiers hold and cost: poll it every step from any thread, reset it.",
         &[
             "engram_cache_tier",
             "engram_cache_policy",
+            "engram_read_mode",
             "engram_cache_stats",
             "engram_cache_stats_init_sized",
             "engram_cache_stats_read",

@@ -100,8 +100,9 @@ static void test_options_and_bad_input(void) {
           "a 0.3 engram_gguf_options (ending before row_cache_bytes) is read");
     engram_cache_stats s = stats_of(c, 0);
     check(s.policy == ENGRAM_CACHE_POLICY_NONE && s.capacity_rows == 0 && s.budget == 0 &&
-              strcmp(s.policy_name, "none") == 0,
-          "... and its layers have no cache (policy none)");
+              strcmp(s.policy_name, "none") == 0 && s.read_mode == ENGRAM_READ_MODE_NONE &&
+              strcmp(s.read_mode_name, "none") == 0,
+          "... and its layers have no cache (policy none, no reader)");
     engram_free(c);
 
     engram_status st;
@@ -201,6 +202,11 @@ static void test_cached_equals_uncached(uint64_t budget) {
               s.memory_bytes <= s.capacity_rows * (s.row_bytes + 64) + 6144,
           "budget %llu: S3-FIFO, half a layer, rows within the budget and memory within the stated overhead",
           (unsigned long long)budget);
+    static const char *const modes[] = {"none", "io_uring", "pread_pool", "buffered"};
+    check(s.read_mode >= ENGRAM_READ_MODE_IO_URING && s.read_mode <= ENGRAM_READ_MODE_BUFFERED &&
+              strcmp(s.read_mode_name, modes[s.read_mode]) == 0,
+          "budget %llu: a file table's misses have a batched reader (%u, %s)", (unsigned long long)budget,
+          (unsigned)s.read_mode, s.read_mode_name);
     struct poller p = {c, 0, 0, 0};
     pthread_t t;
     int started = pthread_create(&t, NULL, poll_stats, &p) == 0;

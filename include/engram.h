@@ -2030,6 +2030,45 @@ typedef uint32_t engram_cache_policy;
 #endif // __cplusplus
 
 /*
+ How a host row cache's misses are read from the table's file
+ (docs/row-cache.md, "Reading the misses"), as `engram_cache_stats`
+ reports it. `ENGRAM_ROW_IO=uring|pool|buffered` in the environment at
+ create forces one.
+ */
+enum engram_read_mode
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   No batched reader: no cache, or a split fp8 table (its two parts are
+   read row by row with `pread`).
+   */
+  ENGRAM_READ_MODE_NONE = 0,
+  /*
+   io_uring, `O_DIRECT` reads of whole logical blocks, many in flight.
+   */
+  ENGRAM_READ_MODE_IO_URING = 1,
+  /*
+   A pool of reader threads with `pread`, `O_DIRECT` reads of whole
+   blocks (io_uring was refused or failed its first read).
+   */
+  ENGRAM_READ_MODE_PREAD_POOL = 2,
+  /*
+   Buffered `pread` on the calling thread (the file system refused
+   `O_DIRECT`, or the file is in memory: tmpfs).
+   */
+  ENGRAM_READ_MODE_BUFFERED = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum engram_read_mode engram_read_mode;
+#else
+typedef uint32_t engram_read_mode;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
  One layer's statistics of one tier (`engram_cache_stats_read`). Fill it with
  `engram_cache_stats_init`, which sets `struct_size`; every other field is
  written by the call. Counters run since the context was created or last
@@ -2084,6 +2123,13 @@ typedef struct engram_cache_stats {
    */
   uint32_t policy;
   const char *policy_name;
+  /*
+   `ENGRAM_READ_MODE_*`: how the misses are read, and its name
+   (`"none"`, `"io_uring"`, `"pread_pool"`, `"buffered"`: a static
+   string the library owns).
+   */
+  uint32_t read_mode;
+  const char *read_mode_name;
 } engram_cache_stats;
 
 /*

@@ -11,6 +11,14 @@ use engram::gguf::{GgufModel, GgufOptions, LoadOptions};
 use engram::rowcache::{PolicyKind, Tier};
 use engram::{EngramStatus, Highway};
 
+/// Held by every test: one of them sets `ENGRAM_ROW_CACHE_POLICY`, which
+/// every cached context reads at create (tests run on parallel threads).
+static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn env_lock() -> std::sync::MutexGuard<'static, ()> {
+    ENV.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn open_pread(path: &std::path::Path) -> GgufModel {
     GgufModel::open(path, &LoadOptions::default()).unwrap()
 }
@@ -79,6 +87,7 @@ fn check_steps(tiny: &Tiny, ctx: &engram::Context, want: &engram::Context, what:
 
 #[test]
 fn applies_through_the_cache_equal_a_resident_tables() {
+    let _env = env_lock();
     let tiny = Tiny::load();
     let m = open_pread(&golden_dir().join("tiny.gguf"));
     let want = tiny.context();
@@ -107,7 +116,12 @@ fn applies_through_the_cache_equal_a_resident_tables() {
                 assert_eq!(s.budget, budget / nl);
                 assert!(s.capacity_rows * s.row_bytes <= s.budget);
                 assert!(s.lookups > 0 && s.hits + s.misses == s.lookups, "{s:?}");
-                assert!(s.reads <= s.misses && s.bytes_read == s.reads * s.row_bytes);
+                // The misses are read by the batched reader (a file table):
+                // one read may cover several rows, and each row costs at
+                // most its bytes rounded out to whole blocks (<= 4 KiB).
+                assert!(s.read_mode != 0, "a file table's reader: {s:?}");
+                assert!(s.reads <= s.misses && s.bytes_read >= s.reads, "{s:?}");
+                assert!(s.bytes_read <= s.misses * (s.row_bytes + 2 * 4096), "{s:?}");
                 assert!(s.rows_held <= s.capacity_rows && s.insertions >= s.rows_held);
                 if budget == 1 << 24 {
                     assert!(s.hits > 0 && s.evictions == 0, "{s:?}");
@@ -121,6 +135,7 @@ fn applies_through_the_cache_equal_a_resident_tables() {
 
 #[test]
 fn every_policy_gives_the_same_rows() {
+    let _env = env_lock();
     // The policy is chosen when the layers are set (ENGRAM_ROW_CACHE_POLICY,
     // read by this test's process only).
     let tiny = Tiny::load();
@@ -151,6 +166,7 @@ fn every_policy_gives_the_same_rows() {
 
 #[test]
 fn bad_layers_tiers_and_budgets() {
+    let _env = env_lock();
     let tiny = Tiny::load();
     let m = open_pread(&golden_dir().join("tiny.gguf"));
     let ctx = m.context(&options(&tiny, 1, 1 << 20)).unwrap();
@@ -187,6 +203,7 @@ fn bad_layers_tiers_and_budgets() {
 
 #[test]
 fn a_file_cut_short_under_the_cache_is_an_io_status() {
+    let _env = env_lock();
     let tiny = Tiny::load();
     let dir = std::env::temp_dir().join(format!("engram-rowcache-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

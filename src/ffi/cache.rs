@@ -37,6 +37,26 @@ pub enum EngramCachePolicy {
     S3fifo = 3,
 }
 
+/// How a host row cache's misses are read from the table's file
+/// (docs/row-cache.md, "Reading the misses"), as `engram_cache_stats`
+/// reports it. `ENGRAM_ROW_IO=uring|pool|buffered` in the environment at
+/// create forces one.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngramReadMode {
+    /// No batched reader: no cache, or a split fp8 table (its two parts are
+    /// read row by row with `pread`).
+    None = 0,
+    /// io_uring, `O_DIRECT` reads of whole logical blocks, many in flight.
+    IoUring = 1,
+    /// A pool of reader threads with `pread`, `O_DIRECT` reads of whole
+    /// blocks (io_uring was refused or failed its first read).
+    PreadPool = 2,
+    /// Buffered `pread` on the calling thread (the file system refused
+    /// `O_DIRECT`, or the file is in memory: tmpfs).
+    Buffered = 3,
+}
+
 /// One layer's statistics of one tier (`engram_cache_stats_read`). Fill it with
 /// `engram_cache_stats_init`, which sets `struct_size`; every other field is
 /// written by the call. Counters run since the context was created or last
@@ -78,6 +98,11 @@ pub struct EngramCacheStats {
     /// `"s3fifo"`: a static string the library owns).
     pub policy: u32,
     pub policy_name: *const c_char,
+    /// `ENGRAM_READ_MODE_*`: how the misses are read, and its name
+    /// (`"none"`, `"io_uring"`, `"pread_pool"`, `"buffered"`: a static
+    /// string the library owns).
+    pub read_mode: u32,
+    pub read_mode_name: *const c_char,
 }
 
 /// The `engram_cache_stats` layouts this library reads: only today's.
@@ -108,6 +133,8 @@ impl Default for EngramCacheStats {
             memory_bytes: 0,
             policy: EngramCachePolicy::None as u32,
             policy_name: c"none".as_ptr(),
+            read_mode: EngramReadMode::None as u32,
+            read_mode_name: c"none".as_ptr(),
         }
     }
 }
@@ -119,6 +146,12 @@ impl EngramCacheStats {
             Some(PolicyKind::Lru) => (EngramCachePolicy::Lru, c"lru"),
             Some(PolicyKind::Clock) => (EngramCachePolicy::Clock, c"clock"),
             Some(PolicyKind::S3Fifo) => (EngramCachePolicy::S3fifo, c"s3fifo"),
+        };
+        let (mode, mode_name) = match s.read_mode {
+            1 => (EngramReadMode::IoUring, c"io_uring"),
+            2 => (EngramReadMode::PreadPool, c"pread_pool"),
+            3 => (EngramReadMode::Buffered, c"buffered"),
+            _ => (EngramReadMode::None, c"none"),
         };
         EngramCacheStats {
             struct_size,
@@ -139,6 +172,8 @@ impl EngramCacheStats {
             memory_bytes: s.memory_bytes,
             policy: policy as u32,
             policy_name: name.as_ptr(),
+            read_mode: mode as u32,
+            read_mode_name: mode_name.as_ptr(),
         }
     }
 }

@@ -27,6 +27,10 @@ pub struct TierStats {
     row_bytes: AtomicU64,
     memory_bytes: AtomicU64,
     policy: AtomicU64,
+    /// How its misses are read: 0 row by row with `pread` (no batched
+    /// reader), else `ReadMode::code`'s number (1 io_uring, 2 the pread
+    /// pool, 3 buffered).
+    read_mode: AtomicU64,
     /// Rows held (insertions that evicted nothing since configured).
     held: AtomicU64,
 }
@@ -62,6 +66,8 @@ pub struct Snapshot {
     pub memory_bytes: u64,
     /// The replacement policy (`None`: no cache).
     pub policy: Option<PolicyKind>,
+    /// How the misses are read (see [`TierStats::set_read_mode`]).
+    pub read_mode: u32,
 }
 
 impl Default for TierStats {
@@ -81,6 +87,7 @@ impl Default for TierStats {
             row_bytes: z(),
             memory_bytes: z(),
             policy: z(),
+            read_mode: z(),
             held: z(),
         }
     }
@@ -115,6 +122,22 @@ impl TierStats {
         self.reads.fetch_add(1, Relaxed);
         self.bytes_read.fetch_add(bytes, Relaxed);
         self.latency[bucket(us)].fetch_add(1, Relaxed);
+    }
+
+    /// `reads` reads of `bytes` in all from storage, their latencies as
+    /// (nanoseconds, how many reads) pairs.
+    pub fn record_reads(&self, reads: u64, bytes: u64, latency: impl Iterator<Item = (u64, u64)>) {
+        self.reads.fetch_add(reads, Relaxed);
+        self.bytes_read.fetch_add(bytes, Relaxed);
+        for (ns, n) in latency {
+            self.latency[bucket(ns / 1000)].fetch_add(n, Relaxed);
+        }
+    }
+
+    /// How the misses are read: 0 row by row with `pread`, else the batched
+    /// reader's mode number (`rowio::ReadMode::code`).
+    pub fn set_read_mode(&self, mode: u32) {
+        self.read_mode.store(u64::from(mode), Relaxed);
     }
 
     /// A row taken in, which evicted another when `evicted`.
@@ -194,6 +217,7 @@ impl TierStats {
             row_bytes: self.row_bytes.load(Relaxed),
             memory_bytes: self.memory_bytes.load(Relaxed),
             policy,
+            read_mode: self.read_mode.load(Relaxed) as u32,
         }
     }
 }

@@ -153,6 +153,16 @@ impl Latency {
         }
     }
 
+    /// The reads counted, as (the middle of their bucket in nanoseconds,
+    /// how many), for the buckets that hold any.
+    pub fn buckets(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(b, &c)| (bucket_mid(b), u64::from(c)))
+    }
+
     /// Reads counted.
     pub fn count(&self) -> u64 {
         self.counts.iter().map(|&c| u64::from(c)).sum()

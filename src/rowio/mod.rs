@@ -80,6 +80,18 @@ impl std::fmt::Display for ReadMode {
     }
 }
 
+impl ReadMode {
+    /// Its number in the C ABI's statistics (`ENGRAM_READ_MODE_*`: 1
+    /// io_uring, 2 the pread pool, 3 buffered; 0 is no reader) and name.
+    pub fn code(&self) -> (u32, &'static str) {
+        match self {
+            ReadMode::IoUring { .. } => (1, "io_uring"),
+            ReadMode::PreadvPool { .. } => (2, "pread_pool"),
+            ReadMode::Buffered { .. } => (3, "buffered"),
+        }
+    }
+}
+
 /// Which mode to use: the best the system allows, or a forced one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Force {

@@ -51,6 +51,7 @@ use crate::batch::try_vec_with;
 use crate::error::{Error, Result};
 use crate::formats::{dequant_row_bf16, EngramType, RowDataError};
 use crate::rowcache::{PolicyKind, RowCache, TierStats};
+use crate::rowio::RowReader;
 use crate::EngramStatus;
 use std::collections::VecDeque;
 use std::fs::File;
@@ -87,6 +88,10 @@ pub enum Source {
     Cached {
         inner: Box<Source>,
         cache: std::sync::Arc<RowCache>,
+        /// The batched reader of the misses when `inner` is a file (direct
+        /// I/O, many reads in flight: `rowio`); a split table's parts are
+        /// read row by row.
+        reader: Option<RowReader>,
     },
 }
 
@@ -514,12 +519,18 @@ impl Stager {
             stats.configure(0, 0, rb as u64, 0, None);
             return Ok(src);
         }
-        Ok(match RowCache::new(budget, rb, policy, stats.clone())? {
-            Some(cache) => Source::Cached {
-                inner: Box::new(src),
-                cache: std::sync::Arc::new(cache),
-            },
-            None => src,
+        let Some(cache) = RowCache::new(budget, rb, policy, stats.clone())? else {
+            return Ok(src);
+        };
+        let reader = match &src {
+            Source::File { file, offset, len } => Some(RowReader::open(file, *offset, *len)?),
+            _ => None,
+        };
+        stats.set_read_mode(reader.as_ref().map_or(0, |r| r.mode().code().0));
+        Ok(Source::Cached {
+            inner: Box::new(src),
+            cache: std::sync::Arc::new(cache),
+            reader,
         })
     }
 

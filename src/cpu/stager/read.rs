@@ -4,6 +4,7 @@
 use super::Source;
 use crate::error::{Error, Result};
 use crate::rowcache::{Miss, TierStats};
+use crate::rowio::RowReader;
 use crate::EngramStatus;
 
 /// Tell the kernel which pages the rows live on, so that it starts reading
@@ -211,11 +212,16 @@ pub(super) fn read_rows(src: &Source, rb: usize, ids: &[i64], dst: &mut [u8]) ->
                 crate::error::bail!(ErrUnsupported, "file-backed tables need a unix system")
             }
         }
-        Source::Cached { inner, cache } => {
+        Source::Cached {
+            inner,
+            cache,
+            reader,
+        } => {
             let mut uids = crate::batch::try_room(ids.len(), "row ids")?;
             uids.extend(ids.iter().map(|&id| id as u64));
-            cache.read_through(&uids, dst, |misses| {
-                read_misses(inner, rb, misses, cache.stats())
+            cache.read_through(&uids, dst, |misses| match reader {
+                Some(r) => read_batched(r, rb, misses, cache.stats()),
+                None => read_misses(inner, rb, misses, cache.stats()),
             })
         }
         #[cfg(all(test, feature = "loom-model"))]
@@ -224,6 +230,25 @@ pub(super) fn read_rows(src: &Source, rb: usize, ids: &[i64], dst: &mut [u8]) ->
             Ok(())
         }
     }
+}
+
+/// Read the rows a cache missed (unique, sorted by id) with the table's
+/// batched reader (`rowio`: whole blocks, many reads in flight), its reads
+/// counted into `stats`.
+fn read_batched(
+    r: &RowReader,
+    rb: usize,
+    misses: &mut [Miss<'_>],
+    stats: &TierStats,
+) -> Result<()> {
+    let mut reqs = crate::batch::try_room(misses.len(), "the row cache's reads")?;
+    reqs.extend(misses.iter_mut().map(|(id, d)| crate::rowio::RowRead {
+        offset: *id * rb as u64,
+        dst: &mut **d,
+    }));
+    let c = r.read(&mut reqs)?;
+    stats.record_reads(c.reads_issued, c.bytes_read, c.latency.buckets());
+    Ok(())
 }
 
 /// Read the rows a cache missed (unique, sorted by id) from `src`, each read
