@@ -241,8 +241,10 @@ static void test_cached_equals_uncached(uint64_t budget) {
     engram_apply(c, 1, ids, N, a, ENGRAM_TYPE_F32, NULL);
     engram_apply(c, 1, ids, N, a, ENGRAM_TYPE_F32, NULL);
     s = stats_of(c, 0);
+    /* The batched reader reads whole blocks (at most 4 KiB), several rows a
+       read where their blocks touch. */
     check(s.lookups == 2 * N * COLS && s.hits + s.misses == s.lookups && s.reads <= s.misses &&
-              s.bytes_read == s.reads * s.row_bytes && s.hits > 0,
+              s.bytes_read >= s.reads && s.bytes_read <= s.misses * (s.row_bytes + 2 * 4096) && s.hits > 0,
           "after a reset, two applies of one step: %llu lookups, %llu hits, %llu reads",
           (unsigned long long)s.lookups, (unsigned long long)s.hits, (unsigned long long)s.reads);
     free(x);
