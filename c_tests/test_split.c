@@ -67,7 +67,7 @@ static void rows_layout(uint32_t world) {
         uint64_t b = 0, e = 0;
         ok = ctx && engram_shard_held(ctx, MM_LAYER, &b, &e, NULL, NULL) == ST;
         ok = ok && engram_gather_rows(ctx, MM_LAYER, NT, g_ids, NT * MM_C, b, e, 0, MM_H, part,
-                                      NT * MM_K_IN, ENGRAM_TYPE_F32) == ST;
+                                      NT * MM_K_IN, ENGRAM_TYPE_F32, NULL) == ST;
         for (int i = 0; ok && i < NT * MM_K_IN; i++) sum[i] = r == 0 ? part[i] : sum[i] + part[i];
         if (last) engram_free(last);
         last = ctx;
@@ -85,7 +85,7 @@ static void rows_layout(uint32_t world) {
     check(same_rows, "world %u: the row ranges' gathers sum to read_back's rows (dead token -0)", world);
     mm_fill_highway(hw, NT);
     ok = ok && engram_apply_rows(last, MM_LAYER, NT, g_ids, NT * MM_C, sum, NT * MM_K_IN, ENGRAM_TYPE_F32,
-                                 hw, sizeof hw, ENGRAM_TYPE_F32) == ST;
+                                 hw, sizeof hw, ENGRAM_TYPE_F32, NULL) == ST;
     check(ok && memcmp(hw, g_hw_ref, sizeof hw) == 0,
           "world %u: row ranges + sum + engram_apply_rows == engram_apply, bit for bit", world);
     engram_free(last);
@@ -105,7 +105,7 @@ static void wkv_layout(uint32_t world) {
         uint16_t part[NT * MM_K_OUT];
         size_t w = (size_t)(e - b);
         ok = ok && engram_kv_columns(ctx, MM_LAYER, NT, g_rows_ref, NT * MM_K_IN, ENGRAM_TYPE_BF16, b, e, part,
-                                     NT * w, ENGRAM_TYPE_BF16) == ST;
+                                     NT * w, ENGRAM_TYPE_BF16, NULL) == ST;
         for (int t = 0; ok && t < NT; t++) memcpy(&kv[t * MM_K_OUT + b], &part[t * w], w * 2);
     }
     int same_kv = ok;
@@ -114,7 +114,7 @@ static void wkv_layout(uint32_t world) {
     check(same_kv, "world %u: the output ranges' kv, joined, is read_back's kv", world);
     mm_fill_highway(hw, NT);
     ok = ok && engram_gate_from_kv(ctx, MM_LAYER, NT, g_ids, NT * MM_C, kv, NT * MM_K_OUT, ENGRAM_TYPE_BF16, hw,
-                                   sizeof hw, ENGRAM_TYPE_F32) == ST;
+                                   sizeof hw, ENGRAM_TYPE_F32, NULL) == ST;
     check(ok && memcmp(hw, g_hw_ref, sizeof hw) == 0,
           "world %u: output ranges + join + engram_gate_from_kv == engram_apply, bit for bit", world);
     engram_free(ctx);
@@ -127,7 +127,7 @@ static void heads_layout(void) {
     int ok = ctx != NULL;
     for (uint32_t h = 0; ok && h < MM_H; h++) {
         ok = engram_gather_rows(ctx, MM_LAYER, NT, g_ids, NT * MM_C, 0, MM_ROWS, h, h + 1, part,
-                                NT * (MM_N - 1) * MM_HD, ENGRAM_TYPE_BF16) == ST;
+                                NT * (MM_N - 1) * MM_HD, ENGRAM_TYPE_BF16, NULL) == ST;
         for (int t = 0; ok && t < NT; t++)
             for (int k = 0; k < MM_N - 1; k++)
                 memcpy(&rows[(t * MM_C + k * MM_H + h) * MM_HD], &part[(t * (MM_N - 1) + k) * MM_HD], MM_HD * 2);
@@ -135,7 +135,7 @@ static void heads_layout(void) {
     float hw[NT * MM_HW];
     mm_fill_highway(hw, NT);
     ok = ok && engram_apply_rows(ctx, MM_LAYER, NT, g_ids, NT * MM_C, rows, NT * MM_K_IN, ENGRAM_TYPE_BF16, hw,
-                                 sizeof hw, ENGRAM_TYPE_F32) == ST;
+                                 sizeof hw, ENGRAM_TYPE_F32, NULL) == ST;
     check(ok && memcmp(hw, g_hw_ref, sizeof hw) == 0,
           "heads: one head a rank, compacted, reassembled, engram_apply_rows == engram_apply");
     /* A bf16 highway: engram_apply_rows == engram_apply too. */
@@ -143,7 +143,7 @@ static void heads_layout(void) {
     for (int i = 0; i < NT * MM_HW; i++) a[i] = b[i] = mm_bf16((float)(i % 7 - 3) / 2.0f);
     ok = ok && engram_apply(ctx, MM_LAYER, g_ids, NT, a, ENGRAM_TYPE_BF16, NULL) == ST;
     ok = ok && engram_apply_rows(ctx, MM_LAYER, NT, g_ids, NT * MM_C, rows, NT * MM_K_IN, ENGRAM_TYPE_BF16, b,
-                                 sizeof b, ENGRAM_TYPE_BF16) == ST;
+                                 sizeof b, ENGRAM_TYPE_BF16, NULL) == ST;
     check(ok && memcmp(a, b, sizeof a) == 0, "bf16 highway: engram_apply_rows == engram_apply");
     engram_free(ctx);
 }
@@ -165,39 +165,39 @@ static void bad_input(void) {
     for (size_t i = 0; i < on; i++) out[i] = 42.0f;
     mm_fill_highway(hw, NT);
     const uint32_t F = ENGRAM_TYPE_F32, B = ENGRAM_TYPE_BF16;
-    EXPECT(engram_gather_rows(NULL, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on, F),
+    EXPECT(engram_gather_rows(NULL, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on, F, NULL),
            ENGRAM_STATUS_ERR_NULL_ARGUMENT, "gather_rows: NULL ctx");
-    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, NULL, ni, 0, MM_ROWS, 0, MM_H, out, on, F),
+    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, NULL, ni, 0, MM_ROWS, 0, MM_H, out, on, F, NULL),
            ENGRAM_STATUS_ERR_NULL_ARGUMENT, "gather_rows: NULL row_ids");
-    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, NULL, on, F),
+    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, NULL, on, F, NULL),
            ENGRAM_STATUS_ERR_NULL_ARGUMENT, "gather_rows: NULL out");
-    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni - 1, 0, MM_ROWS, 0, MM_H, out, on, F),
+    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni - 1, 0, MM_ROWS, 0, MM_H, out, on, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "gather_rows: row_ids_len for another token count");
-    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on - 1, F),
+    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on - 1, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "gather_rows: out_len one short");
-    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on, 99),
+    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on, 99, NULL),
            ENGRAM_STATUS_ERR_UNSUPPORTED, "gather_rows: out_type 99");
-    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 5, 5, 0, MM_H, out, on, F),
+    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 5, 5, 0, MM_H, out, on, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "gather_rows: empty row range");
-    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 9, 4, 0, MM_H, out, on, F),
+    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 9, 4, 0, MM_H, out, on, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "gather_rows: reversed row range");
-    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS + 1, 0, MM_H, out, on, F),
+    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS + 1, 0, MM_H, out, on, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "gather_rows: row range past the table");
-    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 1, 1, out, on, F),
+    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 1, 1, out, on, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "gather_rows: empty head range");
-    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H + 1, out, on, F),
+    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H + 1, out, on, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "gather_rows: head range past H");
-    EXPECT(engram_gather_rows(ctx, 77, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on, F),
+    EXPECT(engram_gather_rows(ctx, 77, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on, F, NULL),
            ENGRAM_STATUS_ERR_UNKNOWN_LAYER, "gather_rows: unknown layer");
     /* Rank 1 of 3 holds rows [6, 12). */
-    EXPECT(engram_gather_rows(sh, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on, F),
+    EXPECT(engram_gather_rows(sh, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "gather_rows: a shard asked for rows it does not hold");
-    EXPECT(engram_gather_rows(sh, MM_LAYER, NT, g_ids, ni, 6, 13, 0, MM_H, out, on, F),
+    EXPECT(engram_gather_rows(sh, MM_LAYER, NT, g_ids, ni, 6, 13, 0, MM_H, out, on, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "gather_rows: a shard asked for one row past its part");
     int64_t bad[NT * MM_C];
     memcpy(bad, g_ids, sizeof bad);
     bad[1] = MM_ROWS;
-    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, bad, ni, 0, MM_ROWS, 0, MM_H, out, on, F),
+    EXPECT(engram_gather_rows(ctx, MM_LAYER, NT, bad, ni, 0, MM_ROWS, 0, MM_H, out, on, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ROW_ID, "gather_rows: a row id past the table");
     int untouched = 1;
     for (size_t i = 0; i < on; i++) untouched &= out[i] == 42.0f;
@@ -218,39 +218,39 @@ static void bad_input(void) {
     EXPECT(engram_apply(sh, MM_LAYER, g_ids, NT, hw, F, NULL), ENGRAM_STATUS_ERR_INVALID_ARGUMENT,
            "apply on a row shard");
     EXPECT(engram_prefetch(ws, MM_LAYER, g_ids, NT), ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "prefetch on a wkv shard");
-    EXPECT(engram_apply_rows(ws, MM_LAYER, NT, g_ids, ni, out, on, F, hw, sizeof hw, F),
+    EXPECT(engram_apply_rows(ws, MM_LAYER, NT, g_ids, ni, out, on, F, hw, sizeof hw, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "apply_rows on a wkv shard");
 
     /* kv_columns. Rank 1 of 2 holds outputs [96, 192). */
-    EXPECT(engram_kv_columns(ws, MM_LAYER, NT, g_rows_ref, on, B, 0, 96, kv, NT * 96, B),
+    EXPECT(engram_kv_columns(ws, MM_LAYER, NT, g_rows_ref, on, B, 0, 96, kv, NT * 96, B, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "kv_columns: outputs the shard does not hold");
-    EXPECT(engram_kv_columns(ctx, MM_LAYER, NT, g_rows_ref, on, B, 10, 10, kv, 0, B),
+    EXPECT(engram_kv_columns(ctx, MM_LAYER, NT, g_rows_ref, on, B, 10, 10, kv, 0, B, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "kv_columns: empty output range");
-    EXPECT(engram_kv_columns(ctx, MM_LAYER, NT, g_rows_ref, on, B, 0, MM_K_OUT + 1, kv, NT * (MM_K_OUT + 1), B),
+    EXPECT(engram_kv_columns(ctx, MM_LAYER, NT, g_rows_ref, on, B, 0, MM_K_OUT + 1, kv, NT * (MM_K_OUT + 1), B, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "kv_columns: output range past D*(hc+1)");
-    EXPECT(engram_kv_columns(ctx, MM_LAYER, NT, g_rows_ref, on - 1, B, 0, 96, kv, NT * 96, B),
+    EXPECT(engram_kv_columns(ctx, MM_LAYER, NT, g_rows_ref, on - 1, B, 0, 96, kv, NT * 96, B, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "kv_columns: rows_len one short");
-    EXPECT(engram_kv_columns(ctx, MM_LAYER, NT, g_rows_ref, on, B, 0, 96, kv, NT * 96 + 1, B),
+    EXPECT(engram_kv_columns(ctx, MM_LAYER, NT, g_rows_ref, on, B, 0, 96, kv, NT * 96 + 1, B, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "kv_columns: kv_len one long");
-    EXPECT(engram_kv_columns(ctx, MM_LAYER, NT, NULL, on, B, 0, 96, kv, NT * 96, B), ENGRAM_STATUS_ERR_NULL_ARGUMENT,
+    EXPECT(engram_kv_columns(ctx, MM_LAYER, NT, NULL, on, B, 0, 96, kv, NT * 96, B, NULL), ENGRAM_STATUS_ERR_NULL_ARGUMENT,
            "kv_columns: NULL rows");
 
     /* gate_from_kv and apply_rows: lengths and types. */
     float before[NT * MM_HW];
     memcpy(before, hw, sizeof hw);
-    EXPECT(engram_gate_from_kv(ctx, MM_LAYER, NT, g_ids, ni, g_kv_ref, NT * MM_K_OUT, B, hw, sizeof hw - 4, F),
+    EXPECT(engram_gate_from_kv(ctx, MM_LAYER, NT, g_ids, ni, g_kv_ref, NT * MM_K_OUT, B, hw, sizeof hw - 4, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "gate_from_kv: highway_bytes one value short");
-    EXPECT(engram_gate_from_kv(ctx, MM_LAYER, NT, g_ids, ni, g_kv_ref, NT * MM_K_OUT - 1, B, hw, sizeof hw, F),
+    EXPECT(engram_gate_from_kv(ctx, MM_LAYER, NT, g_ids, ni, g_kv_ref, NT * MM_K_OUT - 1, B, hw, sizeof hw, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "gate_from_kv: kv_len one short");
-    EXPECT(engram_gate_from_kv(ctx, MM_LAYER, NT, g_ids, ni, g_kv_ref, NT * MM_K_OUT, 99, hw, sizeof hw, F),
+    EXPECT(engram_gate_from_kv(ctx, MM_LAYER, NT, g_ids, ni, g_kv_ref, NT * MM_K_OUT, 99, hw, sizeof hw, F, NULL),
            ENGRAM_STATUS_ERR_UNSUPPORTED, "gate_from_kv: kv_type 99");
-    EXPECT(engram_gate_from_kv(ctx, MM_LAYER, NT, g_ids, ni, g_kv_ref, NT * MM_K_OUT, B, NULL, sizeof hw, F),
+    EXPECT(engram_gate_from_kv(ctx, MM_LAYER, NT, g_ids, ni, g_kv_ref, NT * MM_K_OUT, B, NULL, sizeof hw, F, NULL),
            ENGRAM_STATUS_ERR_NULL_ARGUMENT, "gate_from_kv: NULL highway");
-    EXPECT(engram_gate_from_kv(ctx, MM_LAYER, NT, bad, ni, g_kv_ref, NT * MM_K_OUT, B, hw, sizeof hw, F),
+    EXPECT(engram_gate_from_kv(ctx, MM_LAYER, NT, bad, ni, g_kv_ref, NT * MM_K_OUT, B, hw, sizeof hw, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ROW_ID, "gate_from_kv: a row id past the table");
-    EXPECT(engram_apply_rows(ctx, MM_LAYER, NT, g_ids, ni, g_rows_ref, on, B, hw, sizeof hw, ENGRAM_TYPE_Q8_0),
+    EXPECT(engram_apply_rows(ctx, MM_LAYER, NT, g_ids, ni, g_rows_ref, on, B, hw, sizeof hw, ENGRAM_TYPE_Q8_0, NULL),
            ENGRAM_STATUS_ERR_UNSUPPORTED, "apply_rows: highway type q8_0");
-    EXPECT(engram_apply_rows(ctx, MM_LAYER, NT, g_ids, ni, g_rows_ref, on + 1, B, hw, sizeof hw, F),
+    EXPECT(engram_apply_rows(ctx, MM_LAYER, NT, g_ids, ni, g_rows_ref, on + 1, B, hw, sizeof hw, F, NULL),
            ENGRAM_STATUS_ERR_INVALID_ARGUMENT, "apply_rows: rows_len one long");
     check(memcmp(before, hw, sizeof hw) == 0, "gate_from_kv / apply_rows: highway unchanged on every error");
 
@@ -258,7 +258,7 @@ static void bad_input(void) {
     engram_config c = mm_config(1, 64, 4);
     engram_context *empty = NULL;
     if (engram_create(&c, &empty) == ST) {
-        EXPECT(engram_gather_rows(empty, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on, F),
+        EXPECT(engram_gather_rows(empty, MM_LAYER, NT, g_ids, ni, 0, MM_ROWS, 0, MM_H, out, on, F, NULL),
                ENGRAM_STATUS_ERR_NO_WEIGHTS, "gather_rows: weights never set");
         EXPECT(engram_shard_held(empty, MM_LAYER, &b, &e, NULL, NULL), ENGRAM_STATUS_ERR_NO_WEIGHTS,
                "shard_held: weights never set");

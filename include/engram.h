@@ -1351,8 +1351,7 @@ enum engram_status engram_check(struct engram_context *ctx,
  set; the hash stays global. A rank reads only its part: with a table in
  a file (mmap or `pread`) that is all the memory the table costs it.
  `(0, 1, 0, 1)` is the whole layer. A world of 0 or a rank not below its
- world is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`; a CUDA context is
- `ENGRAM_STATUS_ERR_UNSUPPORTED`. A shard context refuses the whole-layer
+ world is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`. A shard context refuses the whole-layer
  calls (`engram_apply*`, `engram_read_back*`, `engram_prefetch`,
  `engram_stage`) unless it holds the whole layer. On error nothing changes.
 
@@ -1396,10 +1395,19 @@ enum engram_status engram_shard_held(struct engram_context *ctx,
  (`engram_context_set_shard`); `[head_begin, head_end)` a non-empty range
  of the `H` heads. Bad ranges, lengths or ids are statuses
  (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT`, `_ERR_INVALID_ROW_ID`, as for
- `engram_apply`); on error `out` is unchanged. The CPU backend only (CUDA:
- `ENGRAM_STATUS_ERR_UNSUPPORTED`).
+ `engram_apply`); on error `out` is unchanged.
 
- `ctx` as in `engram_free`; the pointers host memory for the call.
+ On the CPU backend `out` is host memory, written before the call returns,
+ and `stream` is ignored. On the CUDA backend `out` is device memory
+ (aligned to its values) and the work is queued on `stream` (a stream of
+ the context's device, or NULL), as `engram_apply` queues it: `row_ids`
+ stay host memory, checked on the host; the table must be in device
+ memory (else `ENGRAM_STATUS_ERR_UNSUPPORTED`); invalid row data found by
+ the kernel (an fp8 NaN) is reported as the kernels' errors are (by a
+ later call that runs the gate, or `engram_check` after one), naming the
+ output cell as its token. Not in a graph capture (host ids).
+
+ `ctx` as in `engram_free`; `row_ids` host memory for the call.
  */
 enum engram_status engram_gather_rows(struct engram_context *ctx,
                                       uint32_t layer_id,
@@ -1412,7 +1420,8 @@ enum engram_status engram_gather_rows(struct engram_context *ctx,
                                       uint32_t head_end,
                                       void *out,
                                       size_t out_len,
-                                      uint32_t out_type);
+                                      uint32_t out_type,
+                                      void *stream);
 
 /*
  Projection, gate and highway update of layer `layer_id` from assembled
@@ -1420,9 +1429,10 @@ enum engram_status engram_gather_rows(struct engram_context *ctx,
  the all-reduce of `engram_gather_rows` gives them): the highway as
  `engram_gate_from_kv` takes it, the result `engram_apply`'s bit for bit.
  Needs all of `wkv`'s outputs (a shard holding a part is
- `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`). The CPU backend only.
+ `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`). Memory and `stream` as for
+ `engram_gate_from_kv`.
 
- `ctx` as in `engram_free`; the pointers host memory for the call.
+ `ctx` as in `engram_free`.
  */
 enum engram_status engram_apply_rows(struct engram_context *ctx,
                                      uint32_t layer_id,
@@ -1434,7 +1444,8 @@ enum engram_status engram_apply_rows(struct engram_context *ctx,
                                      uint32_t rows_type,
                                      void *highway,
                                      size_t highway_bytes,
-                                     uint32_t highway_type);
+                                     uint32_t highway_type,
+                                     void *stream);
 
 /*
  `kv` outputs `[out_begin, out_end)` of layer `layer_id` (its `wkv` rows
@@ -1444,9 +1455,13 @@ enum engram_status engram_apply_rows(struct engram_context *ctx,
  (`[n_tokens, out_end - out_begin]`, `kv_len` values of `kv_type`; bf16
  values). Each output is the same sum in the same order as in
  `engram_apply`, so the engine's all-gather of the ranks' `kv` (in rank
- order) is `engram_read_back`'s `kv`. The CPU backend only.
+ order) is `engram_read_back`'s `kv`. `rows` and `kv` are host memory on
+ the CPU backend (`stream` ignored), device memory on the CUDA backend
+ (the work queued on `stream`, summed as `engram_apply` on CUDA sums it;
+ an f32 `wkv` is `ENGRAM_STATUS_ERR_UNSUPPORTED` there), as for
+ `engram_gather_rows`.
 
- `ctx` as in `engram_free`; the pointers host memory for the call.
+ `ctx` as in `engram_free`.
  */
 enum engram_status engram_kv_columns(struct engram_context *ctx,
                                      uint32_t layer_id,
@@ -1458,7 +1473,8 @@ enum engram_status engram_kv_columns(struct engram_context *ctx,
                                      uint64_t out_end,
                                      void *kv,
                                      size_t kv_len,
-                                     uint32_t kv_type);
+                                     uint32_t kv_type,
+                                     void *stream);
 
 /*
  The gate and the highway update of layer `layer_id` from an assembled
@@ -1467,10 +1483,12 @@ enum engram_status engram_kv_columns(struct engram_context *ctx,
  `highway_type`, `highway_bytes` bytes) is updated in place as
  `engram_apply` updates it; the host `row_ids` (`row_ids_len` elements)
  say which tokens are dead (left untouched) and are checked as
- `engram_apply` checks them. On error the highway is unchanged. The CPU
- backend only.
+ `engram_apply` checks them. On error the highway is unchanged. On the
+ CPU backend `kv` and `highway` are host memory (`stream` ignored); on the
+ CUDA backend device memory (aligned to their values), the work queued on
+ `stream` as `engram_apply` queues it, `row_ids` host memory.
 
- `ctx` as in `engram_free`; the pointers host memory for the call.
+ `ctx` as in `engram_free`.
  */
 enum engram_status engram_gate_from_kv(struct engram_context *ctx,
                                        uint32_t layer_id,
@@ -1482,7 +1500,8 @@ enum engram_status engram_gate_from_kv(struct engram_context *ctx,
                                        uint32_t kv_type,
                                        void *highway,
                                        size_t highway_bytes,
-                                       uint32_t highway_type);
+                                       uint32_t highway_type,
+                                       void *stream);
 
 /* ==========================================================================
  * The history

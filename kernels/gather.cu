@@ -65,3 +65,65 @@ extern "C" __global__ void __launch_bounds__(ENG_GATHER_THREADS)
     eng_gather_cells(table, scales, table_rows, fmt, hd, row_bytes, ids, id_stride, id_offset, cols, n_cells,
                      staged_rows, staged_ids, rows_out, out_f32, flags, latch, layer_id, serial);
 }
+
+// The split points (docs/sharding.md, src/cuda/split.rs).
+//
+// engram_gather_shard: the rows a shard owns, into the engine's buffer. Cell
+// `pos` of `out` (`[n_cells, hd]`, f32 or bf16) is the row of local id
+// ids[pos] of the table the context holds, read exactly as engram_gather
+// reads a cell (eng_gather_cell, each cell its own one-column token), or -0.0
+// in every value where ids[pos] is -1 (a row outside the shard's range, a
+// head not asked for, a dead token): x + (-0) = x for every x, so the
+// engine's all-reduce of the ranks' outputs is the whole rows bit for bit.
+// The host wrote the ids in the output's order and checked each against the
+// table. Grid: gather_blocks(n_cells) blocks of ENG_GATHER_THREADS.
+extern "C" __global__ void __launch_bounds__(ENG_GATHER_THREADS)
+    engram_gather_shard(const eng_u8 *__restrict__ table, const eng_u8 *__restrict__ scales, eng_u64 table_rows,
+                        eng_u32 fmt, eng_u32 hd, eng_u32 row_bytes, const eng_i64 *__restrict__ ids,
+                        eng_u64 n_cells, void *out, eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch,
+                        eng_u32 layer_id, eng_u32 serial) {
+    const eng_u32 lane = threadIdx.x % 32u;
+    const eng_u64 stride = (eng_u64)gridDim.x * (blockDim.x / 32u);
+    const eng_u64 warp = (eng_u64)blockIdx.x * (blockDim.x / 32u) + threadIdx.x / 32u;
+    const bool vec_out = hd % ENG_GATHER_VEC == 0u && ((eng_u64)out & 15u) == 0u;
+    for (eng_u64 pos = warp; pos < n_cells; pos += stride) {
+        if (ids[pos] == -1) {
+            for (eng_u32 i = lane; i < hd; i += 32u) {
+                if (out_f32) {
+                    ((eng_u32 *)out)[pos * hd + i] = 0x80000000u;
+                } else {
+                    ((eng_u16 *)out)[pos * hd + i] = (eng_u16)0x8000u;
+                }
+            }
+            continue;
+        }
+        const eng_row_global o = {out, out_f32, pos * hd, vec_out};
+        eng_gather_cell(pos, lane, table, scales, table_rows, fmt, hd, row_bytes, ids, 1u, 0u, 1u, nullptr, nullptr,
+                        o, true, flags, latch, layer_id, serial);
+    }
+}
+
+// engram_convert_values: dst[r * dst_ld + i] = src[r * src_ld + i] for r <
+// n_rows, i < width, as f32 or bf16 bits each side: bf16 -> f32 widens
+// (exact), f32 -> bf16 rounds to nearest even (eng_f32_to_bf16, the host's
+// f32_to_bf16), a same-type copy moves the bits (no float arithmetic, so NaN
+// payloads are kept). The split calls' values in and out of the engine's
+// buffers. Grid-stride; any grid.
+extern "C" __global__ void __launch_bounds__(ENG_GATHER_THREADS)
+    engram_convert_values(const void *__restrict__ src, eng_u32 src_f32, eng_u64 src_ld, void *__restrict__ dst,
+                          eng_u32 dst_f32, eng_u64 dst_ld, eng_u64 n_rows, eng_u64 width) {
+    const eng_u64 total = n_rows * width;
+    const eng_u64 stride = (eng_u64)gridDim.x * blockDim.x;
+    for (eng_u64 j = (eng_u64)blockIdx.x * blockDim.x + threadIdx.x; j < total; j += stride) {
+        const eng_u64 r = j / width, i = j % width;
+        const eng_u64 s = r * src_ld + i, d = r * dst_ld + i;
+        const eng_u32 bits = src_f32 ? ((const eng_u32 *)src)[s] : ((eng_u32)((const eng_u16 *)src)[s]) << 16;
+        if (dst_f32) {
+            ((eng_u32 *)dst)[d] = bits;
+        } else if (src_f32) {
+            ((eng_u16 *)dst)[d] = eng_f32_to_bf16(eng_f32_from_bits(bits));
+        } else {
+            ((eng_u16 *)dst)[d] = (eng_u16)(bits >> 16);
+        }
+    }
+}

@@ -45,6 +45,9 @@
 #                nothing queued, a token's bits the same in every batch of 1-8
 #                tokens, a graph re-captured after set_layer uses the new weights
 #                (captured: the decode kernel's split path; direct: cooperative)
+#   gpu-shards   (ENGRAM_GPU_CHECK_EXTRA=1; the budget is full) tests/cuda_shards.rs:
+#                the split calls on device buffers, worlds 1..5, each layout,
+#                equal to the whole layer's bits
 #   gpu-fp8-wkv  tests/cuda_fp8_wkv.rs: the checkpoint's block-scaled fp8 wkv read
 #                in place (engram_gemv_fp8_block; exact bf16 tiles + cuBLAS) gives
 #                the bits of the same weights widened to bf16, 1..512 tokens
@@ -321,6 +324,8 @@ optional ENGRAM_GPU_CHECK_MPS gpu-decode-mps "MPS: a daemon of its own for the s
 optional ENGRAM_GPU_CHECK_EXTRA nvrtc "the build machine's nvrtc-check.sh compiles every kernel" \
     60 env ENGRAM_REQUIRE_NVRTC=1 "$BIN/cuda_nvrtc" --test-threads=1 --nocapture
 optional ENGRAM_GPU_CHECK_EXTRA cpp-host "examples/cpp_host on CUDA" 30 cpp_host_cuda
+optional ENGRAM_GPU_CHECK_EXTRA gpu-shards "tests/cuda_shards.rs: the split calls on device buffers (issue 37)" \
+    15 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_shards" --test-threads=1 --nocapture
 
 if [ "$DRY" = 1 ]; then
     echo "planned: ${PLANNED}s of a ${BUDGET}s budget"

@@ -63,7 +63,7 @@ LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 rm -rf "$B"
 mkdir -p "$B"
-TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv cuda_decode cuda_nvrtc device_hash)
+TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv cuda_decode cuda_nvrtc device_hash cuda_shards)
 
 exe_of() { # the test/bench executable cargo built, from its JSON messages
     python3 -c '

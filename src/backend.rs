@@ -7,8 +7,9 @@
 
 use crate::call::LiveIds;
 pub use crate::call::{
-    ApplyIn, BackendInfo, CheckedLayer, DecodeStats, DeviceHashIn, DeviceSeqOp, EngramBackend,
-    Highway, Ids, LayerIn, ReadBack, RowIds, StageStats, Stream, TableIn, TableSource,
+    ApplyIn, BackendInfo, CheckedLayer, DecodeStats, DevValues, DeviceHashIn, DeviceSeqOp,
+    EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds, StageStats, Stream, TableIn,
+    TableSource,
 };
 use crate::error::{bail, Result};
 use crate::rowcache::{PolicyKind, TierStats};
@@ -101,6 +102,64 @@ pub trait Backend<'w>: Send + Sync {
         bail!(
             ErrUnsupported,
             "the split calls run on the CPU backend only"
+        )
+    }
+
+    /// The split points on device memory (the CUDA backend), queued on
+    /// `stream`: cell `j` of `out` (`[cells.len(), Hd]`) is the row of local
+    /// id `cells[j]` of layer `li`'s held table, or `-0.0` where it is -1.
+    fn gather_device(
+        &self,
+        li: usize,
+        cells: &[i64],
+        out: DevValues,
+        stream: Stream,
+    ) -> Result<()> {
+        let _ = (li, cells, out, stream);
+        bail!(
+            ErrUnsupported,
+            "the split calls on device memory need the CUDA backend"
+        )
+    }
+
+    /// `kv` outputs `[lo, hi)` of the `wkv` layer `li` holds (`kv`: `[n, hi -
+    /// lo]`) from `n` tokens' `rows` (`[n, C*Hd]`), on device memory.
+    fn project_device(
+        &self,
+        li: usize,
+        n: usize,
+        rows: DevValues,
+        lohi: (usize, usize),
+        kv: DevValues,
+        stream: Stream,
+    ) -> Result<()> {
+        let _ = (li, n, rows, lohi, kv, stream);
+        bail!(
+            ErrUnsupported,
+            "the split calls on device memory need the CUDA backend"
+        )
+    }
+
+    /// The gate and the highway update (`highway`: a device address and its
+    /// type) of layer `li` for the `live` of `n` tokens: from an assembled
+    /// `kv` (`[n, D*(hc+1)]`, `from_rows == false`) or from assembled rows
+    /// (`[n, C*Hd]`, projected through the whole `wkv` first), on device
+    /// memory.
+    #[allow(clippy::too_many_arguments)]
+    fn gate_device(
+        &self,
+        li: usize,
+        n: usize,
+        live: &[usize],
+        values: DevValues,
+        from_rows: bool,
+        highway: (u64, crate::batch::HighwayType),
+        stream: Stream,
+    ) -> Result<()> {
+        let _ = (li, n, live, values, from_rows, highway, stream);
+        bail!(
+            ErrUnsupported,
+            "the split calls on device memory need the CUDA backend"
         )
     }
 

@@ -309,6 +309,15 @@ pub struct DecodeStats {
     pub refused: bool,
 }
 
+/// A split call's values in device memory (the CUDA backend): `len`
+/// values of `ty` (f32 or bf16) at `ptr`, on the engine's device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevValues {
+    pub ptr: u64,
+    pub len: usize,
+    pub ty: HighwayType,
+}
+
 /// The highway's element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HighwayType {

@@ -20,6 +20,7 @@ use crate::rowcache::{Snapshot, Tier};
 use std::sync::{Mutex, RwLock};
 
 mod shard;
+mod shard_device;
 pub use shard::{split_type, ShardSpec, SplitIn, SplitOut};
 
 /// Choices that tests and benchmarks make; engines keep the defaults. Each
@@ -78,7 +79,7 @@ pub struct Context<'w> {
     /// The history is on the device (`with_device_history`): the host hash
     /// and its sequence operations are refused.
     device_history: bool,
-    /// The backend's kind (the split calls and shards need the CPU's).
+    /// The backend's kind (the split calls take host or device memory by it).
     kind: EngramBackend,
     /// Each set layer as the engine gave it, whole (a shard holds a part of
     /// it: [`Context::set_shard`] cuts it again). Guarded by `layers`' lock.

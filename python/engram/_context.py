@@ -559,24 +559,24 @@ class Context:
         return self._heads
 
     def _gather_rows_raw(self, layer_id: int, ids: Tuple[int, int], n: int, rows: Tuple[int, int],
-                         heads: Tuple[int, int], out: Tuple[int, int, int]) -> None:
+                         heads: Tuple[int, int], out: Tuple[int, int, int], stream: Optional[int] = None) -> None:
         _check(lib.engram_gather_rows(self._ctx(), layer_id, n, ids[0], ids[1], rows[0], rows[1], heads[0],
-                                      heads[1], out[0], out[1], out[2]), "engram_gather_rows")
+                                      heads[1], out[0], out[1], out[2], stream), "engram_gather_rows")
 
     def _kv_columns_raw(self, layer_id: int, n: int, rows: Tuple[int, int, int], outs: Tuple[int, int],
-                        kv: Tuple[int, int, int]) -> None:
+                        kv: Tuple[int, int, int], stream: Optional[int] = None) -> None:
         _check(lib.engram_kv_columns(self._ctx(), layer_id, n, rows[0], rows[1], rows[2], outs[0], outs[1],
-                                     kv[0], kv[1], kv[2]), "engram_kv_columns")
+                                     kv[0], kv[1], kv[2], stream), "engram_kv_columns")
 
     def _gate_from_kv_raw(self, layer_id: int, ids: Tuple[int, int], n: int, kv: Tuple[int, int, int],
-                          hw: Tuple[int, int, int]) -> None:
+                          hw: Tuple[int, int, int], stream: Optional[int] = None) -> None:
         _check(lib.engram_gate_from_kv(self._ctx(), layer_id, n, ids[0], ids[1], kv[0], kv[1], kv[2], hw[0],
-                                       hw[1], hw[2]), "engram_gate_from_kv")
+                                       hw[1], hw[2], stream), "engram_gate_from_kv")
 
     def _apply_rows_raw(self, layer_id: int, ids: Tuple[int, int], n: int, rows: Tuple[int, int, int],
-                        hw: Tuple[int, int, int]) -> None:
+                        hw: Tuple[int, int, int], stream: Optional[int] = None) -> None:
         _check(lib.engram_apply_rows(self._ctx(), layer_id, n, ids[0], ids[1], rows[0], rows[1], rows[2], hw[0],
-                                     hw[1], hw[2]), "engram_apply_rows")
+                                     hw[1], hw[2], stream), "engram_apply_rows")
 
     def gather_rows(self, layer_id: int, row_ids: np.ndarray, rows: Optional[Tuple[int, int]] = None,
                     heads: Optional[Tuple[int, int]] = None, out: Optional[np.ndarray] = None,

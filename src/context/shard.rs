@@ -10,7 +10,7 @@
 
 use super::{Context, LayerInfo};
 use crate::batch::{layer_index, live_ids, HighwayType, Shape};
-use crate::call::{CheckedLayer, EngramBackend, Highway, RowIds, TableSource};
+use crate::call::{CheckedLayer, Highway, RowIds, TableSource};
 use crate::error::{bail, Result};
 use crate::fallible::try_vec;
 use crate::formats::{bf16_to_f32, f32_to_bf16, EngramType};
@@ -201,7 +201,7 @@ impl SplitOut<'_> {
 }
 
 /// Refuse a buffer of `given` elements where `expected` are needed.
-fn expect_len(what: &str, given: usize, expected: usize, why: &str) -> Result<()> {
+pub(super) fn expect_len(what: &str, given: usize, expected: usize, why: &str) -> Result<()> {
     if given != expected {
         bail!(
             ErrInvalidArgument,
@@ -213,7 +213,7 @@ fn expect_len(what: &str, given: usize, expected: usize, why: &str) -> Result<()
 
 /// Refuse `[lo, hi)` unless it is a non-empty part of `[0, total)` inside
 /// what the context holds, `held`.
-fn check_range(
+pub(super) fn check_range(
     what: &str,
     layer_id: u32,
     (lo, hi): (u64, u64),
@@ -238,16 +238,10 @@ fn check_range(
 }
 
 impl<'w> Context<'w> {
-    /// Hold part `spec` of every layer from now on (the CPU backend only):
+    /// Hold part `spec` of every layer from now on:
     /// layers already set are cut again from the arrays they were given, and
     /// layers set later are cut as they are set. On error nothing changes.
     pub fn set_shard(&self, spec: ShardSpec) -> Result<()> {
-        if spec != ShardSpec::WHOLE && self.kind != EngramBackend::Cpu {
-            bail!(
-                ErrUnsupported,
-                "shard contexts run on the CPU backend only (this context uses CUDA)"
-            );
-        }
         let mut layers = self.layers.write().unwrap_or_else(|p| p.into_inner());
         let whole = self.whole.lock().unwrap_or_else(|p| p.into_inner());
         let mut cuts = Vec::new();
@@ -451,7 +445,11 @@ impl<'w> Context<'w> {
 }
 
 /// Layer `li`'s info, or `ErrNoWeights`.
-fn held_info(layers: &[Option<LayerInfo>], li: usize, layer_id: u32) -> Result<LayerInfo> {
+pub(super) fn held_info(
+    layers: &[Option<LayerInfo>],
+    li: usize,
+    layer_id: u32,
+) -> Result<LayerInfo> {
     match layers[li] {
         Some(l) => Ok(l),
         None => bail!(ErrNoWeights, "layer {layer_id}: weights were never set"),

@@ -94,7 +94,13 @@ impl CudaBackend {
         Ok(Some(plan))
     }
 
-    fn layer(&self, st: &State, li: usize) -> Result<Arc<DevLayer>> {
+    /// Whether `apply` of `n` tokens of `layer` runs the decode kernel (its
+    /// sums are the GEMV kernels', per token).
+    pub(super) fn runs_decode(&self, st: &mut State, layer: &DevLayer, n: usize) -> Result<bool> {
+        Ok(self.decode_plan(st, layer, n)?.is_some())
+    }
+
+    pub(super) fn layer(&self, st: &State, li: usize) -> Result<Arc<DevLayer>> {
         match &st.layers[li] {
             Some(l) => Ok(l.clone()),
             None => bail!(
@@ -382,7 +388,8 @@ impl CudaBackend {
         }
         self.queue_gather(st, li, layer, at, n, rows_buf, f32_path, stream)?;
         let bufs = (rows_buf, kv_buf);
-        self.queue_projection(st, layer, n, bufs, f32_path, stream)?;
+        let outs = (0, self.shape.k_out);
+        self.queue_projection(st, layer, n, bufs, outs, f32_path, stream)?;
         if let Some((hw, ty)) = highway {
             self.queue_gate(st, li, n, hw, ty, kv_buf, f32_path, stream)?;
         }
@@ -461,21 +468,25 @@ impl CudaBackend {
         }
     }
 
-    /// The projection of `n` gathered rows (`bufs.0`) through `wkv` into
-    /// `kv` (`bufs.1`): a GEMV kernel for few tokens (bf16, quantised, fp8
-    /// blocks), else bf16 tiles and cuBLAS (quantised, fp8 blocks), else
-    /// cuBLAS on `wkv` itself (bf16, f32).
-    fn queue_projection(
+    /// The projection of `n` gathered rows (`bufs.0`) through outputs
+    /// `[lo, hi)` of the `wkv` the layer holds into `kv` (`bufs.1`, `[n, hi -
+    /// lo]`; `apply` projects all of them): a GEMV kernel for few tokens
+    /// (bf16, quantised, fp8 blocks), else bf16 tiles and cuBLAS (quantised,
+    /// fp8 blocks), else cuBLAS on `wkv` itself (bf16, f32). A block-scaled
+    /// fp8 `wkv`'s `lo` is a multiple of its block rows.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn queue_projection(
         &self,
         st: &mut State,
         layer: &DevLayer,
         n: usize,
         bufs: (u64, u64),
+        (lo, hi): (usize, usize),
         f32_path: bool,
         stream: Stream,
     ) -> Result<()> {
-        let (k_in, k_out) = (self.shape.k_in, self.shape.k_out);
-        let (w, rows, kv) = (layer.wkv, bufs.0, bufs.1);
+        let (k_in, k_out) = (self.shape.k_in, hi - lo);
+        let (w, rows, kv) = (layer.wkv_at(k_in, lo), bufs.0, bufs.1);
         let (n_out, k, nt) = (k_out as u32, k_in as u32, n as u32);
         let gemv = |kernel: Kernel, a: &[Arg]| {
             let blocks =
@@ -497,9 +508,10 @@ impl CudaBackend {
                 let rb = fmt.row_bytes(k_in) as u32;
                 gemv(Kernel::GemvQ(fmt), &args![w, rb, rows, kv, n_out, k, nt])
             }
-            WkvKind::Fp8Block { scales, br, bc }
+            WkvKind::Fp8Block { br, bc, .. }
                 if n <= st.gemv_max_bf16 && k_in % 8 == 0 && w % 8 == 0 =>
             {
+                let scales = layer.wkv_scales_at(k_in, lo);
                 // engram_gemv_fp8_block, where the bf16 path runs its GEMV
                 // (the same sums): 8-byte aligned codes, k % 8 == 0; codes
                 // and scales sized at set_layer.
@@ -507,10 +519,11 @@ impl CudaBackend {
                 let a = args![w, scales, br, bc, nbc, rows, kv, n_out, k, nt];
                 gemv(Kernel::GemvFp8, &a)
             }
-            WkvKind::Fp8Block { scales, br, bc } => {
+            WkvKind::Fp8Block { br, bc, .. } => {
                 // bf16 tiles (exact) and cuBLAS, as the bf16 path's GEMM.
+                let scales = layer.wkv_scales_at(k_in, lo);
                 let nbc = (k_in as u32).div_ceil(bc);
-                self.queue_tiles(st, n, bufs, stream, |tile, row0, n_rows, blocks| {
+                self.queue_tiles(st, n, bufs, k_out, stream, |tile, row0, n_rows, blocks| {
                     let a = args![w, scales, br, bc, nbc, k, row0, n_rows, tile];
                     // SAFETY: arguments match engram_dequant_fp8_block; the
                     // tile holds n_rows rows of k_in bf16; wkv has k_out rows.
@@ -527,7 +540,7 @@ impl CudaBackend {
             }
             WkvKind::Quant(fmt) => {
                 let (f, rb) = (fmt as u32, fmt.row_bytes(k_in) as u32);
-                self.queue_tiles(st, n, bufs, stream, |tile, row0, n_rows, blocks| {
+                self.queue_tiles(st, n, bufs, k_out, stream, |tile, row0, n_rows, blocks| {
                     let a = args![w, f, rb, k, row0, n_rows, tile];
                     // SAFETY: arguments match engram_dequant_bf16; the tile
                     // holds n_rows rows of k_in bf16; wkv has k_out rows.
@@ -562,18 +575,20 @@ impl CudaBackend {
     }
 
     /// A quantised or fp8-block `wkv` through bf16 tiles: for each tile of
-    /// output rows, `dequant(tile, first row, rows, blocks)` queues the
-    /// tile's dequantisation, then cuBLAS multiplies it with the `n`
-    /// gathered rows (`bufs.0`) into its columns of `kv` (`bufs.1`).
+    /// the `k_out` output rows, `dequant(tile, first row, rows, blocks)`
+    /// queues the tile's dequantisation, then cuBLAS multiplies it with the
+    /// `n` gathered rows (`bufs.0`) into its columns of `kv` (`bufs.1`,
+    /// `[n, k_out]`).
     fn queue_tiles(
         &self,
         st: &mut State,
         n: usize,
         bufs: (u64, u64),
+        k_out: usize,
         stream: Stream,
         dequant: impl Fn(u64, u32, u32, u32) -> Result<()>,
     ) -> Result<()> {
-        let (k_in, k_out) = (self.shape.k_in, self.shape.k_out);
+        let k_in = self.shape.k_in;
         let (tile, tile_rows) = {
             let t = st.tile.as_ref().expect("allocated by set_layer");
             (t.0.ptr, t.1)
@@ -607,7 +622,7 @@ impl CudaBackend {
     /// Queue the gate kernel for `n` tokens of layer `li` on the highway `hw`
     /// of type `ty`, reading `kv` (f32 for an f32 `wkv`, else bf16).
     #[allow(clippy::too_many_arguments)]
-    fn queue_gate(
+    pub(super) fn queue_gate(
         &self,
         st: &State,
         li: usize,

@@ -102,10 +102,16 @@ pub enum Kernel {
     Decode {
         fp8: bool,
     },
+    /// `engram_gather_shard`: the rows a shard owns into the engine's buffer,
+    /// `-0.0` elsewhere (the split points, docs/sharding.md).
+    GatherShard,
+    /// `engram_convert_values`: f32 or bf16 values between buffers (the
+    /// split points' values in and out).
+    Convert,
 }
 
 /// Every kernel's name, in [`Kernel::index`] order.
-pub const KERNEL_NAMES: [&str; 34] = [
+pub const KERNEL_NAMES: [&str; 36] = [
     "engram_gather",
     "engram_gate_f32_bf16",
     "engram_gate_f32_f32",
@@ -140,6 +146,8 @@ pub const KERNEL_NAMES: [&str; 34] = [
     "engram_hash_shift_done",
     "engram_decode_bf16",
     "engram_decode_fp8",
+    "engram_gather_shard",
+    "engram_convert_values",
 ];
 
 /// The `wkv` formats of [`Kernel::GemvQ`], in [`KERNEL_NAMES`] order.
@@ -183,6 +191,7 @@ impl Kernel {
             Kernel::HashShiftDone,
         ]);
         v.extend([false, true].map(|fp8| Kernel::Decode { fp8 }));
+        v.extend([Kernel::GatherShard, Kernel::Convert]);
         v
     }
 
@@ -221,6 +230,9 @@ impl Kernel {
             Kernel::HashShiftWrite => 14 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::HashShiftDone => 15 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::Decode { fp8 } => 16 + GEMV_MAX + GEMV_Q_FORMATS.len() + fp8 as usize,
+            // After the two decode kernels.
+            Kernel::GatherShard => Kernel::Decode { fp8: true }.index() + 1,
+            Kernel::Convert => Kernel::Decode { fp8: true }.index() + 2,
         }
     }
 

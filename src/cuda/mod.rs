@@ -41,11 +41,13 @@ pub mod gpu;
 mod hash;
 pub mod kernels;
 pub mod latch;
+mod split;
 mod status;
 pub mod sys;
 
 use crate::backend::{
-    ApplyIn, Backend, BackendInfo, CheckedLayer, EngramBackend, Ids, ReadBack, Stream, TableSource,
+    ApplyIn, Backend, BackendInfo, CheckedLayer, DevValues, EngramBackend, Ids, ReadBack, Stream,
+    TableSource,
 };
 use crate::batch::{try_map, try_room, try_vec_with, LiveIds, Shape};
 use crate::cpu::stager::{InPlace, Source, Stager};
@@ -171,6 +173,35 @@ struct DevLayer {
     /// The device copy of a block-scaled fp8 `wkv`'s scales given in host
     /// memory.
     wkv_scales_copy: Option<DevBuf>,
+}
+
+impl DevLayer {
+    /// Bytes of one output row of `wkv` (`k_in` inputs; a block-scaled fp8
+    /// `wkv`'s codes).
+    fn wkv_row_bytes(&self, k_in: usize) -> usize {
+        match self.wkv_kind {
+            WkvKind::Bf16 => 2 * k_in,
+            WkvKind::F32 => 4 * k_in,
+            WkvKind::Fp8Block { .. } => k_in,
+            WkvKind::Quant(fmt) => fmt.row_bytes(k_in),
+        }
+    }
+
+    /// The address of output row `lo` of the `wkv` the layer holds.
+    fn wkv_at(&self, k_in: usize, lo: usize) -> u64 {
+        self.wkv + (lo * self.wkv_row_bytes(k_in)) as u64
+    }
+
+    /// A block-scaled fp8 `wkv`'s scales from output row `lo` (a multiple of
+    /// its block rows) on; 0 for other formats.
+    fn wkv_scales_at(&self, k_in: usize, lo: usize) -> u64 {
+        match self.wkv_kind {
+            WkvKind::Fp8Block { scales, br, bc } => {
+                scales + ((lo / br as usize) * k_in.div_ceil(bc as usize)) as u64
+            }
+            _ => 0,
+        }
+    }
 }
 
 /// Pinned staging memory: `[max_tokens, C]` row ids, then (for a host
@@ -830,7 +861,9 @@ impl CudaBackend {
     /// whole context), the scales whole and the codes 16 MB at a time (whole
     /// rows of blocks).
     fn check_fp8_wkv(&self, l: &CheckedLayer<'_>) -> Result<()> {
-        let (k, rows) = (self.shape.k_in, self.shape.k_out);
+        // The outputs the layer holds (a shard context's part of them).
+        let k = self.shape.k_in;
+        let rows = l.bytes.wkv / l.wkv_type.row_bytes(k).max(1);
         let (br, bc) = l.wkv_block;
         let what = format!("layer {}: weights.wkv", l.layer_id);
         let Some(sr) = l.wkv_scales else {
@@ -1223,6 +1256,41 @@ impl<'w> Backend<'w> for CudaBackend {
                 kv: u16s(get(st.kv.ptr, n * k_out * 2)?),
             }
         })
+    }
+
+    fn gather_device(
+        &self,
+        li: usize,
+        cells: &[i64],
+        out: DevValues,
+        stream: Stream,
+    ) -> Result<()> {
+        self.gather_on_device(li, cells, out, stream)
+    }
+
+    fn project_device(
+        &self,
+        li: usize,
+        n: usize,
+        rows: DevValues,
+        lohi: (usize, usize),
+        kv: DevValues,
+        stream: Stream,
+    ) -> Result<()> {
+        self.project_on_device(li, n, rows, lohi, kv, stream)
+    }
+
+    fn gate_device(
+        &self,
+        li: usize,
+        n: usize,
+        live: &[usize],
+        values: DevValues,
+        from_rows: bool,
+        highway: (u64, crate::batch::HighwayType),
+        stream: Stream,
+    ) -> Result<()> {
+        self.gate_on_device(li, n, live, values, from_rows, highway, stream)
     }
 
     /// Wait for `stream`, then report any asynchronous CUDA error and any error

@@ -4,6 +4,7 @@
 
 use super::boundary::{slice, slice_mut};
 use super::context::{ctx, highway};
+use crate::backend::DevValues;
 use crate::batch::HighwayType;
 use crate::context::{split_type, ShardSpec, SplitIn, SplitOut};
 use crate::error::{EngramStatus, Result};
@@ -24,6 +25,15 @@ fn values_out<'a>(p: *mut c_void, len: usize, ty: u32, what: &str) -> Result<Spl
     Ok(match split_type(ty, what)? {
         HighwayType::F32 => SplitOut::F32(slice_mut(p.cast::<f32>(), len, what)?),
         HighwayType::Bf16 => SplitOut::Bf16(slice_mut(p.cast::<u16>(), len, what)?),
+    })
+}
+
+/// Values of `ty` in device memory at `p`, `len` of them (a CUDA context).
+fn values_dev(p: *const c_void, len: usize, ty: u32, what: &str) -> Result<DevValues> {
+    Ok(DevValues {
+        ptr: p as u64,
+        len,
+        ty: split_type(ty, what)?,
     })
 }
 
@@ -53,8 +63,7 @@ fn check_highway(c: &crate::Context<'static>, n: usize, bytes: usize, ty: u32) -
 /// set; the hash stays global. A rank reads only its part: with a table in
 /// a file (mmap or `pread`) that is all the memory the table costs it.
 /// `(0, 1, 0, 1)` is the whole layer. A world of 0 or a rank not below its
-/// world is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`; a CUDA context is
-/// `ENGRAM_STATUS_ERR_UNSUPPORTED`. A shard context refuses the whole-layer
+/// world is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`. A shard context refuses the whole-layer
 /// calls (`engram_apply*`, `engram_read_back*`, `engram_prefetch`,
 /// `engram_stage`) unless it holds the whole layer. On error nothing changes.
 ///
@@ -121,10 +130,19 @@ pub extern "C" fn engram_shard_held(
 /// (`engram_context_set_shard`); `[head_begin, head_end)` a non-empty range
 /// of the `H` heads. Bad ranges, lengths or ids are statuses
 /// (`ENGRAM_STATUS_ERR_INVALID_ARGUMENT`, `_ERR_INVALID_ROW_ID`, as for
-/// `engram_apply`); on error `out` is unchanged. The CPU backend only (CUDA:
-/// `ENGRAM_STATUS_ERR_UNSUPPORTED`).
+/// `engram_apply`); on error `out` is unchanged.
 ///
-/// `ctx` as in `engram_free`; the pointers host memory for the call.
+/// On the CPU backend `out` is host memory, written before the call returns,
+/// and `stream` is ignored. On the CUDA backend `out` is device memory
+/// (aligned to its values) and the work is queued on `stream` (a stream of
+/// the context's device, or NULL), as `engram_apply` queues it: `row_ids`
+/// stay host memory, checked on the host; the table must be in device
+/// memory (else `ENGRAM_STATUS_ERR_UNSUPPORTED`); invalid row data found by
+/// the kernel (an fp8 NaN) is reported as the kernels' errors are (by a
+/// later call that runs the gate, or `engram_check` after one), naming the
+/// output cell as its token. Not in a graph capture (host ids).
+///
+/// `ctx` as in `engram_free`; `row_ids` host memory for the call.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "C" fn engram_gather_rows(
@@ -140,19 +158,19 @@ pub extern "C" fn engram_gather_rows(
     out: *mut c_void,
     out_len: usize,
     out_type: u32,
+    stream: *mut c_void,
 ) -> EngramStatus {
     ffi_boundary!({
         let c = self::ctx(ctx)?;
         let ids = slice(row_ids, row_ids_len, "row_ids")?;
+        let (n, rows) = (n_tokens as usize, (row_begin, row_end));
+        let heads = (head_begin as usize, head_end as usize);
+        if c.splits_on_device() {
+            let out = values_dev(out, out_len, out_type, "out")?;
+            return c.gather_rows_device(layer_id, ids, n, rows, heads, out, stream);
+        }
         let out = values_out(out, out_len, out_type, "out")?;
-        c.gather_rows(
-            layer_id,
-            ids,
-            n_tokens as usize,
-            (row_begin, row_end),
-            (head_begin as usize, head_end as usize),
-            out,
-        )
+        c.gather_rows(layer_id, ids, n, rows, heads, out)
     })
 }
 
@@ -163,9 +181,13 @@ pub extern "C" fn engram_gather_rows(
 /// (`[n_tokens, out_end - out_begin]`, `kv_len` values of `kv_type`; bf16
 /// values). Each output is the same sum in the same order as in
 /// `engram_apply`, so the engine's all-gather of the ranks' `kv` (in rank
-/// order) is `engram_read_back`'s `kv`. The CPU backend only.
+/// order) is `engram_read_back`'s `kv`. `rows` and `kv` are host memory on
+/// the CPU backend (`stream` ignored), device memory on the CUDA backend
+/// (the work queued on `stream`, summed as `engram_apply` on CUDA sums it;
+/// an f32 `wkv` is `ENGRAM_STATUS_ERR_UNSUPPORTED` there), as for
+/// `engram_gather_rows`.
 ///
-/// `ctx` as in `engram_free`; the pointers host memory for the call.
+/// `ctx` as in `engram_free`.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "C" fn engram_kv_columns(
@@ -180,19 +202,20 @@ pub extern "C" fn engram_kv_columns(
     kv: *mut c_void,
     kv_len: usize,
     kv_type: u32,
+    stream: *mut c_void,
 ) -> EngramStatus {
     ffi_boundary!({
         let c = self::ctx(ctx)?;
+        let r = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        let (n, outs) = (n_tokens as usize, (r(out_begin), r(out_end)));
+        if c.splits_on_device() {
+            let rows = values_dev(rows, rows_len, rows_type, "rows")?;
+            let kv = values_dev(kv, kv_len, kv_type, "kv")?;
+            return c.kv_columns_device(layer_id, n, rows, outs, kv, stream);
+        }
         let rows = values_in(rows, rows_len, rows_type, "rows")?;
         let kv = values_out(kv, kv_len, kv_type, "kv")?;
-        let r = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
-        c.kv_columns(
-            layer_id,
-            n_tokens as usize,
-            rows,
-            (r(out_begin), r(out_end)),
-            kv,
-        )
+        c.kv_columns(layer_id, n, rows, outs, kv)
     })
 }
 
@@ -202,10 +225,12 @@ pub extern "C" fn engram_kv_columns(
 /// `highway_type`, `highway_bytes` bytes) is updated in place as
 /// `engram_apply` updates it; the host `row_ids` (`row_ids_len` elements)
 /// say which tokens are dead (left untouched) and are checked as
-/// `engram_apply` checks them. On error the highway is unchanged. The CPU
-/// backend only.
+/// `engram_apply` checks them. On error the highway is unchanged. On the
+/// CPU backend `kv` and `highway` are host memory (`stream` ignored); on the
+/// CUDA backend device memory (aligned to their values), the work queued on
+/// `stream` as `engram_apply` queues it, `row_ids` host memory.
 ///
-/// `ctx` as in `engram_free`; the pointers host memory for the call.
+/// `ctx` as in `engram_free`.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "C" fn engram_gate_from_kv(
@@ -220,12 +245,18 @@ pub extern "C" fn engram_gate_from_kv(
     highway: *mut c_void,
     highway_bytes: usize,
     highway_type: u32,
+    stream: *mut c_void,
 ) -> EngramStatus {
     ffi_boundary!({
         let c = self::ctx(ctx)?;
         let n = n_tokens as usize;
         check_highway(&c, n, highway_bytes, highway_type)?;
         let ids = slice(row_ids, row_ids_len, "row_ids")?;
+        if c.splits_on_device() {
+            let kv = values_dev(kv, kv_len, kv_type, "kv")?;
+            let hw = (highway as u64, HighwayType::new(highway_type)?);
+            return c.gate_device(layer_id, ids, n, kv, false, hw, stream);
+        }
         let kv = values_in(kv, kv_len, kv_type, "kv")?;
         let hw = self::highway(highway, highway_type)?;
         c.gate_from_kv(layer_id, ids, n, kv, hw)
@@ -237,9 +268,10 @@ pub extern "C" fn engram_gate_from_kv(
 /// the all-reduce of `engram_gather_rows` gives them): the highway as
 /// `engram_gate_from_kv` takes it, the result `engram_apply`'s bit for bit.
 /// Needs all of `wkv`'s outputs (a shard holding a part is
-/// `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`). The CPU backend only.
+/// `ENGRAM_STATUS_ERR_INVALID_ARGUMENT`). Memory and `stream` as for
+/// `engram_gate_from_kv`.
 ///
-/// `ctx` as in `engram_free`; the pointers host memory for the call.
+/// `ctx` as in `engram_free`.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "C" fn engram_apply_rows(
@@ -254,12 +286,18 @@ pub extern "C" fn engram_apply_rows(
     highway: *mut c_void,
     highway_bytes: usize,
     highway_type: u32,
+    stream: *mut c_void,
 ) -> EngramStatus {
     ffi_boundary!({
         let c = self::ctx(ctx)?;
         let n = n_tokens as usize;
         check_highway(&c, n, highway_bytes, highway_type)?;
         let ids = slice(row_ids, row_ids_len, "row_ids")?;
+        if c.splits_on_device() {
+            let rows = values_dev(rows, rows_len, rows_type, "rows")?;
+            let hw = (highway as u64, HighwayType::new(highway_type)?);
+            return c.gate_device(layer_id, ids, n, rows, true, hw, stream);
+        }
         let rows = values_in(rows, rows_len, rows_type, "rows")?;
         let hw = self::highway(highway, highway_type)?;
         c.apply_rows(layer_id, ids, n, rows, hw)
