@@ -85,7 +85,20 @@ fn split_context<'a>(
     codes: TableSource<'a>,
     scales: TableSource<'a>,
 ) -> engram::Context<'a> {
+    split_context_cached(tiny, codes, scales, 0)
+}
+
+/// [`split_context`] with a host row cache of `cache` bytes (0: none).
+fn split_context_cached<'a>(
+    tiny: &'a Tiny,
+    codes: TableSource<'a>,
+    scales: TableSource<'a>,
+    cache: u64,
+) -> engram::Context<'a> {
     let ctx = engram::Context::new(&tiny.config(Tiny::limits())).unwrap();
+    if cache > 0 {
+        ctx.set_row_cache(cache).unwrap();
+    }
     for l in &tiny.layers {
         let mut w = LayerIn::host(
             l.layer_id,
@@ -176,6 +189,33 @@ fn a_cpu_context_reads_split_tables_from_memory_and_files() {
     );
     same_outputs(&tiny, &ctx, &packed, false);
     same_outputs(&tiny, &ctx, &packed, true);
+    // The same files behind a host row cache, which holds packed rows (codes
+    // then scales): one of 3 rows a layer (evicting all the time) and one of
+    // every row.
+    let rb = (tiny.hd + tiny.hd / 32) as u64;
+    for budget in [2 * 3 * rb, 1 << 20] {
+        let cached = split_context_cached(
+            &tiny,
+            TableSource::File {
+                file: cf.clone(),
+                offset: 0,
+            },
+            TableSource::File {
+                file: sf.clone(),
+                offset: 40,
+            },
+            budget,
+        );
+        same_outputs(&tiny, &cached, &packed, false);
+        same_outputs(&tiny, &cached, &packed, true);
+        let s = cached.cache_stats(0, engram::rowcache::Tier::Host).unwrap();
+        assert_eq!(
+            (s.row_bytes, s.capacity_rows),
+            (rb, budget / 2 / rb),
+            "{s:?}"
+        );
+        assert!(s.lookups > 0 && s.reads > 0 && s.reads <= s.misses, "{s:?}");
+    }
     // The scale file cut short: an I/O status, the highway untouched.
     sf.set_len(60).unwrap();
     let mut ids = vec![0i64; 3 * ctx.ids_per_token()];
