@@ -197,10 +197,10 @@ static void test_cached_equals_uncached(uint64_t budget) {
     engram_context *u = open_tiny(DATA "tiny.gguf", 0, &st);
     if (!check(c != NULL && u != NULL, "open cached (%llu bytes) and uncached", (unsigned long long)budget)) return;
     engram_cache_stats s = stats_of(c, 0);
-    check(s.policy == ENGRAM_CACHE_POLICY_S3FIFO && strcmp(s.policy_name, "s3fifo") == 0 && s.budget == budget / 2 &&
+    check(s.policy == ENGRAM_CACHE_POLICY_LRU && strcmp(s.policy_name, "lru") == 0 && s.budget == budget / 2 &&
               s.capacity_rows > 0 && s.capacity_rows * s.row_bytes <= s.budget &&
               s.memory_bytes <= s.capacity_rows * (s.row_bytes + 64) + 6144,
-          "budget %llu: S3-FIFO, half a layer, rows within the budget and memory within the stated overhead",
+          "budget %llu: LRU (the default), half a layer, rows within the budget and memory within the stated overhead",
           (unsigned long long)budget);
     static const char *const modes[] = {"none", "io_uring", "pread_pool", "buffered"};
     check(s.read_mode >= ENGRAM_READ_MODE_IO_URING && s.read_mode <= ENGRAM_READ_MODE_BUFFERED &&

@@ -29,11 +29,11 @@ pub enum EngramCachePolicy {
     /// No cache (a budget of 0, a table in memory or mapped, a budget too
     /// small for one row).
     None = 0,
-    /// Exact least recently used.
+    /// Exact least recently used within each shard (the default).
     Lru = 1,
     /// CLOCK (one reference bit a row).
     Clock = 2,
-    /// S3-FIFO (small and main FIFOs and a ghost queue; the default).
+    /// S3-FIFO (small and main FIFOs and a ghost queue).
     S3fifo = 3,
 }
 

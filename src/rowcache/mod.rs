@@ -14,7 +14,7 @@ pub use stats::{Snapshot, Tier, TierStats};
 use crate::error::{bail, Result};
 
 /// The policy a cache uses unless `ENGRAM_ROW_CACHE_POLICY` names another.
-pub const DEFAULT_POLICY: PolicyKind = PolicyKind::S3Fifo;
+pub const DEFAULT_POLICY: PolicyKind = PolicyKind::Lru;
 
 /// The policy to use: `ENGRAM_ROW_CACHE_POLICY` (`lru`, `clock`, `s3fifo`)
 /// when set, for measurement, else [`DEFAULT_POLICY`]. Another value is
