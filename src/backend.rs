@@ -7,10 +7,12 @@
 
 use crate::call::LiveIds;
 pub use crate::call::{
-    ApplyIn, BackendInfo, CheckedLayer, DecodeStats, DeviceHashIn, DeviceSeqOp, EngramBackend,
-    Highway, Ids, LayerIn, ReadBack, RowIds, StageStats, Stream, TableIn, TableSource,
+    ApplyIn, BackendInfo, CheckedLayer, DecodeStats, DeviceCacheStats, DeviceHashIn, DeviceSeqOp,
+    EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds, StageStats, Stream, TableIn,
+    TableSource,
 };
 use crate::error::{bail, Result};
+use crate::rowcache::policy::PolicyKind;
 
 /// A backend: where `apply` runs. Every method gets inputs the context has
 /// checked; layers are numbered by their index among the engram layers.
@@ -46,6 +48,20 @@ pub trait Backend<'w>: Send + Sync {
     ) -> Result<()> {
         let _ = (all, n, stream);
         self.stage(li, live)
+    }
+
+    /// Keep up to `bytes` of each host-table layer's rows in device memory
+    /// (`device_cache_bytes`, set before any layer), replaced by `policy`.
+    /// The CPU backend ignores it (its tables are read in place).
+    fn set_device_cache(&mut self, bytes: u64, policy: PolicyKind) -> Result<()> {
+        let _ = (bytes, policy);
+        Ok(())
+    }
+
+    /// Layer `li`'s device row cache counts, where it has one.
+    fn device_cache_stats(&self, li: usize) -> Option<DeviceCacheStats> {
+        let _ = li;
+        None
     }
 
     /// Apply layer `li` (whose weights are set).

@@ -127,6 +127,36 @@ impl<'w> Context<'w> {
         Ok(self)
     }
 
+    /// Keep up to `bytes` of each host-table layer's rows in device memory
+    /// (`device_cache_bytes`, docs/row-cache.md "Device tier"): the CUDA
+    /// backend; the CPU backend ignores it. Chosen at create, before any
+    /// layer is set; 0 keeps every row staged per call.
+    pub fn with_device_cache(self, bytes: u64) -> Result<Context<'w>> {
+        self.with_device_cache_policy(bytes, crate::cuda::devcache::DEFAULT_POLICY)
+    }
+
+    /// [`Context::with_device_cache`] with the replacement policy chosen
+    /// (tests, benchmarks; the C ABI takes the default, LRU).
+    pub fn with_device_cache_policy(
+        mut self,
+        bytes: u64,
+        policy: crate::rowcache::policy::PolicyKind,
+    ) -> Result<Context<'w>> {
+        self.backend.set_device_cache(bytes, policy)?;
+        Ok(self)
+    }
+
+    /// Layer `layer_id`'s device row cache counts (relaxed atomics, no lock
+    /// on the hot path), or `None` where it has none (CPU backend, a device
+    /// table, `device_cache_bytes` 0, or a layer not set yet).
+    pub fn device_cache_stats(
+        &self,
+        layer_id: u32,
+    ) -> Result<Option<crate::call::DeviceCacheStats>> {
+        let li = layer_index(&self.tables.layer_ids, layer_id)?;
+        Ok(self.backend.device_cache_stats(li))
+    }
+
     /// Whether the history is on the device.
     pub fn has_device_history(&self) -> bool {
         self.device_history

@@ -102,10 +102,13 @@ pub enum Kernel {
     Decode {
         fp8: bool,
     },
+    /// `engram_cache_fill`: a call's admissions into a host table's device
+    /// row cache (rows copied from the call's staging area into cache slots).
+    CacheFill,
 }
 
 /// Every kernel's name, in [`Kernel::index`] order.
-pub const KERNEL_NAMES: [&str; 34] = [
+pub const KERNEL_NAMES: [&str; 35] = [
     "engram_gather",
     "engram_gate_f32_bf16",
     "engram_gate_f32_f32",
@@ -140,6 +143,7 @@ pub const KERNEL_NAMES: [&str; 34] = [
     "engram_hash_shift_done",
     "engram_decode_bf16",
     "engram_decode_fp8",
+    "engram_cache_fill",
 ];
 
 /// The `wkv` formats of [`Kernel::GemvQ`], in [`KERNEL_NAMES`] order.
@@ -183,6 +187,7 @@ impl Kernel {
             Kernel::HashShiftDone,
         ]);
         v.extend([false, true].map(|fp8| Kernel::Decode { fp8 }));
+        v.push(Kernel::CacheFill);
         v
     }
 
@@ -221,6 +226,7 @@ impl Kernel {
             Kernel::HashShiftWrite => 14 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::HashShiftDone => 15 + GEMV_MAX + GEMV_Q_FORMATS.len(),
             Kernel::Decode { fp8 } => 16 + GEMV_MAX + GEMV_Q_FORMATS.len() + fp8 as usize,
+            Kernel::CacheFill => Kernel::Decode { fp8: true }.index() + 1,
         }
     }
 
