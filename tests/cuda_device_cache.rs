@@ -311,7 +311,12 @@ fn hits_and_misses_are_what_the_policy_predicts() {
     let (cols, per) = (tiny.cols(), tiny.cols() * tiny.layers.len());
     // A hand-made sequence: a hot row in every call, rows coming back after
     // being evicted, duplicates within a call, a dead token.
-    let rows: [&[i64]; 8] = [
+    // A row that hits and is then evicted by a miss of the same call (5 in
+    // the second and third calls with 1 slot) is copied like a miss.
+    let rows: [&[i64]; 11] = [
+        &[5, 5, 5, 5],
+        &[5, 30, 31, 32],
+        &[31, 5, 40, 41, 42, 43, 44, 45],
         &[1, 2, 3, 4, 1, 2, 5, 6],
         &[1, 7, 8, 9, -1, -1, -1, -1],
         &[2, 3, 4, 5, 1, 1, 1, 1],
@@ -336,6 +341,7 @@ fn hits_and_misses_are_what_the_policy_predicts() {
             (ids, n)
         })
         .collect();
+    let mut taken_over = 0;
     for kind in PolicyKind::ALL {
         for cap in [1usize, 3, 5, 8, 64] {
             let l = &tiny.layers[1]; // bf16 rows of 2 * Hd bytes
@@ -366,6 +372,7 @@ fn hits_and_misses_are_what_the_policy_predicts() {
             let got = ctx.device_cache_stats(l.layer_id).unwrap().unwrap();
             let want = predict(kind, cap, &steps, 1, cols, per, rb as u64);
             assert_eq!(got, want, "{} over {cap} rows", kind.name());
+            taken_over += (got.bytes_h2d > got.misses * rb as u64) as usize;
             // The other layer was never applied.
             let other = ctx
                 .device_cache_stats(tiny.layers[0].layer_id)
@@ -374,6 +381,10 @@ fn hits_and_misses_are_what_the_policy_predicts() {
             assert_eq!(other.lookups, 0);
         }
     }
+    assert!(
+        taken_over > 0,
+        "some call's hit was taken over by its own miss"
+    );
 }
 
 #[test]
