@@ -360,8 +360,9 @@ typedef struct engram_tables engram_tables;
  far as it goes, the rest taking the defaults.
 
  Layouts accepted (`struct_size`): the 0.1 layout, which ends after
- `n_threads` (unchanged through 0.2; `device_history` reads as 0), and
- the 0.3 layout of this header.
+ `n_threads` (unchanged through 0.2; `device_history` reads as 0), the
+ 0.3 layout, which ends after `device_history` (`device_cache_bytes` reads
+ as 0), and the layout of this header.
  */
 typedef struct engram_config {
   /*
@@ -471,6 +472,21 @@ typedef struct engram_config {
    `ENGRAM_STATUS_ERR_UNSUPPORTED` (see docs/device-hash.md).
    */
   uint32_t device_history;
+  /*
+   0 (the default): a table in host memory or a file has every row a
+   call needs copied to the device for that call. Else (CUDA backend)
+   each layer whose table is on the host keeps up to this many bytes of
+   its rows (`device_cache_bytes / row_bytes` rows) in device memory,
+   and a call copies only the rows it does not hold (an LRU slot map on
+   the host; docs/row-cache.md, "Device tier"). Per layer: a context with
+   two host-table layers takes twice this, allocated at
+   `engram_set_layer`, plus `max_tokens * C * 12` bytes per layer and of
+   each pinned staging buffer for the per-call slot arrays. A budget the
+   device cannot give is `ENGRAM_STATUS_ERR_CAPACITY` at
+   `engram_set_layer`, nothing kept. The CPU backend ignores it (it reads
+   host tables in place).
+   */
+  uint64_t device_cache_bytes;
 } engram_config;
 
 /*
