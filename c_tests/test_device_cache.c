@@ -8,6 +8,9 @@
  *   - an engram_config of the 0.3 layout (struct_size up to device_history)
  *     is still read, the field taking its default 0, and its init writes
  *     nothing past that layout;
+ *   - engram_gguf_options and engram_safetensors_options carry it too: init
+ *     gives 0, the CPU backend ignores it (tiny.gguf opens with UINT64_MAX),
+ *     and their 0.3 layouts (which end before it) are still read;
  *   - CUDA: without a driver ERR_DEVICE at create, *out untouched, whatever
  *     the budget (with a driver, create is OK or ERR_DEVICE; the budget is
  *     checked at engram_set_layer, which tests/cuda_device_cache.rs covers).
@@ -84,6 +87,40 @@ int main(void) {
         check(st == ENGRAM_STATUS_OK, "create from the 0.3 layout (past it: 0xCD bytes): OK (got %d: %s)", (int)st,
               engram_last_error());
         check(memcmp(hw, hw0, sizeof hw) == 0, "the 0.3 layout's context: the same bits");
+    }
+    /* The loaders' options carry it too (CPU: ignored). */
+    {
+        engram_gguf_options o;
+        memset(&o, 0xEE, sizeof o);
+        engram_gguf_options_init(&o);
+        check(o.device_cache_bytes == 0, "engram_gguf_options_init: device_cache_bytes 0");
+        engram_safetensors_options so;
+        memset(&so, 0xEE, sizeof so);
+        engram_safetensors_options_init(&so);
+        check(so.device_cache_bytes == 0, "engram_safetensors_options_init: device_cache_bytes 0");
+        o.device_cache_bytes = UINT64_MAX;
+        engram_context *ctx = NULL;
+        engram_status st = engram_create_from_gguf("tests/golden/data/tiny.gguf", &o, &ctx);
+        check(st == ENGRAM_STATUS_OK, "GGUF on the CPU with device_cache_bytes UINT64_MAX: OK (got %d: %s)", (int)st,
+              engram_last_error());
+        if (st == ENGRAM_STATUS_OK) engram_free(ctx);
+        /* The 0.3 layouts, which end before the field: still read. */
+        memset(&o, 0xEE, sizeof o);
+        engram_gguf_options_init_sized(&o, offsetof(engram_gguf_options, device_cache_bytes));
+        check(o.device_cache_bytes == UINT64_C(0xEEEEEEEEEEEEEEEE), "init of the 0.3 GGUF layout writes nothing past it");
+        ctx = NULL;
+        st = engram_create_from_gguf("tests/golden/data/tiny.gguf", &o, &ctx);
+        check(st == ENGRAM_STATUS_OK, "GGUF options of the 0.3 layout: OK (got %d: %s)", (int)st, engram_last_error());
+        if (st == ENGRAM_STATUS_OK) engram_free(ctx);
+        memset(&so, 0xEE, sizeof so);
+        engram_safetensors_options_init_sized(&so, offsetof(engram_safetensors_options, device_cache_bytes));
+        check(so.device_cache_bytes == UINT64_C(0xEEEEEEEEEEEEEEEE),
+              "init of the 0.3 safetensors layout writes nothing past it");
+        ctx = NULL;
+        st = engram_create_from_safetensors("c_tests/no-such-checkpoint-dir", &so, &ctx);
+        check(st == ENGRAM_STATUS_ERR_IO && ctx == NULL,
+              "safetensors options of the 0.3 layout are read (the missing directory is what fails: got %d: %s)",
+              (int)st, engram_last_error());
     }
     /* CUDA: the budget is no reason to crash without a driver. */
     {

@@ -632,8 +632,9 @@ enum engram_status engram_set_layer(struct engram_context *ctx,
  Every field is plain data.
 
  Layouts accepted (`struct_size`): the 0.2 layout, which ends after
- `mmap_tables` (`tables_dir` reads as NULL), and the 0.3 layout of this
- header.
+ `mmap_tables` (`tables_dir` reads as NULL), the 0.3 layout, which ends
+ after `tables_dir` (`device_cache_bytes` reads as 0), and the layout of
+ this header.
  */
 typedef struct engram_gguf_options {
   /*
@@ -698,6 +699,13 @@ typedef struct engram_gguf_options {
    directory. (A struct from a 0.2 header ends before this field.)
    */
   const char *tables_dir;
+  /*
+   As in `engram_config`: bytes of device row cache for each layer
+   whose table stays in the file (CUDA backend; 0, the default: none;
+   ignored by the CPU backend). (A struct from a 0.3 header ends before
+   this field.)
+   */
+  uint64_t device_cache_bytes;
 } engram_gguf_options;
 
 /*
@@ -749,8 +757,9 @@ enum engram_status engram_create_from_gguf(const char *path,
  Options of `engram_create_from_safetensors`. Fill with
  `engram_safetensors_options_init`. Every field is plain data.
 
- Layouts accepted (`struct_size`): only the 0.3 layout of this header
- (the struct is new in 0.3).
+ Layouts accepted (`struct_size`): the 0.3 layout (the struct is new in
+ 0.3), which ends after `mmap_tables` (`device_cache_bytes` reads as 0),
+ and the layout of this header.
  */
 typedef struct engram_safetensors_options {
   /*
@@ -803,6 +812,13 @@ typedef struct engram_safetensors_options {
    SIGBUS).
    */
   uint32_t mmap_tables;
+  /*
+   As in `engram_config`: bytes of device row cache for each layer
+   (the checkpoint's tables stay on the host; CUDA backend; 0, the
+   default: none; ignored by the CPU backend). (A struct from a 0.3
+   header ends before this field.)
+   */
+  uint64_t device_cache_bytes;
 } engram_safetensors_options;
 
 /*

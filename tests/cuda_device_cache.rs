@@ -488,3 +488,40 @@ fn a_budget_the_device_cannot_give_is_err_capacity_and_nothing_is_kept() {
         .expect("refused after set_layer");
     assert_eq!(e.status, EngramStatus::ErrInvalidArgument, "{}", e.message);
 }
+
+#[test]
+fn a_gguf_model_on_cuda_takes_the_budget_and_keeps_its_bits() {
+    let Some(dev) = device() else { return };
+    let tiny = Tiny::load();
+    let path = golden_dir().join("tiny.gguf");
+    let m = engram::gguf::GgufModel::open(&path, &engram::gguf::LoadOptions::default()).unwrap();
+    let mut tuning = engram::Tuning::default();
+    tuning.cuda.device = Some(dev.gpu.clone());
+    let o = engram::gguf::GgufOptions {
+        limits: Tiny::limits(),
+        n_threads: 2,
+        backend: EngramBackend::Cuda as u32,
+        device: 0,
+        eps: tiny.eps,
+        tuning,
+    };
+    let plain = m.context(&o).unwrap();
+    let cached = m.context_with_cache(&o, 4 * 2 * tiny.hd as u64).unwrap();
+    for (si, (ids, n)) in skewed_steps(&tiny, 12, "devcache.gguf").iter().enumerate() {
+        let name = format!("devcache.gguf{si}");
+        let want = run_step(&dev, &plain, &tiny, RowIds::Host(ids), *n, &name);
+        let got = run_step(&dev, &cached, &tiny, RowIds::Host(ids), *n, &name);
+        assert!(
+            got == want,
+            "step {si}: the GGUF model's tables through a 4-row cache"
+        );
+    }
+    for l in &tiny.layers {
+        assert_eq!(plain.device_cache_stats(l.layer_id).unwrap(), None);
+        let s = cached
+            .device_cache_stats(l.layer_id)
+            .unwrap()
+            .expect("a cache");
+        assert!(s.hits > 0 && s.evictions > 0, "layer {}: {s:?}", l.layer_id);
+    }
+}

@@ -13,8 +13,9 @@ use std::ffi::c_char;
 /// Every field is plain data.
 ///
 /// Layouts accepted (`struct_size`): the 0.2 layout, which ends after
-/// `mmap_tables` (`tables_dir` reads as NULL), and the 0.3 layout of this
-/// header.
+/// `mmap_tables` (`tables_dir` reads as NULL), the 0.3 layout, which ends
+/// after `tables_dir` (`device_cache_bytes` reads as 0), and the layout of
+/// this header.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramGgufOptions {
@@ -62,12 +63,19 @@ pub struct EngramGgufOptions {
     /// without hash constants). NULL: the recorded path, then the GGUF file's
     /// directory. (A struct from a 0.2 header ends before this field.)
     pub tables_dir: *const c_char,
+    /// As in `engram_config`: bytes of device row cache for each layer
+    /// whose table stays in the file (CUDA backend; 0, the default: none;
+    /// ignored by the CPU backend). (A struct from a 0.3 header ends before
+    /// this field.)
+    pub device_cache_bytes: u64,
 }
 
 /// The `engram_gguf_options` layouts this library reads: the 0.2 one, which
-/// ends before `tables_dir`, and today's (0.3).
+/// ends before `tables_dir`, the 0.3 one, which ends before
+/// `device_cache_bytes`, and today's.
 const GGUF_OPTIONS_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramGgufOptions, tables_dir),
+    std::mem::offset_of!(EngramGgufOptions, device_cache_bytes),
     size_of::<EngramGgufOptions>(),
 ];
 
@@ -90,6 +98,7 @@ impl Default for EngramGgufOptions {
             tokenizer_json: std::ptr::null(),
             mmap_tables: 0,
             tables_dir: std::ptr::null(),
+            device_cache_bytes: 0,
         }
     }
 }
@@ -169,7 +178,7 @@ pub extern "C" fn engram_create_from_gguf(
             tables_dir,
         };
         let model = Box::new(LoadedModel::open(p, &lo)?);
-        give_context(out, model, &opts)
+        give_context(out, model, &opts, o.device_cache_bytes)
     })
 }
 
@@ -235,12 +244,13 @@ pub(crate) fn give_context(
     out: *mut *mut EngramContext,
     model: Box<LoadedModel>,
     opts: &GgufOptions,
+    device_cache_bytes: u64,
 ) -> Result<()> {
     // SAFETY: the context borrows the model inside `model`, a heap allocation
     // that does not move when the box does; the EngramContext owns the box and
     // drops it after the context (field order).
     let m: &'static LoadedModel = unsafe { &*(model.as_ref() as *const _) };
-    let inner = m.context(opts)?;
+    let inner = m.context_with_cache(opts, device_cache_bytes)?;
     give_object(out, EngramContext::new(inner, Some(model)));
     Ok(())
 }

@@ -11,8 +11,9 @@ use std::ffi::c_char;
 /// Options of `engram_create_from_safetensors`. Fill with
 /// `engram_safetensors_options_init`. Every field is plain data.
 ///
-/// Layouts accepted (`struct_size`): only the 0.3 layout of this header
-/// (the struct is new in 0.3).
+/// Layouts accepted (`struct_size`): the 0.3 layout (the struct is new in
+/// 0.3), which ends after `mmap_tables` (`device_cache_bytes` reads as 0),
+/// and the layout of this header.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramSafetensorsOptions {
@@ -50,10 +51,19 @@ pub struct EngramSafetensorsOptions {
     /// everything is read in place (a file truncated while mapped raises
     /// SIGBUS).
     pub mmap_tables: u32,
+    /// As in `engram_config`: bytes of device row cache for each layer
+    /// (the checkpoint's tables stay on the host; CUDA backend; 0, the
+    /// default: none; ignored by the CPU backend). (A struct from a 0.3
+    /// header ends before this field.)
+    pub device_cache_bytes: u64,
 }
 
-/// The `engram_safetensors_options` layouts this library reads: only its first.
-const SAFETENSORS_OPTIONS_LAYOUTS: &[usize] = &[size_of::<EngramSafetensorsOptions>()];
+/// The `engram_safetensors_options` layouts this library reads: the 0.3
+/// one, which ends before `device_cache_bytes`, and today's.
+const SAFETENSORS_OPTIONS_LAYOUTS: &[usize] = &[
+    std::mem::offset_of!(EngramSafetensorsOptions, device_cache_bytes),
+    size_of::<EngramSafetensorsOptions>(),
+];
 
 impl Options for EngramSafetensorsOptions {
     const INIT: &'static str = "engram_safetensors_options_init";
@@ -72,6 +82,7 @@ impl Default for EngramSafetensorsOptions {
             n_threads: 1,
             tokenizer_json: std::ptr::null(),
             mmap_tables: 0,
+            device_cache_bytes: 0,
         }
     }
 }
@@ -146,6 +157,6 @@ pub extern "C" fn engram_create_from_safetensors(
             ..LoadOptions::default()
         };
         let model = Box::new(LoadedModel::open_checkpoint(dir, tok, &lo)?);
-        give_context(out, model, &opts)
+        give_context(out, model, &opts, o.device_cache_bytes)
     })
 }
