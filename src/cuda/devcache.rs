@@ -38,6 +38,7 @@ pub const DEFAULT_POLICY: PolicyKind = PolicyKind::Lru;
 /// whose host row is staged for the call.
 const STAGED: u32 = 1 << 31;
 const EMPTY: u64 = u64::MAX;
+const NOT_STAGED: u32 = u32::MAX;
 
 /// The counters of one layer's device cache: relaxed atomics, read without a
 /// lock (`Context::device_cache_stats`).
@@ -88,8 +89,11 @@ pub struct Plan {
     /// The call's distinct ids: open addressing, `(id, location, first cell)`.
     map: Vec<(u64, u32, u32)>,
     used: Vec<u32>,
-    /// The cells whose host rows the call copies.
-    staged: Vec<u32>,
+    /// Each id's position in the map (`[ids]`).
+    at: Vec<u32>,
+    /// Per cell: [`NOT_STAGED`], or its row in the staging area (0 while
+    /// marked during the pass, numbered after it).
+    row_of: Vec<u32>,
     /// Admissions `(slot, order, cell)`.
     fills: Vec<(u32, u32, u32)>,
 }
@@ -104,7 +108,8 @@ impl Plan {
             policy: Some(new_policy(kind, capacity)?),
             map: try_vec(table, (EMPTY, 0, 0), "the device cache's step map")?,
             used: crate::fallible::try_room(cells, "the device cache's step map")?,
-            staged: crate::fallible::try_room(cells, "the device cache's staged rows")?,
+            at: crate::fallible::try_room(cells, "the device cache's step map")?,
+            row_of: crate::fallible::try_room(cells, "the device cache's staged rows")?,
             fills: crate::fallible::try_room(cells, "the device cache's admissions")?,
         })
     }
@@ -152,16 +157,23 @@ impl Plan {
         fill: &mut [u32],
         counters: &Counters,
     ) -> Result<Planned> {
+        let cells = slots.len();
+        if ids.len() > self.at.capacity() || cells > self.row_of.capacity() {
+            bail!(ErrInternal, "a device cache plan past its cells");
+        }
         for &h in &self.used {
             self.map[h as usize].0 = EMPTY;
         }
         self.used.clear();
-        self.staged.clear();
+        self.at.clear();
         self.fills.clear();
-        let (mut lookups, mut hits, mut evictions) = (0u64, 0u64, 0u64);
+        self.row_of.clear();
+        self.row_of.resize(cells, NOT_STAGED);
+        let (mut lookups, mut hits, mut evictions, mut staged) = (0u64, 0u64, 0u64, 0usize);
         for (j, &id) in ids.iter().enumerate() {
             let cell = (tokens[j / cols] * cols + j % cols) as u32;
             let (h, found) = self.find(id as u64);
+            self.at.push(h as u32);
             if found {
                 continue;
             }
@@ -174,7 +186,8 @@ impl Plan {
                 continue;
             }
             self.map[h] = (id as u64, STAGED | cell, cell);
-            self.staged.push(cell);
+            self.row_of[cell as usize] = 0;
+            staged += 1;
             let Some((s, old)) = self.policy.as_mut().and_then(|p| p.admit(id as u64)) else {
                 continue;
             };
@@ -186,21 +199,20 @@ impl Plan {
                     // A hit of this call whose slot is taken over: staged.
                     let c = self.map[ho].2;
                     self.map[ho].1 = STAGED | c;
-                    self.staged.push(c);
+                    self.row_of[c as usize] = 0;
+                    staged += 1;
                 }
             }
         }
-        self.staged.sort_unstable();
-        for (j, &c) in self.staged.iter().enumerate() {
-            let (from, to) = (c as usize * rb, j * rb);
-            rows.copy_within(from..from + rb, to);
-        }
-        let index = |staged: &[u32], cell: u32| -> Result<u32> {
-            match staged.binary_search(&cell) {
-                Ok(j) => Ok(j as u32),
-                Err(_) => bail!(ErrInternal, "the device cache lost a staged cell"),
+        // Staged rows in increasing cell order: row j of the staging area.
+        let mut j = 0u32;
+        for c in 0..cells {
+            if self.row_of[c] == 0 {
+                self.row_of[c] = j;
+                rows.copy_within(c * rb..(c + 1) * rb, j as usize * rb);
+                j += 1;
             }
-        };
+        }
         // The last admission to each slot.
         self.fills.sort_unstable();
         let mut n_fill = 0;
@@ -209,17 +221,16 @@ impl Plan {
             if self.fills.get(k + 1).is_some_and(|f| f.0 == s) {
                 continue;
             }
-            fill[2 * n_fill] = index(&self.staged, cell)?;
+            fill[2 * n_fill] = self.row_of[cell as usize];
             fill[2 * n_fill + 1] = base + s;
             n_fill += 1;
         }
         slots.fill(0);
-        for (j, &id) in ids.iter().enumerate() {
+        for (j, &h) in self.at.iter().enumerate() {
             let cell = tokens[j / cols] * cols + j % cols;
-            let (h, _) = self.find(id as u64);
-            let loc = self.map[h].1;
+            let loc = self.map[h as usize].1;
             slots[cell] = if loc & STAGED != 0 {
-                index(&self.staged, loc & !STAGED)?
+                self.row_of[(loc & !STAGED) as usize]
             } else {
                 base + loc
             };
@@ -229,9 +240,9 @@ impl Plan {
         c.add(&c.hits, hits);
         c.add(&c.misses, lookups - hits);
         c.add(&c.evictions, evictions);
-        c.add(&c.bytes_h2d, (self.staged.len() * rb) as u64);
+        c.add(&c.bytes_h2d, (staged * rb) as u64);
         Ok(Planned {
-            staged: self.staged.len(),
+            staged,
             fills: n_fill,
         })
     }
