@@ -49,7 +49,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let table: Vec<u8> = (0..TABLE_ROWS * RB).map(|i| (i * 31 % 251) as u8).collect();
-    println!("## Device row cache: host cost of a call's plan (V4.1 geometry, C = {C}, {RB}-byte rows)");
+    println!(
+        "## Device row cache: host cost of a call's plan (V4.1 geometry, C = {C}, {RB}-byte rows)"
+    );
     println!();
     println!(
         "| tokens | plan (us) | gather rows to staging (us, peer) | plan / gather | H2D bytes cached / uncached (warm) |"
@@ -66,8 +68,18 @@ fn main() {
         // Warm the cache with 200 calls.
         for s in 0..200 {
             let ids = ids_for(n, s);
-            plan.plan(&ids, &tokens, C, &mut rows, RB, cells as u32, &mut slots, &mut fill, &counters)
-                .unwrap();
+            plan.plan(
+                &ids,
+                &tokens,
+                C,
+                &mut rows,
+                RB,
+                cells as u32,
+                &mut slots,
+                &mut fill,
+                &counters,
+            )
+            .unwrap();
         }
         let before = counters.snapshot(CACHE_ROWS as u64);
         let (mut t_plan, mut t_gather) = (Vec::new(), Vec::new());
@@ -82,8 +94,18 @@ fn main() {
             t_gather.push(t0.elapsed().as_secs_f64() * 1e6);
             uncached += (cells * RB) as u64;
             let t1 = Instant::now();
-            plan.plan(&ids, &tokens, C, &mut rows, RB, cells as u32, &mut slots, &mut fill, &counters)
-                .unwrap();
+            plan.plan(
+                &ids,
+                &tokens,
+                C,
+                &mut rows,
+                RB,
+                cells as u32,
+                &mut slots,
+                &mut fill,
+                &counters,
+            )
+            .unwrap();
             t_plan.push(t1.elapsed().as_secs_f64() * 1e6);
         }
         let after = counters.snapshot(CACHE_ROWS as u64);

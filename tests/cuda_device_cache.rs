@@ -525,3 +525,112 @@ fn a_gguf_model_on_cuda_takes_the_budget_and_keeps_its_bits() {
         assert!(s.hits > 0 && s.evictions > 0, "layer {}: {s:?}", l.layer_id);
     }
 }
+
+/// On the emulation with every copy and kernel deferred until something
+/// waits (`Emulator::set_deferred`), calls alternating between two
+/// non-blocking streams, prefetched or not, checked only at the end: a
+/// call's fills must wait for the earlier calls' kernels (the context orders
+/// its calls across streams) and its pinned slot indices and admissions must
+/// not be rewritten before their copies ran, or a highway differs from the
+/// device table's.
+#[test]
+fn deferred_work_on_two_streams_keeps_the_bits() {
+    let Some(dev) = device() else { return };
+    let Some(emu) = dev.emu.clone() else {
+        return; // the deferral is the emulation's; a GPU runs the other tests
+    };
+    let tiny = Tiny::load();
+    let w: Vec<DevWeights> = tiny.layers.iter().map(|l| dev_weights(&dev, l)).collect();
+    let on_device = cuda_context(&dev, &tiny, 0, PolicyKind::Lru);
+    let host = cuda_context(&dev, &tiny, 3 * 2 * tiny.hd as u64, PolicyKind::Clock);
+    for (i, l) in tiny.layers.iter().enumerate() {
+        on_device
+            .set_layer(layer_with(l, device_source(&w[i]), &w[i]))
+            .unwrap();
+        host.set_layer(layer_with(
+            l,
+            TableSource::Memory(Region::of(&l.table)),
+            &w[i],
+        ))
+        .unwrap();
+    }
+    let steps = skewed_steps(&tiny, 14, "devcache.deferred");
+    let hw_in: Vec<Vec<f32>> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, (_, n))| {
+            values(
+                &format!("devcache.deferred{i}"),
+                n * tiny.hc * tiny.d,
+                1.0,
+                0.0,
+            )
+        })
+        .collect();
+    let want: Vec<Vec<u32>> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, (ids, n))| {
+            let hw = dev.upload(&hw_in[i]);
+            for l in &tiny.layers {
+                on_device
+                    .apply_device(
+                        l.layer_id,
+                        RowIds::Host(ids),
+                        *n,
+                        hw.ptr,
+                        0,
+                        std::ptr::null_mut(),
+                    )
+                    .unwrap();
+            }
+            on_device.check_device(std::ptr::null_mut()).unwrap();
+            hw.read::<f32>(hw_in[i].len())
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        })
+        .collect();
+    let streams = [0x7100 as *mut c_void, 0x7200 as *mut c_void];
+    let hws: Vec<DevBuf> = hw_in.iter().map(|h| dev.upload(h)).collect();
+    emu.set_deferred(true);
+    for (i, (ids, n)) in steps.iter().enumerate() {
+        if i % 2 == 0 {
+            for l in &tiny.layers {
+                host.prefetch(l.layer_id, ids, *n).unwrap();
+            }
+        }
+        for l in &tiny.layers {
+            host.apply_device(
+                l.layer_id,
+                RowIds::Host(ids),
+                *n,
+                hws[i].ptr,
+                0,
+                streams[i % 2],
+            )
+            .unwrap();
+        }
+    }
+    host.check_device(streams[(steps.len() - 1) % 2]).unwrap();
+    host.check_device(streams[steps.len() % 2]).unwrap();
+    emu.set_deferred(false);
+    for (i, hw) in hws.iter().enumerate() {
+        let got: Vec<u32> = hw
+            .read::<f32>(hw_in[i].len())
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        assert!(
+            got == want[i],
+            "step {i}: deferred, two streams, through a 3-row cache"
+        );
+    }
+    let s = host
+        .device_cache_stats(tiny.layers[1].layer_id)
+        .unwrap()
+        .unwrap();
+    assert!(s.hits > 0 && s.evictions > 0, "{s:?}");
+}
