@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::device::{device, Dev};
+use common::device::{device, skip, Dev};
 use common::*;
 use engram::backend::{TableIn, TableSource};
 use engram::cuda::gpu::DevBuf;
@@ -537,7 +537,8 @@ fn a_gguf_model_on_cuda_takes_the_budget_and_keeps_its_bits() {
 fn deferred_work_on_two_streams_keeps_the_bits() {
     let Some(dev) = device() else { return };
     let Some(emu) = dev.emu.clone() else {
-        return; // the deferral is the emulation's; a GPU runs the other tests
+        skip("the deferral is the emulation's (a GPU runs the other tests)");
+        return;
     };
     let tiny = Tiny::load();
     let w: Vec<DevWeights> = tiny.layers.iter().map(|l| dev_weights(&dev, l)).collect();

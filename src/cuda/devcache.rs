@@ -132,6 +132,24 @@ impl Plan {
         }
     }
 
+    /// The call's admissions into `fill` as `(staging row, base + slot)`
+    /// pairs, the last admission to each slot only (the rows numbered);
+    /// returns how many.
+    fn write_fills(&mut self, fill: &mut [u32], base: u32) -> usize {
+        self.fills.sort_unstable();
+        let mut n_fill = 0;
+        for k in 0..self.fills.len() {
+            let (s, _, cell) = self.fills[k];
+            if self.fills.get(k + 1).is_some_and(|f| f.0 == s) {
+                continue;
+            }
+            fill[2 * n_fill] = self.row_of[cell as usize];
+            fill[2 * n_fill + 1] = base + s;
+            n_fill += 1;
+        }
+        n_fill
+    }
+
     /// Plan one call: `ids` of the live tokens `tokens` (`cols` a token),
     /// whose host rows (`rb` bytes) are at their cells in `rows`. Decides each
     /// distinct id's hit or miss in order of first appearance, compacts the
@@ -213,18 +231,7 @@ impl Plan {
                 j += 1;
             }
         }
-        // The last admission to each slot.
-        self.fills.sort_unstable();
-        let mut n_fill = 0;
-        for k in 0..self.fills.len() {
-            let (s, _, cell) = self.fills[k];
-            if self.fills.get(k + 1).is_some_and(|f| f.0 == s) {
-                continue;
-            }
-            fill[2 * n_fill] = self.row_of[cell as usize];
-            fill[2 * n_fill + 1] = base + s;
-            n_fill += 1;
-        }
+        let n_fill = self.write_fills(fill, base);
         slots.fill(0);
         for (j, &h) in self.at.iter().enumerate() {
             let cell = tokens[j / cols] * cols + j % cols;
