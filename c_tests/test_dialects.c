@@ -391,7 +391,8 @@ static void test_safetensors_args(void) {
     check(engram_create_from_safetensors(ck, &s, &out) == ENGRAM_STATUS_ERR_STRUCT_SIZE && out == keep &&
               last_error_has(a) && last_error_has(b),
           "a larger (newer) struct_size: ERR_STRUCT_SIZE naming both sizes");
-    s.struct_size = sizeof s - 8;
+    /* (sizeof s - 8 is the 0.3 layout, which ends before device_cache_bytes.) */
+    s.struct_size = offsetof(engram_safetensors_options, device_cache_bytes) - 8;
     check(engram_create_from_safetensors(ck, &s, &out) == ENGRAM_STATUS_ERR_STRUCT_SIZE && out == keep,
           "a smaller struct_size than any layout: ERR_STRUCT_SIZE");
     engram_safetensors_options_init_sized(NULL, sizeof o); /* ignored */
