@@ -126,14 +126,19 @@ static void test_options_and_bad_input(void) {
     check(engram_cache_stats_read(c, 0, 0, &x) == ENGRAM_STATUS_ERR_INVALID_ARGUMENT &&
               engram_cache_stats_read(c, 0, 99, &x) == ENGRAM_STATUS_ERR_INVALID_ARGUMENT,
           "tiers 0 and 99: ERR_INVALID_ARGUMENT");
-    check(engram_cache_stats_read(c, 0, ENGRAM_CACHE_TIER_DEVICE, &x) == ENGRAM_STATUS_ERR_UNSUPPORTED &&
-              engram_cache_stats_read(c, 0, ENGRAM_CACHE_TIER_STORAGE, &x) == ENGRAM_STATUS_ERR_UNSUPPORTED,
-          "the device and storage tiers (not kept yet): ERR_UNSUPPORTED");
+    check(engram_cache_stats_read(c, 0, ENGRAM_CACHE_TIER_STORAGE, &x) == ENGRAM_STATUS_ERR_UNSUPPORTED,
+          "the storage tier (not kept apart yet): ERR_UNSUPPORTED");
     x.struct_size = 3;
     keep.struct_size = 3;
     check(engram_cache_stats_read(c, 0, ENGRAM_CACHE_TIER_HOST, &x) == ENGRAM_STATUS_ERR_STRUCT_SIZE,
           "struct_size 3: ERR_STRUCT_SIZE");
     check(memcmp(&x, &keep, sizeof x) == 0, "nothing written by the refused calls");
+    engram_cache_stats dev;
+    engram_cache_stats_init(&dev);
+    dev.lookups = 77;
+    check(engram_cache_stats_read(c, 0, ENGRAM_CACHE_TIER_DEVICE, &dev) == ENGRAM_STATUS_OK && dev.lookups == 0 &&
+              dev.capacity_rows == 0 && dev.policy == ENGRAM_CACHE_POLICY_NONE,
+          "the device tier of a CPU context: zeros, no policy");
     check(engram_cache_stats_reset(NULL) == ENGRAM_STATUS_ERR_NULL_ARGUMENT, "reset(NULL): ERR_NULL_ARGUMENT");
     int64_t ids[N * IDS_PER_TOKEN];
     hash_step(c, 0, ids);

@@ -360,8 +360,9 @@ typedef struct engram_tables engram_tables;
  far as it goes, the rest taking the defaults.
 
  Layouts accepted (`struct_size`): the 0.1 layout, which ends after
- `n_threads` (unchanged through 0.2; `device_history` reads as 0), and
- the 0.3 layout of this header.
+ `n_threads` (unchanged through 0.2; `device_history` reads as 0), the
+ 0.3 layout, which ends after `device_history` (`device_cache_bytes` reads
+ as 0), and the layout of this header.
  */
 typedef struct engram_config {
   /*
@@ -471,6 +472,21 @@ typedef struct engram_config {
    `ENGRAM_STATUS_ERR_UNSUPPORTED` (see docs/device-hash.md).
    */
   uint32_t device_history;
+  /*
+   0 (the default): a table in host memory or a file has every row a
+   call needs copied to the device for that call. Else (CUDA backend)
+   each layer whose table is on the host keeps up to this many bytes of
+   its rows (`device_cache_bytes / row_bytes` rows) in device memory,
+   and a call copies only the rows it does not hold (an LRU slot map on
+   the host; docs/row-cache.md, "Device tier"). Per layer: a context with
+   two host-table layers takes twice this, allocated at
+   `engram_set_layer`, plus `max_tokens * C * 12` bytes per layer and of
+   each pinned staging buffer for the per-call slot arrays. A budget the
+   device cannot give is `ENGRAM_STATUS_ERR_CAPACITY` at
+   `engram_set_layer`, nothing kept. The CPU backend ignores it (it reads
+   host tables in place).
+   */
+  uint64_t device_cache_bytes;
 } engram_config;
 
 /*
@@ -617,7 +633,7 @@ enum engram_status engram_set_layer(struct engram_context *ctx,
 
  Layouts accepted (`struct_size`): the 0.2 layout, which ends after
  `mmap_tables` (`tables_dir` reads as NULL), the 0.3 layout, which ends
- after `tables_dir` (`row_cache_bytes` reads as 0), and the layout of this
+ after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), and the layout of this
  header.
  */
 typedef struct engram_gguf_options {
@@ -693,6 +709,13 @@ typedef struct engram_gguf_options {
    this field: no cache.)
    */
   uint64_t row_cache_bytes;
+  /*
+   As in `engram_config`: bytes of device row cache for each layer
+   whose table stays in the file (CUDA backend; 0, the default: none;
+   ignored by the CPU backend). (A struct from a 0.3 header ends before
+   this field.)
+   */
+  uint64_t device_cache_bytes;
 } engram_gguf_options;
 
 /*
@@ -745,7 +768,8 @@ enum engram_status engram_create_from_gguf(const char *path,
  `engram_safetensors_options_init`. Every field is plain data.
 
  Layouts accepted (`struct_size`): the 0.3 layout (the struct is new in
- 0.3), which ends after `mmap_tables` (`row_cache_bytes` reads as 0), and
+ 0.3), which ends after `mmap_tables` (`row_cache_bytes` and
+ `device_cache_bytes` read as 0), and
  the layout of this header.
  */
 typedef struct engram_safetensors_options {
@@ -809,6 +833,13 @@ typedef struct engram_safetensors_options {
    this field: no cache.)
    */
   uint64_t row_cache_bytes;
+  /*
+   As in `engram_config`: bytes of device row cache for each layer
+   (the checkpoint's tables stay on the host; CUDA backend; 0, the
+   default: none; ignored by the CPU backend). (A struct from a 0.3
+   header ends before this field.)
+   */
+  uint64_t device_cache_bytes;
 } engram_safetensors_options;
 
 /*
@@ -1991,8 +2022,10 @@ enum engram_cache_tier
 #endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
  {
   /*
-   The device cache of a host-backed table on CUDA (not kept yet:
-   `ENGRAM_STATUS_ERR_UNSUPPORTED`).
+   The device row cache of a host-backed table on CUDA
+   (`device_cache_bytes`): its lookups, hits, misses, evictions and the
+   row bytes copied from the host (`bytes_read`); zeros where a layer
+   has none (the CPU backend, a table in device memory).
    */
   ENGRAM_CACHE_TIER_DEVICE = 1,
   /*
@@ -2028,7 +2061,7 @@ enum engram_cache_policy
    */
   ENGRAM_CACHE_POLICY_NONE = 0,
   /*
-   Exact least recently used.
+   Exact least recently used within each shard (the default).
    */
   ENGRAM_CACHE_POLICY_LRU = 1,
   /*
@@ -2036,7 +2069,7 @@ enum engram_cache_policy
    */
   ENGRAM_CACHE_POLICY_CLOCK = 2,
   /*
-   S3-FIFO (small and main FIFOs and a ghost queue; the default).
+   S3-FIFO (small and main FIFOs and a ghost queue).
    */
   ENGRAM_CACHE_POLICY_S3FIFO = 3,
 };

@@ -115,6 +115,7 @@ struct eng_decode_args {
     eng_u32 id_stride, id_offset, cols;
     const eng_u8 *staged_rows;
     const eng_i64 *staged_ids;
+    const eng_u32 *staged_slots;
     const eng_u8 *table_scales;
     eng_u16 *rows_out;
     eng_u32 *flags, *latch;
@@ -163,7 +164,7 @@ __device__ __noinline__ void eng_decode_gather_cell(const eng_decode_args *__res
                                                     eng_u32 lane, const eng_row_shared &out) {
     const eng_decode_args &a = *pa;
     eng_gather_cell(pos, lane, a.table, a.table_scales, a.table_rows, a.fmt, a.hd, a.row_bytes, a.ids, a.id_stride,
-                    a.id_offset, a.cols, a.staged_rows, a.staged_ids, out, out.to_g, a.flags, a.latch, a.layer_id,
+                    a.id_offset, a.cols, a.staged_rows, a.staged_ids, a.staged_slots, out, out.to_g, a.flags, a.latch, a.layer_id,
                     a.serial);
 }
 
@@ -314,12 +315,12 @@ __device__ __forceinline__ bool eng_last_block_done(eng_u32 *done) {
 #define ENG_DECODE_PARAMS                                                                                        \
     const eng_u8 *table, eng_u64 table_rows, eng_u32 fmt, eng_u32 hd, eng_u32 row_bytes, const eng_i64 *ids,      \
         eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols, const eng_u8 *staged_rows, const eng_i64 *staged_ids, \
-        const eng_u8 *table_scales, eng_u16 *rows_out, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,         \
+        const eng_u32 *staged_slots, const eng_u8 *table_scales, eng_u16 *rows_out, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,         \
         eng_u32 serial, const void *w, const eng_u8 *wscales, eng_u32 br, eng_u32 bc, eng_u32 nbc, eng_u16 *kv,   \
         eng_u32 n_out, eng_u32 k, eng_u32 nt, eng_u32 tile
 #define ENG_DECODE_ARGS                                                                                          \
     {table,       table_rows, fmt,      hd,    row_bytes, ids,      id_stride, id_offset, cols, staged_rows,       \
-     staged_ids,  table_scales, rows_out, flags, latch,   layer_id, serial,    w,         wscales, br,           \
+     staged_ids,  staged_slots, table_scales, rows_out, flags, latch,   layer_id, serial,    w,         wscales, br,           \
      bc,          nbc,        kv,       n_out, k,         nt,       tile}
 
 // Grid: any number of blocks of ENG_DECODE_THREADS (src/cuda/kernels.rs

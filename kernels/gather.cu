@@ -11,7 +11,12 @@
 // (t, c) at staged_rows + (t * cols + c) * row_bytes and its id at
 // staged_ids[t * cols + c]; a position whose staged id is not the id asked for
 // is an error (ENG_ERR_NOT_STAGED: the engine replayed a graph without
-// staging that step's rows).
+// staging that step's rows). With a device row cache (`staged_slots`
+// non-NULL, docs/row-cache.md "Device tier") the row of position p is
+// instead at staged_rows + staged_slots[p] * row_bytes: a row the host
+// copied for this call (index below the staging area's size) or a cache slot
+// (after it), which engram_cache_fill filled in an earlier call or in this
+// one, before the gather on the same stream.
 //
 // How a row is read: a lane takes ENG_GATHER_VEC (8) consecutive values at a
 // time with one 16-byte load (bf16, f16; two for f32) or one 8-byte load of
@@ -48,10 +53,10 @@ extern "C" __global__ void __launch_bounds__(ENG_GATHER_THREADS)
     engram_gather(const eng_u8 *__restrict__ table, eng_u64 table_rows, eng_u32 fmt, eng_u32 hd, eng_u32 row_bytes,
                   const eng_i64 *__restrict__ ids, eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols,
                   eng_u64 n_cells, const eng_u8 *__restrict__ staged_rows, const eng_i64 *__restrict__ staged_ids,
-                  void *rows_out, eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,
+                  const eng_u32 *__restrict__ staged_slots, void *rows_out, eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,
                   eng_u32 serial) {
     eng_gather_cells(table, nullptr, table_rows, fmt, hd, row_bytes, ids, id_stride, id_offset, cols, n_cells,
-                     staged_rows, staged_ids, rows_out, out_f32, flags, latch, layer_id, serial);
+                     staged_rows, staged_ids, staged_slots, rows_out, out_f32, flags, latch, layer_id, serial);
 }
 
 // engram_gather for a device table in the split fp8 format: the same
@@ -60,10 +65,30 @@ extern "C" __global__ void __launch_bounds__(ENG_GATHER_THREADS)
     engram_gather_split(const eng_u8 *__restrict__ table, eng_u64 table_rows, eng_u32 fmt, eng_u32 hd,
                         eng_u32 row_bytes, const eng_i64 *__restrict__ ids, eng_u32 id_stride, eng_u32 id_offset,
                         eng_u32 cols, eng_u64 n_cells, const eng_u8 *__restrict__ staged_rows,
-                        const eng_i64 *__restrict__ staged_ids, void *rows_out, eng_u32 out_f32, eng_u32 *flags,
+                        const eng_i64 *__restrict__ staged_ids, const eng_u32 *__restrict__ staged_slots,
+                        void *rows_out, eng_u32 out_f32, eng_u32 *flags,
                         eng_u32 *latch, eng_u32 layer_id, eng_u32 serial, const eng_u8 *__restrict__ scales) {
     eng_gather_cells(table, scales, table_rows, fmt, hd, row_bytes, ids, id_stride, id_offset, cols, n_cells,
-                     staged_rows, staged_ids, rows_out, out_f32, flags, latch, layer_id, serial);
+                     staged_rows, staged_ids, staged_slots, rows_out, out_f32, flags, latch, layer_id, serial);
+}
+
+// The device row cache's admissions of one call (docs/row-cache.md "Device
+// tier"): entry e of `fill` is a pair (src, dst) of row indices in `rows`
+// (src: a row the host copied into the call's staging area; dst: the cache
+// slot it now holds); row dst becomes a copy of row src, `row_bytes` bytes.
+// No two entries have the same dst, and no dst is a src, so the entries are
+// independent. A warp an entry (grid-stride), its lanes over the bytes.
+extern "C" __global__ void __launch_bounds__(ENG_GATHER_THREADS)
+    engram_cache_fill(eng_u8 *__restrict__ rows, const eng_u32 *__restrict__ fill, eng_u32 n_fill,
+                      eng_u32 row_bytes) {
+    const eng_u32 lane = threadIdx.x % 32u;
+    const eng_u64 stride = (eng_u64)gridDim.x * (blockDim.x / 32u);
+    const eng_u64 warp = (eng_u64)blockIdx.x * (blockDim.x / 32u) + threadIdx.x / 32u;
+    for (eng_u64 e = warp; e < n_fill; e += stride) {
+        const eng_u8 *src = rows + (eng_u64)fill[2u * e] * row_bytes;
+        eng_u8 *dst = rows + (eng_u64)fill[2u * e + 1u] * row_bytes;
+        for (eng_u32 b = lane; b < row_bytes; b += 32u) dst[b] = src[b];
+    }
 }
 
 // The split points (docs/sharding.md, src/cuda/split.rs).
@@ -98,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(ENG_GATHER_THREADS)
             continue;
         }
         const eng_row_global o = {out, out_f32, pos * hd, vec_out};
-        eng_gather_cell(pos, lane, table, scales, table_rows, fmt, hd, row_bytes, ids, 1u, 0u, 1u, nullptr, nullptr,
+        eng_gather_cell(pos, lane, table, scales, table_rows, fmt, hd, row_bytes, ids, 1u, 0u, 1u, nullptr, nullptr, nullptr,
                         o, true, flags, latch, layer_id, serial);
     }
 }

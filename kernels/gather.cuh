@@ -97,7 +97,8 @@ __device__ __forceinline__ void eng_gather_cell(eng_u64 pos, eng_u32 lane, const
                                                 eng_u32 hd, eng_u32 row_bytes, const eng_i64 *__restrict__ ids,
                                                 eng_u32 id_stride, eng_u32 id_offset, eng_u32 cols,
                                                 const eng_u8 *__restrict__ staged_rows,
-                                                const eng_i64 *__restrict__ staged_ids, const Out &out, bool report,
+                                                const eng_i64 *__restrict__ staged_ids,
+                                                const eng_u32 *__restrict__ staged_slots, const Out &out, bool report,
                                                 eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id, eng_u32 serial) {
     const bool vec_fmt = fmt == ENG_BF16 || fmt == ENG_F16 || fmt == ENG_F32 || fmt == ENG_FP8_E4M3_E8M0 ||
                          fmt == ENG_FP8_E4M3_E8M0_SPLIT;
@@ -148,7 +149,10 @@ __device__ __forceinline__ void eng_gather_cell(eng_u64 pos, eng_u32 lane, const
     }
     const eng_u8 *row, *srow = 0;
     if (staged_rows != 0) {
-        row = staged_rows + pos * row_bytes;
+        // A layer with a device row cache: the staged row's index (a row of
+        // this call's staging area, or a cache slot after it); else the
+        // position itself.
+        row = staged_rows + (staged_slots != 0 ? (eng_u64)staged_slots[pos] : pos) * row_bytes;
     } else if (scales != 0) {
         row = table + (eng_u64)id * hd;
         srow = scales + (eng_u64)id * (hd / ENG_FP8_SCALE_BLOCK);
@@ -222,7 +226,8 @@ __device__ __forceinline__ void eng_gather_cells(const eng_u8 *__restrict__ tabl
                                                  const eng_i64 *__restrict__ ids, eng_u32 id_stride,
                                                  eng_u32 id_offset, eng_u32 cols, eng_u64 n_cells,
                                                  const eng_u8 *__restrict__ staged_rows,
-                                                 const eng_i64 *__restrict__ staged_ids, void *rows_out,
+                                                 const eng_i64 *__restrict__ staged_ids,
+                                                 const eng_u32 *__restrict__ staged_slots, void *rows_out,
                                                  eng_u32 out_f32, eng_u32 *flags, eng_u32 *latch, eng_u32 layer_id,
                                                  eng_u32 serial) {
     const eng_u32 lane = threadIdx.x % 32u;
@@ -234,6 +239,6 @@ __device__ __forceinline__ void eng_gather_cells(const eng_u8 *__restrict__ tabl
     for (eng_u64 pos = warp; pos < n_cells; pos += stride) {
         const eng_row_global out = {rows_out, out_f32, pos * hd, vec_out};
         eng_gather_cell(pos, lane, table, scales, table_rows, fmt, hd, row_bytes, ids, id_stride, id_offset, cols,
-                        staged_rows, staged_ids, out, true, flags, latch, layer_id, serial);
+                        staged_rows, staged_ids, staged_slots, out, true, flags, latch, layer_id, serial);
     }
 }

@@ -39,6 +39,11 @@
 #   host-tables  tests/cuda_host_tables.rs: tables in host memory and in a file
 #                (prefetch, staging), engram_stage + device ids, unstaged rows,
 #                I/O errors
+#   device-cache tests/cuda_device_cache.rs: the device row cache of host
+#                tables (device_cache_bytes): the device table's bits through
+#                caches that evict on every call, hit and miss counts as the
+#                policy predicts, engram_stage + device ids reading hits
+#                (engram_cache_fill and the gather's slot indices on a GPU)
 #   gpu-split    tests/fp8_split.rs: a device table whose fp8 codes and scales
 #                are two arrays (engram_gather_split) gives the CPU's bits
 #   gpu-streams  tests/cuda_streams.rs: misaligned device pointers refused with
@@ -284,6 +289,7 @@ step gpu-streams 20 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_streams" --test-threads=
 step gpu-formats 25 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_formats" --test-threads=1 --nocapture
 step gpu-fp8-wkv 20 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_fp8_wkv" --test-threads=1 --nocapture
 step host-tables 20 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_host_tables" --test-threads=1 --nocapture
+step device-cache 15 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_device_cache" --test-threads=1 --nocapture
 step gpu-split 10 env ENGRAM_REQUIRE_GPU=1 "$BIN/fp8_split" --test-threads=1 --nocapture
 
 toolkit() { # a compiler and the CUDA runtime's header and library, or exit 77
@@ -319,7 +325,7 @@ cpp_host_cuda() {
     "$BIN/cpp_host_cuda"
 }
 export -f cpp_host_cuda
-step bench 70 env ENGRAM_REQUIRE_GPU=1 "$BIN/gpu_bench" --no-decode
+step bench 60 env ENGRAM_REQUIRE_GPU=1 "$BIN/gpu_bench" --no-decode
 optional ENGRAM_GPU_CHECK_MPS gpu-decode-mps "MPS: a daemon of its own for the step" 60 decode_mps
 optional ENGRAM_GPU_CHECK_EXTRA nvrtc "the build machine's nvrtc-check.sh compiles every kernel" \
     60 env ENGRAM_REQUIRE_NVRTC=1 "$BIN/cuda_nvrtc" --test-threads=1 --nocapture

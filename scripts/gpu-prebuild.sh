@@ -7,6 +7,7 @@
 #                       sizes, graph replay, two streams, device errors, 64-bit offsets
 #     cuda_formats      tests/cuda_formats.rs: every row format and every wkv format
 #     cuda_host_tables  tests/cuda_host_tables.rs: host and file tables, staging
+#     cuda_device_cache tests/cuda_device_cache.rs: the device row cache of host tables
 #     fp8_split         tests/fp8_split.rs: fp8 codes and scales in two arrays
 #     cuda_streams      tests/cuda_streams.rs: misaligned pointers refused, batch
 #                       invariance up to 8 tokens, a graph re-captured after
@@ -63,7 +64,7 @@ LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 rm -rf "$B"
 mkdir -p "$B"
-TESTS=(cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv cuda_decode cuda_nvrtc device_hash cuda_shards)
+TESTS=(cuda_golden cuda_formats cuda_host_tables cuda_device_cache fp8_split cuda_streams cuda_fp8_wkv cuda_decode cuda_nvrtc device_hash cuda_shards)
 
 exe_of() { # the test/bench executable cargo built, from its JSON messages
     python3 -c '
@@ -121,7 +122,7 @@ if [ "$KB" -ge $((60 * 1024)) ]; then
 fi
 
 if [ "${ENGRAM_PREBUILD_SMOKE:-1}" = 1 ]; then
-    for t in cuda_golden cuda_formats cuda_host_tables fp8_split cuda_streams cuda_fp8_wkv cuda_decode; do
+    for t in cuda_golden cuda_formats cuda_host_tables cuda_device_cache fp8_split cuda_streams cuda_fp8_wkv cuda_decode; do
         step "smoke: the bundled $t on the emulated device"
         ENGRAM_TEST_DEVICE=emulated ENGRAM_REQUIRE_EMULATION=1 "$B/$t" --test-threads=2 -q 2>&1 | tail -n 3
     done

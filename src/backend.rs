@@ -7,9 +7,9 @@
 
 use crate::call::LiveIds;
 pub use crate::call::{
-    ApplyIn, BackendInfo, CheckedLayer, DecodeStats, DevValues, DeviceHashIn, DeviceSeqOp,
-    EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds, StageStats, Stream, TableIn,
-    TableSource,
+    ApplyIn, BackendInfo, CheckedLayer, DecodeStats, DevValues, DeviceCacheStats, DeviceHashIn,
+    DeviceSeqOp, EngramBackend, Highway, Ids, LayerIn, ReadBack, RowIds, StageStats, Stream,
+    TableIn, TableSource,
 };
 use crate::error::{bail, Result};
 use crate::rowcache::{PolicyKind, TierStats};
@@ -49,6 +49,23 @@ pub trait Backend<'w>: Send + Sync {
         let _ = (all, n, stream);
         self.stage(li, live)
     }
+
+    /// Keep up to `bytes` of each host-table layer's rows in device memory
+    /// (`device_cache_bytes`, set before any layer), replaced by `policy`.
+    /// The CPU backend ignores it (its tables are read in place).
+    fn set_device_cache(&mut self, bytes: u64, policy: PolicyKind) -> Result<()> {
+        let _ = (bytes, policy);
+        Ok(())
+    }
+
+    /// Layer `li`'s device row cache counts, where it has one.
+    fn device_cache_stats(&self, li: usize) -> Option<DeviceCacheStats> {
+        let _ = li;
+        None
+    }
+
+    /// Zero every layer's device row cache counts.
+    fn device_cache_stats_reset(&self) {}
 
     /// Apply layer `li` (whose weights are set).
     fn apply(&self, li: usize, call: ApplyIn<'_>) -> Result<()>;

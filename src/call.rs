@@ -272,6 +272,25 @@ pub struct StageStats {
     pub row_copies: u64,
 }
 
+/// The counts of one layer's device row cache (CUDA backend, a table on
+/// the host, `device_cache_bytes` > 0; docs/row-cache.md "Device tier"):
+/// per call, each distinct live row id is one lookup, a hit or a miss.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCacheStats {
+    /// Its replacement policy.
+    pub policy: crate::rowcache::PolicyKind,
+    /// Rows the cache holds at most.
+    pub capacity_rows: u64,
+    pub lookups: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Row bytes copied from the host to the device (the misses', and those
+    /// of hits whose slot a miss of the same call took over).
+    pub bytes_h2d: u64,
+    /// Rows a miss pushed out of the cache.
+    pub evictions: u64,
+}
+
 /// What a backend reports about itself.
 #[derive(Clone, Debug)]
 pub struct BackendInfo {

@@ -147,6 +147,36 @@ impl<'w> Context<'w> {
         Ok(self)
     }
 
+    /// Keep up to `bytes` of each host-table layer's rows in device memory
+    /// (`device_cache_bytes`, docs/row-cache.md "Device tier"): the CUDA
+    /// backend; the CPU backend ignores it. Chosen at create, before any
+    /// layer is set; 0 keeps every row staged per call.
+    pub fn with_device_cache(self, bytes: u64) -> Result<Context<'w>> {
+        self.with_device_cache_policy(bytes, crate::cuda::devcache::DEFAULT_POLICY)
+    }
+
+    /// [`Context::with_device_cache`] with the replacement policy chosen
+    /// (tests, benchmarks; the C ABI takes the default, LRU).
+    pub fn with_device_cache_policy(
+        mut self,
+        bytes: u64,
+        policy: crate::rowcache::policy::PolicyKind,
+    ) -> Result<Context<'w>> {
+        self.backend.set_device_cache(bytes, policy)?;
+        Ok(self)
+    }
+
+    /// Layer `layer_id`'s device row cache counts (relaxed atomics, no lock
+    /// on the hot path), or `None` where it has none (CPU backend, a device
+    /// table, `device_cache_bytes` 0, or a layer not set yet).
+    pub fn device_cache_stats(
+        &self,
+        layer_id: u32,
+    ) -> Result<Option<crate::call::DeviceCacheStats>> {
+        let li = layer_index(&self.tables.layer_ids, layer_id)?;
+        Ok(self.backend.device_cache_stats(li))
+    }
+
     /// Whether the history is on the device.
     pub fn has_device_history(&self) -> bool {
         self.device_history
@@ -456,6 +486,10 @@ impl<'w> Context<'w> {
         match (tier, self.backend.host_cache_stats(li)) {
             (Tier::Host, Some(s)) => Ok(s.snapshot()),
             (Tier::Host, None) => Ok(Snapshot::default()),
+            (Tier::Device, _) => Ok(self
+                .backend
+                .device_cache_stats(li)
+                .map_or_else(Snapshot::default, device_snapshot)),
             (t, _) => bail!(
                 ErrUnsupported,
                 "the {t:?} tier's statistics are not kept yet"
@@ -470,6 +504,7 @@ impl<'w> Context<'w> {
                 s.reset();
             }
         }
+        self.backend.device_cache_stats_reset();
     }
 
     /// Use at most `n` threads for one call from now on (0 means 1; see
@@ -630,4 +665,21 @@ fn check_threads(n: usize, status: crate::EngramStatus) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// A device row cache's counts as a tier's statistics: the bytes read from
+/// the tier below are the row bytes copied from the host; each miss is one
+/// admission.
+fn device_snapshot(d: crate::call::DeviceCacheStats) -> Snapshot {
+    Snapshot {
+        lookups: d.lookups,
+        hits: d.hits,
+        misses: d.misses,
+        bytes_read: d.bytes_h2d,
+        evictions: d.evictions,
+        insertions: d.misses,
+        capacity_rows: d.capacity_rows,
+        policy: Some(d.policy),
+        ..Snapshot::default()
+    }
 }

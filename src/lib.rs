@@ -83,7 +83,8 @@ pub mod tables;
 
 pub use batch::{Geometry, Limits};
 pub use call::{
-    EngramBackend, Highway, HighwayType, LayerIn, ReadBack, RowIds, TableIn, TableSource,
+    DeviceCacheStats, EngramBackend, Highway, HighwayType, LayerIn, ReadBack, RowIds, TableIn,
+    TableSource,
 };
 pub use context::{Context, ContextConfig, ShardSpec, SplitIn, SplitOut, Tuning};
 pub use error::{EngramStatus, Error, Result};

@@ -16,6 +16,19 @@ use crate::cpu::stager::InPlace;
 use crate::error::{bail, Result};
 use std::sync::Arc;
 
+/// One call through a device cache ([`CudaBackend::queue_cached`]): the
+/// layer's device rows and staged ids, the call's ids and live tokens.
+struct CachedCall<'a> {
+    cache: &'a super::DevCache,
+    dev: (u64, u64),
+    all: &'a [i64],
+    n: usize,
+    li: usize,
+    live: &'a LiveIds,
+    rb: usize,
+    stream: Stream,
+}
+
 /// How the decode kernel runs one call (docs/cuda.md "The decode kernel").
 #[derive(Clone, Copy, Debug)]
 struct DecodePlan {
@@ -33,13 +46,14 @@ struct DecodePlan {
 
 /// Where one call's row ids are for the kernels: the address, the stride
 /// between tokens and the offset of this layer's columns (in entries), and a
-/// host table's staged rows and ids.
+/// host table's staged rows, ids and (with a device cache) row indices (0:
+/// none).
 #[derive(Clone, Copy, Debug)]
 struct IdsAt {
     ptr: u64,
     stride: u32,
     offset: u32,
-    staged: Option<(u64, u64)>,
+    staged: Option<(u64, u64, u64)>,
 }
 
 impl CudaBackend {
@@ -193,13 +207,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let s = self.shape;
         let cells = n * s.cols;
-        // The next staging slot, once no copy reads it.
-        let next_slot = |st: &mut State| -> Result<usize> {
-            let i = st.next_slot;
-            st.next_slot = (i + 1) % STAGING_SLOTS;
-            st.slots[i].wait_idle()?;
-            Ok(i)
-        };
+        let next_slot = Self::next_slot;
         match &layer.table {
             TableLoc::Device { .. } => {
                 let i = next_slot(st)?;
@@ -214,6 +222,26 @@ impl CudaBackend {
                 rows,
                 ids,
                 prefetch,
+                cache: Some(cache),
+            } => {
+                let call = CachedCall {
+                    cache,
+                    dev: (rows.ptr, ids.ptr),
+                    all,
+                    n,
+                    li,
+                    live,
+                    rb: layer.row_bytes,
+                    stream,
+                };
+                self.stage_host_cached(st, *gen, prefetch, &call)
+            }
+            TableLoc::Host {
+                gen,
+                rows,
+                ids,
+                prefetch,
+                cache: None,
             } => {
                 let rb = layer.row_bytes;
                 let (rows_dev, ids_dev) = (rows.ptr, ids.ptr);
@@ -256,6 +284,126 @@ impl CudaBackend {
                 )
             }
         }
+    }
+
+    /// The next staging slot, once no copy reads it.
+    fn next_slot(st: &mut State) -> Result<usize> {
+        let i = st.next_slot;
+        st.next_slot = (i + 1) % STAGING_SLOTS;
+        st.slots[i].wait_idle()?;
+        Ok(i)
+    }
+
+    /// [`CudaBackend::stage_host`] for a layer with a device cache: the
+    /// call's rows from the prefetch that gathered them into the layer's
+    /// pinned memory, else read into the next staging slot; then
+    /// [`CudaBackend::queue_cached`] from there.
+    fn stage_host_cached(
+        &self,
+        st: &mut State,
+        gen: u64,
+        prefetch: &[Arc<super::Staging>],
+        call: &CachedCall<'_>,
+    ) -> Result<()> {
+        let (cols, rb) = (self.shape.cols, call.rb);
+        let cells = call.n * cols;
+        self.stager.serve_in_place(
+            call.li,
+            gen,
+            &call.live.ids,
+            &call.live.tokens,
+            cols,
+            |si| {
+                // SAFETY: the stager holds the prefetch memory of slot `si`
+                // for this call (its rows gathered, the aux part there as the
+                // layer has a cache), and its next gather waits for the event
+                // queue_cached records.
+                unsafe { self.queue_cached(&prefetch[si], call) }
+            },
+            |read| {
+                let i = Self::next_slot(st)?;
+                let slot = &st.slots[i];
+                let (p, len) = InPlace::rows(slot);
+                // SAFETY: the rows part of the slot (max_tokens * C rows of
+                // slot_row_bytes >= rb, grown by set_layer), ours until the
+                // call returns.
+                let dst = unsafe { std::slice::from_raw_parts_mut(p, len) };
+                read(&mut dst[..cells * rb])?;
+                // SAFETY: as above; the slots have the aux part (grown by
+                // set_layer for a cached layer) and this one is ours once
+                // `next_slot` waited for its copies.
+                unsafe { self.queue_cached(slot, call) }
+            },
+        )
+    }
+
+    /// A call's copies through a host-table layer's device cache (see
+    /// [`super::devcache`]): from `mem`, which holds the call's host rows at
+    /// their cells, write the ids, plan the call (compacting the rows to
+    /// copy), queue the copies of the ids, row indices, admissions and staged
+    /// rows, record `mem`'s event, then queue `engram_cache_fill`. A failure
+    /// after the plan forgets the cache's rows (the policy no longer says
+    /// what the slots hold).
+    ///
+    /// # Safety
+    /// `mem` has the aux part (`aux_cells` = max_tokens * C), holds the rows
+    /// of `cells` cells of `rb` bytes, and is the caller's until it returns.
+    unsafe fn queue_cached(&self, mem: &super::Staging, c: &CachedCall<'_>) -> Result<()> {
+        let s = self.shape;
+        let (cells, rb, cache) = (c.n * s.cols, c.rb, c.cache);
+        mem.write_ids(&s, c.all, c.n, c.li);
+        // SAFETY: the caller's contract; no other reference to these parts.
+        let (slots, fill) = unsafe { mem.aux() };
+        let (p, _) = InPlace::rows(mem);
+        // SAFETY: the rows part holds `cells` rows of `rb` (the contract).
+        let rows = unsafe { std::slice::from_raw_parts_mut(p, cells * rb) };
+        let mut plan = cache.plan.lock().unwrap_or_else(|p| p.into_inner());
+        let planned = plan.plan(
+            &c.live.ids,
+            &c.live.tokens,
+            s.cols,
+            rows,
+            rb,
+            cache.base,
+            &mut slots[..cells],
+            fill,
+            &cache.counters,
+        )?;
+        let (rows_dev, ids_dev) = c.dev;
+        let a = mem.aux_cells;
+        let ups = [
+            (ids_dev, 0, cells * 8),
+            (cache.slots.ptr, 8 * a, cells * 4),
+            (cache.fill.ptr, 12 * a, planned.fills * 8),
+            (rows_dev, mem.ids_bytes, planned.staged * rb),
+        ];
+        // SAFETY: each device buffer holds max_tokens * C entries (ids, row
+        // indices, admission pairs) or staging rows, at least these; each
+        // range lies in `mem` (its aux part and rows); the caller holds it.
+        let r = unsafe { mem.queue_uploads(&ups, c.stream) }.and_then(|()| {
+            let (n_fill, rbu) = (planned.fills as u32, rb as u32);
+            let (base_ptr, fill_ptr) = (rows_dev, cache.fill.ptr);
+            if n_fill == 0 {
+                return Ok(());
+            }
+            let a = args![base_ptr, fill_ptr, n_fill, rbu];
+            // SAFETY: arguments match engram_cache_fill; every pair indexes
+            // rows of the layer's buffer (staging rows < base, slots <
+            // base + capacity), just copied on this stream.
+            unsafe {
+                self.gpu.launch(
+                    Kernel::CacheFill,
+                    kernels::gather_blocks(planned.fills),
+                    kernels::GATHER_THREADS,
+                    c.stream,
+                    &a,
+                )
+            }
+        });
+        if r.is_err() {
+            plan.reset();
+        }
+        r
     }
 
     /// Queue layer `li` for `n` tokens on `stream`; with `highway == None` the
@@ -316,7 +464,9 @@ impl CudaBackend {
         }
         let staged = match &layer.table {
             TableLoc::Device { .. } => None,
-            TableLoc::Host { rows, ids, .. } => Some((rows.ptr, ids.ptr)),
+            TableLoc::Host {
+                rows, ids, cache, ..
+            } => Some((rows.ptr, ids.ptr, cache.as_ref().map_or(0, |c| c.slots.ptr))),
         };
         let (ptr, stride, offset) = match ids {
             Ids::Host { .. } => {
@@ -327,7 +477,7 @@ impl CudaBackend {
                          pass device row ids (engram_apply_device_ids) in a captured step"
                     );
                 }
-                let dst = staged.map_or(st.ids.ptr, |(_, ids)| ids);
+                let dst = staged.map_or(st.ids.ptr, |(_, ids, _)| ids);
                 (dst, s.cols as u32, 0u32)
             }
             Ids::Device(p) => {
@@ -415,7 +565,7 @@ impl CudaBackend {
             TableLoc::Device { table, scales } => (table, scales),
             TableLoc::Host { .. } => (0u64, 0u64),
         };
-        let (staged_rows, staged_ids) = at.staged.unwrap_or((0, 0));
+        let (staged_rows, staged_ids, staged_slots) = at.staged.unwrap_or((0, 0, 0));
         let (ids_ptr, id_stride, id_offset) = (at.ptr, at.stride, at.offset);
         let table_rows = layer.rows;
         let fmt = layer.format as u32;
@@ -439,6 +589,7 @@ impl CudaBackend {
             n_cells,
             staged_rows,
             staged_ids,
+            staged_slots,
             rows_buf,
             out_f32,
             flags,
@@ -454,8 +605,8 @@ impl CudaBackend {
         } else {
             (Kernel::Gather, &a[..a.len() - 1])
         };
-        // SAFETY: arguments match engram_gather's parameters (the first 18)
-        // or engram_gather_split's (all 19); buffers hold max_tokens >= n
+        // SAFETY: arguments match engram_gather's parameters (the first 19)
+        // or engram_gather_split's (all 20); buffers hold max_tokens >= n
         // tokens; the table (and its scales) were checked at set_layer.
         unsafe {
             self.gpu.launch(
@@ -726,7 +877,7 @@ impl CudaBackend {
             TableLoc::Device { table, scales } => (table, scales),
             TableLoc::Host { .. } => (0u64, 0u64),
         };
-        let (staged_rows, staged_ids) = at.staged.unwrap_or((0, 0));
+        let (staged_rows, staged_ids, staged_slots) = at.staged.unwrap_or((0, 0, 0));
         let (ids, id_stride, id_offset) = (at.ptr, at.stride, at.offset);
         let table_rows = layer.rows;
         let fmt = layer.format as u32;
@@ -760,6 +911,7 @@ impl CudaBackend {
             cols,
             staged_rows,
             staged_ids,
+            staged_slots,
             table_scales,
             rows_out,
             flags,

@@ -108,10 +108,13 @@ pub enum Kernel {
     /// `engram_convert_values`: f32 or bf16 values between buffers (the
     /// split points' values in and out).
     Convert,
+    /// `engram_cache_fill`: a call's admissions into a host table's device
+    /// row cache (rows copied from the call's staging area into cache slots).
+    CacheFill,
 }
 
 /// Every kernel's name, in [`Kernel::index`] order.
-pub const KERNEL_NAMES: [&str; 36] = [
+pub const KERNEL_NAMES: [&str; 37] = [
     "engram_gather",
     "engram_gate_f32_bf16",
     "engram_gate_f32_f32",
@@ -148,6 +151,7 @@ pub const KERNEL_NAMES: [&str; 36] = [
     "engram_decode_fp8",
     "engram_gather_shard",
     "engram_convert_values",
+    "engram_cache_fill",
 ];
 
 /// The `wkv` formats of [`Kernel::GemvQ`], in [`KERNEL_NAMES`] order.
@@ -191,7 +195,7 @@ impl Kernel {
             Kernel::HashShiftDone,
         ]);
         v.extend([false, true].map(|fp8| Kernel::Decode { fp8 }));
-        v.extend([Kernel::GatherShard, Kernel::Convert]);
+        v.extend([Kernel::GatherShard, Kernel::Convert, Kernel::CacheFill]);
         v
     }
 
@@ -233,6 +237,7 @@ impl Kernel {
             // After the two decode kernels.
             Kernel::GatherShard => Kernel::Decode { fp8: true }.index() + 1,
             Kernel::Convert => Kernel::Decode { fp8: true }.index() + 2,
+            Kernel::CacheFill => Kernel::Decode { fp8: true }.index() + 3,
         }
     }
 

@@ -34,6 +34,7 @@
 //! `check`.
 
 pub mod blas;
+pub mod devcache;
 pub mod driver;
 pub mod emu;
 mod enqueue;
@@ -53,6 +54,7 @@ use crate::batch::{try_map, try_room, try_vec_with, LiveIds, Shape};
 use crate::cpu::stager::{InPlace, Source, Stager};
 use crate::error::{bail, EngramStatus, Error, Result};
 use crate::formats::{bf16_to_f32, EngramType, Fp8Blocks};
+use crate::rowcache::policy::PolicyKind;
 use gpu::{DevBuf, DeviceLimits, Event, Gpu, MemKind, PinnedBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -152,12 +154,32 @@ enum TableLoc {
     /// their ids go to these device buffers, from a staging slot or from the
     /// pinned memory a prefetch gathered into (`prefetch`, one per stager
     /// slot).
+    ///
+    /// With a device row cache (`cache`), `rows` holds the staging area's
+    /// `max_tokens * C` rows and then the cache's slots.
     Host {
         gen: u64,
         rows: DevBuf,
         ids: DevBuf,
         prefetch: Vec<Arc<Staging>>,
+        cache: Option<Box<DevCache>>,
     },
+}
+
+/// A host-table layer's device row cache (docs/row-cache.md "Device tier"):
+/// its slots are rows `base ..` of the layer's device rows buffer.
+struct DevCache {
+    /// Slots, and the index of the first in the rows buffer.
+    capacity: usize,
+    base: u32,
+    /// Per call: each cell's row index (`[max_tokens * C]` u32), and the
+    /// admissions for `engram_cache_fill` (`(src, dst)` u32 pairs).
+    slots: DevBuf,
+    fill: DevBuf,
+    plan: Mutex<devcache::Plan>,
+    counters: devcache::Counters,
+    /// Its policy (reported with the counts).
+    kind: crate::rowcache::PolicyKind,
 }
 
 struct DevLayer {
@@ -215,6 +237,9 @@ struct Staging {
     ev: Event,
     /// Bytes of ids at the start; the rows follow.
     ids_bytes: usize,
+    /// For a layer with a device cache: the cells the ids part also holds
+    /// a call's row indices and admissions for (after the ids; 0: none).
+    aux_cells: usize,
     /// What is known of the copies queued from it: [`COPIES_NONE`],
     /// [`COPIES_EVENT`] (`ev` was recorded after them) or
     /// [`COPIES_UNTRACKED`] (one may have been queued and recording `ev`
@@ -227,7 +252,19 @@ const COPIES_EVENT: u8 = 1;
 const COPIES_UNTRACKED: u8 = 2;
 
 impl Staging {
-    fn new(gpu: &Arc<dyn Gpu>, ids_bytes: usize, row_bytes: usize, what: &str) -> Result<Staging> {
+    /// `aux_cells` > 0 (a layer with a device cache): room after the ids
+    /// for that many cells' u32 row indices and u32 pairs of admissions.
+    fn new(
+        gpu: &Arc<dyn Gpu>,
+        ids: usize,
+        row_bytes: usize,
+        aux_cells: usize,
+        what: &str,
+    ) -> Result<Staging> {
+        let ids_bytes = aux_cells
+            .checked_mul(12)
+            .and_then(|a| a.checked_add(ids))
+            .ok_or_else(|| overflow(what))?;
         let bytes = ids_bytes
             .checked_add(row_bytes)
             .ok_or_else(|| overflow(what))?;
@@ -236,8 +273,61 @@ impl Staging {
             buf: PinnedBuf::new(gpu, bytes, false, what)?,
             ev: Event::new(gpu)?,
             ids_bytes,
+            aux_cells,
             copies: AtomicU8::new(COPIES_NONE),
         })
+    }
+
+    /// The row indices (`aux_cells` u32) and admissions (`2 * aux_cells`
+    /// u32) parts, after the ids.
+    ///
+    /// # Safety
+    /// The caller holds the memory (as for [`Staging::write_ids`]) and takes
+    /// no other reference to these parts while the slices live.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn aux(&self) -> (&mut [u32], &mut [u32]) {
+        let a = self.aux_cells;
+        // SAFETY: `new` put 12 * aux_cells bytes after the 8 * aux_cells
+        // bytes of ids (aux_cells = max_tokens * C), pinned memory is 4 KiB
+        // aligned so both parts are u32-aligned; the caller's contract.
+        unsafe {
+            let p = self.buf.ptr.add(8 * a) as *mut u32;
+            (
+                std::slice::from_raw_parts_mut(p, a),
+                std::slice::from_raw_parts_mut(p.add(a), 2 * a),
+            )
+        }
+    }
+
+    /// Queue on `stream` the copies `(device address, offset in this memory,
+    /// bytes)` (empty ones skipped), then record the event, as
+    /// [`Staging::queue_copies`] does.
+    ///
+    /// # Safety
+    /// Each destination holds its bytes on the device and each offset range
+    /// lies in this memory; the caller holds it until it returns.
+    unsafe fn queue_uploads(&self, ups: &[(u64, usize, usize)], stream: Stream) -> Result<()> {
+        let base = self.buf.ptr as *const u8;
+        let mut r = Ok(());
+        for &(dst, off, bytes) in ups.iter().filter(|u| u.2 > 0) {
+            // SAFETY: the caller's contract; the memory is not written
+            // again before the event recorded below says the copies ran.
+            r = unsafe { self.gpu.upload_async(dst, base.add(off), bytes, stream) };
+            if r.is_err() {
+                break;
+            }
+        }
+        // SAFETY: a live event; the stream was checked by the caller.
+        match unsafe { self.gpu.event_record(self.ev.ev, stream) } {
+            Ok(()) => {
+                self.copies.store(COPIES_EVENT, Ordering::Release);
+                r
+            }
+            Err(e) => {
+                self.copies.store(COPIES_UNTRACKED, Ordering::Release);
+                r.and(Err(e))
+            }
+        }
     }
 
     /// Wait on the host until no copy queued from the memory still reads it.
@@ -372,6 +462,10 @@ struct State {
     slots: Vec<Staging>,
     /// Row bytes per (token, column) the slots hold besides the ids.
     slot_row_bytes: usize,
+    /// Whether the slots have room for a device cache's per-call arrays.
+    slot_aux: bool,
+    /// `device_cache_bytes`: each host-table layer's device cache budget.
+    cache_bytes: u64,
     next_slot: usize,
     layers: Vec<Option<Arc<DevLayer>>>,
     serial: u32,
@@ -426,6 +520,8 @@ pub struct CudaBackend {
     layer_ids: Vec<u32>,
     /// The device's multiprocessors, shared memory and cooperative launch.
     limits: DeviceLimits,
+    /// The device row caches' policy (`set_device_cache`).
+    cache_policy: PolicyKind,
 }
 
 // SAFETY: all mutable state is behind `state`'s mutex; the device is `Sync`.
@@ -491,6 +587,8 @@ impl CudaBackend {
             latch: buf(latch::LATCH_WORDS * 4, "the error latch")?,
             slots: Vec::new(),
             slot_row_bytes: 0,
+            slot_aux: false,
+            cache_bytes: 0,
             next_slot: 0,
             layers: try_vec_with(n_layers, || None, "engram layers")?,
             serial: 0,
@@ -536,8 +634,9 @@ impl CudaBackend {
             max_tokens,
             layer_ids: try_map(layer_ids, |&a| a, "layer_ids")?,
             limits,
+            cache_policy: devcache::DEFAULT_POLICY,
         };
-        b.grow_slots(0)?;
+        b.grow_slots(0, false)?;
         Ok(b)
     }
 
@@ -598,9 +697,16 @@ impl CudaBackend {
 
     /// (Re)allocate the pinned slots to hold, per (token, column), an id and
     /// `row_bytes` of row (the device must be idle: `set_layer` waited).
-    fn grow_slots(&mut self, row_bytes: usize) -> Result<()> {
+    fn grow_slots(&mut self, row_bytes: usize, aux: bool) -> Result<()> {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        Self::grow_slots_in(&self.gpu, st, self.max_tokens, self.shape.cols, row_bytes)
+        Self::grow_slots_in(
+            &self.gpu,
+            st,
+            self.max_tokens,
+            self.shape.cols,
+            row_bytes,
+            aux,
+        )
     }
 
     fn grow_slots_in(
@@ -609,16 +715,20 @@ impl CudaBackend {
         max_tokens: usize,
         cols: usize,
         row_bytes: usize,
+        aux: bool,
     ) -> Result<()> {
-        if !st.slots.is_empty() && st.slot_row_bytes >= row_bytes {
+        if !st.slots.is_empty() && st.slot_row_bytes >= row_bytes && (st.slot_aux || !aux) {
             return Ok(());
         }
+        let (row_bytes, aux) = (row_bytes.max(st.slot_row_bytes), aux || st.slot_aux);
         let (ids, rows) = Self::staging_bytes(max_tokens, cols, row_bytes)?;
+        let aux_cells = if aux { max_tokens * cols } else { 0 };
         let slots = (0..STAGING_SLOTS)
-            .map(|_| Staging::new(gpu, ids, rows, "the host staging slots"))
+            .map(|_| Staging::new(gpu, ids, rows, aux_cells, "the host staging slots"))
             .collect::<Result<Vec<_>>>()?;
         st.slots = slots;
         st.slot_row_bytes = row_bytes;
+        st.slot_aux = aux;
         st.next_slot = 0;
         Ok(())
     }
@@ -788,19 +898,66 @@ impl CudaBackend {
     /// A host table's prefetch memory: pinned memory of the layer's own
     /// (one per stager slot), which the prefetches gather into and from
     /// which the applies copy the rows to the device.
-    fn prefetch_staging(&self, rb: usize) -> Result<Vec<Arc<Staging>>> {
+    fn prefetch_staging(&self, rb: usize, aux: bool) -> Result<Vec<Arc<Staging>>> {
         let (ids, rows) = Self::staging_bytes(self.max_tokens, self.shape.cols, rb)?;
+        let aux_cells = if aux {
+            self.max_tokens * self.shape.cols
+        } else {
+            0
+        };
         (0..crate::cpu::stager::SLOTS)
             .map(|_| {
-                Staging::new(&self.gpu, ids, rows, "the prefetch staging memory").map(Arc::new)
+                Staging::new(
+                    &self.gpu,
+                    ids,
+                    rows,
+                    aux_cells,
+                    "the prefetch staging memory",
+                )
+                .map(Arc::new)
             })
             .collect()
     }
 
+    /// A device row cache of `capacity` slots of `rb` bytes for a host-table
+    /// layer: its per-call arrays and host plan (the slots themselves are
+    /// allocated with the layer's staging rows).
+    fn new_cache(&self, capacity: usize) -> Result<DevCache> {
+        let cells = self.max_tokens * self.shape.cols;
+        let kind = self.cache_policy;
+        Ok(DevCache {
+            capacity,
+            base: cells as u32,
+            slots: DevBuf::new(&self.gpu, cells * 4, "the device cache's row indices")?,
+            fill: DevBuf::new(&self.gpu, cells * 8, "the device cache's admissions")?,
+            plan: Mutex::new(devcache::Plan::new(kind, capacity, cells)?),
+            counters: Default::default(),
+            kind,
+        })
+    }
+
+    /// The device rows of a cached host-table layer: the staging area's
+    /// `cells` rows and the cache's `capacity` slots, `rb` bytes each. A
+    /// budget the device cannot give is `ErrCapacity`.
+    fn cache_rows(&self, budget: u64, cells: usize, capacity: usize, rb: usize) -> Result<DevBuf> {
+        let bytes = cells.checked_add(capacity).and_then(|r| r.checked_mul(rb));
+        let refuse = |why: String| {
+            Error::new(
+                EngramStatus::ErrCapacity,
+                format!("device_cache_bytes = {budget}: the device cannot hold the cache: {why}"),
+            )
+        };
+        let bytes = bytes.ok_or_else(|| refuse("too many bytes".into()))?;
+        DevBuf::new(&self.gpu, bytes, "the staged rows and the device row cache")
+            .map_err(|e| refuse(e.message))
+    }
+
     /// Where layer `li`'s table is for the kernels: a device table's
     /// addresses (the stager forgets a host table the layer had), or a host
-    /// table's staging buffers on the device, with the stager reading
-    /// `host_source` into `prefetch`.
+    /// table's staging buffers on the device (and a device cache of
+    /// `capacity` rows, 0: none), with the stager reading `host_source` into
+    /// `prefetch`.
+    #[allow(clippy::too_many_arguments)]
     fn table_loc(
         &self,
         st: &mut State,
@@ -809,6 +966,7 @@ impl CudaBackend {
         host_source: Option<Source>,
         prefetch: Vec<Arc<Staging>>,
         rb: usize,
+        capacity: usize,
     ) -> Result<TableLoc> {
         let (m, s) = (self.max_tokens, self.shape);
         Ok(match host_source {
@@ -828,16 +986,23 @@ impl CudaBackend {
             }
             Some(src) => {
                 let cells = m.checked_mul(s.cols).ok_or_else(|| overflow("staging"))?;
-                let rows = DevBuf::new(
-                    &self.gpu,
-                    cells.checked_mul(rb).ok_or_else(|| overflow("staging"))?,
-                    "the staged table rows",
-                )?;
+                let cache = match capacity {
+                    0 => None,
+                    c => Some(Box::new(self.new_cache(c)?)),
+                };
+                let rows = match cache {
+                    None => DevBuf::new(
+                        &self.gpu,
+                        cells.checked_mul(rb).ok_or_else(|| overflow("staging"))?,
+                        "the staged table rows",
+                    )?,
+                    Some(_) => self.cache_rows(st.cache_bytes, cells, capacity, rb)?,
+                };
                 let ids = DevBuf::new(&self.gpu, cells * 8, "the staged row ids")?;
                 // No position is staged yet: an id no row has.
                 // SAFETY: our own allocation of `cells` ids.
                 unsafe { self.own_memset(ids.ptr, 0x80, cells * 8)? };
-                Self::grow_slots_in(&self.gpu, st, m, s.cols, rb)?;
+                Self::grow_slots_in(&self.gpu, st, m, s.cols, rb, cache.is_some())?;
                 let mem = prefetch
                     .iter()
                     .map(|b| b.clone() as Arc<dyn InPlace>)
@@ -850,6 +1015,7 @@ impl CudaBackend {
                     rows,
                     ids,
                     prefetch,
+                    cache,
                 }
             }
         })
@@ -936,7 +1102,13 @@ impl CudaBackend {
                 l.wkv_copy.as_ref().map_or(0, |b| b.bytes)
                     + l.wkv_scales_copy.as_ref().map_or(0, |b| b.bytes)
                     + match &l.table {
-                        TableLoc::Host { rows, ids, .. } => rows.bytes + ids.bytes,
+                        TableLoc::Host {
+                            rows, ids, cache, ..
+                        } => {
+                            rows.bytes
+                                + ids.bytes
+                                + cache.as_ref().map_or(0, |c| c.slots.bytes + c.fill.bytes)
+                        }
                         TableLoc::Device { .. } => 0,
                     }
             })
@@ -1115,6 +1287,39 @@ impl<'w> Backend<'w> for CudaBackend {
         true
     }
 
+    fn set_device_cache(&mut self, bytes: u64, policy: PolicyKind) -> Result<()> {
+        self.cache_policy = policy;
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if st.layers.iter().any(|l| l.is_some()) {
+            bail!(
+                ErrInvalidArgument,
+                "device_cache_bytes is chosen at create, before any layer is set"
+            );
+        }
+        st.cache_bytes = bytes;
+        Ok(())
+    }
+
+    fn device_cache_stats(&self, li: usize) -> Option<crate::call::DeviceCacheStats> {
+        let st = self.state();
+        match st.layers.get(li)?.as_deref()? {
+            DevLayer {
+                table: TableLoc::Host { cache: Some(c), .. },
+                ..
+            } => Some(c.counters.snapshot(c.capacity as u64, c.kind)),
+            _ => None,
+        }
+    }
+
+    fn device_cache_stats_reset(&self) {
+        let st = self.state();
+        for l in st.layers.iter().flatten() {
+            if let TableLoc::Host { cache: Some(c), .. } = &l.table {
+                c.counters.reset();
+            }
+        }
+    }
+
     /// Register (or replace) layer `li`'s weights: the table in device
     /// memory, host memory or a file; `wkv` in device memory or (copied once
     /// to the device) host memory; `q` and `k` anywhere (read now to form
@@ -1133,15 +1338,21 @@ impl<'w> Backend<'w> for CudaBackend {
         self.preload_for(wkv_kind)?;
         let mut st = self.state();
         self.grow_workspaces(&mut st, wkv_kind)?;
+        let capacity = match (&host_source, st.cache_bytes) {
+            (Some(_), b) if b > 0 => {
+                devcache::capacity_of(b, rb, self.max_tokens * self.shape.cols)?
+            }
+            _ => 0,
+        };
         let prefetch = match host_source {
-            Some(_) => self.prefetch_staging(rb)?,
+            Some(_) => self.prefetch_staging(rb, capacity > 0)?,
             None => Vec::new(),
         };
         // Nothing queued may read what is replaced below: wait for this
         // context's last call (not for the whole context, which would wait
         // for the engine's unrelated work and break another thread's capture).
         self.wait_last(&st)?;
-        let table = self.table_loc(&mut st, li, &l, host_source, prefetch, rb)?;
+        let table = self.table_loc(&mut st, li, &l, host_source, prefetch, rb, capacity)?;
         // SAFETY: `qk[li]` holds `qk.len()` floats.
         unsafe {
             self.own_upload(self.qk[li].ptr, qk.as_ptr() as *const u8, qk.len() * 4)?;

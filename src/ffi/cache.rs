@@ -11,8 +11,10 @@ use std::ffi::c_char;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngramCacheTier {
-    /// The device cache of a host-backed table on CUDA (not kept yet:
-    /// `ENGRAM_STATUS_ERR_UNSUPPORTED`).
+    /// The device row cache of a host-backed table on CUDA
+    /// (`device_cache_bytes`): its lookups, hits, misses, evictions and the
+    /// row bytes copied from the host (`bytes_read`); zeros where a layer
+    /// has none (the CPU backend, a table in device memory).
     Device = 1,
     /// The host row cache in front of a table read from a file
     /// (`row_cache_bytes` in the loaders' options).

@@ -69,8 +69,9 @@ impl Drop for Entered<'_> {
 /// far as it goes, the rest taking the defaults.
 ///
 /// Layouts accepted (`struct_size`): the 0.1 layout, which ends after
-/// `n_threads` (unchanged through 0.2; `device_history` reads as 0), and
-/// the 0.3 layout of this header.
+/// `n_threads` (unchanged through 0.2; `device_history` reads as 0), the
+/// 0.3 layout, which ends after `device_history` (`device_cache_bytes` reads
+/// as 0), and the layout of this header.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramConfig {
@@ -141,12 +142,27 @@ pub struct EngramConfig {
     /// calls (`engram_seq_copy`, `engram_seq_rm`, the states, ...) then return
     /// `ENGRAM_STATUS_ERR_UNSUPPORTED` (see docs/device-hash.md).
     pub device_history: u32,
+    /// 0 (the default): a table in host memory or a file has every row a
+    /// call needs copied to the device for that call. Else (CUDA backend)
+    /// each layer whose table is on the host keeps up to this many bytes of
+    /// its rows (`device_cache_bytes / row_bytes` rows) in device memory,
+    /// and a call copies only the rows it does not hold (an LRU slot map on
+    /// the host; docs/row-cache.md, "Device tier"). Per layer: a context with
+    /// two host-table layers takes twice this, allocated at
+    /// `engram_set_layer`, plus `max_tokens * C * 12` bytes per layer and of
+    /// each pinned staging buffer for the per-call slot arrays. A budget the
+    /// device cannot give is `ENGRAM_STATUS_ERR_CAPACITY` at
+    /// `engram_set_layer`, nothing kept. The CPU backend ignores it (it reads
+    /// host tables in place).
+    pub device_cache_bytes: u64,
 }
 
 /// The `engram_config` layouts this library reads: its 0.1 layout (up to
-/// `n_threads`, unchanged through 0.2) and the 0.3 one (with `device_history`).
+/// `n_threads`, unchanged through 0.2), the 0.3 one (with `device_history`)
+/// and this one (with `device_cache_bytes`).
 const CONFIG_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramConfig, device_history),
+    std::mem::offset_of!(EngramConfig, device_cache_bytes),
     size_of::<EngramConfig>(),
 ];
 
@@ -182,6 +198,7 @@ impl Default for EngramConfig {
             max_positions: 0,
             n_threads: 1,
             device_history: 0,
+            device_cache_bytes: 0,
         }
     }
 }
@@ -380,6 +397,9 @@ pub extern "C" fn engram_create(
         let mut inner = Context::new(&cc)?;
         if c.device_history > 0 {
             inner = inner.with_device_history(c.device_history as usize)?;
+        }
+        if c.device_cache_bytes > 0 {
+            inner = inner.with_device_cache(c.device_cache_bytes)?;
         }
         give_object(out, EngramContext::new(inner, None));
         Ok(())

@@ -14,7 +14,7 @@ use std::ffi::c_char;
 ///
 /// Layouts accepted (`struct_size`): the 0.2 layout, which ends after
 /// `mmap_tables` (`tables_dir` reads as NULL), the 0.3 layout, which ends
-/// after `tables_dir` (`row_cache_bytes` reads as 0), and the layout of this
+/// after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), and the layout of this
 /// header.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -71,6 +71,11 @@ pub struct EngramGgufOptions {
     /// what each layer holds. (A struct from an older header ends before
     /// this field: no cache.)
     pub row_cache_bytes: u64,
+    /// As in `engram_config`: bytes of device row cache for each layer
+    /// whose table stays in the file (CUDA backend; 0, the default: none;
+    /// ignored by the CPU backend). (A struct from a 0.3 header ends before
+    /// this field.)
+    pub device_cache_bytes: u64,
 }
 
 /// The `engram_gguf_options` layouts this library reads: the 0.2 one, which
@@ -102,6 +107,7 @@ impl Default for EngramGgufOptions {
             mmap_tables: 0,
             tables_dir: std::ptr::null(),
             row_cache_bytes: 0,
+            device_cache_bytes: 0,
         }
     }
 }
@@ -182,7 +188,7 @@ pub extern "C" fn engram_create_from_gguf(
             tables_dir,
         };
         let model = Box::new(LoadedModel::open(p, &lo)?);
-        give_context(out, model, &opts)
+        give_context(out, model, &opts, o.device_cache_bytes)
     })
 }
 
@@ -249,12 +255,13 @@ pub(crate) fn give_context(
     out: *mut *mut EngramContext,
     model: Box<LoadedModel>,
     opts: &GgufOptions,
+    device_cache_bytes: u64,
 ) -> Result<()> {
     // SAFETY: the context borrows the model inside `model`, a heap allocation
     // that does not move when the box does; the EngramContext owns the box and
     // drops it after the context (field order).
     let m: &'static LoadedModel = unsafe { &*(model.as_ref() as *const _) };
-    let inner = m.context(opts)?;
+    let inner = m.context_with_cache(opts, device_cache_bytes)?;
     give_object(out, EngramContext::new(inner, Some(model)));
     Ok(())
 }

@@ -12,7 +12,8 @@ use std::ffi::c_char;
 /// `engram_safetensors_options_init`. Every field is plain data.
 ///
 /// Layouts accepted (`struct_size`): the 0.3 layout (the struct is new in
-/// 0.3), which ends after `mmap_tables` (`row_cache_bytes` reads as 0), and
+/// 0.3), which ends after `mmap_tables` (`row_cache_bytes` and
+/// `device_cache_bytes` read as 0), and
 /// the layout of this header.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -59,6 +60,11 @@ pub struct EngramSafetensorsOptions {
     /// what each layer holds. (A struct from an older header ends before
     /// this field: no cache.)
     pub row_cache_bytes: u64,
+    /// As in `engram_config`: bytes of device row cache for each layer
+    /// (the checkpoint's tables stay on the host; CUDA backend; 0, the
+    /// default: none; ignored by the CPU backend). (A struct from a 0.3
+    /// header ends before this field.)
+    pub device_cache_bytes: u64,
 }
 
 /// The `engram_safetensors_options` layouts this library reads: the 0.3
@@ -86,6 +92,7 @@ impl Default for EngramSafetensorsOptions {
             tokenizer_json: std::ptr::null(),
             mmap_tables: 0,
             row_cache_bytes: 0,
+            device_cache_bytes: 0,
         }
     }
 }
@@ -161,6 +168,6 @@ pub extern "C" fn engram_create_from_safetensors(
             ..LoadOptions::default()
         };
         let model = Box::new(LoadedModel::open_checkpoint(dir, tok, &lo)?);
-        give_context(out, model, &opts)
+        give_context(out, model, &opts, o.device_cache_bytes)
     })
 }

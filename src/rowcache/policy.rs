@@ -23,8 +23,9 @@ use crate::fallible::{try_vec, vec_bytes};
 pub const NO_ID: u64 = u64::MAX;
 
 /// Which replacement policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum PolicyKind {
+    #[default]
     Lru,
     Clock,
     S3Fifo,

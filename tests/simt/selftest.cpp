@@ -937,8 +937,8 @@ static void test_registry(const std::vector<std::string> &expect) {
     // engram_gather's parameters, as src/cuda/enqueue.rs passes them.
     unsigned sizes[32];
     const int np = simt_kernel_params("engram_gather", sizes, 32);
-    const unsigned want[] = {8, 8, 4, 4, 4, 8, 4, 4, 4, 8, 8, 8, 8, 4, 8, 8, 4, 4};
-    CHECK(np == 18 && memcmp(sizes, want, sizeof want) == 0, "engram_gather parameters: %d", np);
+    const unsigned want[] = {8, 8, 4, 4, 4, 8, 4, 4, 4, 8, 8, 8, 8, 8, 4, 8, 8, 4, 4};
+    CHECK(np == 19 && memcmp(sizes, want, sizeof want) == 0, "engram_gather parameters: %d", np);
     CHECK(simt_kernel_params("engram_gemv_q_q4_k", sizes, 32) == 7 && sizes[6] == 4, "quantised gemv parameters");
     CHECK(simt_kernel_params("engram_dequant_bf16", sizes, 32) == 7, "dequantise parameters");
     CHECK(simt_kernel_params("engram_gemv_bf16_8", sizes, 32) == 5 && sizes[3] == 4, "gemv parameters");
@@ -981,10 +981,11 @@ static GatherRun gather(const std::vector<uint8_t> &table, uint64_t table_rows, 
     uint64_t rows = out_f32 ? ptr(r.rows32.data()) : ptr(r.rows16.data());
     uint64_t flags = ptr(r.flags.data()), latch = ptr(r.latch);
     uint32_t of = out_f32, lid = 14, serial = 99;
-    uint64_t staged_rows = 0, staged_ids = 0; // a table in device memory
+    uint64_t staged_rows = 0, staged_ids = 0, staged_slots = 0; // a table in device memory
     uint64_t n_cells = (uint64_t)n * cols;
     const int rc = launch_named("engram_gather", gather_grid(n_cells, seed), 256, seed, t, table_rows, fmt, hd,
-                                row_bytes, ip, id_stride, id_offset, cols, n_cells, staged_rows, staged_ids, rows, of,
+                                row_bytes, ip, id_stride, id_offset, cols, n_cells, staged_rows, staged_ids,
+                                staged_slots, rows, of,
                                 flags, latch, lid, serial);
     if (rc_out) {
         *rc_out = rc;
@@ -1585,7 +1586,7 @@ static void test_decode() {
         float eps = 1e-6f, inv = 1.0f / std::sqrt((float)d);
         uint64_t qk = 0, mirror = 0, barrier = 0;
         void *args[] = {&tp,  &trows, &fmt,    &uhd,  &rb,  &ip,  &stride, &off, &ucols, &zero,
-                        &zero, &zero, &ro,     &fl,   &lp,  &lid, &serial, &wp,  &zero,  &br,
+                        &zero, &zero, &zero, &ro,     &fl,   &lp,  &lid, &serial, &wp,  &zero,  &br,
                         &bc,  &nbc,   &kvp,    &un,   &uk,  &unt, &ut,     &zero, &hw_bf16, &qk,
                         &uhc, &ud,    &eps,    &inv,  &mirror, &barrier};
         const unsigned grid = nt == 17 ? 1 : 3;
@@ -1629,7 +1630,7 @@ static void test_decode() {
         uint32_t hw_bf16 = 0, uhc = hc, ud = d;
         float eps = 1e-6f, inv = 1.0f / std::sqrt((float)d);
         void *args[] = {&tp,  &trows, &fmt, &uhd, &rb,  &ip,  &stride, &off, &ucols, &zero,
-                        &zero, &zero, &ro,  &fl,  &lp,  &lid, &serial, &wp,  &zero,  &br,
+                        &zero, &zero, &zero, &ro,  &fl,  &lp,  &lid, &serial, &wp,  &zero,  &br,
                         &bc,  &nbc,   &kvp, &un,  &uk,  &unt, &ut,     &hwp, &hw_bf16, &qk,
                         &uhc, &ud,    &eps, &inv, &mp,  &bp};
         CHECK_RC(simt_launch("engram_decode_bf16", 3, 1, 1, 256, 1, 1, tile * k * 2, args, 9), SIMT_OK);

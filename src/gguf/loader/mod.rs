@@ -645,6 +645,16 @@ impl LoadedModel {
     /// A context over this model's engram layers (weights borrowed from the
     /// model).
     pub fn context(&self, o: &GgufOptions) -> Result<Context<'_>> {
+        self.context_with_cache(o, 0)
+    }
+
+    /// [`LoadedModel::context`] with `device_cache_bytes` of device row
+    /// cache per host-table layer (CUDA; 0: none; docs/row-cache.md).
+    pub fn context_with_cache(
+        &self,
+        o: &GgufOptions,
+        device_cache_bytes: u64,
+    ) -> Result<Context<'_>> {
         let m = &self.model;
         let cfg = ContextConfig {
             geometry: Geometry {
@@ -660,7 +670,10 @@ impl LoadedModel {
             device: o.device,
             tuning: o.tuning.clone(),
         };
-        let ctx = Context::new(&cfg)?;
+        let mut ctx = Context::new(&cfg)?;
+        if device_cache_bytes > 0 {
+            ctx = ctx.with_device_cache(device_cache_bytes)?;
+        }
         if o.row_cache_bytes > 0 {
             ctx.set_row_cache(o.row_cache_bytes)?;
         }
