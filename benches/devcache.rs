@@ -81,7 +81,7 @@ fn main() {
             )
             .unwrap();
         }
-        let before = counters.snapshot(CACHE_ROWS as u64);
+        let before = counters.snapshot(CACHE_ROWS as u64, PolicyKind::Lru);
         let (mut t_plan, mut t_gather) = (Vec::new(), Vec::new());
         let mut uncached = 0u64;
         for run in 0..9u64 {
@@ -108,7 +108,7 @@ fn main() {
             .unwrap();
             t_plan.push(t1.elapsed().as_secs_f64() * 1e6);
         }
-        let after = counters.snapshot(CACHE_ROWS as u64);
+        let after = counters.snapshot(CACHE_ROWS as u64, PolicyKind::Lru);
         let (p, g) = (median(t_plan), median(t_gather));
         println!(
             "| {n} | {p:.1} | {g:.1} | {:.2}x | {:.2} |",

@@ -244,7 +244,7 @@ fn read_batched(
     let mut reqs = crate::batch::try_room(misses.len(), "the row cache's reads")?;
     reqs.extend(misses.iter_mut().map(|(id, d)| crate::rowio::RowRead {
         offset: *id * rb as u64,
-        dst: &mut **d,
+        dst: d,
     }));
     let c = r.read(&mut reqs)?;
     stats.record_reads(c.reads_issued, c.bytes_read, c.latency.buckets());
