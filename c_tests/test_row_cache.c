@@ -7,8 +7,10 @@
  * unkept tier), budgets of 0, SIZE_MAX and more than the machine's memory
  * (ERR_CAPACITY at create, nothing leaked), applies through the cache equal
  * to an uncached context's bit for bit, a thread polling the statistics
- * while the main thread prefetches and applies, and the file cut short
- * under a cached context (ERR_IO, never a signal). Run under ASan + UBSan
+ * while the main thread prefetches and applies, the file cut short under a
+ * cached context (ERR_IO, never a signal), and how the misses are read
+ * (each ENGRAM_ROW_IO mode, a file on tmpfs read buffered, an unknown mode
+ * refused), each reported in the statistics. Run under ASan + UBSan
  * by c_tests/run.sh.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -290,11 +292,83 @@ static void test_cut_short(void) {
     remove(p);
 }
 
+/* Layer 1 and 3 applied on `c` and on `u` from the same highway: equal bits. */
+static int same_applies(engram_context *c, engram_context *u) {
+    int64_t ids[N * IDS_PER_TOKEN];
+    hash_step(c, 1, ids);
+    engram_seq_rm(c, 0, -1, -1);
+    size_t nh = (size_t)N * TINY_HC * TINY_D;
+    float *a = (float *)build_values("c.rc.m", nh, 1.0, 0.0, 0);
+    float *b = (float *)build_values("c.rc.m", nh, 1.0, 0.0, 0);
+    int ok = a && b;
+    for (uint32_t l = 1; ok && l <= 3; l += 2) {
+        ok = engram_apply(c, l, ids, N, a, ENGRAM_TYPE_F32, NULL) == ENGRAM_STATUS_OK &&
+             engram_apply(u, l, ids, N, b, ENGRAM_TYPE_F32, NULL) == ENGRAM_STATUS_OK &&
+             memcmp(a, b, nh * sizeof(float)) == 0;
+    }
+    free(a);
+    free(b);
+    return ok;
+}
+
+/* How the misses are read: each mode ENGRAM_ROW_IO forces (io_uring may be
+ * refused here: then the pool, reported), a file on tmpfs (read buffered,
+ * reported), an unknown mode refused at create; every mode's applies equal
+ * an uncached context's. */
+static void test_read_modes(void) {
+    static const char *const names[] = {"none", "io_uring", "pread_pool", "buffered"};
+    static const struct {
+        const char *env;
+        uint32_t want, or_else;
+    } modes[] = {
+        {"uring", ENGRAM_READ_MODE_IO_URING, ENGRAM_READ_MODE_PREAD_POOL},
+        {"pool", ENGRAM_READ_MODE_PREAD_POOL, ENGRAM_READ_MODE_PREAD_POOL},
+        {"buffered", ENGRAM_READ_MODE_BUFFERED, ENGRAM_READ_MODE_BUFFERED},
+    };
+    engram_status st;
+    engram_context *u = open_tiny(DATA "tiny.gguf", 0, &st);
+    if (!check(u != NULL, "open uncached")) return;
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        setenv("ENGRAM_ROW_IO", modes[i].env, 1);
+        engram_context *c = open_tiny(DATA "tiny.gguf", 1 << 16, &st);
+        unsetenv("ENGRAM_ROW_IO");
+        if (!check(c != NULL, "ENGRAM_ROW_IO=%s opens", modes[i].env)) continue;
+        engram_cache_stats s = stats_of(c, 0);
+        check((s.read_mode == modes[i].want || s.read_mode == modes[i].or_else) && s.read_mode <= 3 &&
+                  strcmp(s.read_mode_name, names[s.read_mode]) == 0,
+              "ENGRAM_ROW_IO=%s: read mode %s", modes[i].env, s.read_mode <= 3 ? s.read_mode_name : "?");
+        check(same_applies(c, u), "ENGRAM_ROW_IO=%s: applies equal the uncached context's", modes[i].env);
+        engram_free(c);
+    }
+    setenv("ENGRAM_ROW_IO", "mmap", 1);
+    engram_context *bad = open_tiny(DATA "tiny.gguf", 1 << 16, &st);
+    unsetenv("ENGRAM_ROW_IO");
+    check(bad == NULL && st == ENGRAM_STATUS_ERR_INVALID_CONFIG && strstr(engram_last_error(), "ENGRAM_ROW_IO"),
+          "ENGRAM_ROW_IO=mmap: ERR_INVALID_CONFIG naming it");
+    if (bad) engram_free(bad);
+    const char *shm = "/dev/shm/engram_c_row_cache.gguf";
+    if (access("/dev/shm", W_OK) == 0 && copy_file(DATA "tiny.gguf", shm)) {
+        engram_context *c = open_tiny(shm, 1 << 16, &st);
+        if (check(c != NULL, "a copy on tmpfs opens")) {
+            engram_cache_stats s = stats_of(c, 0);
+            check(s.read_mode == ENGRAM_READ_MODE_BUFFERED && strcmp(s.read_mode_name, "buffered") == 0,
+                  "a file on tmpfs: its misses are read buffered (reported)");
+            check(same_applies(c, u), "tmpfs: applies equal the uncached context's");
+            engram_free(c);
+        }
+        remove(shm);
+    } else {
+        printf("SKIP no writable /dev/shm: the tmpfs fallback is not checked here\n");
+    }
+    engram_free(u);
+}
+
 int main(void) {
     test_options_and_bad_input();
     test_budgets_out_of_reach();
     test_cached_equals_uncached(2 * 3 * 4 * 64); /* 3 f32-wide rows a layer: evicts constantly */
     test_cached_equals_uncached(1 << 20);
     test_cut_short();
+    test_read_modes();
     return check_summary("test_row_cache");
 }
