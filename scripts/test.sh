@@ -53,6 +53,13 @@ cargo run --quiet -p engram-tables -- --config tests/golden/data/v41_config.json
     --tokenizer tests/golden/data/deepseek_v4_tokenizer.json --out target/engram-tables
 cmp target/engram-tables/token_map.i32 tests/golden/data/v41_token_map.i32
 
+echo "== engram-replay: README.md and docs/layout.md through the V4.1 tokenizer and hash, replayed through the"
+echo "   library's lru/clock/s3fifo at three small sizes; --check-lru fails if the library's LRU and the tool's own differ"
+cargo run --quiet -p engram-replay -- --sizes 64K,1M,16M --check-lru --json target/replay.json \
+    README.md docs/layout.md > target/replay.log
+grep -q 'check-lru: the library' target/replay.log
+tail -n 4 target/replay.log
+
 echo "== engram-inspect: two dialect fixtures check; a file whose rows disagree with its primes fails naming both keys"
 cargo run --quiet -p engram-inspect -- tests/golden/data/dialects/tarruda.gguf > target/inspect.log
 cargo run --quiet -p engram-inspect -- tests/golden/data/dialects/vcruz305_split-00002-of-00003.gguf >> target/inspect.log

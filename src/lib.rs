@@ -66,6 +66,10 @@ pub mod hash;
 /// Tests: cuda_fp8_wkv, cuda_host_tables, cuda_streams (`Region`).
 #[doc(hidden)]
 pub mod memory;
+/// cbindgen:ignore
+/// Tests: row_cache; tools: engram-replay (the policies, `policy`).
+#[doc(hidden)]
+pub mod rowcache;
 /// Tests: file_memory, hostile, json_peak (`parse_header`, `read`).
 #[doc(hidden)]
 pub mod safetensors;

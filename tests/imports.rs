@@ -39,7 +39,7 @@ const LAYERS: &[&[&str]] = &[
     // file; the engine's memory, the row and weight formats, opening files.
     &["error", "fpmode"],
     &["fallible"],
-    &["memory", "formats", "files"],
+    &["memory", "formats", "files", "rowcache"],
     // The plain data a call is made of (what a backend is given).
     &["call"],
     // Every check on a call's inputs (and the geometry and limits).
