@@ -134,6 +134,20 @@ model); its thread count at run time.",
         ],
     ),
     (
+        "Table tiers and their statistics",
+        "Where a table's rows are found (a host row cache in front of a table \
+read from a file, sized by the loaders' row_cache_bytes), and what each \
+layer's tiers hold and cost: poll it every step from any thread, reset it.",
+        &[
+            "engram_cache_tier",
+            "engram_cache_policy",
+            "engram_cache_stats",
+            "engram_cache_stats_init_sized",
+            "engram_cache_stats_read",
+            "engram_cache_stats_reset",
+        ],
+    ),
+    (
         "Teardown",
         "Freeing what the library handed out.",
         &["engram_free", "engram_tables_free"],

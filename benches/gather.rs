@@ -159,7 +159,7 @@ impl Setup {
             } else {
                 Source::memory(&self.map)
             };
-            assert_eq!(s.set_source(li, src, fmt, RB), FIRST_GEN);
+            assert_eq!(s.set_source(li, src, fmt, RB).expect("set"), FIRST_GEN);
         }
         s
     }

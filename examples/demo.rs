@@ -241,6 +241,7 @@ fn golden_check() -> Result<Golden, Box<dyn std::error::Error>> {
         device: 0,
         eps: 0.0,
         tuning: Default::default(),
+        row_cache_bytes: 0,
     };
     let as_vec = |v: &serde_json::Value| -> Vec<i64> {
         v.as_array()

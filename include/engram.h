@@ -616,7 +616,8 @@ enum engram_status engram_set_layer(struct engram_context *ctx,
  Every field is plain data.
 
  Layouts accepted (`struct_size`): the 0.2 layout, which ends after
- `mmap_tables` (`tables_dir` reads as NULL), and the 0.3 layout of this
+ `mmap_tables` (`tables_dir` reads as NULL), the 0.3 layout, which ends
+ after `tables_dir` (`row_cache_bytes` reads as 0), and the layout of this
  header.
  */
 typedef struct engram_gguf_options {
@@ -682,6 +683,16 @@ typedef struct engram_gguf_options {
    directory. (A struct from a 0.2 header ends before this field.)
    */
   const char *tables_dir;
+  /*
+   Bytes of the host row cache in front of the tables read from files
+   (docs/row-cache.md; `mmap_tables = 0`: a mapped table is the page
+   cache's), the context's total, each engram layer an equal share; 0
+   (the default): no cache. A budget whose memory cannot be had is
+   `ENGRAM_STATUS_ERR_CAPACITY` at create. `engram_cache_stats_read` reports
+   what each layer holds. (A struct from an older header ends before
+   this field: no cache.)
+   */
+  uint64_t row_cache_bytes;
 } engram_gguf_options;
 
 /*
@@ -733,8 +744,9 @@ enum engram_status engram_create_from_gguf(const char *path,
  Options of `engram_create_from_safetensors`. Fill with
  `engram_safetensors_options_init`. Every field is plain data.
 
- Layouts accepted (`struct_size`): only the 0.3 layout of this header
- (the struct is new in 0.3).
+ Layouts accepted (`struct_size`): the 0.3 layout (the struct is new in
+ 0.3), which ends after `mmap_tables` (`row_cache_bytes` reads as 0), and
+ the layout of this header.
  */
 typedef struct engram_safetensors_options {
   /*
@@ -787,6 +799,16 @@ typedef struct engram_safetensors_options {
    SIGBUS).
    */
   uint32_t mmap_tables;
+  /*
+   Bytes of the host row cache in front of the tables read from files
+   (docs/row-cache.md; `mmap_tables = 0`: a mapped table is the page
+   cache's), the context's total, each engram layer an equal share; 0
+   (the default): no cache. A budget whose memory cannot be had is
+   `ENGRAM_STATUS_ERR_CAPACITY` at create. `engram_cache_stats_read` reports
+   what each layer holds. (A struct from an older header ends before
+   this field: no cache.)
+   */
+  uint64_t row_cache_bytes;
 } engram_safetensors_options;
 
 /*
@@ -1780,6 +1802,169 @@ enum engram_status engram_layer_gate_weights(struct engram_context *ctx,
 enum engram_status engram_set_threads(struct engram_context *ctx, uint32_t n_threads);
 
 /* ==========================================================================
+ * Table tiers and their statistics
+ *
+ * Where a table's rows are found (a host row cache in front of a table
+ * read from a file, sized by the loaders' row_cache_bytes), and what each
+ * layer's tiers hold and cost: poll it every step from any thread, reset
+ * it.
+ * ========================================================================= */
+
+/*
+ A tier of a table, fastest first: where its rows may be found.
+ */
+enum engram_cache_tier
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   The device cache of a host-backed table on CUDA (not kept yet:
+   `ENGRAM_STATUS_ERR_UNSUPPORTED`).
+   */
+  ENGRAM_CACHE_TIER_DEVICE = 1,
+  /*
+   The host row cache in front of a table read from a file
+   (`row_cache_bytes` in the loaders' options).
+   */
+  ENGRAM_CACHE_TIER_HOST = 2,
+  /*
+   The file itself (not kept apart yet: `ENGRAM_STATUS_ERR_UNSUPPORTED`;
+   the host tier counts the reads it issues to the file).
+   */
+  ENGRAM_CACHE_TIER_STORAGE = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum engram_cache_tier engram_cache_tier;
+#else
+typedef uint32_t engram_cache_tier;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
+ A row cache's replacement policy, as `engram_cache_stats` reports it.
+ */
+enum engram_cache_policy
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   No cache (a budget of 0, a table in memory or mapped, a budget too
+   small for one row).
+   */
+  ENGRAM_CACHE_POLICY_NONE = 0,
+  /*
+   Exact least recently used.
+   */
+  ENGRAM_CACHE_POLICY_LRU = 1,
+  /*
+   CLOCK (one reference bit a row).
+   */
+  ENGRAM_CACHE_POLICY_CLOCK = 2,
+  /*
+   S3-FIFO (small and main FIFOs and a ghost queue; the default).
+   */
+  ENGRAM_CACHE_POLICY_S3FIFO = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum engram_cache_policy engram_cache_policy;
+#else
+typedef uint32_t engram_cache_policy;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
+ One layer's statistics of one tier (`engram_cache_stats_read`). Fill it with
+ `engram_cache_stats_init`, which sets `struct_size`; every other field is
+ written by the call. Counters run since the context was created or last
+ reset (`engram_cache_stats_reset`); the configuration fields are not
+ reset. Layouts accepted (`struct_size`): this header's.
+ */
+typedef struct engram_cache_stats {
+  /*
+   `sizeof(engram_cache_stats)` of the caller's header (set by `engram_cache_stats_init`).
+   */
+  size_t struct_size;
+  /*
+   Rows looked up in the cache (one per row id a gather read, repeats
+   included), and how many were held (`hits`) or not (`misses`).
+   */
+  uint64_t lookups;
+  uint64_t hits;
+  uint64_t misses;
+  /*
+   Bytes read from the tier below (the file), and the reads issued: a
+   row missed twice in one gather is read once.
+   */
+  uint64_t bytes_read;
+  uint64_t reads;
+  /*
+   Rows the cache dropped to make room, and rows it took in.
+   */
+  uint64_t evictions;
+  uint64_t insertions;
+  /*
+   Read latency quantiles in microseconds, from a log2 histogram of
+   every read's time: the upper bound of the bucket the quantile falls
+   in (at most 2x the true value); 0 before any read.
+   */
+  uint64_t read_p50_us;
+  uint64_t read_p90_us;
+  uint64_t read_p99_us;
+  /*
+   The layer's budget (bytes of rows), the rows it can hold, the rows it
+   holds, the bytes of a row, and the bytes the cache allocated (its
+   rows and bookkeeping: at most `capacity_rows * (row_bytes + 64)` plus
+   6 KiB). All 0 without a cache, except `row_bytes`.
+   */
+  uint64_t budget;
+  uint64_t capacity_rows;
+  uint64_t rows_held;
+  uint64_t row_bytes;
+  uint64_t memory_bytes;
+  /*
+   `ENGRAM_CACHE_POLICY_*`, and its name (`"none"`, `"lru"`, `"clock"`,
+   `"s3fifo"`: a static string the library owns).
+   */
+  uint32_t policy;
+  const char *policy_name;
+} engram_cache_stats;
+
+/*
+ Fill `stats`'s first `struct_size` bytes with the defaults (zeros, no
+ policy, `struct_size` set). NULL is ignored. Call it through the header's
+ `engram_cache_stats_init(stats)`.
+ */
+void engram_cache_stats_init_sized(struct engram_cache_stats *stats, size_t struct_size);
+
+/*
+ Engram layer index `layer_index`'s (0 to `n_layers - 1`, as in
+ `engram_context_info`) statistics of tier `tier` (`ENGRAM_CACHE_TIER_*`)
+ into `*stats`. Safe to call at any time from any thread, also while
+ other threads apply and prefetch (every counter is read without a lock;
+ fields read while reads run may be a few counts apart). A layer without a
+ cache reports zeros and `ENGRAM_CACHE_POLICY_NONE`. Statuses:
+ `ERR_NULL_ARGUMENT` (`ctx` or `stats`), `ERR_STRUCT_SIZE`,
+ `ERR_INVALID_ARGUMENT` (a layer index out of range, an unknown tier),
+ `ERR_UNSUPPORTED` (a tier this library does not keep yet). On error
+ nothing is written.
+ */
+enum engram_status engram_cache_stats_read(const struct engram_context *ctx,
+                                           uint32_t layer_index,
+                                           uint32_t tier,
+                                           struct engram_cache_stats *stats);
+
+/*
+ Zero every layer's and tier's counters (the configuration stays). Safe
+ to call while other threads apply, prefetch or poll (counts made
+ meanwhile may land on either side). `ERR_NULL_ARGUMENT` for a NULL `ctx`.
+ */
+enum engram_status engram_cache_stats_reset(const struct engram_context *ctx);
+
+/* ==========================================================================
  * Teardown
  *
  * Freeing what the library handed out.
@@ -1842,6 +2027,11 @@ static inline void engram_gguf_options_init(engram_gguf_options *o) {
 /** Fill `*o` with the defaults for this header's `engram_safetensors_options`. */
 static inline void engram_safetensors_options_init(engram_safetensors_options *o) {
     engram_safetensors_options_init_sized(o, sizeof *o);
+}
+
+/** Fill `*stats` with the defaults for this header's `engram_cache_stats`. */
+static inline void engram_cache_stats_init(engram_cache_stats *stats) {
+    engram_cache_stats_init_sized(stats, sizeof *stats);
 }
 
 /** Fill `*info` with the defaults for this header's `engram_info`. */

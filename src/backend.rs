@@ -11,6 +11,7 @@ pub use crate::call::{
     Highway, Ids, LayerIn, ReadBack, RowIds, StageStats, Stream, TableIn, TableSource,
 };
 use crate::error::{bail, Result};
+use crate::rowcache::{PolicyKind, TierStats};
 
 /// A backend: where `apply` runs. Every method gets inputs the context has
 /// checked; layers are numbered by their index among the engram layers.
@@ -59,6 +60,20 @@ pub trait Backend<'w>: Send + Sync {
 
     /// Layer `li`'s `q * k` (`[hc, D]` f32; its weights are set).
     fn gate_weights(&self, li: usize) -> Result<Vec<f32>>;
+
+    /// Every file-backed table set from now on gets a host row cache of
+    /// `per_layer` bytes of rows (0: none) under `policy`
+    /// (docs/row-cache.md). By default: refused, the backend reads no file.
+    fn set_row_cache(&self, per_layer: u64, policy: PolicyKind) -> Result<()> {
+        let _ = (per_layer, policy);
+        bail!(ErrUnsupported, "this backend keeps no row cache")
+    }
+
+    /// Layer `li`'s host row cache statistics (`None`: a backend without).
+    fn host_cache_stats(&self, li: usize) -> Option<&TierStats> {
+        let _ = li;
+        None
+    }
 
     /// Use at most `n >= 1` threads for one call from now on. A backend whose
     /// work runs elsewhere (the CUDA device) records nothing: by default `Ok`.

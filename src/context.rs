@@ -16,6 +16,7 @@ use crate::error::{bail, Result};
 use crate::fallible::try_vec_with;
 use crate::hash::history::StateKey;
 use crate::hash::{HashTables, HashTablesIn, History};
+use crate::rowcache::{Snapshot, Tier};
 use std::sync::{Mutex, RwLock};
 
 /// Choices that tests and benchmarks make; engines keep the defaults. Each
@@ -413,6 +414,46 @@ impl<'w> Context<'w> {
     /// Threads the backend uses for one call.
     pub fn n_threads(&self) -> usize {
         *self.n_threads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Give every file-backed table set from now on a host row cache:
+    /// `bytes` of rows for the context, each layer an equal share
+    /// (docs/row-cache.md), under [`crate::rowcache::policy_from_env`]'s
+    /// policy. 0: no cache.
+    pub fn set_row_cache(&self, bytes: u64) -> Result<()> {
+        let policy = crate::rowcache::policy_from_env()?;
+        let per_layer = bytes / self.shape.n_layers.max(1) as u64;
+        self.backend.set_row_cache(per_layer, policy)
+    }
+
+    /// Layer index `li`'s statistics of `tier` since the last reset.
+    /// `ErrInvalidArgument` for a layer out of range; `ErrUnsupported` for a
+    /// tier this library does not keep yet (the device and storage tiers).
+    pub fn cache_stats(&self, li: usize, tier: Tier) -> Result<Snapshot> {
+        if li >= self.shape.n_layers {
+            bail!(
+                ErrInvalidArgument,
+                "layer index {li} (the context has {} engram layers)",
+                self.shape.n_layers
+            );
+        }
+        match (tier, self.backend.host_cache_stats(li)) {
+            (Tier::Host, Some(s)) => Ok(s.snapshot()),
+            (Tier::Host, None) => Ok(Snapshot::default()),
+            (t, _) => bail!(
+                ErrUnsupported,
+                "the {t:?} tier's statistics are not kept yet"
+            ),
+        }
+    }
+
+    /// Zero every layer's and tier's counters (not the configuration).
+    pub fn cache_stats_reset(&self) {
+        for li in 0..self.shape.n_layers {
+            if let Some(s) = self.backend.host_cache_stats(li) {
+                s.reset();
+            }
+        }
     }
 
     /// Use at most `n` threads for one call from now on (0 means 1; see

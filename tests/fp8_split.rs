@@ -558,6 +558,7 @@ fn a_bad_wkv_value_in_the_checkpoint_names_its_tensor() {
                 device: 0,
                 eps: 0.0,
                 tuning: Default::default(),
+                row_cache_bytes: 0,
             })
             .err()
             .unwrap_or_else(|| panic!("a bad value in {tensor} was accepted"));

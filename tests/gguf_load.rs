@@ -140,6 +140,15 @@ fn tiny_gguf_gives_the_golden() {
         &|| tiny.context(),
         true,
     );
+    // And through the host row cache (docs/row-cache.md): one that holds
+    // every row, and one of 3 rows a layer that evicts all the time.
+    for budget in [1 << 20, 2 * 3 * 4 * tiny.hd as u64] {
+        let o = GgufOptions {
+            row_cache_bytes: budget,
+            ..options()
+        };
+        compare(tiny, &|| m.context(&o).unwrap(), &|| tiny.context(), true);
+    }
 }
 
 #[test]

@@ -123,6 +123,7 @@ fn gguf_tables_read_with_pread_or_the_mapping_agree() {
         device: 0,
         eps: tiny.eps,
         tuning: Default::default(),
+        row_cache_bytes: 0,
     };
     let pread = m.context(&o).unwrap();
     let mapped = mm.context(&o).unwrap();

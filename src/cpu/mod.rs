@@ -240,7 +240,7 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
         let mut layers = self.layers.write().unwrap_or_else(|p| p.into_inner());
         let gen = self
             .stager
-            .set_source(li, source, l.format, l.format.row_bytes(s.geo.hd));
+            .set_source(li, source, l.format, l.format.row_bytes(s.geo.hd))?;
         layers[li] = Some(CpuLayer {
             layer_id: l.layer_id,
             wkv,
@@ -313,6 +313,15 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
         let mut out = try_vec(qk.len(), 0f32, "q * k")?;
         out.copy_from_slice(qk);
         Ok(out)
+    }
+
+    fn set_row_cache(&self, per_layer: u64, policy: crate::rowcache::PolicyKind) -> Result<()> {
+        self.stager.set_row_cache(per_layer, policy);
+        Ok(())
+    }
+
+    fn host_cache_stats(&self, li: usize) -> Option<&crate::rowcache::TierStats> {
+        self.stager.cache_stats(li)
     }
 
     /// Replaces the projection's pool (waiting for the projections in flight;

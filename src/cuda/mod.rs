@@ -785,7 +785,7 @@ impl CudaBackend {
                 // The stager forgets a host table this layer had (and waits
                 // for any gather still reading it).
                 self.stager
-                    .set_source(li, Source::memory(&[]), l.format, rb);
+                    .set_source(li, Source::memory(&[]), l.format, rb)?;
                 let addr = |src: &TableSource<'_>| match src {
                     TableSource::Memory(r) => r.addr() as u64,
                     TableSource::File { .. } => unreachable!("a file is a host table"),
@@ -1033,6 +1033,15 @@ impl CudaBackend {
 }
 
 impl<'w> Backend<'w> for CudaBackend {
+    fn set_row_cache(&self, per_layer: u64, policy: crate::rowcache::PolicyKind) -> Result<()> {
+        self.stager.set_row_cache(per_layer, policy);
+        Ok(())
+    }
+
+    fn host_cache_stats(&self, li: usize) -> Option<&crate::rowcache::TierStats> {
+        self.stager.cache_stats(li)
+    }
+
     fn enable_device_hash(
         &mut self,
         tables: &crate::hash::HashTables,

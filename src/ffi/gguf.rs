@@ -13,7 +13,8 @@ use std::ffi::c_char;
 /// Every field is plain data.
 ///
 /// Layouts accepted (`struct_size`): the 0.2 layout, which ends after
-/// `mmap_tables` (`tables_dir` reads as NULL), and the 0.3 layout of this
+/// `mmap_tables` (`tables_dir` reads as NULL), the 0.3 layout, which ends
+/// after `tables_dir` (`row_cache_bytes` reads as 0), and the layout of this
 /// header.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -62,12 +63,22 @@ pub struct EngramGgufOptions {
     /// without hash constants). NULL: the recorded path, then the GGUF file's
     /// directory. (A struct from a 0.2 header ends before this field.)
     pub tables_dir: *const c_char,
+    /// Bytes of the host row cache in front of the tables read from files
+    /// (docs/row-cache.md; `mmap_tables = 0`: a mapped table is the page
+    /// cache's), the context's total, each engram layer an equal share; 0
+    /// (the default): no cache. A budget whose memory cannot be had is
+    /// `ENGRAM_STATUS_ERR_CAPACITY` at create. `engram_cache_stats_read` reports
+    /// what each layer holds. (A struct from an older header ends before
+    /// this field: no cache.)
+    pub row_cache_bytes: u64,
 }
 
 /// The `engram_gguf_options` layouts this library reads: the 0.2 one, which
-/// ends before `tables_dir`, and today's (0.3).
+/// ends before `tables_dir`, the 0.3 one, which ends before
+/// `row_cache_bytes`, and today's.
 const GGUF_OPTIONS_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramGgufOptions, tables_dir),
+    std::mem::offset_of!(EngramGgufOptions, row_cache_bytes),
     size_of::<EngramGgufOptions>(),
 ];
 
@@ -90,6 +101,7 @@ impl Default for EngramGgufOptions {
             tokenizer_json: std::ptr::null(),
             mmap_tables: 0,
             tables_dir: std::ptr::null(),
+            row_cache_bytes: 0,
         }
     }
 }
@@ -149,13 +161,14 @@ pub extern "C" fn engram_create_from_gguf(
             "options",
         )?;
         non_null(out, "out")?;
-        let opts = context_options(
+        let mut opts = context_options(
             o.backend,
             o.device,
             o.eps,
             (o.max_tokens, o.max_seqs, o.max_positions),
             o.n_threads,
         )?;
+        opts.row_cache_bytes = o.row_cache_bytes;
         let (companion, tokenizer) = companions(o.config_json, o.tokenizer_json)?;
         let tables_dir = if o.tables_dir.is_null() {
             None
@@ -227,6 +240,7 @@ pub(crate) fn context_options(
         device,
         eps,
         tuning: Default::default(),
+        row_cache_bytes: 0,
     })
 }
 

@@ -18,6 +18,7 @@
 //! - [`history`]: the KV cache's history operations, sequence states, and
 //!   the deprecated whole-sequence aliases (`engram_seq_copy`, `_drop`).
 //! - [`info`]: what a context says about itself; threads at run time.
+//! - [`cache`]: table tiers and their statistics (the host row cache).
 //! - [`tables`]: hash tables from `config.json` + `tokenizer.json`.
 //! - [`gguf`]: a context straight from a GGUF file (any dialect, split sets).
 //! - [`safetensors`]: a context straight from the released checkpoint.
@@ -26,6 +27,7 @@
 // is the boundary's own.
 #[macro_use]
 mod boundary;
+mod cache;
 mod checked;
 mod context;
 mod gguf;
@@ -35,6 +37,7 @@ mod safetensors;
 mod tables;
 
 pub use boundary::{engram_last_error, engram_status_str, engram_version};
+pub use cache::*;
 pub use checked::*;
 pub use context::*;
 pub use gguf::*;

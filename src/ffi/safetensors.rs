@@ -11,8 +11,9 @@ use std::ffi::c_char;
 /// Options of `engram_create_from_safetensors`. Fill with
 /// `engram_safetensors_options_init`. Every field is plain data.
 ///
-/// Layouts accepted (`struct_size`): only the 0.3 layout of this header
-/// (the struct is new in 0.3).
+/// Layouts accepted (`struct_size`): the 0.3 layout (the struct is new in
+/// 0.3), which ends after `mmap_tables` (`row_cache_bytes` reads as 0), and
+/// the layout of this header.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramSafetensorsOptions {
@@ -50,10 +51,22 @@ pub struct EngramSafetensorsOptions {
     /// everything is read in place (a file truncated while mapped raises
     /// SIGBUS).
     pub mmap_tables: u32,
+    /// Bytes of the host row cache in front of the tables read from files
+    /// (docs/row-cache.md; `mmap_tables = 0`: a mapped table is the page
+    /// cache's), the context's total, each engram layer an equal share; 0
+    /// (the default): no cache. A budget whose memory cannot be had is
+    /// `ENGRAM_STATUS_ERR_CAPACITY` at create. `engram_cache_stats_read` reports
+    /// what each layer holds. (A struct from an older header ends before
+    /// this field: no cache.)
+    pub row_cache_bytes: u64,
 }
 
-/// The `engram_safetensors_options` layouts this library reads: only its first.
-const SAFETENSORS_OPTIONS_LAYOUTS: &[usize] = &[size_of::<EngramSafetensorsOptions>()];
+/// The `engram_safetensors_options` layouts this library reads: the 0.3
+/// one, which ends before `row_cache_bytes`, and today's.
+const SAFETENSORS_OPTIONS_LAYOUTS: &[usize] = &[
+    std::mem::offset_of!(EngramSafetensorsOptions, row_cache_bytes),
+    size_of::<EngramSafetensorsOptions>(),
+];
 
 impl Options for EngramSafetensorsOptions {
     const INIT: &'static str = "engram_safetensors_options_init";
@@ -72,6 +85,7 @@ impl Default for EngramSafetensorsOptions {
             n_threads: 1,
             tokenizer_json: std::ptr::null(),
             mmap_tables: 0,
+            row_cache_bytes: 0,
         }
     }
 }
@@ -129,13 +143,14 @@ pub extern "C" fn engram_create_from_safetensors(
             "options",
         )?;
         non_null(out, "out")?;
-        let opts = context_options(
+        let mut opts = context_options(
             o.backend,
             o.device,
             o.eps,
             (o.max_tokens, o.max_seqs, o.max_positions),
             o.n_threads,
         )?;
+        opts.row_cache_bytes = o.row_cache_bytes;
         let tok = if o.tokenizer_json.is_null() {
             None
         } else {

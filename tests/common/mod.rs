@@ -468,6 +468,7 @@ pub fn cpu_gguf_options(eps: f32) -> engram::gguf::GgufOptions {
         device: 0,
         eps,
         tuning: Default::default(),
+        row_cache_bytes: 0,
     }
 }
 

@@ -50,6 +50,7 @@ use crate::backend::StageStats;
 use crate::batch::try_vec_with;
 use crate::error::{Error, Result};
 use crate::formats::{dequant_row_bf16, EngramType, RowDataError};
+use crate::rowcache::{PolicyKind, RowCache, TierStats};
 use crate::EngramStatus;
 use std::collections::VecDeque;
 use std::fs::File;
@@ -79,6 +80,13 @@ pub enum Source {
         codes: Box<Source>,
         scales: Box<Source>,
         crb: usize,
+    },
+    /// A file-backed table (a file, or a split table with a file part)
+    /// behind the layer's host row cache (docs/row-cache.md): rows are read
+    /// through the cache, its misses from `inner`.
+    Cached {
+        inner: Box<Source>,
+        cache: std::sync::Arc<RowCache>,
     },
 }
 
@@ -122,6 +130,15 @@ impl Source {
             );
         }
         Ok(Source::File { file, offset, len })
+    }
+
+    /// Whether any of its rows come from a file (what a row cache fronts).
+    fn file_backed(&self) -> bool {
+        match self {
+            Source::File { .. } => true,
+            Source::Split { codes, scales, .. } => codes.file_backed() || scales.file_backed(),
+            _ => false,
+        }
     }
 }
 
@@ -418,6 +435,11 @@ pub struct Stager {
     shared: Arc<Shared>,
     workers: Mutex<Vec<thread::JoinHandle<()>>>,
     n_workers: usize,
+    /// Each layer's host row cache statistics (read by pollers, no lock).
+    cache_stats: Vec<std::sync::Arc<TierStats>>,
+    /// The row cache each file-backed layer gets: its budget (bytes of rows
+    /// a layer) and policy; a budget of 0: none.
+    cache_cfg: std::sync::Mutex<(u64, PolicyKind)>,
 }
 
 /// The result of a gather: the outer error is the read's (I/O); the inner
@@ -440,7 +462,10 @@ impl Stager {
             },
             "engram layers",
         )?;
+        let cache_stats = try_vec_with(n_layers, Default::default, "row cache statistics")?;
         Ok(Stager {
+            cache_stats,
+            cache_cfg: std::sync::Mutex::new((0, crate::rowcache::DEFAULT_POLICY)),
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     layers,
@@ -461,10 +486,41 @@ impl Stager {
     /// drops the jobs queued for the old table, waits for the ones running
     /// and for applies reading a slot, and empties the layer's slots. When it
     /// returns no thread reads the old table or writes the old in-place
-    /// memory. Returns the new generation.
-    pub fn set_source(&self, li: usize, src: Source, format: EngramType, rb: usize) -> u64 {
+    /// memory. Returns the new generation. A file-backed table gets the
+    /// layer's row cache ([`Stager::set_row_cache`]); `ErrCapacity` when its
+    /// memory cannot be had (nothing changed then).
+    pub fn set_source(&self, li: usize, src: Source, format: EngramType, rb: usize) -> Result<u64> {
         self.set_source_in_place(li, src, format, rb, Vec::new())
-            .expect("no in-place memory to check")
+    }
+
+    /// Every file-backed layer set from now on gets a row cache of
+    /// `per_layer` bytes of rows (0: none) under `policy`.
+    pub fn set_row_cache(&self, per_layer: u64, policy: PolicyKind) {
+        *self.cache_cfg.lock().unwrap_or_else(|p| p.into_inner()) = (per_layer, policy);
+    }
+
+    /// Layer `li`'s host row cache statistics.
+    pub fn cache_stats(&self, li: usize) -> Option<&TierStats> {
+        self.cache_stats.get(li).map(|s| &**s)
+    }
+
+    /// `src` behind a new row cache for layer `li` (rows of `rb` bytes) when
+    /// it is file-backed and the stager has a cache budget; as it is
+    /// otherwise (the layer's statistics then say there is no cache).
+    fn with_cache(&self, li: usize, src: Source, rb: usize) -> Result<Source> {
+        let (budget, policy) = *self.cache_cfg.lock().unwrap_or_else(|p| p.into_inner());
+        let stats = &self.cache_stats[li];
+        if budget == 0 || !src.file_backed() {
+            stats.configure(0, 0, rb as u64, 0, None);
+            return Ok(src);
+        }
+        Ok(match RowCache::new(budget, rb, policy, stats.clone())? {
+            Some(cache) => Source::Cached {
+                inner: Box::new(src),
+                cache: std::sync::Arc::new(cache),
+            },
+            None => src,
+        })
     }
 
     /// [`Stager::set_source`], with memory for each of the layer's [`SLOTS`]
@@ -486,6 +542,7 @@ impl Stager {
                 mem.len()
             );
         }
+        let src = self.with_cache(li, src, rb)?;
         let mut st = self.shared.lock();
         // Drop the queued jobs of the layer; their slots stop waiting for them.
         let queue = std::mem::take(&mut st.queue);

@@ -51,6 +51,7 @@ const FREED: u16 = 0x7F80;
 
 fn set(s: &Stager, t: &std::sync::Arc<Table>) -> u64 {
     s.set_source(0, Source::Model(t.clone()), EngramType::Bf16, 2)
+        .expect("no cache for a model table")
 }
 
 fn gather(s: &Stager, gen: u64, ids: &[i64]) -> Vec<u16> {

@@ -3,6 +3,7 @@
 
 use super::Source;
 use crate::error::{Error, Result};
+use crate::rowcache::{Miss, TierStats};
 use crate::EngramStatus;
 
 /// Tell the kernel which pages the rows live on, so that it starts reading
@@ -67,6 +68,9 @@ pub(super) fn hint(src: &Source, rb: usize, ids: &[i64]) {
                     }
                 }
             }
+            // The hits need no advice; the misses are advised when read
+            // (`read_misses`).
+            Source::Cached { .. } => {}
             #[cfg(all(test, feature = "loom-model"))]
             Source::Model(_) => {}
         }
@@ -207,11 +211,84 @@ pub(super) fn read_rows(src: &Source, rb: usize, ids: &[i64], dst: &mut [u8]) ->
                 crate::error::bail!(ErrUnsupported, "file-backed tables need a unix system")
             }
         }
+        Source::Cached { inner, cache } => {
+            let mut uids = crate::batch::try_room(ids.len(), "row ids")?;
+            uids.extend(ids.iter().map(|&id| id as u64));
+            cache.read_through(&uids, dst, |misses| {
+                read_misses(inner, rb, misses, cache.stats())
+            })
+        }
         #[cfg(all(test, feature = "loom-model"))]
         Source::Model(t) => {
             t.read(rb, ids, dst);
             Ok(())
         }
+    }
+}
+
+/// Read the rows a cache missed (unique, sorted by id) from `src`, each read
+/// timed into `stats`. A file's rows go through [`read_file_rows`] (the one
+/// place a file's misses are read: the batched reader's seam); a split
+/// table's row by row.
+fn read_misses(src: &Source, rb: usize, misses: &mut [Miss<'_>], stats: &TierStats) -> Result<()> {
+    match src {
+        Source::File { file, offset, .. } => read_file_rows(file, *offset, rb, misses, stats),
+        _ => {
+            for (id, d) in misses.iter_mut() {
+                let t = std::time::Instant::now();
+                read_rows(src, rb, &[*id as i64], d)?;
+                stats.record_read(rb as u64, t.elapsed().as_micros() as u64);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Read rows `misses` (unique, sorted by id; `rb` bytes each) of the table at
+/// `offset` in `file`: the kernel is told of them all first (when there are
+/// several, so that its reads overlap), then one `pread` a row, each timed
+/// into `stats`. A file cut short or an I/O error is `ErrIo`.
+fn read_file_rows(
+    file: &std::fs::File,
+    offset: u64,
+    rb: usize,
+    misses: &mut [Miss<'_>],
+    stats: &TierStats,
+) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        use std::os::unix::io::AsRawFd;
+        if misses.len() > 1 {
+            for (id, _) in misses.iter() {
+                // SAFETY: advice on an open descriptor; no memory is touched.
+                unsafe {
+                    libc::posix_fadvise(
+                        file.as_raw_fd(),
+                        (offset + id * rb as u64) as libc::off_t,
+                        rb as libc::off_t,
+                        libc::POSIX_FADV_WILLNEED,
+                    );
+                }
+            }
+        }
+        for (id, d) in misses.iter_mut() {
+            let at = offset + *id * rb as u64;
+            let t = std::time::Instant::now();
+            file.read_exact_at(d, at).map_err(|e| {
+                Error::new(
+                    EngramStatus::ErrIo,
+                    format!("reading table row {id} ({rb} bytes at file offset {at}): {e}"),
+                )
+            })?;
+            stats.record_read(rb as u64, t.elapsed().as_micros() as u64);
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (file, offset, rb, misses, stats);
+        crate::error::bail!(ErrUnsupported, "file-backed tables need a unix system")
     }
 }
 

@@ -61,6 +61,9 @@ pub struct GgufOptions {
     pub eps: f32,
     /// Tests' and benchmarks' choices (engines keep the default).
     pub tuning: Tuning,
+    /// Bytes of the host row cache in front of the tables read from files
+    /// (docs/row-cache.md), shared evenly among the layers; 0: none.
+    pub row_cache_bytes: u64,
 }
 
 /// How to load a model.
@@ -207,6 +210,7 @@ impl Inspected {
                 device: 0,
                 eps: 1e-6,
                 tuning: Tuning::default(),
+                row_cache_bytes: 0,
             });
             out.push(Check {
                 what: "a CPU context takes every layer (geometry, table and weight sizes)",
@@ -657,6 +661,9 @@ impl LoadedModel {
             tuning: o.tuning.clone(),
         };
         let ctx = Context::new(&cfg)?;
+        if o.row_cache_bytes > 0 {
+            ctx.set_row_cache(o.row_cache_bytes)?;
+        }
         for (l, w) in m.layers.iter().zip(&self.layers) {
             let at = |e: Error| {
                 Error::new(

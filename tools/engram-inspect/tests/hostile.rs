@@ -124,6 +124,7 @@ fn a_nan_code_in_an_fp8_wkv_fails_inspect_as_it_fails_the_loader() {
             device: 0,
             eps: 0.0,
             tuning: engram::Tuning::default(),
+            row_cache_bytes: 0,
         })
         .err()
         .unwrap();
