@@ -70,6 +70,10 @@ pub mod memory;
 /// Tests: row_cache; tools: engram-replay (the policies, `policy`).
 #[doc(hidden)]
 pub mod rowcache;
+/// cbindgen:ignore
+/// Tests: rowio; benches/disk (`RowReader`, `probe`).
+#[doc(hidden)]
+pub mod rowio;
 /// Tests: file_memory, hostile, json_peak (`parse_header`, `read`).
 #[doc(hidden)]
 pub mod safetensors;

@@ -36,10 +36,11 @@ use std::path::{Path, PathBuf};
 /// the cycle check. `""` is the crate root (`lib.rs`).
 const LAYERS: &[&[&str]] = &[
     // What every module may use: errors; allocations sized by a caller or a
-    // file; the engine's memory, the row and weight formats, opening files.
+    // file; the engine's memory, the row and weight formats, opening files,
+    // direct batched reads of table rows from a file.
     &["error", "fpmode"],
     &["fallible"],
-    &["memory", "formats", "files", "rowcache"],
+    &["memory", "formats", "files", "rowcache", "rowio"],
     // The plain data a call is made of (what a backend is given).
     &["call"],
     // Every check on a call's inputs (and the geometry and limits).
