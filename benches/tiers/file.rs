@@ -6,10 +6,10 @@
 use engram::formats::ggml::BlockQ2K;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Bytes of a Q2_K row (one 256-value block).
 pub const RB: usize = std::mem::size_of::<BlockQ2K>();
@@ -194,45 +194,4 @@ pub fn read_bytes() -> u64 {
                 .and_then(|l| l[11..].trim().parse().ok())
         })
         .unwrap_or(0)
-}
-
-/// The disk's random-read rate: `O_DIRECT` reads of `size` bytes at random
-/// `size`-aligned offsets of the file, `depth` threads each with one read in
-/// flight, for `secs`. Reads per second.
-pub fn probe(path: &Path, size: usize, depth: usize, secs: f64) -> f64 {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .expect("O_DIRECT open (the probe needs a file system that allows it)");
-    let blocks = f.metadata().unwrap().len() / size as u64;
-    let stop = Instant::now() + Duration::from_secs_f64(secs);
-    let t = Instant::now();
-    let total: u64 = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..depth)
-            .map(|th| {
-                let f = &f;
-                s.spawn(move || {
-                    let layout = std::alloc::Layout::from_size_align(size, 4096).unwrap();
-                    // SAFETY: a non-zero size; freed below with the same layout.
-                    let p = unsafe { std::alloc::alloc(layout) };
-                    assert!(!p.is_null());
-                    // SAFETY: `p` is `size` bytes this thread owns.
-                    let buf = unsafe { std::slice::from_raw_parts_mut(p, size) };
-                    let mut n = 0u64;
-                    let mut z = mix64(th as u64 ^ 0xd15c);
-                    while Instant::now() < stop {
-                        z = mix64(z);
-                        f.read_exact_at(buf, (z % blocks) * size as u64).unwrap();
-                        n += 1;
-                    }
-                    // SAFETY: allocated above with this layout.
-                    unsafe { std::alloc::dealloc(p, layout) };
-                    n
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).sum()
-    });
-    total as f64 / t.elapsed().as_secs_f64()
 }

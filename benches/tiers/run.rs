@@ -27,10 +27,30 @@ impl Path {
     }
 }
 
-/// Give `ctx` a row cache of `bytes` (before its layer is set). Returns
-/// false when this build has none (the `cache` branch not merged).
-fn enable_cache(_ctx: &Context, _bytes: u64) -> bool {
-    false
+/// Give `ctx`'s layer (the one set) a row cache of `bytes`, before the
+/// layer is set: the context splits `row_cache_bytes` evenly over its
+/// engram layers (two, of which this bench sets one), so it is given twice.
+fn enable_cache(ctx: &Context, bytes: u64) -> bool {
+    ctx.set_row_cache(bytes * ctx.tables().layer_ids.len() as u64).unwrap();
+    true
+}
+
+/// The row cache's figures since its last reset, per `tokens` tokens.
+fn cache_line(ctx: &Context, p: Path, what: &str, tokens: usize) -> String {
+    let s = ctx.cache_stats(0, engram::rowcache::Tier::Host).unwrap();
+    format!(
+        "{} ({what}): {:.1}% of {} lookups hit, {} reads, {:.0} bytes read a token (the cache's count), read latency p50 {} us p99 {} us, policy {}, {} rows held, {:.1} MB allocated",
+        p.name(),
+        s.hits as f64 * 100.0 / s.lookups.max(1) as f64,
+        s.lookups,
+        s.reads,
+        s.bytes_read as f64 / tokens as f64,
+        s.read_p50_us,
+        s.read_p99_us,
+        s.policy.map_or("none", |k| k.name()),
+        s.rows_held,
+        s.memory_bytes as f64 / 1e6
+    )
 }
 
 struct Bench {
@@ -45,6 +65,8 @@ struct Bench {
     label: String,
     w: Weights0,
     out: Vec<String>,
+    /// The row cache's storage bytes a token in the 64-sequence decode, per budget.
+    cache_bpt: Vec<(u64, f64)>,
 }
 
 /// How a step's reads are issued (see [`Bench::pass`]).
@@ -208,7 +230,7 @@ fn setup(o: Opts) -> Bench {
         ),
     };
     drop(ctx);
-    Bench { o, t, file: Arc::new(file), map, rows, lanes, per, label, w: Weights0::new(), out: vec![] }
+    Bench { o, t, file: Arc::new(file), map, rows, lanes, per, label, w: Weights0::new(), out: vec![], cache_bpt: vec![] }
 }
 
 
@@ -249,15 +271,16 @@ fn report(mut b: Bench) {
 }
 
 fn probe(b: &mut Bench) -> f64 {
+    use engram::rowio::{probe::{random_read_rate_with, Method}, Force};
     let secs = env("ENGRAM_TIERS_PROBE_S", 0.5);
-    let mut best = 0f64;
-    let mut line = String::new();
-    for depth in [1, 2, 4, 8, 16, 32, 64, 128] {
-        let r = file::probe(&b.o.path, 512, depth, secs);
-        best = best.max(r);
-        line += &format!(" {depth}: {:.0}k/s;", r / 1e3);
-    }
-    b.say(format!("disk probe (own: O_DIRECT 512-byte random reads of the table file, threads = reads in flight, {secs} s each):{line} best {:.0}k/s", best / 1e3));
+    let depths = [1, 2, 4, 8, 16, 32, 64, 128];
+    let rows = random_read_rate_with(&b.o.path, 512, &depths, Method::Reader(Force::Auto), secs).unwrap();
+    let best = rows.iter().map(|r| r.reads_per_s).fold(0.0, f64::max);
+    let line: String = rows.iter().map(|r| format!(" {}: {:.0}k/s (p50 {:.0} us);", r.depth, r.reads_per_s / 1e3, r.p50_us)).collect();
+    b.say(format!(
+        "disk probe (engram::rowio::probe, {}: 512-byte random reads of the table file, {secs} s a depth, in flight:{line} best {:.0}k/s",
+        rows[0].method, best / 1e3
+    ));
     best
 }
 
@@ -269,6 +292,7 @@ fn decode(b: &mut Bench, anon: &Anon, n: usize, lead: Duration, paths: &[Path]) 
     let (ra, rb) = (b.pass(&ctx, &sa, Lead::Resident(lead)), b.pass(&ctx, &sb, Lead::Resident(ZERO)));
     drop(ctx);
     let (ma, mb) = (median(&ra.secs), median(&rb.secs));
+    let (mut notes, mut bpts) = (vec![], vec![]);
     b.say(format!("\n### decode, {n} token(s) a step ({} sequences), median of {s} steps; warm = after {} warm-up tokens of the same streams", n, w * n));
     b.say(format!("| path | warm, lead {:.0} us | x resident | warm, zero lead | x resident | cold, lead | cold, zero lead | storage bytes/token (warm) |", lead.as_secs_f64() * 1e6));
     b.say("|---|---|---|---|---|---|---|---|".into());
@@ -280,9 +304,17 @@ fn decode(b: &mut Bench, anon: &Anon, n: usize, lead: Duration, paths: &[Path]) 
         };
         b.drop_caches();
         b.warm_up(&ctx, n, w);
+        ctx.cache_stats_reset();
         let (wa, wb) = (b.pass(&ctx, &sa, Lead::Prefetch(lead)), b.pass(&ctx, &sb, Lead::Prefetch(ZERO)));
         assert_eq!(wa.bits, ra.bits, "{}: apply's output differs from the resident table's", p.name());
         assert_eq!(wb.bits, rb.bits, "{}: apply's output differs from the resident table's", p.name());
+        if let Path::Cache(c) = p {
+            notes.push(cache_line(&ctx, p, "warm, measured steps", 2 * s * n));
+            let st = ctx.cache_stats(0, engram::rowcache::Tier::Host).unwrap();
+            if n == 64 {
+                bpts.push((c, st.bytes_read as f64 / (2 * s * n) as f64));
+            }
+        }
         drop(ctx);
         b.drop_caches();
         let ctx = b.ctx(p, anon).unwrap();
@@ -301,6 +333,10 @@ fn decode(b: &mut Bench, anon: &Anon, n: usize, lead: Duration, paths: &[Path]) 
             p.name(), x * 1e6, x / ma, y * 1e6, y / mb, median(&ca.secs) * 1e6, median(&cb.secs) * 1e6, bpt
         ));
     }
+    for l in notes {
+        b.say(l);
+    }
+    b.cache_bpt.extend(bpts);
 }
 
 fn prefill(b: &mut Bench, anon: &Anon, pre: &[i64], best: f64, paths: &[Path]) {
@@ -320,6 +356,7 @@ fn prefill(b: &mut Bench, anon: &Anon, pre: &[i64], best: f64, paths: &[Path]) {
     b.say("|---|---|---|---|---|---|---|".into());
     b.say(format!("| resident | | | | {:.1} ms | 1 | 0 |", mr * 1e3));
     let mut checked = false;
+    let mut notes = vec![];
     for &p in paths {
         if b.ctx(p, anon).is_none() {
             b.say(format!("| {} | not in this build | | | | | |", p.name()));
@@ -338,6 +375,9 @@ fn prefill(b: &mut Bench, anon: &Anon, pre: &[i64], best: f64, paths: &[Path]) {
             assert_eq!(r.bits, want, "{}: prefill output differs from the resident table's", p.name());
             cold.push(r.secs[0]);
             read += r.read;
+            if matches!(p, Path::Cache(_)) && cold.len() == b.o.runs {
+                notes.push(cache_line(&ctx, p, "one cold prefill", PREFILL));
+            }
         }
         let ctx = b.ctx(p, anon).unwrap();
         b.pass(&ctx, &[pre.to_vec()], Lead::Prefetch(ZERO));
@@ -348,6 +388,9 @@ fn prefill(b: &mut Bench, anon: &Anon, pre: &[i64], best: f64, paths: &[Path]) {
             "| {} | {:.1} ms | {:.2}x | {:.2}x | {:.1} ms | {:.2}x | {:.0} |",
             p.name(), c * 1e3, c / floor, (c - mr) / floor, wm * 1e3, wm / mr, read as f64 / (b.o.runs * PREFILL) as f64
         ));
+    }
+    for l in notes {
+        b.say(l);
     }
 }
 
@@ -369,5 +412,8 @@ fn bytes_sim(b: &mut Bench) {
         }
         let bpt = (lru.misses - m0) as f64 * 4096.0 / (2 * s * 64) as f64;
         b.say(format!("mmap model (exact LRU of 4 KiB pages, {} MiB, no read-around: a lower bound for mmap): {bpt:.0} bytes/token", c >> 20));
+        if let Some(&(_, cb)) = b.cache_bpt.iter().find(|x| x.0 == c) {
+            b.say(format!("row cache {} MiB (its count, same steps): {cb:.0} bytes/token = 1/{:.1} of the mmap model (target: at most 1/5)", c >> 20, bpt / cb.max(1e-9)));
+        }
     }
 }
