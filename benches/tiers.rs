@@ -44,11 +44,16 @@ const PREFILL: usize = 4096;
 const DECODE: [usize; 3] = [1, 8, 64];
 
 fn env<T: std::str::FromStr>(k: &str, d: T) -> T {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
 }
 
 fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"))
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target"))
 }
 
 struct Opts {
@@ -64,8 +69,12 @@ struct Opts {
 
 fn opts() -> Opts {
     Opts {
-        path: std::env::var_os("ENGRAM_TIERS_FILE").map(PathBuf::from).unwrap_or_else(|| target_dir().join("tiers/q2k_layer.bin")),
-        text: std::env::var_os("ENGRAM_TIERS_TEXT").map(PathBuf::from).unwrap_or_else(|| target_dir().join("tiers/corpus")),
+        path: std::env::var_os("ENGRAM_TIERS_FILE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| target_dir().join("tiers/q2k_layer.bin")),
+        text: std::env::var_os("ENGRAM_TIERS_TEXT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| target_dir().join("tiers/corpus")),
         layer_us: env("ENGRAM_TIERS_LAYER_US", 500.0),
         layers_before: LAYER as usize,
         steps: env("ENGRAM_TIERS_STEPS", 64),
@@ -99,9 +108,18 @@ fn tables(rows: Option<u64>) -> (EngramTables, tokenizers::Tokenizer) {
 
 fn context<'w>(t: &EngramTables) -> Context<'w> {
     Context::new(&ContextConfig {
-        geometry: Geometry { d: D, hc: HC, hd: HD, eps: 1e-6 },
+        geometry: Geometry {
+            d: D,
+            hc: HC,
+            hd: HD,
+            eps: 1e-6,
+        },
         tables: t.as_input(),
-        limits: Limits { max_tokens: PREFILL, max_seqs: 64, max_positions: 1 << 20 },
+        limits: Limits {
+            max_tokens: PREFILL,
+            max_seqs: 64,
+            max_positions: 1 << 20,
+        },
         n_threads: 2,
         backend: engram::call::EngramBackend::Cpu as u32,
         device: 0,
@@ -120,15 +138,34 @@ struct Weights0 {
 impl Weights0 {
     fn new() -> Weights0 {
         let wkv = (0..D * (HC + 1) * C * HD)
-            .map(|i| engram::formats::f32_to_bf16(((file::mix64(i as u64) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.05))
+            .map(|i| {
+                engram::formats::f32_to_bf16(
+                    ((file::mix64(i as u64) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.05,
+                )
+            })
             .collect();
-        Weights0 { wkv, q: vec![1.0; HC * D], k: vec![1.0; HC * D] }
+        Weights0 {
+            wkv,
+            q: vec![1.0; HC * D],
+            k: vec![1.0; HC * D],
+        }
     }
 
     fn layer<'w>(&'w self, table: &'w [u8], rows: u64, file: Option<Arc<File>>) -> LayerIn<'w> {
-        let mut l = LayerIn::host(LAYER, table, EngramType::Q2_K, rows, Weights::Bf16(&self.wkv), Weights::F32(&self.q), Weights::F32(&self.k));
+        let mut l = LayerIn::host(
+            LAYER,
+            table,
+            EngramType::Q2_K,
+            rows,
+            Weights::Bf16(&self.wkv),
+            Weights::F32(&self.q),
+            Weights::F32(&self.k),
+        );
         if let Some(f) = file {
-            l.table.source = TableSource::File { file: f, offset: HEADER };
+            l.table.source = TableSource::File {
+                file: f,
+                offset: HEADER,
+            };
         }
         l
     }
@@ -145,10 +182,20 @@ impl Anon {
     fn new(len: usize) -> Anon {
         // SAFETY: a fresh private anonymous mapping; checked below.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
         };
         assert_ne!(p, libc::MAP_FAILED, "anonymous mapping of {len} bytes");
-        Anon { p: p as *mut u8, len }
+        Anon {
+            p: p as *mut u8,
+            len,
+        }
     }
 
     /// Fill the table pages holding `ids`' rows from the file (4 KiB reads at
@@ -167,7 +214,8 @@ impl Anon {
         let t = self.slice_mut();
         for &p in &pages {
             let end = ((p + 1) * 4096).min(t.len());
-            f.read_exact_at(&mut t[p * 4096..end], HEADER + (p * 4096) as u64).unwrap();
+            f.read_exact_at(&mut t[p * 4096..end], HEADER + (p * 4096) as u64)
+                .unwrap();
         }
         pages.len()
     }

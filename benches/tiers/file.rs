@@ -95,7 +95,11 @@ pub fn free_bytes(dir: &Path) -> u64 {
 /// Exits (status 2) when the disk lacks the file's size plus 4 GiB.
 pub fn open_or_create(path: &Path, rows: u64) -> File {
     if let Some(f) = check(path, rows) {
-        eprintln!("reusing {} ({} rows, header and 256 rows checked)", path.display(), rows);
+        eprintln!(
+            "reusing {} ({} rows, header and 256 rows checked)",
+            path.display(),
+            rows
+        );
         return f;
     }
     let dir = path.parent().unwrap();
@@ -119,9 +123,18 @@ pub fn open_or_create(path: &Path, rows: u64) -> File {
 }
 
 fn write(path: &Path, rows: u64) {
-    eprintln!("writing {} ({:.2} GB) ...", path.display(), file_len(rows) as f64 / 1e9);
+    eprintln!(
+        "writing {} ({:.2} GB) ...",
+        path.display(),
+        file_len(rows) as f64 / 1e9
+    );
     let t = Instant::now();
-    let f = OpenOptions::new().write(true).create(true).truncate(true).open(path).unwrap();
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap();
     f.set_len(file_len(rows)).unwrap();
     f.write_all_at(&header(rows), 0).unwrap();
     const CHUNK: u64 = 1 << 17; // rows a job
@@ -139,7 +152,8 @@ fn write(path: &Path, rows: u64) {
                     for (i, row) in buf[..n * RB].chunks_exact_mut(RB).enumerate() {
                         gen_row(r0 + i as u64, row);
                     }
-                    f.write_all_at(&buf[..n * RB], HEADER + r0 * RB as u64).unwrap();
+                    f.write_all_at(&buf[..n * RB], HEADER + r0 * RB as u64)
+                        .unwrap();
                 }
             });
         }
@@ -167,7 +181,11 @@ pub fn drop_cache(f: &File) {
 pub fn drop_map(m: &[u8]) {
     // SAFETY: advice on this process's own read-only file mapping; its pages read back from the file.
     unsafe {
-        libc::madvise(m.as_ptr() as *mut libc::c_void, m.len(), libc::MADV_DONTNEED);
+        libc::madvise(
+            m.as_ptr() as *mut libc::c_void,
+            m.len(),
+            libc::MADV_DONTNEED,
+        );
     }
 }
 

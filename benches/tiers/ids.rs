@@ -33,10 +33,19 @@ fn files_under(p: &Path, out: &mut Vec<PathBuf>) {
 /// `n` lanes of at least `len` tokens from the texts under `dir` (its
 /// subdirectories, the corpus's classes, taken in turn so that every lane
 /// mixes prose, code and languages); `None` if there is too little text.
-pub fn text_lanes(dir: &Path, tok: &tokenizers::Tokenizer, n: usize, long: usize, short: usize) -> Option<Lanes> {
+pub fn text_lanes(
+    dir: &Path,
+    tok: &tokenizers::Tokenizer,
+    n: usize,
+    long: usize,
+    short: usize,
+) -> Option<Lanes> {
     let len = |i: usize| if i == 0 { long } else { short };
     let mut classes: Vec<Vec<PathBuf>> = Vec::new();
-    let mut subs: Vec<PathBuf> = std::fs::read_dir(dir).ok()?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    let mut subs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
     subs.sort();
     for s in subs.iter().filter(|s| s.is_dir()) {
         let mut v = Vec::new();
@@ -48,7 +57,11 @@ pub fn text_lanes(dir: &Path, tok: &tokenizers::Tokenizer, n: usize, long: usize
     if classes.is_empty() {
         return None;
     }
-    let names: Vec<String> = subs.iter().filter(|s| s.is_dir()).map(|s| s.file_name().unwrap().to_string_lossy().into()).collect();
+    let names: Vec<String> = subs
+        .iter()
+        .filter(|s| s.is_dir())
+        .map(|s| s.file_name().unwrap().to_string_lossy().into())
+        .collect();
     let mut lanes = vec![Vec::new(); n];
     let mut next = vec![0usize; classes.len()];
     let (mut files, mut c) = (0usize, 0usize);
@@ -69,7 +82,11 @@ pub fn text_lanes(dir: &Path, tok: &tokenizers::Tokenizer, n: usize, long: usize
     }
     Some(Lanes {
         tokens: lanes,
-        label: format!("real text: {files} files of {} ({}) through the V4.1 tokenizer and hash", dir.display(), names.join(", ")),
+        label: format!(
+            "real text: {files} files of {} ({}) through the V4.1 tokenizer and hash",
+            dir.display(),
+            names.join(", ")
+        ),
     })
 }
 
@@ -87,7 +104,8 @@ pub fn hash_lanes(ctx: &Context, lanes: &Lanes, chunk: usize) -> Vec<Vec<i64>> {
             for (ci, part) in t.chunks(chunk).enumerate() {
                 let pos: Vec<i32> = (0..part.len()).map(|i| (ci * chunk + i) as i32).collect();
                 let o = &mut out[..part.len() * per];
-                ctx.hash(part, &vec![s as i32; part.len()], &pos, o).unwrap();
+                ctx.hash(part, &vec![s as i32; part.len()], &pos, o)
+                    .unwrap();
                 ids.extend_from_slice(o);
             }
             ids
@@ -128,7 +146,11 @@ pub fn distinct(ids: &[i64], rb: u64, header: u64) -> (usize, usize, usize) {
     blocks.sort_unstable();
     blocks.dedup();
     let runs = 1 + blocks.windows(2).filter(|w| w[1] != w[0] + 1).count();
-    (r.len(), blocks.len(), if blocks.is_empty() { 0 } else { runs })
+    (
+        r.len(),
+        blocks.len(),
+        if blocks.is_empty() { 0 } else { runs },
+    )
 }
 
 /// An exact LRU of 4 KiB pages holding `budget` bytes: the page cache an
@@ -144,7 +166,13 @@ pub struct PageLru {
 
 impl PageLru {
     pub fn new(budget: u64) -> PageLru {
-        PageLru { cap: (budget / 4096) as usize, tick: 0, at: HashMap::new(), order: Default::default(), misses: 0 }
+        PageLru {
+            cap: (budget / 4096) as usize,
+            tick: 0,
+            at: HashMap::new(),
+            order: Default::default(),
+            misses: 0,
+        }
     }
 
     pub fn touch(&mut self, ids: &[i64], rb: u64, header: u64) {

@@ -31,7 +31,8 @@ impl Path {
 /// layer is set: the context splits `row_cache_bytes` evenly over its
 /// engram layers (two, of which this bench sets one), so it is given twice.
 fn enable_cache(ctx: &Context, bytes: u64) -> bool {
-    ctx.set_row_cache(bytes * ctx.tables().layer_ids.len() as u64).unwrap();
+    ctx.set_row_cache(bytes * ctx.tables().layer_ids.len() as u64)
+        .unwrap();
     true
 }
 
@@ -92,7 +93,9 @@ fn median(v: &[f64]) -> f64 {
 }
 
 fn fingerprint(h: &[f32]) -> u64 {
-    h.iter().fold(0xcbf29ce484222325u64, |a, x| (a ^ x.to_bits() as u64).wrapping_mul(0x100000001b3))
+    h.iter().fold(0xcbf29ce484222325u64, |a, x| {
+        (a ^ x.to_bits() as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 impl Bench {
@@ -103,18 +106,29 @@ impl Bench {
     /// Steps `s0..s1` of `n` tokens: ids `[n, per]` each.
     fn steps(&self, n: usize, s0: usize, s1: usize) -> Vec<Vec<i64>> {
         let p = self.per;
-        (s0..s1).map(|s| (0..n).flat_map(|l| self.lanes[l][s * p..(s + 1) * p].iter().copied()).collect()).collect()
+        (s0..s1)
+            .map(|s| {
+                (0..n)
+                    .flat_map(|l| self.lanes[l][s * p..(s + 1) * p].iter().copied())
+                    .collect()
+            })
+            .collect()
     }
 
     fn layer1(&self, ids: &[i64]) -> Vec<i64> {
-        ids.chunks_exact(self.per).flat_map(|t| t[..C].iter().copied()).collect()
+        ids.chunks_exact(self.per)
+            .flat_map(|t| t[..C].iter().copied())
+            .collect()
     }
 
     /// A context reading the table through `path` (`anon`: the resident copy).
     fn ctx<'w>(&'w self, path: Path, anon: &'w Anon) -> Option<Context<'w>> {
         let ctx = context(&self.t);
         let l = match path {
-            Path::Resident => self.w.layer(&anon.slice()[..self.rows as usize * RB], self.rows, None),
+            Path::Resident => {
+                self.w
+                    .layer(&anon.slice()[..self.rows as usize * RB], self.rows, None)
+            }
             Path::Mmap => self.w.layer(self.table(), self.rows, None),
             Path::Pread => self.w.layer(&[], self.rows, Some(self.file.clone())),
             Path::Cache(b) => {
@@ -139,11 +153,17 @@ impl Bench {
     /// resident table is not prefetched: `Resident(d)` sleeps `d`, then
     /// times the apply, as a step with the same lead would.
     fn pass(&self, ctx: &Context, steps: &[Vec<i64>], lead: Lead) -> Pass {
-        let mut p = Pass { secs: vec![], bits: vec![], read: 0 };
+        let mut p = Pass {
+            secs: vec![],
+            bits: vec![],
+            read: 0,
+        };
         let r0 = file::read_bytes();
         for ids in steps {
             let n = ids.len() / self.per;
-            let mut h: Vec<f32> = (0..n * HC * D).map(|i| ((i % 7) as f32 - 3.0) * 0.25).collect();
+            let mut h: Vec<f32> = (0..n * HC * D)
+                .map(|i| ((i % 7) as f32 - 3.0) * 0.25)
+                .collect();
             let t = match lead {
                 Lead::Resident(d) => {
                     std::thread::sleep(d);
@@ -208,7 +228,9 @@ pub fn main() {
 }
 
 fn setup(o: Opts) -> Bench {
-    let scaled: Option<u64> = std::env::var("ENGRAM_TIERS_ROWS").ok().and_then(|v| v.parse().ok());
+    let scaled: Option<u64> = std::env::var("ENGRAM_TIERS_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let (t, tok) = tables(scaled);
     let rows = t.rows[0];
     let file = file::open_or_create(&o.path, rows);
@@ -226,23 +248,56 @@ fn setup(o: Opts) -> Bench {
         }
         None => (
             ids::zipf_lanes(64, long.max(PREFILL), rows, per),
-            format!("SYNTHETIC Zipf(1) ids (no corpus at {}): development only, not a target figure", o.text.display()),
+            format!(
+                "SYNTHETIC Zipf(1) ids (no corpus at {}): development only, not a target figure",
+                o.text.display()
+            ),
         ),
     };
     drop(ctx);
-    Bench { o, t, file: Arc::new(file), map, rows, lanes, per, label, w: Weights0::new(), out: vec![], cache_bpt: vec![] }
+    Bench {
+        o,
+        t,
+        file: Arc::new(file),
+        map,
+        rows,
+        lanes,
+        per,
+        label,
+        w: Weights0::new(),
+        out: vec![],
+        cache_bpt: vec![],
+    }
 }
 
-
 fn sh(cmd: &str) -> String {
-    std::process::Command::new("sh").arg("-c").arg(cmd).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default()
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }
 
 fn report(mut b: Bench) {
     let lead = Duration::from_secs_f64(b.o.layer_us * b.o.layers_before as f64 * 1e-6);
-    b.say(format!("## Tiered tables: layer {LAYER}'s table, {} rows of {RB} bytes (Q2_K), {:.2} GB file {}", b.rows, file::file_len(b.rows) as f64 / 1e9, b.o.path.display()));
-    b.say(format!("CPU: {} ({} vCPUs), RAM {}", sh("lscpu | sed -n 's/^Model name: *//p'"), sh("nproc"), sh("free -g | awk '/Mem:/{print $2\" GiB\"}'")));
-    b.say(format!("disk: {} | {}", sh("lsblk -dno NAME,SIZE,ROTA,LOG-SEC,PHY-SEC,MODEL | tr '\\n' ';'"), sh("findmnt -no SOURCE,FSTYPE -T /work")));
+    b.say(format!(
+        "## Tiered tables: layer {LAYER}'s table, {} rows of {RB} bytes (Q2_K), {:.2} GB file {}",
+        b.rows,
+        file::file_len(b.rows) as f64 / 1e9,
+        b.o.path.display()
+    ));
+    b.say(format!(
+        "CPU: {} ({} vCPUs), RAM {}",
+        sh("lscpu | sed -n 's/^Model name: *//p'"),
+        sh("nproc"),
+        sh("free -g | awk '/Mem:/{print $2\" GiB\"}'")
+    ));
+    b.say(format!(
+        "disk: {} | {}",
+        sh("lsblk -dno NAME,SIZE,ROTA,LOG-SEC,PHY-SEC,MODEL | tr '\\n' ';'"),
+        sh("findmnt -no SOURCE,FSTYPE -T /work")
+    ));
     b.say(format!("ids: {}", b.label));
     b.say(format!("lead time: {} layer(s) before engram layer {LAYER} x {:.0} us a layer (ENGRAM_TIERS_LAYER_US: an assumed V4.1 decode layer on a GPU, not measured here) = {:.0} us; zero lead also shown", b.o.layers_before, b.o.layer_us, lead.as_secs_f64() * 1e6));
     b.say(format!("projection: light (D = {D}, hc = {HC}, bf16 wkv [{}, {}]); apply timed whole; CPU backend, 2 threads", D * (HC + 1), C * HD));
@@ -271,12 +326,26 @@ fn report(mut b: Bench) {
 }
 
 fn probe(b: &mut Bench) -> f64 {
-    use engram::rowio::{probe::{random_read_rate_with, Method}, Force};
+    use engram::rowio::{
+        probe::{random_read_rate_with, Method},
+        Force,
+    };
     let secs = env("ENGRAM_TIERS_PROBE_S", 0.5);
     let depths = [1, 2, 4, 8, 16, 32, 64, 128];
-    let rows = random_read_rate_with(&b.o.path, 512, &depths, Method::Reader(Force::Auto), secs).unwrap();
+    let rows =
+        random_read_rate_with(&b.o.path, 512, &depths, Method::Reader(Force::Auto), secs).unwrap();
     let best = rows.iter().map(|r| r.reads_per_s).fold(0.0, f64::max);
-    let line: String = rows.iter().map(|r| format!(" {}: {:.0}k/s (p50 {:.0} us);", r.depth, r.reads_per_s / 1e3, r.p50_us)).collect();
+    let line: String = rows
+        .iter()
+        .map(|r| {
+            format!(
+                " {}: {:.0}k/s (p50 {:.0} us);",
+                r.depth,
+                r.reads_per_s / 1e3,
+                r.p50_us
+            )
+        })
+        .collect();
     b.say(format!(
         "disk probe (engram::rowio::probe, {}: 512-byte random reads of the table file, {secs} s a depth, in flight:{line} best {:.0}k/s",
         rows[0].method, best / 1e3
@@ -289,14 +358,21 @@ fn decode(b: &mut Bench, anon: &Anon, n: usize, lead: Duration, paths: &[Path]) 
     let (sa, sb) = (b.steps(n, w, w + s), b.steps(n, w + s, w + 2 * s));
     let ctx = b.ctx(Path::Resident, anon).unwrap();
     b.pass(&ctx, &sa[..1], Lead::Resident(ZERO));
-    let (ra, rb) = (b.pass(&ctx, &sa, Lead::Resident(lead)), b.pass(&ctx, &sb, Lead::Resident(ZERO)));
+    let (ra, rb) = (
+        b.pass(&ctx, &sa, Lead::Resident(lead)),
+        b.pass(&ctx, &sb, Lead::Resident(ZERO)),
+    );
     drop(ctx);
     let (ma, mb) = (median(&ra.secs), median(&rb.secs));
     let (mut notes, mut bpts) = (vec![], vec![]);
     b.say(format!("\n### decode, {n} token(s) a step ({} sequences), median of {s} steps; warm = after {} warm-up tokens of the same streams", n, w * n));
     b.say(format!("| path | warm, lead {:.0} us | x resident | warm, zero lead | x resident | cold, lead | cold, zero lead | storage bytes/token (warm) |", lead.as_secs_f64() * 1e6));
     b.say("|---|---|---|---|---|---|---|---|".into());
-    b.say(format!("| resident | {:.1} us | 1 | {:.1} us | 1 | | | 0 |", ma * 1e6, mb * 1e6));
+    b.say(format!(
+        "| resident | {:.1} us | 1 | {:.1} us | 1 | | | 0 |",
+        ma * 1e6,
+        mb * 1e6
+    ));
     for &p in paths {
         let Some(ctx) = b.ctx(p, anon) else {
             b.say(format!("| {} | not in this build | | | | | | |", p.name()));
@@ -305,9 +381,22 @@ fn decode(b: &mut Bench, anon: &Anon, n: usize, lead: Duration, paths: &[Path]) 
         b.drop_caches();
         b.warm_up(&ctx, n, w);
         ctx.cache_stats_reset();
-        let (wa, wb) = (b.pass(&ctx, &sa, Lead::Prefetch(lead)), b.pass(&ctx, &sb, Lead::Prefetch(ZERO)));
-        assert_eq!(wa.bits, ra.bits, "{}: apply's output differs from the resident table's", p.name());
-        assert_eq!(wb.bits, rb.bits, "{}: apply's output differs from the resident table's", p.name());
+        let (wa, wb) = (
+            b.pass(&ctx, &sa, Lead::Prefetch(lead)),
+            b.pass(&ctx, &sb, Lead::Prefetch(ZERO)),
+        );
+        assert_eq!(
+            wa.bits,
+            ra.bits,
+            "{}: apply's output differs from the resident table's",
+            p.name()
+        );
+        assert_eq!(
+            wb.bits,
+            rb.bits,
+            "{}: apply's output differs from the resident table's",
+            p.name()
+        );
         if let Path::Cache(c) = p {
             notes.push(cache_line(&ctx, p, "warm, measured steps", 2 * s * n));
             let st = ctx.cache_stats(0, engram::rowcache::Tier::Host).unwrap();
@@ -330,7 +419,14 @@ fn decode(b: &mut Bench, anon: &Anon, n: usize, lead: Duration, paths: &[Path]) 
         let (x, y) = (median(&wa.secs), median(&wb.secs));
         b.say(format!(
             "| {} | {:.1} us | {:.2}x | {:.1} us | {:.2}x | {:.1} us | {:.1} us | {:.0} |",
-            p.name(), x * 1e6, x / ma, y * 1e6, y / mb, median(&ca.secs) * 1e6, median(&cb.secs) * 1e6, bpt
+            p.name(),
+            x * 1e6,
+            x / ma,
+            y * 1e6,
+            y / mb,
+            median(&ca.secs) * 1e6,
+            median(&cb.secs) * 1e6,
+            bpt
         ));
     }
     for l in notes {
@@ -342,13 +438,18 @@ fn decode(b: &mut Bench, anon: &Anon, n: usize, lead: Duration, paths: &[Path]) 
 fn prefill(b: &mut Bench, anon: &Anon, pre: &[i64], best: f64, paths: &[Path]) {
     let (rows, blocks, runs) = distinct(&b.layer1(pre), RB as u64, HEADER);
     let floor = runs as f64 / best;
-    b.say(format!("\n### cold prefill, one {PREFILL}-token chunk (lane 0's first tokens), median of {} runs", b.o.runs));
+    b.say(format!(
+        "\n### cold prefill, one {PREFILL}-token chunk (lane 0's first tokens), median of {} runs",
+        b.o.runs
+    ));
     b.say(format!(
         "must read: {rows} distinct rows of {} ids, {blocks} distinct 512-byte blocks in {runs} contiguous runs; floor = {runs} reads / {:.0}k reads/s = {:.1} ms",
         PREFILL * C, best / 1e3, floor * 1e3
     ));
     let ctx = b.ctx(Path::Resident, anon).unwrap();
-    let res: Vec<f64> = (0..b.o.runs).map(|_| b.pass(&ctx, &[pre.to_vec()], Lead::Resident(ZERO)).secs[0]).collect();
+    let res: Vec<f64> = (0..b.o.runs)
+        .map(|_| b.pass(&ctx, &[pre.to_vec()], Lead::Resident(ZERO)).secs[0])
+        .collect();
     let want = b.pass(&ctx, &[pre.to_vec()], Lead::Resident(ZERO)).bits;
     drop(ctx);
     let mr = median(&res);
@@ -367,12 +468,20 @@ fn prefill(b: &mut Bench, anon: &Anon, pre: &[i64], best: f64, paths: &[Path]) {
             b.drop_caches();
             if !checked {
                 let f = file::cached_fraction(&b.file);
-                b.say(format!("(page cache dropped: mincore finds {:.4}% of the file resident)", f * 100.0));
+                b.say(format!(
+                    "(page cache dropped: mincore finds {:.4}% of the file resident)",
+                    f * 100.0
+                ));
                 checked = true;
             }
             let ctx = b.ctx(p, anon).unwrap();
             let r = b.pass(&ctx, &[pre.to_vec()], Lead::Prefetch(ZERO));
-            assert_eq!(r.bits, want, "{}: prefill output differs from the resident table's", p.name());
+            assert_eq!(
+                r.bits,
+                want,
+                "{}: prefill output differs from the resident table's",
+                p.name()
+            );
             cold.push(r.secs[0]);
             read += r.read;
             if matches!(p, Path::Cache(_)) && cold.len() == b.o.runs {
@@ -381,12 +490,20 @@ fn prefill(b: &mut Bench, anon: &Anon, pre: &[i64], best: f64, paths: &[Path]) {
         }
         let ctx = b.ctx(p, anon).unwrap();
         b.pass(&ctx, &[pre.to_vec()], Lead::Prefetch(ZERO));
-        let warm: Vec<f64> = (0..b.o.runs).map(|_| b.pass(&ctx, &[pre.to_vec()], Lead::Prefetch(ZERO)).secs[0]).collect();
+        let warm: Vec<f64> = (0..b.o.runs)
+            .map(|_| b.pass(&ctx, &[pre.to_vec()], Lead::Prefetch(ZERO)).secs[0])
+            .collect();
         drop(ctx);
         let (c, wm) = (median(&cold), median(&warm));
         b.say(format!(
             "| {} | {:.1} ms | {:.2}x | {:.2}x | {:.1} ms | {:.2}x | {:.0} |",
-            p.name(), c * 1e3, c / floor, (c - mr) / floor, wm * 1e3, wm / mr, read as f64 / (b.o.runs * PREFILL) as f64
+            p.name(),
+            c * 1e3,
+            c / floor,
+            (c - mr) / floor,
+            wm * 1e3,
+            wm / mr,
+            read as f64 / (b.o.runs * PREFILL) as f64
         ));
     }
     for l in notes {
@@ -399,7 +516,11 @@ fn prefill(b: &mut Bench, anon: &Anon, pre: &[i64], best: f64, paths: &[Path]) {
 fn bytes_sim(b: &mut Bench) {
     let (w, s) = (b.o.warm / 64, b.o.steps);
     let warm: Vec<Vec<i64>> = b.steps(64, 0, w).iter().map(|x| b.layer1(x)).collect();
-    let meas: Vec<Vec<i64>> = b.steps(64, w, w + 2 * s).iter().map(|x| b.layer1(x)).collect();
+    let meas: Vec<Vec<i64>> = b
+        .steps(64, w, w + 2 * s)
+        .iter()
+        .map(|x| b.layer1(x))
+        .collect();
     b.say(format!("\n### storage bytes per token at equal RAM, 64-sequence decode ({} warm-up tokens, {} counted)", w * 64, 2 * s * 64));
     for &c in &b.o.caches.clone() {
         let mut lru = PageLru::new(c);
