@@ -391,9 +391,14 @@ static void test_safetensors_args(void) {
     check(engram_create_from_safetensors(ck, &s, &out) == ENGRAM_STATUS_ERR_STRUCT_SIZE && out == keep &&
               last_error_has(a) && last_error_has(b),
           "a larger (newer) struct_size: ERR_STRUCT_SIZE naming both sizes");
-    s.struct_size = sizeof s - 8;
+    s.struct_size = offsetof(engram_safetensors_options, row_cache_bytes) - 8;
     check(engram_create_from_safetensors(ck, &s, &out) == ENGRAM_STATUS_ERR_STRUCT_SIZE && out == keep,
           "a smaller struct_size than any layout: ERR_STRUCT_SIZE");
+    s.struct_size = offsetof(engram_safetensors_options, row_cache_bytes);
+    check(engram_create_from_safetensors(ck, &s, &out) == ENGRAM_STATUS_OK && out != keep,
+          "the 0.3 layout (ending before row_cache_bytes): opens, no row cache");
+    if (out != keep) engram_free(out);
+    out = keep;
     engram_safetensors_options_init_sized(NULL, sizeof o); /* ignored */
     s = o;
     s.mmap_tables = 1;
@@ -429,6 +434,16 @@ static void test_struct_sizes(void) {
     check(engram_create_from_gguf(DATA "tiny.gguf", &o, &c) == ENGRAM_STATUS_ERR_STRUCT_SIZE && c == NULL &&
               last_error_has("layout"),
           "engram_gguf_options: a struct_size that cuts the tables_dir pointer is refused, naming the layouts");
+    /* The 0.3 layout (ending before row_cache_bytes): no row cache. */
+    o.tables_dir = NULL;
+    o.struct_size = offsetof(engram_gguf_options, row_cache_bytes);
+    check(engram_create_from_gguf(DATA "tiny.gguf", &o, &c) == ENGRAM_STATUS_OK && c != NULL,
+          "engram_gguf_options of the 0.3 layout (without row_cache_bytes) still works");
+    engram_free(c);
+    c = NULL;
+    o.struct_size = offsetof(engram_gguf_options, row_cache_bytes) + 4;
+    check(engram_create_from_gguf(DATA "tiny.gguf", &o, &c) == ENGRAM_STATUS_ERR_STRUCT_SIZE && c == NULL,
+          "engram_gguf_options: a struct_size that cuts row_cache_bytes is refused");
 }
 
 /* ---- the split fp8 table through engram_set_layer -------------------------- */

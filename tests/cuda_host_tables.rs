@@ -132,7 +132,21 @@ fn host_and_file_tables_give_the_device_tables_bits() {
     let on_device = cuda_context(&dev, &tiny);
     let in_memory = cuda_context(&dev, &tiny);
     let in_file = cuda_context(&dev, &tiny);
+    // The file behind a host row cache of a few rows a layer (it evicts on
+    // every step; docs/row-cache.md).
+    let cached = cuda_context(&dev, &tiny);
+    cached.set_row_cache(3000).unwrap();
     for (i, l) in tiny.layers.iter().enumerate() {
+        cached
+            .set_layer(layer_with(
+                l,
+                TableSource::File {
+                    file: file.clone(),
+                    offset: at[i],
+                },
+                &w[i],
+            ))
+            .unwrap();
         on_device
             .set_layer(layer_with(
                 l,
@@ -162,7 +176,11 @@ fn host_and_file_tables_give_the_device_tables_bits() {
     for (si, (ids, n)) in steps(&tiny).iter().enumerate() {
         let name = format!("host.step{si}");
         let want = run_step(&dev, &on_device, &tiny, RowIds::Host(ids), *n, &name);
-        for (ctx, what) in [(&in_memory, "host memory"), (&in_file, "a file")] {
+        for (ctx, what) in [
+            (&in_memory, "host memory"),
+            (&in_file, "a file"),
+            (&cached, "a file behind a row cache"),
+        ] {
             for l in &tiny.layers {
                 assert_eq!(
                     ctx.stages_device(l.layer_id, RowIds::Host(ids), *n)
@@ -186,6 +204,15 @@ fn host_and_file_tables_give_the_device_tables_bits() {
     }
     let s = in_file.info().stage;
     assert!(s.prefetched > 0 && s.staged > 0 && s.direct > 0, "{s:?}");
+    for li in 0..tiny.layers.len() {
+        let c = cached
+            .cache_stats(li, engram::rowcache::Tier::Host)
+            .unwrap();
+        assert!(
+            c.hits > 0 && c.evictions > 0 && c.reads <= c.misses,
+            "{c:?}"
+        );
+    }
     assert_eq!(on_device.info().stage.prefetched, 0);
     assert!(
         in_memory.info().host_bytes > 0,
