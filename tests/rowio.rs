@@ -181,8 +181,14 @@ fn direct_modes_read_whole_blocks() {
         // Rows 3 and 40 (file bytes 1092..1356 and 10860..11124) share no
         // block and their blocks do not touch: two reads.
         let mut reqs = [
-            RowRead { offset: 40 * RB as u64, dst: &mut a },
-            RowRead { offset: 3 * RB as u64, dst: &mut b },
+            RowRead {
+                offset: 40 * RB as u64,
+                dst: &mut a,
+            },
+            RowRead {
+                offset: 3 * RB as u64,
+                dst: &mut b,
+            },
         ];
         let c = r.read(&mut reqs).unwrap();
         assert_eq!(c.reads_issued, 2, "{}", r.mode());

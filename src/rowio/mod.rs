@@ -23,12 +23,14 @@ mod open;
 mod plan;
 mod pool;
 pub mod probe;
+mod req;
 mod sync;
 mod uring;
 
 pub use buf::Latency;
 pub use plan::MAX_EXTENT;
 pub use pool::INLINE_EXTENTS;
+pub use req::{ReadCounts, RowRead};
 
 use crate::error::{bail, Error, Result};
 use crate::EngramStatus;
@@ -36,36 +38,6 @@ use buf::AlignedBuf;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
-
-/// One row to read: `dst.len()` bytes at byte `offset` of the table.
-pub struct RowRead<'a> {
-    pub offset: u64,
-    pub dst: &'a mut [u8],
-}
-
-/// What a call read.
-#[derive(Clone, Debug, Default)]
-pub struct ReadCounts {
-    /// Rows given (duplicates included).
-    pub rows: u64,
-    /// Read system calls or io_uring reads issued (a short read continued
-    /// counts again).
-    pub reads_issued: u64,
-    /// Bytes read from the file (whole blocks for direct reads).
-    pub bytes_read: u64,
-    /// The latency of each read issued.
-    pub latency: Latency,
-}
-
-impl ReadCounts {
-    /// Add `o`'s reads to these.
-    pub fn add(&mut self, o: &ReadCounts) {
-        self.rows += o.rows;
-        self.reads_issued += o.reads_issued;
-        self.bytes_read += o.bytes_read;
-        self.latency.merge(&o.latency);
-    }
-}
 
 /// How a reader reads, as chosen at open.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -217,7 +189,7 @@ impl RowReader {
             len: table_len,
             block: 1,
             mode: ReadMode::Buffered {
-                why: "ENGRAM_ROW_IO=buffered".into(),
+                why: "forced (ENGRAM_ROW_IO=buffered or the options)".into(),
             },
             engine: Engine::Buffered(Mutex::new(Vec::new())),
         };
@@ -241,7 +213,7 @@ impl RowReader {
     /// io_uring (tried with one real read of the table) or else the pool.
     fn choose_direct(&mut self, o: ReaderOptions) -> Result<()> {
         let why = if o.force == Force::Pool {
-            "ENGRAM_ROW_IO=pool".to_string()
+            "forced (ENGRAM_ROW_IO=pool or the options)".to_string()
         } else {
             match uring::Uring::new(o.depth.max(1)) {
                 Ok(u) => {

@@ -2,7 +2,7 @@
 //! extents (requests sharing a block, or whose blocks touch, become one
 //! read), and the copy of each row out of a read's bytes.
 
-use super::RowRead;
+use super::req::RowRead;
 use crate::error::{bail, Error, Result};
 use crate::fallible::try_room;
 use crate::EngramStatus;

@@ -7,8 +7,8 @@
 
 use super::buf::AlignedBuf;
 use super::plan::{copy_out, Extent};
+use super::req::{ReadCounts, RowRead};
 use super::sync::{pread_extent, short_error};
-use super::{ReadCounts, RowRead};
 use crate::error::{Error, Result};
 use crate::EngramStatus;
 use std::collections::VecDeque;

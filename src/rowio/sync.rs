@@ -3,7 +3,7 @@
 //! pool's threads and by a call too small to be worth a hand-off.
 
 use super::plan::{copy_out, cut_short, rows_of, Extent};
-use super::{ReadCounts, RowRead};
+use super::req::{ReadCounts, RowRead};
 use crate::error::Result;
 use std::os::fd::RawFd;
 use std::time::Instant;

@@ -5,8 +5,8 @@
 
 use super::buf::AlignedBuf;
 use super::plan::{copy_out, rows_of, Extent};
+use super::req::{ReadCounts, RowRead};
 use super::sync::{short_error, Short};
-use super::{ReadCounts, RowRead};
 use crate::error::{Error, Result};
 use crate::fallible::try_vec;
 use io_uring::{opcode, types, IoUring};
@@ -99,8 +99,10 @@ impl Uring {
     }
 }
 
-/// Push the read of the rest of `slot`'s extent into the submission queue.
-fn push(ring: &mut Ring, fd: RawFd, at: *mut u8, s: usize, slot: &Slot, ext: &Extent) {
+/// Queue the read of the rest of `slot`'s extent; false when the
+/// submission queue has no room even after submitting what it holds (the
+/// read is then not in flight).
+fn push(ring: &mut Ring, fd: RawFd, at: *mut u8, s: usize, slot: &Slot, ext: &Extent) -> bool {
     let left = u64::from(ext.len) - slot.got;
     // SAFETY: `at` is slot `s`'s region of the bounce buffer, `ext.len`
     // bytes long, and `slot.got < ext.len`, so the read's destination lies
@@ -110,13 +112,26 @@ fn push(ring: &mut Ring, fd: RawFd, at: *mut u8, s: usize, slot: &Slot, ext: &Ex
         .offset(ext.start + slot.got)
         .build()
         .user_data(s as u64);
-    // SAFETY: the destination stays valid and untouched until the read
-    // completes: the buffer belongs to this ring, and `run` reaps every
-    // read it submitted before it returns (on error too). At most one entry
-    // a slot is queued, and there are no more slots than ring entries, so
-    // the queue has room.
-    let pushed = unsafe { ring.ring.submission().push(&sqe) };
-    debug_assert!(pushed.is_ok());
+    for _ in 0..2 {
+        // SAFETY: the destination stays valid and untouched until the read
+        // completes: the buffer belongs to this ring, and `run` reaps every
+        // read it submitted before it returns (on error too), or leaks the
+        // ring and its buffer when it cannot (`poisoned`).
+        if unsafe { ring.ring.submission().push(&sqe) }.is_ok() {
+            return true;
+        }
+        // At most one entry a slot is queued and there are no more slots
+        // than entries, so this is not expected; make room all the same.
+        let _ = ring.ring.submit();
+    }
+    false
+}
+
+fn busy(got: u64) -> Short {
+    Short::Errno {
+        got,
+        errno: libc::EBUSY,
+    }
 }
 
 /// What became of a completed read of slot `s`.
@@ -153,6 +168,99 @@ fn complete(slot: &mut Slot, ext: &Extent, res: i32, block: u64, c: &mut ReadCou
     }
 }
 
+/// One call's reads on one ring.
+struct Call<'c, 'b> {
+    ring: &'c mut Ring,
+    fd: RawFd,
+    reqs: &'c mut [RowRead<'b>],
+    exts: &'c [Extent],
+    base: u64,
+    block: u64,
+    /// Bytes of the buffer a slot has, and the buffer's start.
+    size: usize,
+    buf: *mut u8,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    next: usize,
+    inflight: usize,
+    /// The failure of the first extent (in table order) that failed.
+    err: Option<(usize, Error)>,
+    c: ReadCounts,
+}
+
+impl Call<'_, '_> {
+    /// Slot `s`'s region of the buffer.
+    fn at(&self, s: usize) -> *mut u8 {
+        // SAFETY: `s` < the number of slots, and the buffer holds that
+        // many `size`-byte regions (`run`).
+        unsafe { self.buf.add(s * self.size) }
+    }
+
+    /// Record that extent `i`'s read ended as `short`, and free its slot.
+    fn fail(&mut self, s: usize, i: usize, short: Short) {
+        // Keep the failure of the first row in table order, whichever read
+        // failed first.
+        if self.err.as_ref().is_none_or(|(j, _)| i < *j) {
+            let ext = &self.exts[i];
+            let e = short_error(rows_of(self.reqs, ext), ext, short, self.base);
+            self.err = Some((i, e));
+        }
+        self.free.push(s);
+        self.inflight -= 1;
+    }
+
+    /// Queue reads of the next extents into the free slots.
+    fn start(&mut self) {
+        while self.err.is_none() && self.next < self.exts.len() {
+            let Some(s) = self.free.pop() else { break };
+            let i = self.next;
+            self.slots[s] = Slot {
+                ext: i,
+                got: 0,
+                t0: Some(Instant::now()),
+            };
+            let at = self.at(s);
+            self.next += 1;
+            self.inflight += 1;
+            if !push(self.ring, self.fd, at, s, &self.slots[s], &self.exts[i]) {
+                self.fail(s, i, busy(0));
+                break;
+            }
+            self.c.reads_issued += 1;
+        }
+    }
+
+    /// Take the completion of slot `s`'s read (`res`).
+    fn reap(&mut self, s: usize, res: i32) {
+        let i = self.slots[s].ext;
+        let ext = self.exts[i];
+        let at = self.at(s);
+        match complete(&mut self.slots[s], &ext, res, self.block, &mut self.c) {
+            Done::Whole => {
+                // SAFETY: the kernel wrote `got >= need` bytes at `at` and no
+                // read into this slot is in flight now.
+                let bytes = unsafe { std::slice::from_raw_parts(at, ext.need as usize) };
+                copy_out(rows_of(self.reqs, &ext), &ext, bytes, self.base);
+                self.free.push(s);
+                self.inflight -= 1;
+            }
+            Done::Again if self.err.is_none() => {
+                self.slots[s].t0 = Some(Instant::now());
+                if push(self.ring, self.fd, at, s, &self.slots[s], &ext) {
+                    self.c.reads_issued += 1;
+                } else {
+                    self.fail(s, i, busy(self.slots[s].got));
+                }
+            }
+            Done::Again => {
+                self.free.push(s);
+                self.inflight -= 1;
+            }
+            Done::Failed(short) => self.fail(s, i, short),
+        }
+    }
+}
+
 /// The reads of one call on one ring: keep up to `depth` in flight, copy
 /// each extent's rows out as it completes, reap everything before returning.
 #[allow(clippy::too_many_arguments)]
@@ -166,35 +274,35 @@ fn run(
     block: u64,
     poisoned: &mut bool,
 ) -> Result<ReadCounts> {
-    let mut c = ReadCounts::default();
     let nslots = exts.len().min(depth as usize);
     let size = exts.iter().map(|e| e.len as usize).max().unwrap_or(0);
     let size = size.next_multiple_of(super::buf::BUF_ALIGN);
     ring.buf.ensure(nslots.saturating_mul(size))?;
-    let mut slots = try_vec(nslots, Slot::default(), "a row read's slots")?;
     let mut free: Vec<usize> = crate::fallible::try_room(nslots, "a row read's slots")?;
     free.extend((0..nslots).rev());
-    let base_ptr = ring.buf.as_mut_ptr();
-    let (mut next, mut inflight) = (0usize, 0usize);
-    let mut err: Option<(usize, Error)> = None;
+    let buf = ring.buf.as_mut_ptr();
+    let mut k = Call {
+        ring,
+        fd,
+        reqs,
+        exts,
+        base,
+        block,
+        size,
+        buf,
+        slots: try_vec(nslots, Slot::default(), "a row read's slots")?,
+        free,
+        next: 0,
+        inflight: 0,
+        err: None,
+        c: ReadCounts::default(),
+    };
     loop {
-        while err.is_none() && next < exts.len() {
-            let Some(s) = free.pop() else { break };
-            slots[s] = Slot {
-                ext: next,
-                got: 0,
-                t0: Some(Instant::now()),
-            };
-            // SAFETY: slot `s` < nslots, and the buffer holds nslots * size.
-            let at = unsafe { base_ptr.add(s * size) };
-            push(ring, fd, at, s, &slots[s], &exts[next]);
-            c.reads_issued += 1;
-            (next, inflight) = (next + 1, inflight + 1);
-        }
-        if inflight == 0 {
+        k.start();
+        if k.inflight == 0 {
             break;
         }
-        if let Err(e) = ring.ring.submit_and_wait(1) {
+        if let Err(e) = k.ring.ring.submit_and_wait(1) {
             let again = [libc::EINTR, libc::EBUSY, libc::EAGAIN];
             if !e.raw_os_error().is_some_and(|n| again.contains(&n)) {
                 // The ring is unusable and reads may still be in flight
@@ -207,48 +315,16 @@ fn run(
             }
         }
         loop {
-            let next_cqe = ring.ring.completion().next();
+            let next_cqe = k.ring.ring.completion().next();
             let Some(cqe) = next_cqe else { break };
-            let s = cqe.user_data() as usize;
-            let ext = exts[slots[s].ext];
-            // SAFETY: as above, slot `s`'s region of the buffer.
-            let at = unsafe { base_ptr.add(s * size) };
-            match complete(&mut slots[s], &ext, cqe.result(), block, &mut c) {
-                Done::Whole => {
-                    // SAFETY: the kernel wrote `got >= need` bytes at `at`
-                    // and no read into this slot is in flight now.
-                    let bytes = unsafe { std::slice::from_raw_parts(at, ext.need as usize) };
-                    copy_out(rows_of(reqs, &ext), &ext, bytes, base);
-                    free.push(s);
-                    inflight -= 1;
-                }
-                Done::Again if err.is_none() => {
-                    slots[s].t0 = Some(Instant::now());
-                    push(ring, fd, at, s, &slots[s], &ext);
-                    c.reads_issued += 1;
-                }
-                Done::Again => {
-                    free.push(s);
-                    inflight -= 1;
-                }
-                Done::Failed(short) => {
-                    // Keep the failure of the first row in table order,
-                    // whichever read failed first.
-                    if err.as_ref().is_none_or(|(i, _)| slots[s].ext < *i) {
-                        let e = short_error(rows_of(reqs, &ext), &ext, short, base);
-                        err = Some((slots[s].ext, e));
-                    }
-                    free.push(s);
-                    inflight -= 1;
-                }
-            }
+            k.reap(cqe.user_data() as usize, cqe.result());
         }
     }
-    match err {
+    match k.err {
         Some((_, e)) => Err(e),
         None => {
-            c.rows = reqs.len() as u64;
-            Ok(c)
+            k.c.rows = k.reqs.len() as u64;
+            Ok(k.c)
         }
     }
 }
