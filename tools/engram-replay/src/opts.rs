@@ -26,7 +26,11 @@ options:
   --readahead-kib K    mmap readahead window on a fault (default 0: off, as a
                        table mapped MADV_RANDOM; the kernel's default is 128)
   --max-tokens N       stop after N tokens of text (the last text cut short)
+  --request-tokens N   cut each text into requests of at most N tokens (each its
+                       own sequence; default 0: a text is one request)
   --round-robin        take one text of each PATH in turn (a mix of the inputs)
+  --inputs-only        stop after hashing: print what was kept of each PATH
+                       (tokens, requests, how many of its files)
   --threads N          simulation threads (default: the CPUs)
   --check-lru          also replay the tool's own exact LRU and fail if the
                        library's LRU counts different hits
@@ -45,8 +49,10 @@ pub struct Opts {
     pub readahead_kib: u64,
     pub max_tokens: Option<usize>,
     pub round_robin: bool,
+    pub request_tokens: usize,
     pub threads: usize,
     pub check_lru: bool,
+    pub inputs_only: bool,
     pub json: Option<String>,
     pub inputs: Vec<String>,
 }
@@ -88,8 +94,10 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Opts>> {
         readahead_kib: 0,
         max_tokens: None,
         round_robin: false,
+        request_tokens: 0,
         threads,
         check_lru: false,
+        inputs_only: false,
         json: None,
         inputs: Vec::new(),
     };
@@ -109,7 +117,9 @@ pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Opts>> {
             "--max-tokens" => o.max_tokens = Some(num(val()?)? as usize),
             "--threads" => o.threads = num(val()?)?.max(1) as usize,
             "--check-lru" => o.check_lru = true,
+            "--inputs-only" => o.inputs_only = true,
             "--round-robin" => o.round_robin = true,
+            "--request-tokens" => o.request_tokens = num(val()?)? as usize,
             "--json" => o.json = Some(val()?),
             "-h" | "--help" => return Ok(None),
             s if s.starts_with("--") => bail!("unknown option {s}"),

@@ -197,19 +197,23 @@ impl Report {
         h: &Hasher,
         (fmt, row_bytes): (&str, u64),
         (n_texts, tokens): (usize, usize),
-        per_input: &[(u64, u64)],
+        per_input: &[crate::run::PerInput],
     ) -> Report {
         let inputs: Vec<Value> = o
             .inputs
             .iter()
             .zip(per_input)
-            .map(|(p, &(t, n))| json!({"path": p, "tokens": t, "texts": n}))
+            .map(|(p, k)| {
+                json!({"path": p, "tokens": k.tokens, "requests": k.requests,
+                       "files": k.files, "last_file": k.last})
+            })
             .collect();
         let head = json!({
             "tool": "engram-replay",
             "inputs": inputs,
             "round_robin": o.round_robin,
-            "texts": n_texts,
+            "request_tokens": o.request_tokens,
+            "requests": n_texts,
             "tokens": tokens,
             "max_tokens": o.max_tokens,
             "format": fmt,
@@ -432,17 +436,17 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "engram-replay: {} tokens of {} texts; {} rows of {} bytes; RAM split evenly over the {} layers' row caches, \
+            "engram-replay: {} tokens of {} requests; {} rows of {} bytes; RAM split evenly over the {} layers' row caches, \
              one exact-LRU page cache of 4 KiB pages for all the files (readahead {}); hit rates over the step-deduplicated lookups",
-            self.head["tokens"], self.head["texts"], self.head["format"].as_str().unwrap_or("?"),
+            self.head["tokens"], self.head["requests"], self.head["format"].as_str().unwrap_or("?"),
             self.head["row_bytes"], self.layer_ids.len(),
             if o.readahead_kib == 0 { "off".to_string() } else { format!("{} KiB", o.readahead_kib) },
         );
         for i in self.head["inputs"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 out,
-                "  input {}: {} tokens, {} texts",
-                i["path"], i["tokens"], i["texts"]
+                "  input {}: {} tokens, {} requests, its first {} files (the last {})",
+                i["path"], i["tokens"], i["requests"], i["files"], i["last_file"]
             );
         }
         for r in &self.scheds {

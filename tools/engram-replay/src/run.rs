@@ -47,30 +47,49 @@ pub fn row_bytes(name: &str, width: usize) -> Result<(String, u64)> {
     bail!("unknown row format {name:?}")
 }
 
-/// Tokenize and hash the texts, at most `max` tokens in all; also the
-/// tokens and texts kept of each input.
+/// What was kept of one input: tokens, requests, and its files (the
+/// first `files` in name order, the last of them `last`).
+#[derive(Clone, Debug, Default)]
+pub struct PerInput {
+    pub tokens: u64,
+    pub requests: u64,
+    pub files: u64,
+    pub last: String,
+}
+
+/// Tokenize and hash the texts, at most `max` tokens in all, each text one
+/// request or (`request` > 0) requests of at most `request` tokens; also
+/// the tokens and requests kept of each input.
 fn texts_ids(
     h: &Hasher,
     texts: &[Text],
     inputs: usize,
-    max: usize,
-) -> Result<(Vec<TextIds>, Vec<(u64, u64)>)> {
+    (max, request): (usize, usize),
+) -> Result<(Vec<TextIds>, Vec<PerInput>)> {
     let ctx = h.context()?;
     let mut out = Vec::new();
-    let mut per = vec![(0u64, 0u64); inputs.max(1)];
+    let mut per = vec![PerInput::default(); inputs.max(1)];
     let mut total = 0usize;
     for group in texts.chunks(64) {
         let body: Vec<String> = group.iter().map(|t| t.body.clone()).collect();
         for (toks, t) in h.tokenize(&body)?.into_iter().zip(group) {
-            let keep = toks.len().min(max - total);
-            if keep > 0 {
-                out.push(h.hash_text(&ctx, &toks[..keep])?);
-                total += keep;
-                per[t.input].0 += keep as u64;
-                per[t.input].1 += 1;
-            }
-            if total >= max {
-                return Ok((out, per));
+            // Each request: the whole text, or pieces of `request` tokens.
+            for req in toks.chunks(request.max(1)) {
+                let keep = req.len().min(max - total);
+                if keep > 0 {
+                    out.push(h.hash_text(&ctx, &req[..keep])?);
+                    total += keep;
+                    let p = &mut per[t.input];
+                    p.tokens += keep as u64;
+                    p.requests += 1;
+                    if p.last != t.path {
+                        p.files += 1;
+                        p.last = t.path.clone();
+                    }
+                }
+                if total >= max {
+                    return Ok((out, per));
+                }
             }
         }
     }
@@ -178,13 +197,27 @@ pub fn run(o: &Opts) -> Result<()> {
     };
     let texts = crate::read_texts(&o.inputs, o.round_robin)?;
     let max = o.max_tokens.unwrap_or(usize::MAX);
-    let (ids, per_input) = texts_ids(&h, &texts, o.inputs.len(), max)?;
+    let request = if o.request_tokens == 0 {
+        usize::MAX
+    } else {
+        o.request_tokens
+    };
+    let (ids, per_input) = texts_ids(&h, &texts, o.inputs.len(), (max, request))?;
     let tokens: usize = ids.iter().map(|t| t.tokens).sum();
     eprintln!(
         "{} texts, {tokens} tokens tokenized and hashed in {:.1} s",
         ids.len(),
         t0.elapsed().as_secs_f64()
     );
+    if o.inputs_only {
+        for (p, k) in o.inputs.iter().zip(&per_input) {
+            println!(
+                "{p}: {} tokens, {} requests, its first {} files (the last {})",
+                k.tokens, k.requests, k.files, k.last
+            );
+        }
+        return Ok(());
+    }
     let mut rep = Report::new(o, &h, (&fmt, rb), (ids.len(), tokens), &per_input);
     let scheds = [
         Schedule::Stream,
