@@ -15,7 +15,14 @@
 //! a synthetic Zipf stream, labelled), `ENGRAM_TIERS_LAYER_US` (the time of one
 //! model layer, for the lead time), `ENGRAM_TIERS_STEPS` (measured steps per
 //! step size), `ENGRAM_TIERS_WARM` (warm-up tokens), `ENGRAM_TIERS_RUNS`
-//! (cold prefill runs), `ENGRAM_TIERS_CACHE_MIB` (cache sizes, comma-separated).
+//! (cold prefill runs), `ENGRAM_TIERS_CACHE_MIB` (cache sizes, comma-separated),
+//! `ENGRAM_TIERS_PROBE_S` (seconds a depth of the disk probe), and the row
+//! cache's own `ENGRAM_ROW_CACHE_POLICY`.
+//!
+//! The file needs its size plus 4 GiB free (checked with `statvfs`; the bench
+//! says what is missing and exits with status 2). Equal RAM for mmap's bytes
+//! a token is an exact LRU model of 4 KiB pages (cgroups here are v1 and not
+//! writable), without read-around, so it favours mmap.
 //!
 //! The projection is light on purpose (D = 16, hc = 1: a `[32, 6144]` bf16
 //! wkv; V4.1's is `[25600, 6144]`): `apply` is timed whole, and its time here

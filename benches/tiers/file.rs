@@ -1,7 +1,8 @@
 //! The table file: one V4.1 layer's rows as Q2_K blocks, generated from a
 //! seed (valid blocks: finite f16 scales), behind a 4 KiB header that names
-//! the seed and the geometry; the page-cache controls (drop, residency) and
-//! the disk probe.
+//! the seed and the geometry; the page-cache controls (drop, residency, the
+//! bytes this process read from storage). The disk probe is
+//! `engram::rowio::probe`'s.
 
 use engram::formats::ggml::BlockQ2K;
 use std::fs::{File, OpenOptions};
