@@ -84,8 +84,8 @@ fn opts() -> Opts {
             .unwrap_or_else(|| target_dir().join("tiers/corpus")),
         layer_us: env("ENGRAM_TIERS_LAYER_US", 500.0),
         layers_before: LAYER as usize,
-        steps: env("ENGRAM_TIERS_STEPS", 64),
-        warm: env("ENGRAM_TIERS_WARM", 16384),
+        steps: env("ENGRAM_TIERS_STEPS", 32),
+        warm: env("ENGRAM_TIERS_WARM", 8192),
         runs: env("ENGRAM_TIERS_RUNS", 3),
         caches: std::env::var("ENGRAM_TIERS_CACHE_MIB")
             .unwrap_or_else(|_| "1024,4096".into())
