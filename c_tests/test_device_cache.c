@@ -104,16 +104,17 @@ int main(void) {
         check(st == ENGRAM_STATUS_OK, "GGUF on the CPU with device_cache_bytes UINT64_MAX: OK (got %d: %s)", (int)st,
               engram_last_error());
         if (st == ENGRAM_STATUS_OK) engram_free(ctx);
-        /* The 0.3 layouts, which end before the field: still read. */
+        /* The 0.3 layouts, which end before row_cache_bytes (the two cache
+           budgets came together): still read. */
         memset(&o, 0xEE, sizeof o);
-        engram_gguf_options_init_sized(&o, offsetof(engram_gguf_options, device_cache_bytes));
+        engram_gguf_options_init_sized(&o, offsetof(engram_gguf_options, row_cache_bytes));
         check(o.device_cache_bytes == UINT64_C(0xEEEEEEEEEEEEEEEE), "init of the 0.3 GGUF layout writes nothing past it");
         ctx = NULL;
         st = engram_create_from_gguf("tests/golden/data/tiny.gguf", &o, &ctx);
         check(st == ENGRAM_STATUS_OK, "GGUF options of the 0.3 layout: OK (got %d: %s)", (int)st, engram_last_error());
         if (st == ENGRAM_STATUS_OK) engram_free(ctx);
         memset(&so, 0xEE, sizeof so);
-        engram_safetensors_options_init_sized(&so, offsetof(engram_safetensors_options, device_cache_bytes));
+        engram_safetensors_options_init_sized(&so, offsetof(engram_safetensors_options, row_cache_bytes));
         check(so.device_cache_bytes == UINT64_C(0xEEEEEEEEEEEEEEEE),
               "init of the 0.3 safetensors layout writes nothing past it");
         ctx = NULL;
