@@ -13,7 +13,9 @@
 //! `ENGRAM_TIERS_TEXT` (a corpus directory as `tools/engram-replay/corpus.sh`
 //! writes it; default `$CARGO_TARGET_DIR/tiers/corpus`; without it the ids are
 //! a synthetic Zipf stream, labelled), `ENGRAM_TIERS_LAYER_US` (the time of one
-//! model layer, for the lead time), `ENGRAM_TIERS_STEPS` (measured steps per
+//! model layer, for the lead time), `ENGRAM_TIERS_LAYERS_BEFORE` (the layers
+//! before the engram layer whose time is the lead: default 1, layer 1; 13 for
+//! V4.1's engram layer 14), `ENGRAM_TIERS_STEPS` (measured steps per
 //! step size), `ENGRAM_TIERS_WARM` (warm-up tokens), `ENGRAM_TIERS_RUNS`
 //! (cold prefill runs), `ENGRAM_TIERS_CACHE_MIB` (cache sizes, comma-separated),
 //! `ENGRAM_TIERS_PROBE_S` (seconds a depth of the disk probe), and the row
@@ -83,7 +85,7 @@ fn opts() -> Opts {
             .map(PathBuf::from)
             .unwrap_or_else(|| target_dir().join("tiers/corpus")),
         layer_us: env("ENGRAM_TIERS_LAYER_US", 500.0),
-        layers_before: LAYER as usize,
+        layers_before: env("ENGRAM_TIERS_LAYERS_BEFORE", LAYER as usize),
         steps: env("ENGRAM_TIERS_STEPS", 32),
         warm: env("ENGRAM_TIERS_WARM", 8192),
         runs: env("ENGRAM_TIERS_RUNS", 3),

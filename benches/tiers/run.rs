@@ -299,7 +299,7 @@ fn report(mut b: Bench) {
         sh("findmnt -no SOURCE,FSTYPE -T /work")
     ));
     b.say(format!("ids: {}", b.label));
-    b.say(format!("lead time: {} layer(s) before engram layer {LAYER} x {:.0} us a layer (ENGRAM_TIERS_LAYER_US: an assumed V4.1 decode layer on a GPU, not measured here) = {:.0} us; zero lead also shown", b.o.layers_before, b.o.layer_us, lead.as_secs_f64() * 1e6));
+    b.say(format!("lead time: {} layer(s) before the engram layer (V4.1: 1 before layer 1, 13 before layer 14; the rows are layer {LAYER}'s) x {:.0} us a layer (ENGRAM_TIERS_LAYER_US: an assumed V4.1 decode layer on a GPU, not measured here) = {:.0} us; zero lead also shown", b.o.layers_before, b.o.layer_us, lead.as_secs_f64() * 1e6));
     b.say(format!("projection: light (D = {D}, hc = {HC}, bf16 wkv [{}, {}]); apply timed whole; CPU backend, 2 threads", D * (HC + 1), C * HD));
     let best = probe(&mut b);
     let mut anon = Anon::new(b.rows as usize * RB);
