@@ -277,6 +277,27 @@ def test_the_cpu_path_passes_no_stream_and_host_buffers(cpu_ctx, streams, monkey
     assert not torch.equal(y, x) and torch.equal(y.view(torch.int32), z.view(torch.int32))
 
 
+def test_fake_implementations_put_outputs_on_the_contexts_device(cpu_ctx, monkeypatch):
+    """What torch.compile traces on a CUDA context: the fakes' outputs are
+    CUDA tensors of the context's ordinal (the host row ids of the split ops
+    do not decide where their outputs live)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ctx, h = cpu_ctx
+    monkeypatch.setattr(ctx, "_backend", engram.Backend.CUDA)
+    monkeypatch.setattr(ctx, "_device", DEVICE)
+    dev = torch.device("cuda", DEVICE)
+    n, (nh, n1), (_, _, hd, cols, n_layers) = len(TOKENS), ctx.heads(), ctx._geom
+    with FakeTensorMode():
+        ids = torch.empty((n, n_layers, cols), dtype=torch.int64)
+        g = torch.ops.engram.gather_rows(h, 1, ids, 0, 8, 0, nh)
+        kv = torch.ops.engram.kv_columns(h, 1, torch.empty((n, cols * hd), device=dev), 0, 16)
+        dev_ids = torch.ops.engram.hash(h, *(torch.empty(n, dtype=torch.int32, device=dev) for _ in range(3)))
+    assert (g.device, tuple(g.shape)) == (dev, (n, n1, nh, hd))
+    assert (kv.device, tuple(kv.shape)) == (dev, (n, 16))
+    assert (dev_ids.device, tuple(dev_ids.shape)) == (dev, (n, n_layers, cols))
+
+
 def _cuda_context():
     if not torch.cuda.is_available():
         return None
