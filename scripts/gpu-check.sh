@@ -349,7 +349,7 @@ assert u.find_spec("wheel") or u.find_spec("setuptools.command.bdist_wheel")' ||
     ENGRAM_LIB="$BIN/libengram.so" "$ENGRAM_TORCH_PYTHON" -m pip install --quiet --no-deps --no-build-isolation \
         --no-index --target "$OUT/py" "$ROOT/python" || return 1
     (cd "$OUT" && PYTHONPATH="$OUT/py" ENGRAM_REQUIRE_GPU=1 ENGRAM_SOURCE_DIR="$ROOT" "$ENGRAM_TORCH_PYTHON" -m pytest \
-        -q -rs -p no:cacheprovider "$ROOT/python/tests/test_torch_cuda.py" -k bit_for_bit)
+        -q -rs -p no:cacheprovider "$ROOT/python/tests/test_torch_cuda.py" -k test_cuda_ops_bit_for_bit)
 }
 export -f py_torch_cuda
 optional ENGRAM_GPU_CHECK_EXTRA py-torch-cuda "python/tests/test_torch_cuda.py on the GPU (issue 37)" \
