@@ -24,8 +24,8 @@ PY="$VENV/bin/python"
 # torch here: the torch tests skip, and the package must import without it.
 env -u ENGRAM_LIBRARY "$PY" -m pytest -q -p no:cacheprovider python/tests "$@"
 
-# The torch ops and the gloo distributed test (python/tests/test_torch_ops.py,
-# test_distributed.py) in a second virtualenv that has torch: made once and
+# The torch ops (python/tests/test_torch_ops.py, test_torch_cuda.py) and the
+# gloo distributed test (test_distributed.py) in a second virtualenv that has torch: made once and
 # cached in ENGRAM_TORCH_VENV (default ~/.cache/engram/torch-2.9.0-venv, as
 # bench/ggml caches its build). PyPI's torch==2.9.0 wheel needs its nvidia-*
 # packages to import even on a CPU (about 5 GB; the CPU-only wheels live on
@@ -42,5 +42,5 @@ if [ "${ENGRAM_PY_TORCH:-1}" != 0 ]; then
     fi
     "$TVENV/bin/pip" install --quiet --disable-pip-version-check ./python
     env -u ENGRAM_LIBRARY "$TVENV/bin/python" -m pytest -q -p no:cacheprovider \
-        python/tests/test_torch_ops.py python/tests/test_distributed.py "$@"
+        python/tests/test_torch_ops.py python/tests/test_torch_cuda.py python/tests/test_distributed.py "$@"
 fi

@@ -53,6 +53,13 @@
 #   gpu-shards   (ENGRAM_GPU_CHECK_EXTRA=1; the budget is full) tests/cuda_shards.rs:
 #                the split calls on device buffers, worlds 1..5, each layout,
 #                equal to the whole layer's bits
+#   py-torch-cuda (ENGRAM_GPU_CHECK_EXTRA=1; the budget is full) python/tests/
+#                test_torch_cuda.py's GPU test: the torch ops on CUDA tensors
+#                (host and device row ids, f32/bf16 highways, the split ops) equal
+#                to the CPU backend's bits; the package installed with the bundle's
+#                libengram.so into OUTDIR/py (no network: --no-build-isolation);
+#                SKIP where ENGRAM_TORCH_PYTHON lacks torch with CUDA, pytest or
+#                setuptools (with bdist_wheel)
 #   gpu-fp8-wkv  tests/cuda_fp8_wkv.rs: the checkpoint's block-scaled fp8 wkv read
 #                in place (engram_gemv_fp8_block; exact bf16 tiles + cuBLAS) gives
 #                the bits of the same weights widened to bf16, 1..512 tokens
@@ -332,6 +339,21 @@ optional ENGRAM_GPU_CHECK_EXTRA nvrtc "the build machine's nvrtc-check.sh compil
 optional ENGRAM_GPU_CHECK_EXTRA cpp-host "examples/cpp_host on CUDA" 30 cpp_host_cuda
 optional ENGRAM_GPU_CHECK_EXTRA gpu-shards "tests/cuda_shards.rs: the split calls on device buffers (issue 37)" \
     15 env ENGRAM_REQUIRE_GPU=1 "$BIN/cuda_shards" --test-threads=1 --nocapture
+py_torch_cuda() { # the torch ops on CUDA tensors against the CPU backend (issue 37)
+    # --no-build-isolation (no network): setuptools builds the wheel itself
+    # (bdist_wheel is in setuptools >= 70.1, in the wheel package before).
+    "$ENGRAM_TORCH_PYTHON" -c 'import importlib.util as u, torch, pytest, setuptools
+assert torch.cuda.is_available()
+assert u.find_spec("wheel") or u.find_spec("setuptools.command.bdist_wheel")' ||
+        { echo "SKIP: $ENGRAM_TORCH_PYTHON lacks torch with CUDA, pytest or setuptools' bdist_wheel"; return 77; }
+    ENGRAM_LIB="$BIN/libengram.so" "$ENGRAM_TORCH_PYTHON" -m pip install --quiet --no-deps --no-build-isolation \
+        --no-index --target "$OUT/py" "$ROOT/python" || return 1
+    (cd "$OUT" && PYTHONPATH="$OUT/py" ENGRAM_REQUIRE_GPU=1 ENGRAM_SOURCE_DIR="$ROOT" "$ENGRAM_TORCH_PYTHON" -m pytest \
+        -q -rs -p no:cacheprovider "$ROOT/python/tests/test_torch_cuda.py" -k test_cuda_ops_bit_for_bit)
+}
+export -f py_torch_cuda
+optional ENGRAM_GPU_CHECK_EXTRA py-torch-cuda "python/tests/test_torch_cuda.py on the GPU (issue 37)" \
+    30 py_torch_cuda
 
 if [ "$DRY" = 1 ]; then
     echo "planned: ${PLANNED}s of a ${BUDGET}s budget"

@@ -181,9 +181,10 @@ class Context:
 
     _handle: Optional[int]
 
-    def __init__(self, handle: int, _keep: Any = None) -> None:
+    def __init__(self, handle: int, _keep: Any = None, device: int = 0) -> None:
         """Not for direct use: use a ``from_*`` or ``create`` constructor."""
         self._handle = handle
+        self._device = int(device)
         self._layers: Dict[int, Tuple[np.ndarray, ...]] = {}
         self._keep = _keep
         self._per_token = int(lib.engram_row_ids_per_token(handle))
@@ -195,10 +196,11 @@ class Context:
     # ---- creation ------------------------------------------------------
 
     @classmethod
-    def _adopt(cls, out: Any) -> "Context":
+    def _adopt(cls, out: Any, opts: Any) -> "Context":
         if not out.value:
             raise RuntimeError("engram: a create call returned OK without a context")
-        return cls(out.value)
+        # engram_context_info does not report the ordinal: keep the one asked for.
+        return cls(out.value, device=opts.device)
 
     @staticmethod
     def _fill(opts: Any, kw: Dict[str, Any], keep: List[Any]) -> None:
@@ -247,7 +249,7 @@ class Context:
         out = CTX()
         _check(lib.engram_create_from_gguf(_path(path), ctypes.byref(opts), ctypes.byref(out)),
                "engram_create_from_gguf")
-        return cls._adopt(out)
+        return cls._adopt(out, opts)
 
     @classmethod
     def from_safetensors(
@@ -274,7 +276,7 @@ class Context:
         out = CTX()
         _check(lib.engram_create_from_safetensors(_path(model_dir), ctypes.byref(opts), ctypes.byref(out)),
                "engram_create_from_safetensors")
-        return cls._adopt(out)
+        return cls._adopt(out, opts)
 
     _CONFIG_KEYS = ("backend", "device", "hidden_size", "hc", "head_dim", "eps", "max_tokens",
                     "max_seqs", "max_positions", "n_threads", "device_history")
@@ -344,7 +346,7 @@ class Context:
         cls._fill(cfg, config, keep)
         out = CTX()
         _check(lib.engram_create(ctypes.byref(cfg), ctypes.byref(out)), "engram_create")
-        return cls._adopt(out)
+        return cls._adopt(out, cfg)
 
     def set_layer(
         self,
@@ -419,6 +421,16 @@ class Context:
     # ---- the step ------------------------------------------------------
 
     @property
+    def backend(self) -> Backend:
+        """The backend the context runs on (:class:`Backend`)."""
+        return self._backend
+
+    @property
+    def device(self) -> int:
+        """The CUDA device ordinal the context was created for (meaningful on the CUDA backend)."""
+        return self._device
+
+    @property
     def row_ids_per_token(self) -> int:
         """``n_layers * C``: the row ids each token produces."""
         return self._per_token
@@ -468,7 +480,8 @@ class Context:
             # The CUDA backend's highway is device memory: a numpy array's
             # host address passed there would be read as a device pointer.
             raise ValueError("apply: a numpy highway is host memory; this context's backend "
-                             f"({self._backend.name}) needs a device highway, which this package does not take yet")
+                             f"({self._backend.name}) needs a device highway: pass a CUDA tensor to "
+                             "torch.ops.engram.apply_ (engram.torch_ops)")
         if not isinstance(highway, np.ndarray):
             raise TypeError(f"highway: expected a numpy array, got {type(highway).__name__}")
         if highway.dtype == np.float32:
@@ -483,9 +496,11 @@ class Context:
         return highway
 
     def _apply_raw(self, layer_id: int, ids: Tuple[int, int], n: int, hw: Tuple[int, int, int],
-                   stream: Optional[int]) -> None:
+                   stream: Optional[int], device_ids: bool = False) -> None:
         """``engram_apply_checked`` on addresses: host row ids ``(addr,
-        len)``, the highway ``(addr, bytes, type)`` in the backend's memory."""
+        len)``, the highway ``(addr, bytes, type)`` in the backend's memory;
+        with ``device_ids``, ``engram_apply_device_ids_checked`` (the row ids
+        in device memory: capturable in a CUDA graph)."""
         d, hc = self._geom[0], self._geom[1]
         a = _init(S.engram_apply_args, "engram_apply_args_init_sized")
         a.layer_id, a.n_tokens = layer_id, n
@@ -494,7 +509,21 @@ class Context:
         a.highway_token_stride = hc * d * (4 if hw[2] == int(Type.F32) else 2)
         a.highway_type = hw[2]
         a.stream = stream
-        _check(lib.engram_apply_checked(self._ctx(), ctypes.byref(a)), "engram_apply_checked")
+        if device_ids:
+            _check(lib.engram_apply_device_ids_checked(self._ctx(), ctypes.byref(a)),
+                   "engram_apply_device_ids_checked")
+        else:
+            _check(lib.engram_apply_checked(self._ctx(), ctypes.byref(a)), "engram_apply_checked")
+
+    def _hash_device_raw(self, tokens: int, seq_ids: int, pos: int, n: int, out: Tuple[int, int],
+                         stream: Optional[int]) -> None:
+        """``engram_hash_device_checked`` on device addresses; ``out`` is ``(addr, capacity)``."""
+        _check(lib.engram_hash_device_checked(self._ctx(), tokens, seq_ids, pos, n, out[0], out[1], stream),
+               "engram_hash_device_checked")
+
+    def _stage_raw(self, layer_id: int, ids: Tuple[int, int], n: int, stream: Optional[int]) -> None:
+        """``engram_stage`` of host row ids ``(addr, len)`` on ``stream``."""
+        _check(lib.engram_stage(self._ctx(), layer_id, ctypes.cast(ids[0], P_I64), n, stream), "engram_stage")
 
     def prefetch(self, layer_id: int, row_ids: np.ndarray) -> None:
         """Start gathering layer ``layer_id``'s rows for ``row_ids`` on the
@@ -643,7 +672,8 @@ class Context:
 
     def _host_highway(self, highway: np.ndarray, n: int) -> Tuple[np.ndarray, int]:
         if self._backend != Backend.CPU:
-            raise ValueError("the split calls run on the CPU backend only")
+            raise ValueError("a numpy highway is host memory; on the CUDA backend pass CUDA tensors "
+                             "to the engram.torch_ops ops")
         if not isinstance(highway, np.ndarray):
             raise TypeError(f"highway: expected a numpy array, got {type(highway).__name__}")
         ty = _value_type(highway, "highway")

@@ -44,6 +44,11 @@ def _prototypes() -> Dict[str, Tuple[Any, List[Any]]]:
         "engram_hash": (st, [CTX, P_I32, P_I32, P_I32, c_uint32, P_I64, c_size_t]),
         "engram_apply_args_init_sized": (None, [ptr(S.engram_apply_args), c_size_t]),
         "engram_apply_checked": (st, [CTX, ptr(S.engram_apply_args)]),
+        "engram_apply_device_ids_checked": (st, [CTX, ptr(S.engram_apply_args)]),
+        # Device pointers as addresses (c_void_p): they are never host memory.
+        "engram_hash_device_checked": (st, [CTX, c_void_p, c_void_p, c_void_p, c_uint32, c_void_p, c_size_t,
+                                            c_void_p]),
+        "engram_stage": (st, [CTX, c_uint32, P_I64, c_uint32, c_void_p]),
         "engram_prefetch": (st, [CTX, c_uint32, P_I64, c_uint32]),
         "engram_read_back_args_init_sized": (None, [ptr(S.engram_read_back_args), c_size_t]),
         "engram_read_back_checked": (st, [CTX, ptr(S.engram_read_back_args)]),
