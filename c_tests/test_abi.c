@@ -110,6 +110,7 @@ static void apply_args_fill(void *p, size_t n) { engram_apply_args_init_sized((e
 static void read_back_args_fill(void *p, size_t n) {
     engram_read_back_args_init_sized((engram_read_back_args *)p, n);
 }
+static void cache_stats_fill(void *p, size_t n) { engram_cache_stats_init_sized((engram_cache_stats *)p, n); }
 
 static void check_args_init_sized(const char *name, void (*fill)(void *, size_t), size_t full) {
     unsigned char buf[256];
@@ -176,6 +177,7 @@ static void test_init_sized(void) {
           "engram_gguf_options_init: struct_size and the documented defaults");
     check_args_init_sized("engram_apply_args_init_sized", apply_args_fill, sizeof(engram_apply_args));
     check_args_init_sized("engram_read_back_args_init_sized", read_back_args_fill, sizeof(engram_read_back_args));
+    check_args_init_sized("engram_cache_stats_init_sized", cache_stats_fill, sizeof(engram_cache_stats));
     engram_apply_args a;
     engram_apply_args_init(&a);
     engram_read_back_args r;
