@@ -24,6 +24,26 @@
 #define CHECK_DEPRECATED_END
 #endif
 
+/* Copy the file `src` to `dst` whole; 1 on success, 0 on any error. */
+static inline int copy_whole_file(const char *src, const char *dst) {
+    FILE *f = fopen(src, "rb");
+    if (!f) return 0;
+    FILE *o = fopen(dst, "wb");
+    if (!o) {
+        fclose(f);
+        return 0;
+    }
+    char buf[65536];
+    size_t n;
+    int ok = 1;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        if (fwrite(buf, 1, n, o) != n) ok = 0;
+    }
+    fclose(f);
+    if (fclose(o) != 0) ok = 0;
+    return ok;
+}
+
 static int g_checks_passed = 0;
 static int g_checks_failed = 0;
 

@@ -39,26 +39,6 @@ static int last_error_has(const char *what) {
     return m != NULL && strstr(m, what) != NULL;
 }
 
-/* Copy `src` to `dst` whole. */
-static int copy_file(const char *src, const char *dst) {
-    FILE *f = fopen(src, "rb");
-    if (!f) return 0;
-    FILE *o = fopen(dst, "wb");
-    if (!o) {
-        fclose(f);
-        return 0;
-    }
-    char buf[65536];
-    size_t n;
-    int ok = 1;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
-        if (fwrite(buf, 1, n, o) != n) ok = 0;
-    }
-    fclose(f);
-    if (fclose(o) != 0) ok = 0;
-    return ok;
-}
-
 /* ---- mutations_c.txt ---------------------------------------------------- */
 
 #define MAX_LINES 128
@@ -135,7 +115,7 @@ static int stage_fixture(const fixture *x, const char *dir) {
     for (char *tok = strtok(files, ","); tok; tok = strtok(NULL, ",")) {
         snprintf(src, sizeof src, "%s%s", DIALECTS, tok);
         snprintf(dst, sizeof dst, "%s/%s", dir, tok);
-        ok &= copy_file(src, dst);
+        ok &= copy_whole_file(src, dst);
     }
     if (has_flag(x, "tables")) {
         static const char *ck[] = {"config.json", "model.safetensors.index.json",
@@ -143,7 +123,7 @@ static int stage_fixture(const fixture *x, const char *dir) {
         for (size_t i = 0; i < sizeof ck / sizeof ck[0]; i++) {
             snprintf(src, sizeof src, "%scheckpoint/%s", DIALECTS, ck[i]);
             snprintf(dst, sizeof dst, "%s/checkpoint/%s", dir, ck[i]);
-            ok &= copy_file(src, dst);
+            ok &= copy_whole_file(src, dst);
         }
     }
     return ok;
@@ -665,7 +645,7 @@ static void test_fifo(void) {
 
 static void test_cut_after_open(void) {
     const char *p = SCRATCH "_cut.gguf";
-    if (!check(copy_file(DATA "tiny.gguf", p), "copy tiny.gguf")) return;
+    if (!check(copy_whole_file(DATA "tiny.gguf", p), "copy tiny.gguf")) return;
     engram_gguf_options o;
     engram_gguf_options_init(&o); /* mmap_tables = 0: pread */
     engram_context *c = NULL;

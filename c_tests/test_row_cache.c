@@ -33,25 +33,6 @@
 #define COLS 4           /* row ids per token per layer: (N-1)*H = 2 x 2 */
 #define IDS_PER_TOKEN 8 /* 2 layers */
 
-static int copy_file(const char *src, const char *dst) {
-    FILE *f = fopen(src, "rb");
-    if (!f) return 0;
-    FILE *o = fopen(dst, "wb");
-    if (!o) {
-        fclose(f);
-        return 0;
-    }
-    char buf[65536];
-    size_t n;
-    int ok = 1;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
-        if (fwrite(buf, 1, n, o) != n) ok = 0;
-    }
-    fclose(f);
-    if (fclose(o) != 0) ok = 0;
-    return ok;
-}
-
 static engram_context *open_tiny(const char *path, uint64_t budget, engram_status *st) {
     engram_gguf_options o;
     engram_gguf_options_init(&o);
@@ -266,7 +247,7 @@ static void test_cached_equals_uncached(uint64_t budget) {
 
 static void test_cut_short(void) {
     const char *p = SCRATCH "_cut.gguf";
-    if (!check(copy_file(DATA "tiny.gguf", p), "copy tiny.gguf")) return;
+    if (!check(copy_whole_file(DATA "tiny.gguf", p), "copy tiny.gguf")) return;
     engram_status st;
     engram_context *c = open_tiny(p, 1 << 20, &st);
     if (!check(c != NULL, "open the copy with a cache")) return;
@@ -347,7 +328,7 @@ static void test_read_modes(void) {
           "ENGRAM_ROW_IO=mmap: ERR_INVALID_CONFIG naming it");
     if (bad) engram_free(bad);
     const char *shm = "/dev/shm/engram_c_row_cache.gguf";
-    if (access("/dev/shm", W_OK) == 0 && copy_file(DATA "tiny.gguf", shm)) {
+    if (access("/dev/shm", W_OK) == 0 && copy_whole_file(DATA "tiny.gguf", shm)) {
         engram_context *c = open_tiny(shm, 1 << 16, &st);
         if (check(c != NULL, "a copy on tmpfs opens")) {
             engram_cache_stats s = stats_of(c, 0);
