@@ -77,7 +77,8 @@ pub struct CudaTuning {
     pub decode_max_tokens: Option<usize>,
     /// The device to run on instead of opening the context's device ordinal:
     /// a device object shared with the caller, or the emulation of [`emu`]
-    /// (tests without a GPU).
+    /// (tests without a GPU). `None`: the process device if one is set
+    /// ([`set_process_device`]), else the driver's device of that ordinal.
     pub device: Option<Arc<dyn Gpu>>,
 }
 
@@ -89,6 +90,35 @@ impl std::fmt::Debug for CudaTuning {
             .field("device", &self.device.as_ref().map(|d| d.describe()))
             .finish()
     }
+}
+
+/// The process device ([`set_process_device`]).
+static PROCESS_DEVICE: std::sync::RwLock<Option<Arc<dyn Gpu>>> = std::sync::RwLock::new(None);
+
+/// Make every CUDA context created from now on in this process whose
+/// [`CudaTuning::device`] is `None` (every context made through the C ABI:
+/// `engram_create`, the GGUF and safetensors loaders) run on `device`
+/// instead of opening its device ordinal, which must be `device`'s; `None`
+/// goes back to opening the driver's devices. Returns the one it replaces.
+///
+/// This is the SIMT emulation's entry point for programs that reach the
+/// library only through its C ABI: the test-only `tools/engram-emu`
+/// library (the C ABI plus `engram_emu_*` calls that load the emulation and
+/// manage its memory) installs an [`emu::Emulator`] here, so that the
+/// Python distributed test runs the CUDA backend on it. Rust API only; no C
+/// export reaches it, and an engine never calls it. Contexts already made
+/// keep their device.
+pub fn set_process_device(device: Option<Arc<dyn Gpu>>) -> Option<Arc<dyn Gpu>> {
+    let mut d = PROCESS_DEVICE.write().unwrap_or_else(|p| p.into_inner());
+    std::mem::replace(&mut *d, device)
+}
+
+/// The device [`set_process_device`] installed, if any.
+pub fn process_device() -> Option<Arc<dyn Gpu>> {
+    PROCESS_DEVICE
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
 }
 
 /// Host staging slots (pinned): row ids, and a host table's rows that no
@@ -560,9 +590,16 @@ impl CudaBackend {
         tuning: &CudaTuning,
     ) -> Result<CudaBackend> {
         let gemv_max = tuning.gemv_max_tokens;
-        let gpu = match tuning.device.clone() {
-            Some(g) => g,
-            None => driver::RealGpu::open(ordinal)?,
+        let gpu = match (tuning.device.clone(), process_device()) {
+            (Some(g), _) => g,
+            (None, Some(g)) if g.ordinal() == ordinal => g,
+            (None, Some(g)) => bail!(
+                ErrDevice,
+                "device {ordinal}: this process runs its CUDA contexts on {} (device {})",
+                g.describe(),
+                g.ordinal()
+            ),
+            (None, None) => driver::RealGpu::open(ordinal)?,
         };
         let (cols, n_layers, k_in, k_out) = (shape.cols, shape.n_layers, shape.k_in, shape.k_out);
         if k_in > i32::MAX as usize / 8 || k_out > i32::MAX as usize {
