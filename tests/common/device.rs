@@ -15,13 +15,16 @@
 //! The SIMT library (and its self-test, run by `tests/simt_selftest.rs`) is
 //! built once per source state (a hash of the kernels, the shim and the `-D`
 //! options) into `target/tmp/simt-<hash>/`, under a file lock, so every test
-//! binary of a run shares one build (~20 s).
+//! binary of a run shares one build (~20 s). The build itself is
+//! `simt_build.rs`, which `tools/engram-emu` shares.
 
 use engram::cuda::emu::Emulator;
 use engram::cuda::gpu::{DevBuf, Gpu};
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+
+#[path = "simt_build.rs"]
+mod simt_build;
 
 /// A device for the tests.
 #[derive(Clone)]
@@ -133,13 +136,6 @@ pub fn emulated() -> Option<Dev> {
     emu
 }
 
-fn fnv(h: &mut u64, bytes: &[u8]) {
-    for &b in bytes {
-        *h ^= b as u64;
-        *h = h.wrapping_mul(0x100000001b3);
-    }
-}
-
 /// `libengram_simt.so` for this tree's kernels, built if needed
 /// (`ENGRAM_SIMT_LIB` names a prebuilt one); `Ok(None)` without a compiler.
 pub fn simt_library() -> Result<Option<PathBuf>, String> {
@@ -151,77 +147,8 @@ fn build_simt() -> Result<Option<PathBuf>, String> {
     if let Some(p) = std::env::var_os("ENGRAM_SIMT_LIB") {
         return Ok(Some(PathBuf::from(p)));
     }
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    if Command::new(&cxx).arg("--version").output().is_err() {
-        return Ok(None);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let fmad = if cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("fma") {
-        "1"
-    } else {
-        "0"
-    };
-    let defines = engram::cuda::kernels::defines();
-    let mut h = 0xcbf29ce484222325u64;
-    for dir in ["kernels", "tests/simt"] {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
-            .map_err(|e| format!("{dir}: {e}"))?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.is_file())
-            .collect();
-        files.sort();
-        for f in files {
-            fnv(&mut h, f.file_name().unwrap().to_string_lossy().as_bytes());
-            fnv(
-                &mut h,
-                &std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?,
-            );
-        }
-    }
-    fnv(&mut h, defines.join(" ").as_bytes());
-    fnv(&mut h, engram::cuda::kernels::OPTIONS.join(" ").as_bytes());
-    fnv(&mut h, fmad.as_bytes());
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let dir = base.join(format!("simt-{h:016x}"));
-    let lib = dir.join("libengram_simt.so");
-    if lib.exists() {
-        return Ok(Some(lib));
-    }
-    std::fs::create_dir_all(&base).map_err(|e| e.to_string())?;
-    // One build at a time across the test binaries of a run.
-    let lock = std::fs::File::create(base.join("simt.lock")).map_err(|e| e.to_string())?;
-    {
-        use std::os::unix::io::AsRawFd;
-        // SAFETY: flock on a descriptor we own; released when it closes.
-        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
-    }
-    if lib.exists() {
-        return Ok(Some(lib));
-    }
-    let tmp = base.join(format!("simt-{h:016x}.tmp"));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let t0 = std::time::Instant::now();
-    let out = Command::new("bash")
-        .arg(root.join("tests/simt/build.sh"))
-        .arg(&tmp)
-        .args(&defines)
-        .env("FMAD", fmad)
-        .output()
-        .map_err(|e| format!("running tests/simt/build.sh: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "tests/simt/build.sh failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    std::fs::write(tmp.join("defines.txt"), defines.join(" ")).map_err(|e| e.to_string())?;
-    std::fs::rename(&tmp, &dir).map_err(|e| e.to_string())?;
-    eprintln!(
-        "built the SIMT emulation in {:.1} s: {}",
-        t0.elapsed().as_secs_f64(),
-        lib.display()
-    );
-    Ok(Some(lib))
+    simt_build::build(
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+    )
 }
