@@ -25,7 +25,8 @@ PY="$VENV/bin/python"
 env -u ENGRAM_LIBRARY "$PY" -m pytest -q -p no:cacheprovider python/tests "$@"
 
 # The torch ops (python/tests/test_torch_ops.py, test_torch_cuda.py) and the
-# gloo distributed test (test_distributed.py) in a second virtualenv that has torch: made once and
+# gloo distributed test (test_distributed.py, and test_distributed_cuda.py on
+# the CUDA backend's emulation) in a second virtualenv that has torch: made once and
 # cached in ENGRAM_TORCH_VENV (default ~/.cache/engram/torch-2.9.0-venv, as
 # bench/ggml caches its build). PyPI's torch==2.9.0 wheel needs its nvidia-*
 # packages to import even on a CPU (about 5 GB; the CPU-only wheels live on
@@ -43,4 +44,18 @@ if [ "${ENGRAM_PY_TORCH:-1}" != 0 ]; then
     "$TVENV/bin/pip" install --quiet --disable-pip-version-check ./python
     env -u ENGRAM_LIBRARY "$TVENV/bin/python" -m pytest -q -p no:cacheprovider \
         python/tests/test_torch_ops.py python/tests/test_torch_cuda.py python/tests/test_distributed.py "$@"
+
+    # The gloo test again on the CUDA backend's SIMT emulation
+    # (test_distributed_cuda.py), through libengram_emu.so (tools/engram-emu,
+    # test only: libengram's C ABI plus engram_emu_* calls that load the
+    # emulation and give out its device memory; libengram.so has no door to
+    # it), named in ENGRAM_LIBRARY for this file only. A debug build, which
+    # shares the lib with `cargo test`'s; the SIMT library is found in (or
+    # built into) the target's tmp/, where the Rust tests build the same one.
+    # Without g++ the test skips, unless ENGRAM_REQUIRE_EMULATION=1.
+    cargo build --quiet -p engram-emu
+    TARGET="${CARGO_TARGET_DIR:-target}"
+    case "$TARGET" in /*) ;; *) TARGET="$ROOT/$TARGET" ;; esac
+    ENGRAM_LIBRARY="$TARGET/debug/libengram_emu.so" ENGRAM_SIMT_DIR="$TARGET/tmp" "$TVENV/bin/python" \
+        -m pytest -q -p no:cacheprovider python/tests/test_distributed_cuda.py "$@"
 fi

@@ -41,8 +41,9 @@ tail -n 3 target/demo.log
 echo "== install into a fresh prefix; examples/cpp_host through CMake (find_package, add_subdirectory, FetchContent) and pkg-config; static link; every recipe of docs/install.md and docs/ggml.md"
 bash scripts/check-install.sh
 
-echo "== Python: pip install ./python into a venv (reuses the release build above), pytest python/tests"
-bash python/test.sh
+echo "== Python: pip install ./python into a venv (reuses the release build above), pytest python/tests;"
+echo "   the gloo distributed test on the CPU backend and on the CUDA backend's SIMT emulation"
+ENGRAM_REQUIRE_EMULATION=1 bash python/test.sh
 
 echo "== GGUF header fuzz, bounded (50,000 mutated files per fixture, fixed seed)"
 # cargo test above ran 4,000 per fixture; this run widens it (a few seconds).
