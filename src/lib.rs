@@ -41,7 +41,8 @@ mod context;
 pub mod cpu;
 /// cbindgen:ignore
 /// Tests: cuda_*, device, device_hash, fp8_split, gguf_dialects,
-/// simt_selftest; benches/gpu (the backend over the SIMT emulator).
+/// simt_selftest, process_device; benches/gpu (the backend over the SIMT
+/// emulator); tools: engram-emu (`set_process_device`, `emu`).
 #[doc(hidden)]
 pub mod cuda;
 /// Tools: engram-inspect (`escape_text`).
