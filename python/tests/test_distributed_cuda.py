@@ -31,7 +31,12 @@ fp8 and a bf16 table): the split calls on CUDA refuse an f32 ``wkv``
 
 The emulation is reached through ``libengram_emu.so`` (tools/engram-emu: the
 C ABI plus ``engram_emu_*`` calls; libengram.so has no door to it), which
-python/test.sh names in ``ENGRAM_LIBRARY`` for this file only. Skipped, with
+python/test.sh names in ``ENGRAM_LIBRARY`` for this file only; it builds
+the SIMT library into ``ENGRAM_SIMT_DIR`` (default: ``tmp/`` beside the
+library's ``debug/``, where the Rust tests build the same one) or finds it
+there, once, in this process, which never launches a kernel itself: each
+forked rank starts the emulation's worker threads (threads do not survive a
+fork). Skipped, with
 the reason, when torch is missing, when ``ENGRAM_LIBRARY`` is not that
 library, or where there is no g++ to build the emulation; the last two fail
 instead under ``ENGRAM_REQUIRE_EMULATION=1`` (scripts/test.sh).
