@@ -126,11 +126,15 @@ fn kernel_from_env() -> Result<Option<Kernel>> {
     }
     match Kernel::from_name(&v) {
         Some(k) if k.supported() => Ok(Some(k)),
-        Some(_) => bail!(
+        Some(k) => bail!(
             ErrInvalidConfig,
-            "ENGRAM_CPU_KERNEL={}: this CPU lacks that kernel's instructions ({})",
+            "ENGRAM_CPU_KERNEL={}: this CPU lacks that kernel's instructions ({}){}",
             crate::error::escape_text(&v),
-            projection::cpu_features()
+            projection::cpu_features(),
+            match (k, projection::amx_status()) {
+                (Kernel::Amx, Err(why)) => format!("; amx: {why}"),
+                _ => String::new(),
+            }
         ),
         None => bail!(
             ErrInvalidConfig,

@@ -133,6 +133,35 @@ pub fn amx_status() -> std::result::Result<(), String> {
     }
 }
 
+impl Kernel {
+    /// The kernel's name as `ENGRAM_CPU_KERNEL` spells it, NUL-terminated
+    /// (`engram_context_info`'s `cpu_kernel`).
+    pub fn c_name(self) -> &'static std::ffi::CStr {
+        match self {
+            Kernel::Portable => c"portable",
+            Kernel::Avx2 => c"avx2",
+            Kernel::Avx512 => c"avx512",
+            Kernel::Avx512Bf16 => c"avx512bf16",
+            Kernel::Amx => c"amx",
+        }
+    }
+}
+
+/// Why the `amx` kernel does not run here ([`amx_status`]) as a
+/// NUL-terminated string, or "" where it does (`engram_context_info`'s
+/// `cpu_kernel_note`); kept for the process.
+pub fn amx_note() -> &'static std::ffi::CStr {
+    static NOTE: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+    NOTE.get_or_init(|| {
+        let text = amx_status()
+            .err()
+            .map_or(String::new(), |why| format!("amx: {why}"));
+        // The reasons are ours, without NUL bytes; one would only shorten it.
+        let text = text.replace('\0', " ");
+        std::ffi::CString::new(text).unwrap_or_default()
+    })
+}
+
 /// Whether CPUID names AMD as the vendor.
 fn cpu_is_amd() -> bool {
     #[cfg(target_arch = "x86_64")]
