@@ -22,6 +22,11 @@
 //! the bf16 GEMM 118-146 against 72-78. So `detect` picks it first on AMD
 //! CPUs only; elsewhere it is chosen by name.
 //!
+//! On CPUs with AMX (and a Linux that grants the tile data) `detect` picks
+//! `Kernel::Amx`: bf16 and fp8 `wkv` by `tdpbf16ps` tiles in their own
+//! order, the same at every batch size (see `amx/` and docs/cpu.md); its
+//! tile instructions can be emulated in software, so its tests run here.
+//!
 //! No packed copy of `wkv` is kept: the GEMM packs 16 rows at a time into a
 //! per-task panel (`V * K` floats, 393 KB at the V4.1 geometry) during the call.
 //!

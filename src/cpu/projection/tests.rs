@@ -438,3 +438,39 @@ fn amx_tokens_keep_their_bits_across_batches_and_threads() {
         }
     }
 }
+
+/// The AMX kernel's f32 sums (before the bf16 rounding) hold the bound
+/// docs/numerics.md derives for its order: a term passes through at most
+/// 16 roundings in its chunk's partial sum, 1 adding the two partial sums
+/// and one for each chunk added after it, so `|sum - exact| <= (ceil(K/32)
+/// + 17) u sum|x w|` with `u = 2^-24` (no subnormal value here), far inside
+/// the `(K + 2) u` every kernel is held to.
+#[test]
+fn amx_sums_hold_their_derived_bound() {
+    for &(n, k, n_out) in &[(3, 100, 7), (20, 1536, 37), (17, 64, 33), (1, 6144, 5)] {
+        let (rows, w) = data(n, k, n_out);
+        let mut p = projection(2, Run::AmxEmulated);
+        assert_eq!(p.kernel(), Kernel::Amx);
+        p.set_raw_sums(true);
+        let mut kv = vec![0f32; n * n_out];
+        p.run(&rows, n, k, Weights::Bf16(&w), n_out, &mut kv)
+            .unwrap();
+        let depth = (k.div_ceil(32) + 17) as f64;
+        for t in 0..n {
+            for o in 0..n_out {
+                let (mut s, mut a) = (0f64, 0f64);
+                for i in 0..k {
+                    let x = bf16_to_f32(rows[t * k + i]) as f64 * bf16_to_f32(w[o * k + i]) as f64;
+                    s += x;
+                    a += x.abs();
+                }
+                let got = kv[t * n_out + o] as f64;
+                let bound = depth * a / (1u64 << 24) as f64;
+                assert!(
+                    (got - s).abs() <= bound,
+                    "n {n} k {k} t {t} o {o}: {got} vs {s} (bound {bound})"
+                );
+            }
+        }
+    }
+}
