@@ -7,8 +7,9 @@
 //!     cargo bench --bench cpu
 //!
 //! Environment: `ENGRAM_BENCH_THREADS=N` (threads; default all),
-//! `ENGRAM_CPU_KERNEL=portable|avx2|avx512` (force a projection kernel, e.g.
-//! the AVX2 fallback on an AVX-512 machine), `ENGRAM_BENCH_ONLY=hash|apply|formats|ggml`,
+//! `ENGRAM_CPU_KERNEL=portable|avx2|avx512|avx512bf16|amx` (force a
+//! projection kernel, e.g. the AVX2 fallback on an AVX-512 machine; where
+//! `amx` runs, the bf16 section also prints the `avx512` GEMM rate), `ENGRAM_BENCH_ONLY=hash|apply|formats|ggml`,
 //! `ENGRAM_BENCH_REPS=N` (repetitions of each timing; the median is printed
 //! with the spread min-max), `ENGRAM_BENCH_PYTHON` (a Python with numpy and
 //! torch other than bench/.venv's), `ENGRAM_ROOT` (the source tree, for a
@@ -791,6 +792,27 @@ fn bench_bf16(threads: usize, bw: f64, rng: &mut Rng) {
         });
         2.0 * (n * o * K_IN) as f64 / t
     };
+    // Where the amx kernel runs, the avx512 kernel's rate in the same run
+    // (its floor: what the machine gave before AMX).
+    let uses_amx = kernel_env().unwrap_or(Kernel::detect()) == Kernel::Amx;
+    if uses_amx {
+        let mut p = Projection::new(threads).unwrap();
+        p.set_kernel(Kernel::Avx512);
+        let (n, o) = (512usize, 2048usize);
+        let x: Vec<u16> = (0..n * K_IN).map(|_| f32_to_bf16(rng.f32())).collect();
+        let mut kv = vec![0f32; n * o];
+        let t = median(3, 0.5, || {
+            p.run(&x, n, K_IN, Weights::Bf16(&wkv[..o * K_IN]), o, &mut kv)
+                .unwrap()
+        });
+        let g = 2.0 * (n * o * K_IN) as f64 / t;
+        println!(
+            "GEMM rate (512 x 2048 x {K_IN}): amx {:.1} GFLOP/s, avx512 {:.1} GFLOP/s (amx/avx512 {:.2}x)",
+            gemm_ours / 1e9,
+            g / 1e9,
+            gemm_ours / g
+        );
+    }
     let ns = [1usize, 8, 64, 512];
     let ours: Vec<Stat> = ns.iter().map(|&n| model.time_apply(&ctx, n, rng)).collect();
     let mem = ctx.memory_bytes();

@@ -8,6 +8,7 @@
 #include "engram.h"
 
 #include <dirent.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -60,6 +61,16 @@ static void test_info(void) {
               wt[0] == ENGRAM_INFO_NO_TYPE && qt[0] == ENGRAM_INFO_NO_TYPE,
           "an unset layer: its id, rows needed (18), no rows, no types; past n_layers untouched");
     check(info.table_fingerprint != 0, "the table fingerprint");
+    const char *names[] = {"portable", "avx2", "avx512", "avx512bf16", "amx"};
+    int named = 0;
+    for (int i = 0; i < 5; i++)
+        if (info.cpu_kernel && strcmp(info.cpu_kernel, names[i]) == 0) named = 1;
+    check(named, "the CPU kernel: %s", info.cpu_kernel ? info.cpu_kernel : "NULL");
+    /* The note is empty exactly where amx can run, and names amx otherwise. */
+    check(info.cpu_kernel_note != NULL &&
+              (info.cpu_kernel_note[0] == 0 || strncmp(info.cpu_kernel_note, "amx: ", 5) == 0) &&
+              (strcmp(info.cpu_kernel, "amx") != 0 || info.cpu_kernel_note[0] == 0),
+          "the kernel note: \"%s\"", info.cpu_kernel_note ? info.cpu_kernel_note : "NULL");
 
     /* Gate weights: bad inputs, then q * k. */
     float qk[MM_HW + 1];
@@ -95,6 +106,14 @@ static void test_info(void) {
     engram_info_init_sized(&big.info, sizeof big.info);
     check(engram_context_info(ctx, &big.info) == ENGRAM_STATUS_OK && big.tail[0] == 0xAB && big.tail[7] == 0xAB,
           "nothing written past struct_size");
+    /* 0.3's engram_info ended at table_fingerprint: read, and the kernel
+     * fields past it left as they were. */
+    memset(&big, 0xAB, sizeof big);
+    engram_info_init_sized(&big.info, offsetof(engram_info, cpu_kernel));
+    check(big.info.struct_size == offsetof(engram_info, cpu_kernel) &&
+              engram_context_info(ctx, &big.info) == ENGRAM_STATUS_OK && big.info.hidden_size == MM_D &&
+              ((unsigned char *)&big.info.cpu_kernel)[0] == 0xAB && big.tail[0] == 0xAB,
+          "the 0.3 layout (up to table_fingerprint) is read and written as far as it goes");
     engram_free(ctx);
 }
 

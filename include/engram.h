@@ -1945,6 +1945,21 @@ typedef struct engram_info {
    (`engram_seq_state_write`): equal for contexts of the same model.
    */
   uint64_t table_fingerprint;
+  /*
+   CPU backend: the kernel computing the projection, as
+   `ENGRAM_CPU_KERNEL` names it (`"portable"`, `"avx2"`, `"avx512"`,
+   `"avx512bf16"` or `"amx"`); NULL on CUDA. A static string (never
+   freed).
+   */
+  const char *cpu_kernel;
+  /*
+   CPU backend: why the `amx` kernel cannot run in this process (for
+   example `"amx: the CPU has no AMX-TILE and AMX-BF16"` or `"amx: Linux
+   refused the tile data (arch_prctl: ...)"`: the context then uses the
+   best other kernel, never an error), or `""` where it can; NULL on
+   CUDA. A static string.
+   */
+  const char *cpu_kernel_note;
 } engram_info;
 
 /*

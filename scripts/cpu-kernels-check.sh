@@ -47,16 +47,19 @@ run)
     # the benchmark says so and skips them.
     if "$PY" -c 'import numpy, torch' 2>/dev/null; then export ENGRAM_BENCH_PYTHON="$PY"; else unset ENGRAM_BENCH_PYTHON; fi
     rc=0
-    { grep -m1 'model name' /proc/cpuinfo; nproc; grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E 'avx|fma|f16c' | tr '\n' ' '; echo; } >"$OUT/env.log" 2>&1
+    { grep -m1 'model name' /proc/cpuinfo; nproc; grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E 'avx|fma|f16c|amx' | tr '\n' ' '; echo; } >"$OUT/env.log" 2>&1
     cat "$OUT/env.log"
     timeout 600 "$B/unit_tests" --test-threads 4 projection hash >"$OUT/unit_tests.log" 2>&1 || rc=1
     tail -n 3 "$OUT/unit_tests.log"
     echo "unit tests: $([ $rc -eq 0 ] && echo PASS || echo FAIL)" | tee "$OUT/summary.txt"
     all=$(nproc)
     for threads in $(printf "2\n%s\n" "$all" | sort -un); do
-        for kernel in detected avx2; do
+        # On AMX CPUs the detected kernel is amx: avx512 forced is its floor.
+        kernels="detected avx2"
+        if grep -qw amx_bf16 /proc/cpuinfo; then kernels="detected avx512 avx2"; fi
+        for kernel in $kernels; do
             log="$OUT/bench-$threads-threads-$kernel.log"
-            if [ "$kernel" = avx2 ]; then k=avx2; else k=; fi
+            if [ "$kernel" = detected ]; then k=; else k=$kernel; fi
             ENGRAM_CPU_KERNEL=$k ENGRAM_BENCH_THREADS=$threads timeout 900 "$B/cpu_bench" --bench >"$log" 2>&1
             echo "bench $threads threads, kernel $kernel: exit $?" | tee -a "$OUT/summary.txt"
         done

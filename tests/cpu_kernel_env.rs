@@ -56,7 +56,12 @@ fn the_environment_names_the_cpu_kernel() {
     assert_eq!(kernel_of(Some("")).unwrap(), best, "empty is unset");
     assert_eq!(kernel_of(Some("portable")).unwrap(), "portable");
     assert_eq!(kernel_of(Some("PORTABLE")).unwrap(), "portable");
-    for k in [Kernel::Avx2, Kernel::Avx512, Kernel::Avx512Bf16] {
+    for k in [
+        Kernel::Avx2,
+        Kernel::Avx512,
+        Kernel::Avx512Bf16,
+        Kernel::Amx,
+    ] {
         let name = format!("{k:?}").to_lowercase();
         match kernel_of(Some(&name)) {
             Ok(got) => {
@@ -67,6 +72,10 @@ fn the_environment_names_the_cpu_kernel() {
                 assert!(!k.supported(), "{name} refused on a CPU that runs it: {e}");
                 assert_eq!(e.status, EngramStatus::ErrInvalidConfig);
                 assert!(e.message.contains("lacks"), "{e}");
+                if k == Kernel::Amx {
+                    // Why: no AMX on the CPU, no OS support, or Linux refused.
+                    assert!(e.message.contains("; amx: "), "{e}");
+                }
             }
         }
     }

@@ -54,6 +54,7 @@ fn kernels() -> Vec<Kernel> {
         Kernel::Avx2,
         Kernel::Avx512,
         Kernel::Avx512Bf16,
+        Kernel::Amx,
     ]
     .into_iter()
     .filter(|k| k.supported())

@@ -58,6 +58,7 @@ fn fp8_wkv_and_table_shards_give_apply_bits_with_every_kernel() {
         Kernel::Avx2,
         Kernel::Avx512,
         Kernel::Avx512Bf16,
+        Kernel::Amx,
     ];
     for kernel in kernels.into_iter().filter(|k| k.supported()) {
         let whole = tiny.context_with(kernel);

@@ -109,7 +109,7 @@ impl CpuBackend<'_> {
     }
 }
 
-/// The kernel `ENGRAM_CPU_KERNEL` names (`portable`, `avx2`, `avx512`,
+/// The kernel `ENGRAM_CPU_KERNEL` names (`portable`, `avx2`, `avx512`, `amx`,
 /// `avx512bf16`), read
 /// when a context is created: `None` when it is unset or empty (the best
 /// kernel this CPU runs). The kernels sum in different orders, so their bits
@@ -126,15 +126,19 @@ fn kernel_from_env() -> Result<Option<Kernel>> {
     }
     match Kernel::from_name(&v) {
         Some(k) if k.supported() => Ok(Some(k)),
-        Some(_) => bail!(
+        Some(k) => bail!(
             ErrInvalidConfig,
-            "ENGRAM_CPU_KERNEL={}: this CPU lacks that kernel's instructions ({})",
+            "ENGRAM_CPU_KERNEL={}: this CPU lacks that kernel's instructions ({}){}",
             crate::error::escape_text(&v),
-            projection::cpu_features()
+            projection::cpu_features(),
+            match (k, projection::amx_status()) {
+                (Kernel::Amx, Err(why)) => format!("; amx: {why}"),
+                _ => String::new(),
+            }
         ),
         None => bail!(
             ErrInvalidConfig,
-            "ENGRAM_CPU_KERNEL={}: not a kernel (portable, avx2, avx512 or avx512bf16)",
+            "ENGRAM_CPU_KERNEL={}: not a kernel (portable, avx2, avx512, avx512bf16 or amx)",
             crate::error::escape_text(&v)
         ),
     }

@@ -71,10 +71,25 @@ pub struct EngramInfo {
     /// The fingerprint of the hash tables that a saved sequence state carries
     /// (`engram_seq_state_write`): equal for contexts of the same model.
     pub table_fingerprint: u64,
+    /// CPU backend: the kernel computing the projection, as
+    /// `ENGRAM_CPU_KERNEL` names it (`"portable"`, `"avx2"`, `"avx512"`,
+    /// `"avx512bf16"` or `"amx"`); NULL on CUDA. A static string (never
+    /// freed).
+    pub cpu_kernel: *const std::ffi::c_char,
+    /// CPU backend: why the `amx` kernel cannot run in this process (for
+    /// example `"amx: the CPU has no AMX-TILE and AMX-BF16"` or `"amx: Linux
+    /// refused the tile data (arch_prctl: ...)"`: the context then uses the
+    /// best other kernel, never an error), or `""` where it can; NULL on
+    /// CUDA. A static string.
+    pub cpu_kernel_note: *const std::ffi::c_char,
 }
 
-/// The `engram_info` layouts this library reads: only today's.
-const INFO_LAYOUTS: &[usize] = &[size_of::<EngramInfo>()];
+/// The `engram_info` layouts this library reads: 0.3's (up to
+/// `table_fingerprint`) and this one (with `cpu_kernel`).
+const INFO_LAYOUTS: &[usize] = &[
+    std::mem::offset_of!(EngramInfo, cpu_kernel),
+    size_of::<EngramInfo>(),
+];
 
 impl Options for EngramInfo {
     const INIT: &'static str = "engram_info_init";
@@ -108,6 +123,8 @@ impl Default for EngramInfo {
             pad_id: 0,
             row_ids_per_token: 0,
             table_fingerprint: 0,
+            cpu_kernel: std::ptr::null(),
+            cpu_kernel_note: std::ptr::null(),
         }
     }
 }
@@ -185,7 +202,8 @@ pub extern "C" fn engram_context_info(
         }
         let g = c.geometry();
         let lim = c.limits();
-        i.backend = c.info().kind as u32;
+        let backend = c.info();
+        i.backend = backend.kind as u32;
         i.hidden_size = g.d as u32;
         i.hc = g.hc as u32;
         i.head_dim = g.hd as u32;
@@ -202,6 +220,12 @@ pub extern "C" fn engram_context_info(
         i.pad_id = t.pad_id;
         i.row_ids_per_token = c.ids_per_token();
         i.table_fingerprint = c.table_fingerprint();
+        if backend.kind == crate::call::EngramBackend::Cpu {
+            use crate::cpu::projection::{amx_note, Kernel};
+            let k = Kernel::from_name(&backend.kernel);
+            i.cpu_kernel = k.map_or(std::ptr::null(), |k| k.c_name().as_ptr());
+            i.cpu_kernel_note = amx_note().as_ptr();
+        }
         write_options(info, i, size);
         Ok(())
     })

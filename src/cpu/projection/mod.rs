@@ -22,6 +22,11 @@
 //! the bf16 GEMM 118-146 against 72-78. So `detect` picks it first on AMD
 //! CPUs only; elsewhere it is chosen by name.
 //!
+//! On CPUs with AMX (and a Linux that grants the tile data) `detect` picks
+//! `Kernel::Amx`: bf16 and fp8 `wkv` by `tdpbf16ps` tiles in their own
+//! order, the same at every batch size (see `amx/` and docs/cpu.md); its
+//! tile instructions can be emulated in software, so its tests run here.
+//!
 //! No packed copy of `wkv` is kept: the GEMM packs 16 rows at a time into a
 //! per-task panel (`V * K` floats, 393 KB at the V4.1 geometry) during the call.
 //!
@@ -57,17 +62,29 @@ pub enum Kernel {
     /// taken as zero (the instruction's DAZ/FTZ); twice the FMA tiles'
     /// multiply-adds an instruction.
     Avx512Bf16,
+    /// AMX tiles (`tdpbf16ps`) for bf16 and block-scaled fp8 `wkv` (CPUs
+    /// with AMX-TILE and AMX-BF16, AVX-512, and Linux granting the tile
+    /// data): each output summed chunk of 32 after chunk in the
+    /// instruction's order (see `amx/`), inputs and partial sums DAZ/FTZ;
+    /// other formats run as `Avx512`.
+    Amx,
 }
 
 impl Kernel {
-    /// The best kernel this CPU runs (`Avx512Bf16` only on AMD CPUs, where
-    /// it was measured faster than `Avx512`; see the module's notes).
+    /// The best kernel this CPU runs: `Amx` where the process may use the
+    /// tiles ([`amx_status`]), then `Avx512Bf16` only on AMD CPUs, where it
+    /// was measured faster than `Avx512` (see the module's notes).
     pub fn detect() -> Kernel {
-        [Kernel::Avx512Bf16, Kernel::Avx512, Kernel::Avx2]
-            .into_iter()
-            .filter(|&k| k != Kernel::Avx512Bf16 || cpu_is_amd())
-            .find(|k| k.supported())
-            .unwrap_or(Kernel::Portable)
+        [
+            Kernel::Amx,
+            Kernel::Avx512Bf16,
+            Kernel::Avx512,
+            Kernel::Avx2,
+        ]
+        .into_iter()
+        .filter(|&k| k != Kernel::Avx512Bf16 || cpu_is_amd())
+        .find(|k| k.supported())
+        .unwrap_or(Kernel::Portable)
     }
 
     /// Whether this CPU runs `self`.
@@ -86,22 +103,68 @@ impl Kernel {
             Kernel::Avx512Bf16 => {
                 Kernel::Avx512.supported() && std::arch::is_x86_feature_detected!("avx512bf16")
             }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => Kernel::Avx512.supported() && amx::status().is_ok(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
     }
 
-    /// A kernel by its name (`portable`, `avx2`, `avx512`, `avx512bf16`), as
-    /// benchmarks and tests name them.
+    /// A kernel by its name (`portable`, `avx2`, `avx512`, `avx512bf16`,
+    /// `amx`), as benchmarks and tests name them.
     pub fn from_name(name: &str) -> Option<Kernel> {
         match name.to_ascii_lowercase().as_str() {
             "portable" => Some(Kernel::Portable),
             "avx2" => Some(Kernel::Avx2),
             "avx512" => Some(Kernel::Avx512),
             "avx512bf16" => Some(Kernel::Avx512Bf16),
+            "amx" => Some(Kernel::Amx),
             _ => None,
         }
     }
+}
+
+/// Whether this process runs the `amx` kernel's tiles: `Ok`, or why not
+/// (no AMX on the CPU, the OS does not enable its state, or Linux refused
+/// the tile data). Asked once a process.
+pub fn amx_status() -> std::result::Result<(), String> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        amx::status().clone()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Err("not x86-64".to_string())
+    }
+}
+
+impl Kernel {
+    /// The kernel's name as `ENGRAM_CPU_KERNEL` spells it, NUL-terminated
+    /// (`engram_context_info`'s `cpu_kernel`).
+    pub fn c_name(self) -> &'static std::ffi::CStr {
+        match self {
+            Kernel::Portable => c"portable",
+            Kernel::Avx2 => c"avx2",
+            Kernel::Avx512 => c"avx512",
+            Kernel::Avx512Bf16 => c"avx512bf16",
+            Kernel::Amx => c"amx",
+        }
+    }
+}
+
+/// Why the `amx` kernel does not run here ([`amx_status`]) as a
+/// NUL-terminated string, or "" where it does (`engram_context_info`'s
+/// `cpu_kernel_note`); kept for the process.
+pub fn amx_note() -> &'static std::ffi::CStr {
+    static NOTE: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+    NOTE.get_or_init(|| {
+        let text = amx_status()
+            .err()
+            .map_or(String::new(), |why| format!("amx: {why}"));
+        // The reasons are ours, without NUL bytes; one would only shorten it.
+        let text = text.replace('\0', " ");
+        std::ffi::CString::new(text).unwrap_or_default()
+    })
 }
 
 /// Whether CPUID names AMD as the vendor.
@@ -144,6 +207,10 @@ pub fn cpu_features() -> String {
         );
         f.iter()
             .map(|(n, on)| format!("{}{}", n.trim_matches('"'), if *on { "+" } else { "-" }))
+            // AMX as the kernel sees it: the CPU's tiles and Linux's grant.
+            .chain(std::iter::once(
+                if amx_status().is_ok() { "amx+" } else { "amx-" }.to_string(),
+            ))
             .collect::<Vec<_>>()
             .join(" ")
     }
@@ -170,6 +237,8 @@ pub struct Projection {
     /// Leave the f32 sums unrounded (tests: the bf16 rounding would hide most
     /// changes of summation order).
     raw_sums: bool,
+    /// Run `Kernel::Amx`'s tiles in software (tests on CPUs without AMX).
+    amx_emulated: bool,
 }
 
 impl Projection {
@@ -181,6 +250,7 @@ impl Projection {
             pool: std::sync::RwLock::new(Self::pool(threads)?),
             kernel: Kernel::detect(),
             raw_sums: false,
+            amx_emulated: false,
         })
     }
 
@@ -225,6 +295,21 @@ impl Projection {
         } else {
             Kernel::Portable
         };
+        self.amx_emulated = false;
+    }
+
+    /// For tests on CPUs without AMX: `Kernel::Amx` with its tile
+    /// instructions emulated in software (the SDM's pseudocode), the
+    /// blocking, packing and order unchanged. Needs AVX-512 (the formats
+    /// AMX does not take run as `Avx512`); false (nothing changed) without.
+    #[doc(hidden)]
+    pub fn set_amx_emulated(&mut self) -> bool {
+        if !Kernel::Avx512.supported() {
+            return false;
+        }
+        self.kernel = Kernel::Amx;
+        self.amx_emulated = true;
+        true
     }
 
     /// For tests: return each output's f32 sum as it is, not rounded to bf16.
@@ -267,6 +352,8 @@ impl Projection {
             Kernel::Avx512 | Kernel::Avx512Bf16 => {
                 self.run_avx512(rows, n, k, w, &mut kvt, &sink)?
             }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => self.run_amx(rows, n, k, w, &mut kvt, &sink)?,
             _ => {
                 let mut xs = try_vec(n * k, 0f32, "the token rows")?;
                 for (x, &b) in xs.iter_mut().zip(rows) {
@@ -343,6 +430,42 @@ impl Projection {
         let bf16_dot = self.kernel == Kernel::Avx512Bf16;
         let run = x86::Avx512Run::new(rows, n, k, w, bf16_dot)?;
         self.tasks(n, kvt, sink, |lo, hi, out| run.task(w, lo, hi, out))
+    }
+}
+
+impl Projection {
+    /// The AMX kernel (`Kernel::Amx`): bf16 and fp8 `wkv` on tiles (the
+    /// tokens packed once, each task configuring its thread's tiles), any
+    /// other format as `Kernel::Avx512`.
+    #[cfg(target_arch = "x86_64")]
+    fn run_amx(
+        &self,
+        rows: &[u16],
+        n: usize,
+        k: usize,
+        w: Weights<'_>,
+        kvt: &mut [f32],
+        sink: &Sink,
+    ) -> Result<()> {
+        let src = match w {
+            Weights::Bf16(v) => amx::Src::Bf16(v),
+            Weights::Fp8Block(b) => amx::Src::Fp8(b),
+            _ => return self.run_avx512(rows, n, k, w, kvt, sink),
+        };
+        let x = amx::Packed::new(rows, n, k)?;
+        let emulated = self.amx_emulated;
+        self.tasks(n, kvt, sink, |lo, hi, out| {
+            if emulated {
+                // SAFETY: the emulation runs anywhere; `run` asserted that
+                // `w` holds `n_out >= hi` rows of `k`.
+                unsafe { amx::task(&mut amx::Emu::default(), src, &x, lo, hi, out) }
+            } else {
+                // SAFETY: `Kernel::Amx` is set only where `supported` (the
+                // CPU has AMX and Linux granted the tile data); the rows as
+                // above.
+                unsafe { amx::task(&mut amx::Hw, src, &x, lo, hi, out) }
+            }
+        })
     }
 }
 
@@ -423,6 +546,8 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -27,13 +27,34 @@ fn formats_for(k: usize, n_out: usize, w: &[u16], wf: &[f32]) -> Vec<(String, Ve
     out
 }
 
-/// Every kernel (one this CPU lacks runs as the portable one).
-const KERNELS: [Kernel; 4] = [
-    Kernel::Portable,
-    Kernel::Avx2,
-    Kernel::Avx512,
-    Kernel::Avx512Bf16,
+/// A kernel as the tests run it: one by name (one this CPU lacks runs as
+/// the portable one), or the AMX kernel on emulated tiles.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Run {
+    Named(Kernel),
+    AmxEmulated,
+}
+
+/// Every kernel, and the AMX kernel's driver on emulated tiles.
+const KERNELS: [Run; 6] = [
+    Run::Named(Kernel::Portable),
+    Run::Named(Kernel::Avx2),
+    Run::Named(Kernel::Avx512),
+    Run::Named(Kernel::Avx512Bf16),
+    Run::Named(Kernel::Amx),
+    Run::AmxEmulated,
 ];
+
+/// A projection on `threads` threads running `kernel`.
+fn projection(threads: usize, kernel: Run) -> Projection {
+    let mut p = Projection::new(threads).unwrap();
+    match kernel {
+        Run::Named(k) => p.set_kernel(k),
+        // Without AVX-512 it stays on the detected kernel.
+        Run::AmxEmulated => _ = p.set_amx_emulated(),
+    }
+    p
+}
 
 const QUANT: [EngramType; 7] = [
     EngramType::Q8_0,
@@ -86,8 +107,7 @@ fn results_do_not_depend_on_the_batch() {
             let weights = weights_of(&name, &bytes, k);
             for kernel in KERNELS {
                 let run = |threads: usize, lo: usize, hi: usize| {
-                    let mut p = Projection::new(threads).unwrap();
-                    p.set_kernel(kernel);
+                    let mut p = projection(threads, kernel);
                     p.set_raw_sums(true);
                     let mut kv = vec![0f32; (hi - lo) * n_out];
                     p.run(&rows[lo * k..hi * k], hi - lo, k, weights, n_out, &mut kv)
@@ -130,12 +150,10 @@ fn quantised_weights_match_their_f32_values_at_every_batch_size() {
             dequant_row_f32(f, &data[o * f.row_bytes(k)..(o + 1) * f.row_bytes(k)], r).unwrap();
         }
         for kernel in KERNELS {
-            let mut p = Projection::new(2).unwrap();
-            p.set_kernel(kernel);
+            let mut p = projection(2, kernel);
             p.set_raw_sums(true);
-            let mut p32 = Projection::new(2).unwrap();
+            let mut p32 = projection(2, kernel);
             p32.set_raw_sums(true);
-            p32.set_kernel(kernel);
             for (lo, hi) in [(0, 1), (2, 5), (1, 4), (0, 8), (0, n)] {
                 let mut a = vec![0f32; (hi - lo) * n_out];
                 let mut b = a.clone();
@@ -190,19 +208,10 @@ fn kernels_agree_with_f64_on_all_tile_shapes() {
     ] {
         let (rows, w) = data(n, k, n_out);
         let wf: Vec<f32> = w.iter().map(|&b| bf16_to_f32(b)).collect();
-        for (kernel, dense_f32) in [
-            (Kernel::Portable, false),
-            (Kernel::Avx2, false),
-            (Kernel::Avx512, false),
-            (Kernel::Avx512Bf16, false),
-            (Kernel::Portable, true),
-            (Kernel::Avx2, true),
-            (Kernel::Avx512, true),
-            (Kernel::Avx512Bf16, true),
-        ] {
+        let all = KERNELS.iter().flat_map(|&k| [(k, false), (k, true)]);
+        for (kernel, dense_f32) in all {
             for threads in [1, 2] {
-                let mut p = Projection::new(threads).unwrap();
-                p.set_kernel(kernel);
+                let p = projection(threads, kernel);
                 let mut kv = vec![0f32; n * n_out];
                 let weights = if dense_f32 {
                     Weights::F32(&wf)
@@ -254,12 +263,10 @@ fn quantised_decode_matches_f32_for_1_to_8_tokens_and_odd_sizes() {
                 dequant_row_f32(f, &data[o * f.row_bytes(k)..(o + 1) * f.row_bytes(k)], r).unwrap();
             }
             for kernel in KERNELS {
-                let mut p = Projection::new(1).unwrap();
-                p.set_kernel(kernel);
+                let mut p = projection(1, kernel);
                 p.set_raw_sums(true);
-                let mut p32 = Projection::new(1).unwrap();
+                let mut p32 = projection(1, kernel);
                 p32.set_raw_sums(true);
-                p32.set_kernel(kernel);
                 for n in 1..=8usize {
                     let x = &rows[..n * k];
                     let mut a = vec![0f32; n * n_out];
@@ -372,6 +379,96 @@ fn the_bf16_dot_kernel_gives_the_fma_kernels_bits() {
                     x.to_bits(),
                     y.to_bits(),
                     "n {n} output {i}: {x} vs {y} ({weights:?})"
+                );
+            }
+        }
+    }
+}
+
+/// The AMX kernel keeps a token's bits whatever its batch (1 to 600
+/// tokens, at the start, middle or end of the batch: whole B tiles, a
+/// 1-column tile, partial tiles) and thread count (1 to 4), for bf16 and
+/// block-scaled fp8 `wkv`, with outputs off whole tiles and K off whole
+/// chunks; emulated here, and on the instructions where the CPU has AMX.
+#[test]
+fn amx_tokens_keep_their_bits_across_batches_and_threads() {
+    let (n_all, n_out) = (600usize, 53usize);
+    for k in [128usize, 100] {
+        let (rows, w) = data(n_all, k, n_out);
+        let codes: Vec<u8> = (0..n_out * k)
+            .map(|i| (i * 37 % 251) as u8 & 0x7E)
+            .collect();
+        let n_sc = crate::formats::fp8_block::fp8_block_scale_len(n_out, k, 16, 32).unwrap();
+        let scales: Vec<u8> = (0..n_sc).map(|i| 122 + (i % 7) as u8).collect();
+        let fp8 = crate::formats::Fp8Blocks::new(&codes, &scales, k, 16, 32).unwrap();
+        let mut kernels = vec![Run::AmxEmulated];
+        if Kernel::Amx.supported() {
+            kernels.push(Run::Named(Kernel::Amx));
+        } else {
+            eprintln!("no AMX here: the instructions are not run");
+        }
+        for weights in [Weights::Bf16(&w), Weights::Fp8Block(fp8)] {
+            for &kernel in &kernels {
+                let run = |threads: usize, lo: usize, hi: usize| {
+                    let mut p = projection(threads, kernel);
+                    assert_eq!(p.kernel(), Kernel::Amx);
+                    p.set_raw_sums(true);
+                    let mut kv = vec![0f32; (hi - lo) * n_out];
+                    let x = &rows[lo * k..hi * k];
+                    p.run(x, hi - lo, k, weights, n_out, &mut kv).unwrap();
+                    kv
+                };
+                let all = run(1, 0, n_all);
+                for n in [1usize, 2, 15, 16, 17, 31, 33, 64, 255, 600] {
+                    for (threads, lo) in [(1, 0), (2, n_all - n), (3, (n_all - n) / 2), (4, 0)] {
+                        let got = run(threads, lo, lo + n);
+                        let want = &all[lo * n_out..(lo + n) * n_out];
+                        let same = got
+                            .iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{kernel:?} k {k} tokens {lo}..{}, {threads} threads",
+                            lo + n
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The AMX kernel's f32 sums (before the bf16 rounding) hold the bound
+/// docs/numerics.md derives for its order: a term passes through at most
+/// 16 roundings in its chunk's partial sum, 1 adding the two partial sums
+/// and one for each chunk added after it, so `|sum - exact| <= (ceil(K/32)
+/// + 17) u sum|x w|` with `u = 2^-24` (no subnormal value here), far inside
+/// the `(K + 2) u` every kernel is held to.
+#[test]
+fn amx_sums_hold_their_derived_bound() {
+    for &(n, k, n_out) in &[(3, 100, 7), (20, 1536, 37), (17, 64, 33), (1, 6144, 5)] {
+        let (rows, w) = data(n, k, n_out);
+        let mut p = projection(2, Run::AmxEmulated);
+        assert_eq!(p.kernel(), Kernel::Amx);
+        p.set_raw_sums(true);
+        let mut kv = vec![0f32; n * n_out];
+        p.run(&rows, n, k, Weights::Bf16(&w), n_out, &mut kv)
+            .unwrap();
+        let depth = (k.div_ceil(32) + 17) as f64;
+        for t in 0..n {
+            for o in 0..n_out {
+                let (mut s, mut a) = (0f64, 0f64);
+                for i in 0..k {
+                    let x = bf16_to_f32(rows[t * k + i]) as f64 * bf16_to_f32(w[o * k + i]) as f64;
+                    s += x;
+                    a += x.abs();
+                }
+                let got = kv[t * n_out + o] as f64;
+                let bound = depth * a / (1u64 << 24) as f64;
+                assert!(
+                    (got - s).abs() <= bound,
+                    "n {n} k {k} t {t} o {o}: {got} vs {s} (bound {bound})"
                 );
             }
         }
