@@ -103,6 +103,8 @@ outputs + all-gather), each giving engram_apply's bits. The CPU backend.",
         &[
             "engram_context_set_shard",
             "engram_shard_held",
+            "engram_shard_bytes",
+            "engram_context_memory",
             "engram_gather_rows",
             "engram_apply_rows",
             "engram_kv_columns",
