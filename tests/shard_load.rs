@@ -200,3 +200,57 @@ fn a_shard_loaded_from_files_cannot_be_widened_but_rows_can_move() {
     assert_eq!(after.held_outs, before.held_outs);
     assert_eq!(after.held_rows.1, after.rows);
 }
+
+/// On the CUDA backend (the SIMT emulation here, the GPU where there is
+/// one) a loader's `wkv` is copied to the device at create: a shard context
+/// copies its part only. Device memory of a `wkv` shard against the whole
+/// context's, both from `tiny.gguf` (layers' `wkv` bf16 and f32), worlds
+/// 1..5: the whole's less the other ranks' `wkv` bytes (up to 256 bytes of
+/// allocation rounding per array).
+#[test]
+fn a_cuda_shard_context_copies_only_its_wkv_part_to_the_device() {
+    let Some(dev) = common::device::device() else {
+        return;
+    };
+    let mut o = cpu_gguf_options(0.0);
+    o.backend = engram::EngramBackend::Cuda as u32;
+    o.tuning.cuda.device = Some(dev.gpu.clone());
+    let whole_m = open("tiny.gguf", false, ShardSpec::WHOLE).unwrap();
+    let whole = whole_m.context(&o).unwrap();
+    let whole_dev = whole.info().device_bytes as i64;
+    let layers = whole.tables().layer_ids.clone();
+    let k_out = whole.kv_out() as i64;
+    // The wkv bytes of the outputs a context holds, from its held ranges and
+    // the whole layer's bytes per output (not from the shard's own count).
+    let part_bytes = |c: &engram::Context<'_>| -> i64 {
+        let per_out = |l: u32| whole.layer_held(l).unwrap().held_bytes.1 as i64 / k_out;
+        layers
+            .iter()
+            .map(|&l| {
+                let (o0, o1) = c.layer_held(l).unwrap().held_outs;
+                per_out(l) * (o1 - o0) as i64
+            })
+            .sum()
+    };
+    let whole_wkv = part_bytes(&whole);
+    for world in 1..=5u32 {
+        for rank in 0..world {
+            let spec = ShardSpec::new((0, 1), (rank, world)).unwrap();
+            let m = open("tiny.gguf", false, spec).unwrap();
+            // Opened as a shard, and a whole model's context cut by set_shard.
+            let loaded = m.context(&o).unwrap();
+            let cut = whole_m.context(&o).unwrap();
+            cut.set_shard(spec).unwrap();
+            for (how, c) in [("loaded", &loaded), ("set_shard", &cut)] {
+                let saved = whole_dev - c.info().device_bytes as i64;
+                let expect = whole_wkv - part_bytes(c);
+                assert!(world == 1 || expect > 0);
+                assert!(
+                    (saved - expect).abs() <= 512,
+                    "{how}, world {world} rank {rank}: the device holds {saved} bytes less than \
+                     the whole context's, expected {expect} (the other ranks' wkv)"
+                );
+            }
+        }
+    }
+}
