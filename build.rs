@@ -99,10 +99,12 @@ for engines that already call them.",
         "For engines that shard a layer across ranks (docs/sharding.md): a context \
 that holds a part of each layer, and the calls that take the layer apart where \
 the engine's collectives join it again (row ranges + all-reduce, heads or wkv \
-outputs + all-gather), each giving engram_apply's bits. The CPU backend.",
+outputs + all-gather), each giving engram_apply's bits. Both backends (on CUDA, device buffers on the engine's stream).",
         &[
             "engram_context_set_shard",
             "engram_shard_held",
+            "engram_shard_bytes",
+            "engram_context_memory",
             "engram_gather_rows",
             "engram_apply_rows",
             "engram_kv_columns",

@@ -633,8 +633,9 @@ enum engram_status engram_set_layer(struct engram_context *ctx,
 
  Layouts accepted (`struct_size`): the 0.2 layout, which ends after
  `mmap_tables` (`tables_dir` reads as NULL), the 0.3 layout, which ends
- after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), and the layout of this
- header.
+ after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), the layout that
+ ends after `device_cache_bytes` (the shard fields read as the whole
+ layer), and the layout of this header.
  */
 typedef struct engram_gguf_options {
   /*
@@ -716,6 +717,24 @@ typedef struct engram_gguf_options {
    this field.)
    */
   uint64_t device_cache_bytes;
+  /*
+   A shard context (docs/sharding.md "Shard contexts"): the context
+   holds part `shard_table_rank` of `shard_table_world` of every layer's
+   table rows and part `shard_wkv_rank` of `shard_wkv_world` of `wkv`'s
+   outputs, as `engram_context_set_shard` makes it, and the loader reads
+   (and converts) only that part of `wkv` and its scales, so a rank's
+   memory for `wkv` is its share (`engram_context_memory`); table rows
+   are read only when gathered, only the rank's. A later
+   `engram_context_set_shard` may narrow the part but not leave it.
+   `(0, 1, 0, 1)` (the default): the whole layer. A world of 0 or a rank
+   not below its world is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` at create.
+   (A struct from an older header ends before these fields: the whole
+   layer.)
+   */
+  uint32_t shard_table_rank;
+  uint32_t shard_table_world;
+  uint32_t shard_wkv_rank;
+  uint32_t shard_wkv_world;
 } engram_gguf_options;
 
 /*
@@ -769,8 +788,9 @@ enum engram_status engram_create_from_gguf(const char *path,
 
  Layouts accepted (`struct_size`): the 0.3 layout (the struct is new in
  0.3), which ends after `mmap_tables` (`row_cache_bytes` and
- `device_cache_bytes` read as 0), and
- the layout of this header.
+ `device_cache_bytes` read as 0), the layout that ends after
+ `device_cache_bytes` (the shard fields read as the whole layer), and the
+ layout of this header.
  */
 typedef struct engram_safetensors_options {
   /*
@@ -840,6 +860,24 @@ typedef struct engram_safetensors_options {
    header ends before this field.)
    */
   uint64_t device_cache_bytes;
+  /*
+   A shard context (docs/sharding.md "Shard contexts"): the context
+   holds part `shard_table_rank` of `shard_table_world` of every layer's
+   table rows and part `shard_wkv_rank` of `shard_wkv_world` of `wkv`'s
+   outputs, as `engram_context_set_shard` makes it, and the loader reads
+   (and converts) only that part of `wkv` and its scales, so a rank's
+   memory for `wkv` is its share (`engram_context_memory`); table rows
+   are read only when gathered, only the rank's. A later
+   `engram_context_set_shard` may narrow the part but not leave it.
+   `(0, 1, 0, 1)` (the default): the whole layer. A world of 0 or a rank
+   not below its world is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` at create.
+   (A struct from an older header ends before these fields: the whole
+   layer.)
+   */
+  uint32_t shard_table_rank;
+  uint32_t shard_table_world;
+  uint32_t shard_wkv_rank;
+  uint32_t shard_wkv_world;
 } engram_safetensors_options;
 
 /*
@@ -1409,6 +1447,43 @@ enum engram_status engram_shard_held(struct engram_context *ctx,
                                      uint64_t *row_end,
                                      uint64_t *out_begin,
                                      uint64_t *out_end);
+
+/*
+ What `ctx` holds of layer `layer_id`, in bytes: `*table_bytes`, the
+ table rows it holds (`engram_shard_held`'s `[row_begin, row_end)`: their
+ codes and, for the split fp8 format, their scales) and `*wkv_bytes`, the
+ `wkv` outputs it holds (with a block fp8 `wkv`'s scales for them): a
+ rank's share of the layer. These bytes are read from wherever the
+ arrays are (the engine's memory, a mapped file, or a file with `pread`
+ row by row); what the context itself allocated is `engram_context_memory`.
+ Each out pointer may be NULL. A layer whose weights were never set is
+ `ENGRAM_STATUS_ERR_NO_WEIGHTS`; on error nothing is written.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_shard_bytes(struct engram_context *ctx,
+                                      uint32_t layer_id,
+                                      uint64_t *table_bytes,
+                                      uint64_t *wkv_bytes);
+
+/*
+ Host memory `ctx` owns, in bytes: `*loaded_bytes`, what the loader
+ (`engram_create_from_gguf`, `engram_create_from_safetensors`) read or
+ converted into memory the context owns (with `mmap_tables = 0`: every
+ layer's `wkv` as the context holds it (a shard context's part only),
+ `q` and `k`; with `mmap_tables = 1` only weights converted at load; plus
+ the headers and the token map; 0 for `engram_create`), and
+ `*context_bytes`, the context's own structures (the hash tables, the
+ history and its scratch, the backend's host copies such as `q * k`).
+ Neither counts table rows, which stay in their file or the engine's
+ memory, nor a row cache (`engram_cache_stats_read`). Each out pointer may
+ be NULL.
+
+ `ctx` as in `engram_free`.
+ */
+enum engram_status engram_context_memory(struct engram_context *ctx,
+                                         uint64_t *loaded_bytes,
+                                         uint64_t *context_bytes);
 
 /*
  The rows a shard owns: for the host `row_ids` of `n_tokens` tokens

@@ -283,11 +283,14 @@ pub fn live_ids(
 /// The checks of `set_layer`, in the order a C caller meets them: the
 /// table's format, its pointer and size; `wkv`'s type, pointer, alignment and
 /// size; the same for `q` and `k`; then that the table covers every row the
-/// hash can produce. Returns the layer with its regions sized.
+/// hash can produce. Returns the layer with its regions sized. `wkv_outs`:
+/// the outputs `[o0, o1)` that `w.wkv` and its scales hold (`(0, k_out)`:
+/// the whole `wkv`; a part is what a loader read for a shard).
 pub fn check_layer<'w>(
     shape: &Shape,
     rows_needed: u64,
     w: LayerIn<'w>,
+    wkv_outs: (usize, usize),
 ) -> Result<CheckedLayer<'w>> {
     let g = shape.geo;
     let layer_id = w.layer_id;
@@ -298,16 +301,24 @@ pub fn check_layer<'w>(
     let sizes = TableSizes { layer_id, rows };
     let (source, table) = table_codes(w.table.source, &sizes, rb)?;
     let (scales, scales_bytes) = table_scales(w.table.scales, &sizes, format, scale_rb)?;
+    let (o0, o1) = wkv_outs;
+    if o0 > o1 || o1 > shape.k_out {
+        bail!(
+            ErrInvalidArgument,
+            "layer {layer_id}: wkv outputs [{o0}, {o1}) are not a range of [0, {})",
+            shape.k_out
+        );
+    }
     let (wkv_type, wkv_bytes, wkv) = weight(
         layer_id,
         w.wkv,
         w.wkv_type,
-        (shape.k_out, shape.k_in),
+        (o1 - o0, shape.k_in),
         true,
         "weights.wkv",
     )?;
     let (wkv_scales, wkv_block, wkv_scales_bytes) =
-        wkv_scales(wkv_type, w.wkv_scales, w.wkv_block, shape)?;
+        wkv_scales(wkv_type, w.wkv_scales, w.wkv_block, shape, wkv_outs)?;
     let (qk_type, qk_bytes, q) = weight(layer_id, w.q, w.qk_type, (g.hc, g.d), false, "weights.q")?;
     let (_, _, k) = weight(layer_id, w.k, w.qk_type, (g.hc, g.d), false, "weights.k")?;
     if rows < rows_needed {
@@ -327,6 +338,7 @@ pub fn check_layer<'w>(
         wkv_type,
         wkv_scales,
         wkv_block,
+        wkv_outs,
         q,
         k,
         qk_type,
@@ -467,6 +479,7 @@ fn wkv_scales<'w>(
     scales: Option<Region<'w>>,
     (br, bc): (u32, u32),
     shape: &Shape,
+    (o0, o1): (usize, usize),
 ) -> Result<(Option<Region<'w>>, (usize, usize), usize)> {
     let fp8 = EngramType::Fp8E4m3E8m0Block;
     if ty != fp8 {
@@ -497,7 +510,13 @@ fn wkv_scales<'w>(
             fp8.name()
         ),
     };
-    let n = crate::formats::fp8_block::fp8_block_scale_len(shape.k_out, shape.k_in, br, bc)
+    if o0 % br != 0 || (o1 % br != 0 && o1 != shape.k_out) {
+        bail!(
+            ErrInvalidArgument,
+            "wkv outputs [{o0}, {o1}) do not start and end at whole {br}-row scale blocks"
+        );
+    }
+    let n = crate::formats::fp8_block::fp8_block_scale_len(o1 - o0, shape.k_in, br, bc)
         .ok_or_else(|| {
             Error::new(
                 EngramStatus::ErrInvalidArgument,

@@ -179,6 +179,9 @@ pub struct CheckedLayer<'w> {
     /// and `(0, 0)` otherwise. Their values are checked by the backend.
     pub wkv_scales: Option<Region<'w>>,
     pub wkv_block: (usize, usize),
+    /// The outputs `[o0, o1)` of `D*(hc+1)` that `wkv` (and its scales)
+    /// hold: all of them unless a loader read only a shard's part.
+    pub wkv_outs: (usize, usize),
     pub q: Region<'w>,
     pub k: Region<'w>,
     pub qk_type: EngramType,

@@ -21,7 +21,7 @@ use std::sync::{Mutex, RwLock};
 
 mod shard;
 mod shard_device;
-pub use shard::{split_type, ShardSpec, SplitIn, SplitOut};
+pub use shard::{split_type, wkv_part, ShardSpec, SplitIn, SplitOut};
 
 /// Choices that tests and benchmarks make; engines keep the defaults. Each
 /// backend owns its part; the context hands it over unread.
@@ -61,6 +61,9 @@ pub struct LayerInfo {
     pub held_rows: (u64, u64),
     /// The `wkv` outputs it holds, `[begin, end)` of `D*(hc+1)`.
     pub held_outs: (usize, usize),
+    /// Bytes of the held rows of the table (codes and, split fp8, scales)
+    /// and of the held outputs of `wkv` (and its block scales).
+    pub held_bytes: (u64, u64),
 }
 
 pub struct Context<'w> {
@@ -431,8 +434,16 @@ impl<'w> Context<'w> {
 
     /// Register (or replace) one layer's weights (borrowed for `'w`).
     pub fn set_layer(&self, w: LayerIn<'w>) -> Result<()> {
+        self.set_layer_part(w, (0, self.shape.k_out))
+    }
+
+    /// [`Context::set_layer`] with a `wkv` (and its scales) that holds only
+    /// outputs `wkv_outs` (`[o0, o1)`): what a loader read for a shard
+    /// ([`Context::set_shard`] first). The context's shard must lie inside
+    /// them, now and at any later `set_shard`.
+    pub fn set_layer_part(&self, w: LayerIn<'w>, wkv_outs: (usize, usize)) -> Result<()> {
         let li = layer_index(&self.tables.layer_ids, w.layer_id)?;
-        let checked = check_layer(&self.shape, self.tables.rows_needed[li], w)?;
+        let checked = check_layer(&self.shape, self.tables.rows_needed[li], w, wkv_outs)?;
         let mut layers = self.layers.write().unwrap_or_else(|p| p.into_inner());
         let spec = *self.shard.lock().unwrap_or_else(|p| p.into_inner());
         let (held, info) = shard::cut(&self.shape, &checked, spec)?;

@@ -214,6 +214,11 @@ class Context:
             elif k in ("config_json", "tokenizer_json", "tables_dir"):
                 v = _path(v)
                 keep.append(v)
+            elif k in ("shard_table", "shard_wkv"):
+                rank, world = v
+                setattr(opts, f"{k}_rank", rank)
+                setattr(opts, f"{k}_world", world)
+                continue
             setattr(opts, k, v)
 
     @classmethod
@@ -232,6 +237,8 @@ class Context:
         tokenizer_json: Optional[PathLike] = None,
         mmap_tables: Optional[bool] = None,
         tables_dir: Optional[PathLike] = None,
+        shard_table: Optional[Tuple[int, int]] = None,
+        shard_wkv: Optional[Tuple[int, int]] = None,
     ) -> "Context":
         """A context from a GGUF file (``engram_create_from_gguf``).
 
@@ -239,13 +246,17 @@ class Context:
         ``None`` keeps the library's default (CPU, the file's eps, 4096
         tokens, 64 sequences, 131072 positions, one thread, pread tables).
         ``backend`` is ``"cpu"``, ``"cuda"`` or a :class:`Backend`.
+        ``shard_table=(rank, world)`` and ``shard_wkv=(rank, world)`` make a
+        shard context that loads only its part of ``wkv`` (the
+        ``shard_*`` fields; docs/sharding.md "Shard contexts").
         """
         opts = _init(S.engram_gguf_options, "engram_gguf_options_init_sized")
         keep: List[Any] = []
         cls._fill(opts, dict(backend=backend, device=device, eps=eps, max_tokens=max_tokens,
                              max_seqs=max_seqs, max_positions=max_positions, n_threads=n_threads,
                              config_json=config_json, tokenizer_json=tokenizer_json,
-                             mmap_tables=mmap_tables, tables_dir=tables_dir), keep)
+                             mmap_tables=mmap_tables, tables_dir=tables_dir, shard_table=shard_table,
+                             shard_wkv=shard_wkv), keep)
         out = CTX()
         _check(lib.engram_create_from_gguf(_path(path), ctypes.byref(opts), ctypes.byref(out)),
                "engram_create_from_gguf")
@@ -265,14 +276,18 @@ class Context:
         n_threads: Optional[int] = None,
         tokenizer_json: Optional[PathLike] = None,
         mmap_tables: Optional[bool] = None,
+        shard_table: Optional[Tuple[int, int]] = None,
+        shard_wkv: Optional[Tuple[int, int]] = None,
     ) -> "Context":
         """A context from the released checkpoint's directory
-        (``engram_create_from_safetensors``); keywords as ``engram_safetensors_options``."""
+        (``engram_create_from_safetensors``); keywords as ``engram_safetensors_options``
+        (``shard_table``, ``shard_wkv`` as in :meth:`from_gguf`)."""
         opts = _init(S.engram_safetensors_options, "engram_safetensors_options_init_sized")
         keep: List[Any] = []
         cls._fill(opts, dict(backend=backend, device=device, eps=eps, max_tokens=max_tokens,
                              max_seqs=max_seqs, max_positions=max_positions, n_threads=n_threads,
-                             tokenizer_json=tokenizer_json, mmap_tables=mmap_tables), keep)
+                             tokenizer_json=tokenizer_json, mmap_tables=mmap_tables, shard_table=shard_table,
+                             shard_wkv=shard_wkv), keep)
         out = CTX()
         _check(lib.engram_create_from_safetensors(_path(model_dir), ctypes.byref(opts), ctypes.byref(out)),
                "engram_create_from_safetensors")
@@ -569,7 +584,7 @@ class Context:
     def set_shard(self, table: Tuple[int, int] = (0, 1), wkv: Tuple[int, int] = (0, 1)) -> None:
         """Hold part ``rank`` of ``world`` of every layer's table rows
         (``table=(rank, world)``) and of ``wkv``'s outputs (``wkv=(rank,
-        world)``) from now on (``engram_context_set_shard``; CPU backend).
+        world)``) from now on (``engram_context_set_shard``).
         ``(0, 1)`` is the whole. The parts of ranks ``0..world`` tile the
         layer for any world size."""
         _check(lib.engram_context_set_shard(self._ctx(), table[0], table[1], wkv[0], wkv[1]),
@@ -581,6 +596,21 @@ class Context:
         v = [ctypes.c_uint64() for _ in range(4)]
         _check(lib.engram_shard_held(self._ctx(), layer_id, *[ctypes.byref(x) for x in v]), "engram_shard_held")
         return (v[0].value, v[1].value), (v[2].value, v[3].value)
+
+    def shard_bytes(self, layer_id: int) -> Tuple[int, int]:
+        """``(table_bytes, wkv_bytes)``: the bytes of layer ``layer_id``'s
+        table rows and ``wkv`` outputs this context holds (``engram_shard_bytes``)."""
+        v = [ctypes.c_uint64() for _ in range(2)]
+        _check(lib.engram_shard_bytes(self._ctx(), layer_id, *[ctypes.byref(x) for x in v]), "engram_shard_bytes")
+        return v[0].value, v[1].value
+
+    def memory(self) -> Tuple[int, int]:
+        """``(loaded_bytes, context_bytes)``: host memory the loader read or
+        converted for this context, and the context's own structures
+        (``engram_context_memory``)."""
+        v = [ctypes.c_uint64() for _ in range(2)]
+        _check(lib.engram_context_memory(self._ctx(), *[ctypes.byref(x) for x in v]), "engram_context_memory")
+        return v[0].value, v[1].value
 
     def heads(self) -> Tuple[int, int]:
         """``(H, N-1)``: hash heads per n-gram size and n-gram sizes (the

@@ -68,6 +68,8 @@ def _prototypes() -> Dict[str, Tuple[Any, List[Any]]]:
         "engram_free": (None, [CTX]),
         "engram_context_set_shard": (st, [CTX, c_uint32, c_uint32, c_uint32, c_uint32]),
         "engram_shard_held": (st, [CTX, c_uint32, ptr(c_uint64), ptr(c_uint64), ptr(c_uint64), ptr(c_uint64)]),
+        "engram_shard_bytes": (st, [CTX, c_uint32, ptr(c_uint64), ptr(c_uint64)]),
+        "engram_context_memory": (st, [CTX, ptr(c_uint64), ptr(c_uint64)]),
         "engram_gather_rows": (st, [CTX, c_uint32, c_uint32, c_void_p, c_size_t, c_uint64, c_uint64, c_uint32,
                                     c_uint32, c_void_p, c_size_t, c_uint32, c_void_p]),
         "engram_kv_columns": (st, [CTX, c_uint32, c_uint32, c_void_p, c_size_t, c_uint32, c_uint64, c_uint64,

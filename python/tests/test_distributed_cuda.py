@@ -57,7 +57,7 @@ from engram._context import _check, _init  # noqa: E402
 from engram._lib import S, lib  # noqa: E402
 
 from conftest import EPS, bf16, values  # noqa: E402
-from test_distributed import LAYOUTS, POS, SEQS, TOKENS, free_port, gather_padded, part  # noqa: E402
+from test_distributed import LAYOUTS, POS, SEQS, TOKENS, Traffic, free_port, gather_padded, part  # noqa: E402
 from test_golden import tiny_weights  # noqa: E402
 
 REQUIRED = os.environ.get("ENGRAM_REQUIRE_EMULATION") == "1"
@@ -153,25 +153,22 @@ def run_layout(emu, ref, m, weights, ids, rank, world, layout):
     collective assembled})`` (host copies; the rows ``[n, C*Hd]``, or for
     ``wkv`` the ``kv`` ``[n, D*(hc+1)]``, as f32)."""
     ctx = cuda_context(emu, m, weights)
-    if layout == "rows":
-        ctx.set_shard(table=(rank, world))
-    elif layout == "wkv":
-        ctx.set_shard(wkv=(rank, world))
+    table = (rank, world) if layout in ("rows", "both") else (0, 1)
+    ctx.set_shard(table=table, wkv=(rank, world) if layout in ("wkv", "both") else (0, 1))
     n, (d, hc, hd, cols) = len(TOKENS), (m["D"], m["hc"], m["Hd"], m["C"])
     nh, n1, k_in, k_out = m["H"], m["N"] - 1, cols * m["Hd"], d * (hc + 1)
     idp = (ids.ctypes.data, ids.size)
+    traffic = Traffic()
     out, joined = {}, {}
     for li, lid in enumerate(m["layer_ids"]):
         hw = emu.upload(ref["x"])
         hw_arg = (hw, ref["x"].nbytes, F32)
-        if layout == "rows":
+        if layout in ("rows", "both"):
             (r0, r1), _ = ctx.shard_held(lid)
             dev = emu.alloc(n * k_in * 4)
             ctx._gather_rows_raw(lid, idp, n, (r0, r1), (0, nh), (dev, n * k_in, F32))
             rows = torch.from_numpy(emu.download(dev, (n, k_in), np.float32))
-            dist.all_reduce(rows, op=dist.ReduceOp.SUM)
-            ctx._apply_rows_raw(lid, idp, n, (emu.upload(rows.numpy()), n * k_in, F32), hw_arg)
-            joined[lid] = rows.numpy()
+            traffic.all_reduce(rows)
         elif layout == "heads":
             h0, h1 = part(nh, rank, world)
             mine = torch.zeros((n, n1, h1 - h0, hd))
@@ -179,20 +176,21 @@ def run_layout(emu, ref, m, weights, ids, rank, world, layout):
                 dev = emu.alloc(mine.numel() * 4)
                 ctx._gather_rows_raw(lid, idp, n, (0, m["rows"][li]), (h0, h1), (dev, mine.numel(), F32))
                 mine = torch.from_numpy(emu.download(dev, tuple(mine.shape), np.float32))
-            parts = gather_padded(mine.permute(2, 0, 1, 3).contiguous(), world, -(-nh // world))
+            parts = gather_padded(mine.permute(2, 0, 1, 3).contiguous(), world, -(-nh // world), traffic)
             heads = [parts[r][: part(nh, r, world)[1] - part(nh, r, world)[0]] for r in range(world)]
             rows = torch.cat(heads, dim=0).permute(1, 2, 0, 3).contiguous().reshape(n, -1)
+        if layout in ("rows", "heads"):
             ctx._apply_rows_raw(lid, idp, n, (emu.upload(rows.numpy()), n * k_in, F32), hw_arg)
             joined[lid] = rows.numpy()
         else:
+            src = emu.upload(rows.numpy()) if layout == "both" else emu.upload(ref[f"rows{lid}"])
             _, (o0, o1) = ctx.shard_held(lid)
-            full = emu.upload(ref[f"rows{lid}"])
             dev = emu.alloc(n * (o1 - o0) * 4)
-            ctx._kv_columns_raw(lid, n, (full, n * k_in, F32), (o0, o1), (dev, n * (o1 - o0), F32))
+            ctx._kv_columns_raw(lid, n, (src, n * k_in, F32), (o0, o1), (dev, n * (o1 - o0), F32))
             kv = torch.from_numpy(emu.download(dev, (n, o1 - o0), np.float32))
-            parts = gather_padded(kv.t().contiguous(), world, k_out)
+            parts = gather_padded(kv.t().contiguous(), world, k_out, traffic)
             sizes = [torch.empty(1, dtype=torch.int64) for _ in range(world)]
-            dist.all_gather(sizes, torch.tensor([o1 - o0], dtype=torch.int64))
+            traffic.all_gather(sizes, torch.tensor([o1 - o0], dtype=torch.int64))
             kv_all = torch.cat([parts[r][: int(sizes[r])] for r in range(world)], dim=0).t().contiguous()
             ctx._gate_from_kv_raw(lid, idp, n, (emu.upload(kv_all.numpy()), n * k_out, F32), hw_arg)
             joined[lid] = kv_all.numpy()
@@ -247,9 +245,9 @@ def check_rank(emu, ref, m, weights, rank, world):
     for layout in LAYOUTS:
         got, joined = run_layout(emu, ref, m, weights, ids, rank, world, layout)
         bad[f"{layout}: highway == the whole cuda apply's"] = [lid for lid in lids if not same(got[lid], whole[lid])]
-        if layout == "wkv":
+        if layout in ("wkv", "both"):
             # bf16 values as f32: the high halves are read_back's kv (live tokens).
-            bad["wkv: joined kv == cuda read_back's"] = [
+            bad[f"{layout}: joined kv == cuda read_back's"] = [
                 lid for lid in lids
                 if (joined[lid].view(np.uint32) & 0xFFFF).any()
                 or not np.array_equal((joined[lid].view(np.uint32) >> 16)[live], back[lid][1][live])]

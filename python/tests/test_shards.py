@@ -41,9 +41,47 @@ def batch():
 
 
 def shard_ctx(table=(0, 1), wkv=(0, 1)):
-    ctx = engram.Context.from_gguf(TINY_GGUF, eps=EPS)
-    ctx.set_shard(table=table, wkv=wkv)
-    return ctx
+    """A shard-only context: the loader reads only its part of wkv."""
+    return engram.Context.from_gguf(TINY_GGUF, eps=EPS, shard_table=table, shard_wkv=wkv)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_shard_contexts_load_only_their_share(batch, world):
+    inf = batch[0]
+    with engram.Context.from_gguf(TINY_GGUF, eps=EPS) as whole:
+        w_loaded, w_ctx = whole.memory()
+        w_bytes = {lay.layer_id: whole.shard_bytes(lay.layer_id) for lay in inf.layers}
+    rows = {lay.layer_id: lay.table_rows for lay in inf.layers}
+    ctxs = [shard_ctx(table=(r, world), wkv=(r, world)) for r in range(world)]
+    try:
+        for lid, (w_table, w_wkv) in w_bytes.items():
+            held = [c.shard_bytes(lid) for c in ctxs]
+            assert sum(t for t, _ in held) == w_table
+            assert sum(w for _, w in held) == w_wkv
+            for r, (t, w) in enumerate(held):
+                lo, hi = part(rows[lid], r, world)
+                assert t == w_table // rows[lid] * (hi - lo)
+        all_wkv = sum(w for _, w in w_bytes.values())
+        for c in ctxs:
+            loaded, ctx_bytes = c.memory()
+            mine = sum(c.shard_bytes(lid)[1] for lid in w_bytes)
+            # The loader read only this rank's wkv (owned arrays are 16-byte words).
+            assert abs((w_loaded - loaded) - (all_wkv - mine)) <= 64, (w_loaded, loaded, all_wkv, mine)
+            assert ctx_bytes == w_ctx
+    finally:
+        for c in ctxs:
+            c.close()
+
+
+def test_bad_shard_specs_at_load_raise():
+    for table, wkv in [((0, 0), (0, 1)), ((1, 1), (0, 1)), ((0, 1), (2, 2))]:
+        with pytest.raises(engram.EngramError) as ei:
+            engram.Context.from_gguf(TINY_GGUF, eps=EPS, shard_table=table, shard_wkv=wkv)
+        assert ei.value.status == engram.Status.ERR_INVALID_ARGUMENT and "shard" in ei.value.message
+    with shard_ctx(wkv=(0, 2)) as c:
+        with pytest.raises(engram.EngramError) as ei:
+            c.set_shard(wkv=(1, 2))
+        assert ei.value.status == engram.Status.ERR_INVALID_ARGUMENT
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -51,6 +51,12 @@ impl ShardSpec {
     }
 }
 
+impl Default for ShardSpec {
+    fn default() -> Self {
+        ShardSpec::WHOLE
+    }
+}
+
 /// Part `rank` of `world` of `0..total`: `[rank*total/world,
 /// (rank+1)*total/world)`, rounded down; the parts of `0..world` tile
 /// `0..total` in order (any world, whether it divides `total` or not).
@@ -73,15 +79,34 @@ fn sub_source<'w>(src: &TableSource<'w>, start: u64, bytes: u64) -> Result<Table
 /// The outputs of `wkv` that part `rank` of `world` holds: whole scale
 /// blocks of a block-scaled fp8 `wkv` (so each part reads its own scales),
 /// single outputs otherwise.
-fn held_outs(shape: &Shape, l: &CheckedLayer<'_>, (rank, world): (u32, u32)) -> (usize, usize) {
-    let unit = match l.wkv_type {
-        EngramType::Fp8E4m3E8m0Block => l.wkv_block.0.max(1),
-        _ => 1,
+fn held_outs(shape: &Shape, l: &CheckedLayer<'_>, rw: (u32, u32)) -> (usize, usize) {
+    let block = match l.wkv_type {
+        EngramType::Fp8E4m3E8m0Block => Some(l.wkv_block.0),
+        _ => None,
     };
-    let blocks = shape.k_out.div_ceil(unit) as u64;
+    wkv_part(shape.k_out, block, rw)
+}
+
+/// The outputs `[o0, o1)` of a `wkv` with `k_out` outputs that part `rank`
+/// of `world` holds: whole blocks of `block_rows` outputs for a block-scaled
+/// fp8 `wkv` (`Some`), single outputs otherwise (`None`). What a loader
+/// reads of `wkv` for a shard, and what the context then holds.
+pub fn wkv_part(
+    k_out: usize,
+    block_rows: Option<usize>,
+    (rank, world): (u32, u32),
+) -> (usize, usize) {
+    let unit = block_rows.unwrap_or(1).max(1);
+    let blocks = k_out.div_ceil(unit) as u64;
     let (b0, b1) = part(blocks, rank, world);
-    let o = |b: u64| (b as usize * unit).min(shape.k_out);
+    let o = |b: u64| (b as usize * unit).min(k_out);
     (o(b0), o(b1))
+}
+
+/// The bytes of a layer's table arrays and of its `wkv` arrays.
+fn held_bytes(l: &CheckedLayer<'_>) -> (u64, u64) {
+    let b = &l.bytes;
+    (b.table + b.scales, (b.wkv + b.wkv_scales) as u64)
 }
 
 /// Layer `whole` cut to what `spec` holds, and what the context then knows
@@ -93,15 +118,16 @@ pub fn cut<'w>(
 ) -> Result<(CheckedLayer<'w>, LayerInfo)> {
     let (r0, r1) = part(whole.rows, spec.table.0, spec.table.1);
     let (o0, o1) = held_outs(shape, whole, spec.wkv);
-    let info = LayerInfo {
+    let mut info = LayerInfo {
         rows: whole.rows,
         table_type: whole.format,
         wkv_type: whole.wkv_type,
         qk_type: whole.qk_type,
         held_rows: (r0, r1),
         held_outs: (o0, o1),
+        held_bytes: held_bytes(whole),
     };
-    if spec == ShardSpec::WHOLE {
+    if spec == ShardSpec::WHOLE && whole.wkv_outs == (0, shape.k_out) {
         return Ok((whole.clone(), info));
     }
     let mut held = whole.clone();
@@ -114,16 +140,33 @@ pub fn cut<'w>(
         held.bytes.scales = n * srb as u64;
     }
     held.rows = n;
-    let per_out = whole.bytes.wkv / shape.k_out;
-    held.wkv = whole.wkv.sub(o0 * per_out, (o1 - o0) * per_out)?;
+    let base = whole.wkv_outs;
+    if o0 < base.0 || o1 > base.1 {
+        bail!(
+            ErrInvalidArgument,
+            "layer {}: the shard holds wkv outputs [{o0}, {o1}), but this context was given \
+             only outputs [{}, {}) of {} (a loader's shard spec: open the model again for \
+             another part)",
+            whole.layer_id,
+            base.0,
+            base.1,
+            shape.k_out
+        );
+    }
+    let per_out = whole.bytes.wkv / (base.1 - base.0).max(1);
+    held.wkv = whole
+        .wkv
+        .sub((o0 - base.0) * per_out, (o1 - o0) * per_out)?;
     held.bytes.wkv = (o1 - o0) * per_out;
+    held.wkv_outs = (o0, o1);
     if let Some(sc) = whole.wkv_scales {
         let (br, bc) = whole.wkv_block;
         let cols = shape.k_in.div_ceil(bc);
-        let (b0, b1) = (o0 / br, o1.div_ceil(br));
+        let (b0, b1) = (o0 / br - base.0 / br, o1.div_ceil(br) - base.0 / br);
         held.wkv_scales = Some(sc.sub(b0 * cols, (b1 - b0) * cols)?);
         held.bytes.wkv_scales = (b1 - b0) * cols;
     }
+    info.held_bytes = held_bytes(&held);
     Ok((held, info))
 }
 

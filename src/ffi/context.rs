@@ -18,7 +18,7 @@ pub struct EngramContext {
     inner: Context<'static>,
     /// What `inner` borrows when the library loaded it (a GGUF file or a
     /// safetensors checkpoint: mappings, files, owned weights); dropped after `inner`.
-    _owner: Option<Box<crate::gguf::LoadedModel>>,
+    owner: Option<Box<crate::gguf::LoadedModel>>,
     /// Calls in flight on this handle: every export that takes a context
     /// enters through [`ctx`] and leaves when its guard drops.
     calls: AtomicUsize,
@@ -35,7 +35,7 @@ impl EngramContext {
     ) -> EngramContext {
         EngramContext {
             inner,
-            _owner: owner,
+            owner,
             calls: AtomicUsize::new(0),
             freeing: AtomicBool::new(false),
         }
@@ -46,6 +46,14 @@ impl EngramContext {
 /// `engram_free` waits for it) until dropped.
 pub(crate) struct Entered<'a> {
     handle: &'a EngramContext,
+}
+
+impl Entered<'_> {
+    /// Host bytes the loader that made this context read or converted into
+    /// memory the context owns (0 for a context over the engine's arrays).
+    pub(crate) fn loaded_bytes(&self) -> usize {
+        self.handle.owner.as_ref().map_or(0, |m| m.owned_bytes())
+    }
 }
 
 impl std::ops::Deref for Entered<'_> {

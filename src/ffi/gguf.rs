@@ -4,6 +4,7 @@ use super::boundary::{give_object, non_null, path_arg, read_options, write_optio
 use super::context::EngramContext;
 use crate::backend::EngramBackend;
 use crate::batch::Limits;
+use crate::context::ShardSpec;
 use crate::error::{bail, EngramStatus, Result};
 use crate::gguf::{GgufOptions, LoadOptions, LoadedModel};
 use crate::tables::{EngramTables, TokenMap};
@@ -14,8 +15,9 @@ use std::ffi::c_char;
 ///
 /// Layouts accepted (`struct_size`): the 0.2 layout, which ends after
 /// `mmap_tables` (`tables_dir` reads as NULL), the 0.3 layout, which ends
-/// after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), and the layout of this
-/// header.
+/// after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), the layout that
+/// ends after `device_cache_bytes` (the shard fields read as the whole
+/// layer), and the layout of this header.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramGgufOptions {
@@ -76,14 +78,32 @@ pub struct EngramGgufOptions {
     /// ignored by the CPU backend). (A struct from a 0.3 header ends before
     /// this field.)
     pub device_cache_bytes: u64,
+    /// A shard context (docs/sharding.md "Shard contexts"): the context
+    /// holds part `shard_table_rank` of `shard_table_world` of every layer's
+    /// table rows and part `shard_wkv_rank` of `shard_wkv_world` of `wkv`'s
+    /// outputs, as `engram_context_set_shard` makes it, and the loader reads
+    /// (and converts) only that part of `wkv` and its scales, so a rank's
+    /// memory for `wkv` is its share (`engram_context_memory`); table rows
+    /// are read only when gathered, only the rank's. A later
+    /// `engram_context_set_shard` may narrow the part but not leave it.
+    /// `(0, 1, 0, 1)` (the default): the whole layer. A world of 0 or a rank
+    /// not below its world is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` at create.
+    /// (A struct from an older header ends before these fields: the whole
+    /// layer.)
+    pub shard_table_rank: u32,
+    pub shard_table_world: u32,
+    pub shard_wkv_rank: u32,
+    pub shard_wkv_world: u32,
 }
 
 /// The `engram_gguf_options` layouts this library reads: the 0.2 one, which
 /// ends before `tables_dir`, the 0.3 one, which ends before
-/// `row_cache_bytes`, and today's.
+/// `row_cache_bytes`, one that ends before the shard fields, and
+/// today's.
 const GGUF_OPTIONS_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramGgufOptions, tables_dir),
     std::mem::offset_of!(EngramGgufOptions, row_cache_bytes),
+    std::mem::offset_of!(EngramGgufOptions, shard_table_rank),
     size_of::<EngramGgufOptions>(),
 ];
 
@@ -108,6 +128,10 @@ impl Default for EngramGgufOptions {
             tables_dir: std::ptr::null(),
             row_cache_bytes: 0,
             device_cache_bytes: 0,
+            shard_table_rank: 0,
+            shard_table_world: 1,
+            shard_wkv_rank: 0,
+            shard_wkv_world: 1,
         }
     }
 }
@@ -167,6 +191,10 @@ pub extern "C" fn engram_create_from_gguf(
             "options",
         )?;
         non_null(out, "out")?;
+        let shard = ShardSpec::new(
+            (o.shard_table_rank, o.shard_table_world),
+            (o.shard_wkv_rank, o.shard_wkv_world),
+        )?;
         let mut opts = context_options(
             o.backend,
             o.device,
@@ -186,6 +214,7 @@ pub extern "C" fn engram_create_from_gguf(
             companion: companion.as_ref(),
             tokenizer: tokenizer.as_ref(),
             tables_dir,
+            shard,
         };
         let model = Box::new(LoadedModel::open(p, &lo)?);
         give_context(out, model, &opts, o.device_cache_bytes)

@@ -106,13 +106,74 @@ pub extern "C" fn engram_shard_held(
             (out_begin, info.held_outs.0 as u64),
             (out_end, info.held_outs.1 as u64),
         ];
-        for (p, v) in vals {
-            if !p.is_null() {
-                slice_mut(p, 1, "out")?[0] = v;
-            }
-        }
-        Ok(())
+        write_each(&vals)
     })
+}
+
+/// What `ctx` holds of layer `layer_id`, in bytes: `*table_bytes`, the
+/// table rows it holds (`engram_shard_held`'s `[row_begin, row_end)`: their
+/// codes and, for the split fp8 format, their scales) and `*wkv_bytes`, the
+/// `wkv` outputs it holds (with a block fp8 `wkv`'s scales for them): a
+/// rank's share of the layer. These bytes are read from wherever the
+/// arrays are (the engine's memory, a mapped file, or a file with `pread`
+/// row by row); what the context itself allocated is `engram_context_memory`.
+/// Each out pointer may be NULL. A layer whose weights were never set is
+/// `ENGRAM_STATUS_ERR_NO_WEIGHTS`; on error nothing is written.
+///
+/// `ctx` as in `engram_free`.
+#[no_mangle]
+pub extern "C" fn engram_shard_bytes(
+    ctx: *mut EngramContext,
+    layer_id: u32,
+    table_bytes: *mut u64,
+    wkv_bytes: *mut u64,
+) -> EngramStatus {
+    ffi_boundary!({
+        let info = self::ctx(ctx)?.layer_held(layer_id)?;
+        write_each(&[
+            (table_bytes, info.held_bytes.0),
+            (wkv_bytes, info.held_bytes.1),
+        ])
+    })
+}
+
+/// Host memory `ctx` owns, in bytes: `*loaded_bytes`, what the loader
+/// (`engram_create_from_gguf`, `engram_create_from_safetensors`) read or
+/// converted into memory the context owns (with `mmap_tables = 0`: every
+/// layer's `wkv` as the context holds it (a shard context's part only),
+/// `q` and `k`; with `mmap_tables = 1` only weights converted at load; plus
+/// the headers and the token map; 0 for `engram_create`), and
+/// `*context_bytes`, the context's own structures (the hash tables, the
+/// history and its scratch, the backend's host copies such as `q * k`).
+/// Neither counts table rows, which stay in their file or the engine's
+/// memory, nor a row cache (`engram_cache_stats_read`). Each out pointer may
+/// be NULL.
+///
+/// `ctx` as in `engram_free`.
+#[no_mangle]
+pub extern "C" fn engram_context_memory(
+    ctx: *mut EngramContext,
+    loaded_bytes: *mut u64,
+    context_bytes: *mut u64,
+) -> EngramStatus {
+    ffi_boundary!({
+        let c = self::ctx(ctx)?;
+        let vals = [
+            (loaded_bytes, c.loaded_bytes() as u64),
+            (context_bytes, c.memory_bytes() as u64),
+        ];
+        write_each(&vals)
+    })
+}
+
+/// Write each value to its pointer, skipping NULL ones.
+fn write_each(vals: &[(*mut u64, u64)]) -> Result<()> {
+    for &(p, v) in vals {
+        if !p.is_null() {
+            slice_mut(p, 1, "out")?[0] = v;
+        }
+    }
+    Ok(())
 }
 
 /// The rows a shard owns: for the host `row_ids` of `n_tokens` tokens

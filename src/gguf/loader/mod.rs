@@ -34,7 +34,7 @@ use super::meta::{Blob, EngramModel, TableBlobs, WeightBlob, WeightSource};
 use super::shards::GgufSet;
 use crate::backend::{LayerIn, TableIn, TableSource};
 use crate::batch::{Geometry, Limits};
-use crate::context::{Context, ContextConfig, Tuning};
+use crate::context::{wkv_part, Context, ContextConfig, ShardSpec, Tuning};
 use crate::error::{bail, Error, Result};
 use crate::files::{self, AlignedBuf};
 use crate::formats::{bf16_to_f32, f32_to_bf16, EngramType};
@@ -50,6 +50,29 @@ mod convert;
 mod external;
 use convert::convert_f16;
 use external::{external_table, find_external};
+
+/// Rows `[r0, r1)` of a weight blob of `rows` rows (`part`): the blob itself
+/// when that is all of it; a blob whose bytes are not `rows` equal rows is
+/// `ErrFormat`.
+fn rows_of(b: &Blob, ((r0, r1), rows): ((usize, usize), usize)) -> Result<Blob> {
+    if (r0, r1) == (0, rows) {
+        return Ok(b.clone());
+    }
+    let per = b.bytes / rows.max(1) as u64;
+    if per * rows as u64 != b.bytes || r0 > r1 || r1 > rows {
+        bail!(
+            ErrFormat,
+            "{}: {} bytes are not {rows} equal rows to read rows [{r0}, {r1}) of",
+            b.name,
+            b.bytes
+        );
+    }
+    Ok(Blob {
+        offset: b.offset + r0 as u64 * per,
+        bytes: (r1 - r0) as u64 * per,
+        ..b.clone()
+    })
+}
 
 /// Options of [`LoadedModel::context`] (the C options structs carry the same).
 #[derive(Clone, Debug)]
@@ -82,6 +105,11 @@ pub struct LoadOptions<'a> {
     pub tokenizer: Option<&'a TokenMap>,
     /// Where tables outside the GGUF file are (the checkpoint directory).
     pub tables_dir: Option<&'a Path>,
+    /// The part of every layer the contexts over this model hold
+    /// (docs/sharding.md "Shard contexts"): `wkv` (and its scales) is read
+    /// and converted only for the shard's outputs, and every context is a
+    /// shard context of this spec. `ShardSpec::WHOLE` (the default): all.
+    pub shard: ShardSpec,
 }
 
 /// A file the model's data is read from, besides the GGUF set.
@@ -114,6 +142,8 @@ struct LoadedWeight {
 }
 
 struct LoadedLayer {
+    /// The outputs `[o0, o1)` of `wkv` read (all but for a shard).
+    wkv_outs: (usize, usize),
     wkv: LoadedWeight,
     q: LoadedWeight,
     k: LoadedWeight,
@@ -132,6 +162,8 @@ pub struct LoadedModel {
     layers: Vec<LoadedLayer>,
     /// The RMS epsilon the files state ([`file_eps`]), if they do.
     pub eps: Option<f32>,
+    /// The part of every layer read ([`LoadOptions::shard`]).
+    pub shard: ShardSpec,
 }
 
 /// A model's files read but not checked ([`LoadedModel::inspect`]).
@@ -298,6 +330,7 @@ impl LoadedModel {
             model,
             layers: Vec::new(),
             eps,
+            shard: o.shard,
         };
         m.load_weights()?;
         Ok(m)
@@ -338,6 +371,7 @@ impl LoadedModel {
                 model,
                 layers: Vec::new(),
                 eps,
+                shard: o.shard,
             },
         })
     }
@@ -361,6 +395,7 @@ impl LoadedModel {
             model: ck.model,
             layers: Vec::new(),
             eps: ck.eps,
+            shard: o.shard,
         })
     }
 
@@ -499,28 +534,50 @@ impl LoadedModel {
         }
     }
 
-    /// Prepare every layer's `wkv`, `q` and `k` for the context.
+    /// Prepare every layer's `wkv` (the shard's outputs only), `q` and `k`
+    /// for the context.
     fn load_weights(&mut self) -> Result<()> {
-        let mut layers = Vec::with_capacity(self.model.layers.len());
-        for l in &self.model.layers {
+        let m = &self.model;
+        let k_out = m.d * (m.hc + 1);
+        let mut layers = Vec::with_capacity(m.layers.len());
+        for l in &m.layers {
             let at =
                 |e: Error| Error::new(e.status, format!("layer {}: {}", l.layer_id, e.message));
+            let block = match &l.wkv.source {
+                WeightSource::Fp8Block { block, .. } => Some(block.0),
+                _ => None,
+            };
+            let outs = wkv_part(k_out, block, self.shard.wkv);
             layers.push(LoadedLayer {
-                wkv: self.load_weight(&l.wkv, false).map_err(at)?,
+                wkv_outs: outs,
+                wkv: self.load_weight(&l.wkv, false, (outs, k_out)).map_err(at)?,
                 // q and k share one type: f16 ones become f32 (both exact).
-                q: self.load_weight(&l.q, true).map_err(at)?,
-                k: self.load_weight(&l.k, true).map_err(at)?,
+                q: self
+                    .load_weight(&l.q, true, ((0, m.hc), m.hc))
+                    .map_err(at)?,
+                k: self
+                    .load_weight(&l.k, true, ((0, m.hc), m.hc))
+                    .map_err(at)?,
             });
         }
         self.layers = layers;
         Ok(())
     }
 
-    /// One weight as the context reads it; `f16_to_f32`: an f16 weight
-    /// becomes f32 even where bf16 would hold it (q and k, which must share
-    /// one type).
-    fn load_weight(&self, w: &WeightBlob, f16_to_f32: bool) -> Result<LoadedWeight> {
+    /// One weight as the context reads it, rows `[r0, r1)` of its `rows`
+    /// (`part`); `f16_to_f32`: an f16 weight becomes f32 even where bf16
+    /// would hold it (q and k, which must share one type). A part of an f16
+    /// weight takes the whole weight's choice (bf16 only where every value
+    /// of the whole is exact in bf16), so every shard reads the values in the
+    /// format the unsharded context does.
+    fn load_weight(
+        &self,
+        w: &WeightBlob,
+        f16_to_f32: bool,
+        part: ((usize, usize), usize),
+    ) -> Result<LoadedWeight> {
         let b = &w.blob;
+        let held = rows_of(b, part)?;
         match &w.source {
             WeightSource::Direct(ty) => {
                 let align = match EngramType::from_u32(*ty) {
@@ -529,14 +586,24 @@ impl LoadedModel {
                     _ => 1,
                 };
                 Ok(LoadedWeight {
-                    data: self.place(b, align)?,
+                    data: self.place(&held, align)?,
                     ty: *ty,
                     scales: None,
                 })
             }
-            WeightSource::F16 => {
+            WeightSource::F16 if held.bytes == b.bytes => {
                 let raw = self.read_blob(b)?;
-                let (data, ty) = convert_f16(raw.as_slice(), &b.name, f16_to_f32)?;
+                let (data, ty) = convert_f16(raw.as_slice(), &b.name, f16_to_f32, None)?;
+                Ok(LoadedWeight {
+                    data: WeightData::Owned(data),
+                    ty,
+                    scales: None,
+                })
+            }
+            WeightSource::F16 => {
+                let exact = self.f16_exact(b, f16_to_f32)?;
+                let raw = self.read_blob(&held)?;
+                let (data, ty) = convert_f16(raw.as_slice(), &b.name, f16_to_f32, Some(exact))?;
                 Ok(LoadedWeight {
                     data: WeightData::Owned(data),
                     ty,
@@ -545,13 +612,38 @@ impl LoadedModel {
             }
             // The checkpoint's fp8 wkv as stored: codes and block scales,
             // read in place by the kernels (its values are checked by
-            // `set_layer`).
-            WeightSource::Fp8Block { scale, block } => Ok(LoadedWeight {
-                data: self.place(b, 1)?,
-                ty: EngramType::Fp8E4m3E8m0Block as u32,
-                scales: Some((self.place(scale, 1)?, *block)),
-            }),
+            // `set_layer`); a shard's part is whole scale blocks.
+            WeightSource::Fp8Block { scale, block } => {
+                let ((o0, o1), rows) = part;
+                let sb = ((o0 / block.0, o1.div_ceil(block.0)), rows.div_ceil(block.0));
+                Ok(LoadedWeight {
+                    data: self.place(&held, 1)?,
+                    ty: EngramType::Fp8E4m3E8m0Block as u32,
+                    scales: Some((self.place(&rows_of(scale, sb)?, 1)?, *block)),
+                })
+            }
         }
+    }
+
+    /// Whether every value of the f16 weight `b` is exact in bf16 (and
+    /// `!always_f32`), read in pieces of at most 16 MiB; a NaN or infinity
+    /// anywhere is `ErrInvalidData`, as for the whole weight.
+    fn f16_exact(&self, b: &Blob, always_f32: bool) -> Result<bool> {
+        const PIECE: u64 = 16 << 20;
+        let mut exact = !always_f32;
+        let mut at = 0u64;
+        while at < b.bytes {
+            let n = PIECE.min(b.bytes - at);
+            let piece = self.read_blob(&Blob {
+                offset: b.offset + at,
+                bytes: n,
+                ..b.clone()
+            })?;
+            let first = (at / 2) as usize;
+            exact &= convert::f16_scan(piece.as_slice(), &b.name, first)?;
+            at += n;
+        }
+        Ok(exact)
     }
 
     /// A blob as a weight reads it: in place when mapped (or in memory) and
@@ -677,6 +769,7 @@ impl LoadedModel {
         if o.row_cache_bytes > 0 {
             ctx.set_row_cache(o.row_cache_bytes)?;
         }
+        ctx.set_shard(self.shard)?;
         for (l, w) in m.layers.iter().zip(&self.layers) {
             let at = |e: Error| {
                 Error::new(
@@ -695,7 +788,7 @@ impl LoadedModel {
                 Some(s) => Some(self.table_source(s).map_err(at)?),
                 None => None,
             };
-            ctx.set_layer(LayerIn {
+            let layer = LayerIn {
                 layer_id: l.layer_id,
                 table: TableIn {
                     source,
@@ -719,8 +812,8 @@ impl LoadedModel {
                 q: self.weight_region(&w.q).map_err(at)?,
                 k: self.weight_region(&w.k).map_err(at)?,
                 qk_type: w.q.ty,
-            })
-            .map_err(|e| {
+            };
+            ctx.set_layer_part(layer, w.wkv_outs).map_err(|e| {
                 at(Error::new(
                     e.status,
                     format!("{}: {}", refused_tensor(l, &e.message), e.message),

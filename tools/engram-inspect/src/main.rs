@@ -141,6 +141,7 @@ fn run(a: &Args) -> Result<bool> {
         companion: companion.as_ref(),
         tokenizer: tm.as_ref(),
         tables_dir: a.tables_dir.as_deref(),
+        shard: Default::default(),
     };
     let tok_path = if a.model.is_dir() {
         a.tokenizer.as_deref()
