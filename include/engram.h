@@ -1407,7 +1407,8 @@ enum engram_status engram_check(struct engram_context *ctx,
  * context that holds a part of each layer, and the calls that take the
  * layer apart where the engine's collectives join it again (row ranges +
  * all-reduce, heads or wkv outputs + all-gather), each giving
- * engram_apply's bits. The CPU backend.
+ * engram_apply's bits. Both backends (on CUDA, device buffers on the
+ * engine's stream).
  * ========================================================================= */
 
 /*
