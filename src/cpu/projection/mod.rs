@@ -170,6 +170,14 @@ pub struct Projection {
     /// Leave the f32 sums unrounded (tests: the bf16 rounding would hide most
     /// changes of summation order).
     raw_sums: bool,
+    /// Keep a GGUF-block `wkv` bit-identical to its f32 twin (f32 FMA on the
+    /// dequantised values) instead of the integer dot products
+    /// ([`Projection::set_exact_quant`]).
+    exact_quant: bool,
+    /// The integer path's token block scale from a block's largest
+    /// magnitude (`avx512::block_scale`; tests swap in a wrong one).
+    #[cfg(target_arch = "x86_64")]
+    token_scale: fn(f32) -> f32,
 }
 
 impl Projection {
@@ -181,6 +189,9 @@ impl Projection {
             pool: std::sync::RwLock::new(Self::pool(threads)?),
             kernel: Kernel::detect(),
             raw_sums: false,
+            exact_quant: false,
+            #[cfg(target_arch = "x86_64")]
+            token_scale: avx512::block_scale,
         })
     }
 
@@ -231,6 +242,55 @@ impl Projection {
     #[doc(hidden)]
     pub fn set_raw_sums(&mut self, raw: bool) {
         self.raw_sums = raw;
+    }
+
+    /// `exact`: every GGUF-block `wkv` gives the bits of an f32 `wkv`
+    /// holding its dequantised values (its f32 twin), on every kernel. Not
+    /// exact (the default): the AVX-512 kernels on a CPU with AVX512-VNNI
+    /// multiply the formats of [`int_dot_format`] by integer dot products
+    /// on the tokens quantised to int8, within the bound of docs/numerics.md
+    /// ("Integer dot products") of the twin; a token's `kv` is still the
+    /// same bits whatever the batch, thread count or path.
+    pub fn set_exact_quant(&mut self, exact: bool) {
+        self.exact_quant = exact;
+    }
+
+    pub fn exact_quant(&self) -> bool {
+        self.exact_quant
+    }
+
+    /// For tests: quantise the integer path's tokens with `scale` (a token
+    /// block's scale from its largest magnitude) instead of the documented
+    /// one, to check that the tests' bound catches a wrong quantisation.
+    #[doc(hidden)]
+    #[cfg(target_arch = "x86_64")]
+    pub fn set_token_scale(&mut self, scale: fn(f32) -> f32) {
+        self.token_scale = scale;
+    }
+
+    /// Whether a run of `w` (`k` values a row) takes the integer dot
+    /// products: not exact, an AVX-512 kernel, AVX512-VNNI, a format of
+    /// [`int_dot_format`], and `k` whole token blocks.
+    pub fn int_dot(&self, w: Weights<'_>, k: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let fmt = match w {
+                Weights::Quant {
+                    format, row_len, ..
+                } if row_len == k => format,
+                _ => return false,
+            };
+            !self.exact_quant
+                && matches!(self.kernel, Kernel::Avx512 | Kernel::Avx512Bf16)
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && int_dot_format(fmt)
+                && k.is_multiple_of(avx512::QB)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (w, k);
+            false
+        }
     }
 
     /// `kv[t][o] = bf16(sum_i rows[t][i] * w[o][i])` for `rows` `[n, k]` (bf16
@@ -341,9 +401,17 @@ impl Projection {
         sink: &Sink,
     ) -> Result<()> {
         let bf16_dot = self.kernel == Kernel::Avx512Bf16;
-        let run = x86::Avx512Run::new(rows, n, k, w, bf16_dot)?;
+        let run = x86::Avx512Run::new(rows, n, k, w, bf16_dot, self.int_dot(w, k).then_some(self.token_scale))?;
         self.tasks(n, kvt, sink, |lo, hi, out| run.task(w, lo, hi, out))
     }
+}
+
+/// The GGUF block formats the AVX-512 kernels multiply by integer dot
+/// products unless the engine asks for the exact twin (the decision and its
+/// measurements: docs/numerics.md, "Integer dot products").
+pub fn int_dot_format(format: crate::formats::EngramType) -> bool {
+    use crate::formats::EngramType;
+    matches!(format, EngramType::Q8_0 | EngramType::Q4_K)
 }
 
 /// Where the tasks write `kv` (`[n, n_out]`): each its own output columns,
