@@ -133,6 +133,9 @@ fn quantised_weights_match_their_f32_values_at_every_batch_size() {
             let mut p = Projection::new(2).unwrap();
             p.set_kernel(kernel);
             p.set_raw_sums(true);
+            // The twin's bits need the exact option (the default may take
+            // integer dot products: tests/int_dot.rs).
+            p.set_exact_quant(true);
             let mut p32 = Projection::new(2).unwrap();
             p32.set_raw_sums(true);
             p32.set_kernel(kernel);
@@ -257,6 +260,7 @@ fn quantised_decode_matches_f32_for_1_to_8_tokens_and_odd_sizes() {
                 let mut p = Projection::new(1).unwrap();
                 p.set_kernel(kernel);
                 p.set_raw_sums(true);
+                p.set_exact_quant(true);
                 let mut p32 = Projection::new(1).unwrap();
                 p32.set_raw_sums(true);
                 p32.set_kernel(kernel);
