@@ -487,6 +487,19 @@ typedef struct engram_config {
    host tables in place).
    */
   uint64_t device_cache_bytes;
+  /*
+   0 (the default): the CPU backend may multiply a `Q4_K` `wkv` by
+   integer dot products (AVX512-VNNI) on each token's row
+   quantised to int8, within the bound docs/numerics.md derives
+   ("Integer dot products") of the f32 twin (an f32 `wkv` holding the
+   dequantised values); a token's `kv` is still the same bits whatever
+   its batch, the thread count or the path. 1: every GGUF-block `wkv`
+   gives the twin's bits exactly (f32 FMA on the dequantised values, as
+   before this field). Other values are `ENGRAM_STATUS_ERR_INVALID_CONFIG`.
+   The CUDA backend ignores it. (A struct from an older header reads it
+   as 0.)
+   */
+  uint32_t exact_quant_wkv;
 } engram_config;
 
 /*

@@ -169,7 +169,7 @@ impl<'w> Context<'w> {
     /// `exact`: a GGUF-block `wkv` (`Q8_0`, `Q4_K`, ...) gives, bit for
     /// bit, the `kv` of an f32 `wkv` holding its dequantised values (its f32
     /// twin), as before 0.4. Not exact (the default): the CPU backend's
-    /// AVX-512 kernels multiply `Q8_0` and `Q4_K` by integer dot products
+    /// AVX-512 kernels multiply a `Q4_K` `wkv` by integer dot products
     /// on the rows quantised to int8, within the bound of docs/numerics.md
     /// ("Integer dot products"); a token's `kv` is still the same bits
     /// whatever its batch, the thread count or the path. The CUDA backend

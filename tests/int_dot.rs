@@ -133,6 +133,9 @@ fn project(
     p.set_kernel(kernel);
     p.set_exact_quant(exact);
     p.set_raw_sums(raw);
+    // Q8_0's integer path is not a default (slower where measured), but
+    // held to the same contract.
+    p.set_int_dot_q8_0(true);
     let n = rows.len() / k;
     let mut kv = vec![0f32; n * n_out];
     p.run(rows, n, k, w, n_out, &mut kv).unwrap();
@@ -236,6 +239,7 @@ fn a_wrong_token_quantisation_breaks_the_bound() {
             let mut p = Projection::new(1).unwrap();
             p.set_kernel(kernel);
             p.set_raw_sums(true);
+            p.set_int_dot_q8_0(true);
             p.set_token_scale(|amax| {
                 let s = if amax == 0.0 { 1.0 } else { 2f32.powi(amax.log2().floor() as i32 - 5) };
                 if amax.is_finite() { s } else { f32::NAN }
@@ -266,6 +270,7 @@ fn integer_dots_are_batch_and_thread_invariant_1_to_600_tokens() {
                     let mut p = Projection::new(t).unwrap();
                     p.set_kernel(kernel);
                     p.set_raw_sums(true);
+                    p.set_int_dot_q8_0(true);
                     p
                 })
                 .collect();

@@ -155,8 +155,8 @@ pub struct EngramConfig {
     /// `engram_set_layer`, nothing kept. The CPU backend ignores it (it reads
     /// host tables in place).
     pub device_cache_bytes: u64,
-    /// 0 (the default): the CPU backend may multiply a `Q8_0` or `Q4_K`
-    /// `wkv` by integer dot products (AVX512-VNNI) on each token's row
+    /// 0 (the default): the CPU backend may multiply a `Q4_K` `wkv` by
+    /// integer dot products (AVX512-VNNI) on each token's row
     /// quantised to int8, within the bound docs/numerics.md derives
     /// ("Integer dot products") of the f32 twin (an f32 `wkv` holding the
     /// dequantised values); a token's `kv` is still the same bits whatever

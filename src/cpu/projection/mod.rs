@@ -178,6 +178,9 @@ pub struct Projection {
     /// magnitude (`avx512::block_scale`; tests swap in a wrong one).
     #[cfg(target_arch = "x86_64")]
     token_scale: fn(f32) -> f32,
+    /// Integer dot products for `Q8_0` too (tests, benchmarks: measured
+    /// slower than the exact path on Zen 4, so not a default).
+    int_q8_0: bool,
 }
 
 impl Projection {
@@ -192,6 +195,7 @@ impl Projection {
             exact_quant: false,
             #[cfg(target_arch = "x86_64")]
             token_scale: avx512::block_scale,
+            int_q8_0: false,
         })
     }
 
@@ -259,6 +263,14 @@ impl Projection {
         self.exact_quant
     }
 
+    /// For tests and benchmarks: multiply `Q8_0` by integer dot products
+    /// too when not exact (not a default: slower than the exact path where
+    /// measured, docs/numerics.md).
+    #[doc(hidden)]
+    pub fn set_int_dot_q8_0(&mut self, on: bool) {
+        self.int_q8_0 = on;
+    }
+
     /// For tests: quantise the integer path's tokens with `scale` (a token
     /// block's scale from its largest magnitude) instead of the documented
     /// one, to check that the tests' bound catches a wrong quantisation.
@@ -283,7 +295,7 @@ impl Projection {
             !self.exact_quant
                 && matches!(self.kernel, Kernel::Avx512 | Kernel::Avx512Bf16)
                 && std::arch::is_x86_feature_detected!("avx512vnni")
-                && int_dot_format(fmt)
+                && (int_dot_format(fmt) || (self.int_q8_0 && fmt == crate::formats::EngramType::Q8_0))
                 && k.is_multiple_of(avx512::QB)
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -411,7 +423,9 @@ impl Projection {
 /// measurements: docs/numerics.md, "Integer dot products").
 pub fn int_dot_format(format: crate::formats::EngramType) -> bool {
     use crate::formats::EngramType;
-    matches!(format, EngramType::Q8_0 | EngramType::Q4_K)
+    // Q8_0 has an integer path too (`Projection::set_int_dot_q8_0`), but it
+    // measured slower than the exact one (docs/numerics.md).
+    matches!(format, EngramType::Q4_K)
 }
 
 /// Where the tasks write `kv` (`[n, n_out]`): each its own output columns,

@@ -1,6 +1,8 @@
 //! Integer dot products for `Q8_0` and `Q4_K` `wkv` (AVX512-VNNI): the
-//! default for these formats unless the engine asks for the exact twin
-//! (docs/numerics.md, "Integer dot products").
+//! default for `Q4_K` unless the engine asks for the exact twin; `Q8_0`'s
+//! measured slower than the exact path, so it runs only when asked for
+//! (`Projection::set_int_dot_q8_0`; docs/numerics.md, "Integer dot
+//! products").
 //!
 //! **Tokens.** Each token's row is quantised once per call ([`QTokens`]):
 //! every block of [`QB`] values gets a power-of-two scale `dx = 2^(E - 6)`,
