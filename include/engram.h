@@ -646,8 +646,9 @@ enum engram_status engram_set_layer(struct engram_context *ctx,
 
  Layouts accepted (`struct_size`): the 0.2 layout, which ends after
  `mmap_tables` (`tables_dir` reads as NULL), the 0.3 layout, which ends
- after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), and the layout of this
- header.
+ after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), the
+ layout that ends after `device_cache_bytes` (`exact_quant_wkv` reads as
+ 0), and the layout of this header.
  */
 typedef struct engram_gguf_options {
   /*
@@ -729,6 +730,14 @@ typedef struct engram_gguf_options {
    this field.)
    */
   uint64_t device_cache_bytes;
+  /*
+   As in `engram_config`: 0 (the default), a `Q4_K` `wkv` may be
+   multiplied by integer dot products within docs/numerics.md's bound
+   of its f32 twin; 1, every GGUF-block `wkv` gives the twin's bits.
+   Other values are `ENGRAM_STATUS_ERR_INVALID_CONFIG`. (A struct from an
+   older header ends before this field: 0.)
+   */
+  uint32_t exact_quant_wkv;
 } engram_gguf_options;
 
 /*

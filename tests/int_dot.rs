@@ -305,3 +305,56 @@ fn integer_dots_are_batch_and_thread_invariant_1_to_600_tokens() {
         }
     }
 }
+
+/// Through a context (what an engine gets): a `Q4_K` `wkv` by default
+/// within the bound of its f32 twin, and with `with_exact_quant(true)`
+/// (`engram_config.exact_quant_wkv = 1`) the twin's bits.
+#[test]
+fn a_context_takes_the_exact_option() {
+    use common::{DeviceCalls, Tiny};
+    use engram::{Context, LayerIn};
+    let tiny = Tiny::load();
+    let (d, hc, hd, cols) = (tiny.d, tiny.hc, tiny.hd, tiny.cols());
+    let (k, k_out) = (cols * hd, d * (hc + 1));
+    if !k.is_multiple_of(256) {
+        eprintln!("K = {k}: no whole token blocks, nothing to check");
+        return;
+    }
+    let layer = &tiny.layers[0];
+    let ty = EngramType::Q4_K;
+    let f = EngramType::row_format(ty as u32, k).unwrap();
+    let data = weights(ty, k_out, k, 77, false);
+    let (w, wm) = twin(ty, &data, k);
+    let run = |wkv: Weights<'_>, exact: bool| {
+        let ctx = Context::new(&tiny.config(Tiny::limits()))
+            .unwrap()
+            .with_exact_quant(exact);
+        ctx.set_layer(LayerIn::host(
+            layer.layer_id,
+            &layer.table,
+            EngramType::row_format(layer.format as u32, hd).unwrap(),
+            layer.rows,
+            wkv,
+            layer.q.weights(),
+            layer.k.weights(),
+        ))
+        .unwrap();
+        let tokens: Vec<i32> = (0..16).map(|i| i * 7 % 48).collect();
+        let pos: Vec<i32> = (0..16).collect();
+        let mut ids = vec![0i64; 16 * ctx.ids_per_token()];
+        ctx.hash(&tokens, &[0; 16], &pos, &mut ids).unwrap();
+        let (rows, kv) = ctx.stages(layer.layer_id, &ids, 16).unwrap();
+        (rows, kv.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<f32>>())
+    };
+    let q = Weights::quant(f, &data, k).unwrap();
+    let (rows, twin_kv) = run(Weights::F32(&w), true);
+    let (_, exact) = run(q, true);
+    let (_, default) = run(q, false);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&exact), bits(&twin_kv), "exact: the twin's bits");
+    let (over, _) = check_bound(&default, &twin_kv, &rows, &w, &wm, k, k_out, true);
+    assert_eq!(over, 0, "the default is outside the bound of the twin");
+    if !int_kernels().is_empty() && std::env::var_os("ENGRAM_CPU_KERNEL").is_none() {
+        assert_ne!(bits(&default), bits(&exact), "the default took the exact path");
+    }
+}
