@@ -143,7 +143,8 @@ fn project(
 }
 
 /// How many outputs of `got` exceed the bound against the twin `want`
-/// (`rounded`: both rounded to bf16), and how many differ from it at all.
+/// (`rounded`: both rounded to bf16), and how many differ from it at all
+/// (the largest error over its bound is printed).
 #[allow(clippy::too_many_arguments)]
 fn check_bound(
     got: &[f32],
@@ -155,7 +156,7 @@ fn check_bound(
     n_out: usize,
     rounded: bool,
 ) -> (usize, usize) {
-    let (mut over, mut differ) = (0, 0);
+    let (mut over, mut differ, mut worst) = (0, 0, 0f64);
     for t in 0..rows.len() / k {
         let x: Vec<f32> = rows[t * k..(t + 1) * k].iter().map(|&b| bf16_to_f32(b)).collect();
         for o in 0..n_out {
@@ -164,9 +165,11 @@ fn check_bound(
             let mr = &wm[o * k..(o + 1) * k];
             let bound = int_dot_bound(&x, wr, mr, rounded.then_some((a, b)));
             over += ((a - b).abs() > bound) as usize;
+            worst = worst.max((a - b).abs() / bound);
             differ += (a != b) as usize;
         }
     }
+    eprintln!("worst error / bound: {worst:.3}");
     (over, differ)
 }
 

@@ -232,12 +232,15 @@ class Context:
         tokenizer_json: Optional[PathLike] = None,
         mmap_tables: Optional[bool] = None,
         tables_dir: Optional[PathLike] = None,
+        exact_quant_wkv: Optional[bool] = None,
     ) -> "Context":
         """A context from a GGUF file (``engram_create_from_gguf``).
 
         The keyword arguments are ``engram_gguf_options``' fields; one left
         ``None`` keeps the library's default (CPU, the file's eps, 4096
-        tokens, 64 sequences, 131072 positions, one thread, pread tables).
+        tokens, 64 sequences, 131072 positions, one thread, pread tables,
+        integer dot products for a ``Q4_K`` ``wkv``: ``exact_quant_wkv=True``
+        keeps the bits of its f32 twin, docs/numerics.md).
         ``backend`` is ``"cpu"``, ``"cuda"`` or a :class:`Backend`.
         """
         opts = _init(S.engram_gguf_options, "engram_gguf_options_init_sized")
@@ -245,7 +248,8 @@ class Context:
         cls._fill(opts, dict(backend=backend, device=device, eps=eps, max_tokens=max_tokens,
                              max_seqs=max_seqs, max_positions=max_positions, n_threads=n_threads,
                              config_json=config_json, tokenizer_json=tokenizer_json,
-                             mmap_tables=mmap_tables, tables_dir=tables_dir), keep)
+                             mmap_tables=mmap_tables, tables_dir=tables_dir,
+                             exact_quant_wkv=exact_quant_wkv), keep)
         out = CTX()
         _check(lib.engram_create_from_gguf(_path(path), ctypes.byref(opts), ctypes.byref(out)),
                "engram_create_from_gguf")
@@ -279,7 +283,7 @@ class Context:
         return cls._adopt(out, opts)
 
     _CONFIG_KEYS = ("backend", "device", "hidden_size", "hc", "head_dim", "eps", "max_tokens",
-                    "max_seqs", "max_positions", "n_threads", "device_history")
+                    "max_seqs", "max_positions", "n_threads", "device_history", "exact_quant_wkv")
 
     @classmethod
     def from_tables(cls, config_json: PathLike, tokenizer_json: PathLike, **config: Any) -> "Context":
