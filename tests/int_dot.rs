@@ -158,7 +158,10 @@ fn check_bound(
 ) -> (usize, usize) {
     let (mut over, mut differ, mut worst) = (0, 0, 0f64);
     for t in 0..rows.len() / k {
-        let x: Vec<f32> = rows[t * k..(t + 1) * k].iter().map(|&b| bf16_to_f32(b)).collect();
+        let x: Vec<f32> = rows[t * k..(t + 1) * k]
+            .iter()
+            .map(|&b| bf16_to_f32(b))
+            .collect();
         for o in 0..n_out {
             let (a, b) = (got[t * n_out + o] as f64, want[t * n_out + o] as f64);
             let wr = &w[o * k..(o + 1) * k];
@@ -197,8 +200,14 @@ fn integer_dots_stay_within_the_bound_and_exact_restores_the_twin() {
                         f.name()
                     );
                     let got = project(kernel, 2, false, raw, &rows, k, q, n_out);
-                    let (over, differ) = check_bound(&got, &twin_kv, &rows, &w, &wm, k, n_out, !raw);
-                    assert_eq!(over, 0, "{kernel:?} {} n {n} raw {raw}: outside the bound", f.name());
+                    let (over, differ) =
+                        check_bound(&got, &twin_kv, &rows, &w, &wm, k, n_out, !raw);
+                    assert_eq!(
+                        over,
+                        0,
+                        "{kernel:?} {} n {n} raw {raw}: outside the bound",
+                        f.name()
+                    );
                     assert!(
                         differ > 0 || !raw,
                         "{kernel:?} {} n {n}: no output differs from the twin (integer path not taken?)",
@@ -244,13 +253,26 @@ fn a_wrong_token_quantisation_breaks_the_bound() {
             p.set_raw_sums(true);
             p.set_int_dot_q8_0(true);
             p.set_token_scale(|amax| {
-                let s = if amax == 0.0 { 1.0 } else { 2f32.powi(amax.log2().floor() as i32 - 5) };
-                if amax.is_finite() { s } else { f32::NAN }
+                let s = if amax == 0.0 {
+                    1.0
+                } else {
+                    2f32.powi(amax.log2().floor() as i32 - 5)
+                };
+                if amax.is_finite() {
+                    s
+                } else {
+                    f32::NAN
+                }
             });
             let mut bad = vec![0f32; n_out];
             p.run(&x, 1, k, q, n_out, &mut bad).unwrap();
             let (over, _) = check_bound(&bad, &want, &x, &w, &wm, k, n_out, false);
-            assert_eq!(over, n_out, "{kernel:?} {}: the wrong quantisation stayed within the bound", f.name());
+            assert_eq!(
+                over,
+                n_out,
+                "{kernel:?} {}: the wrong quantisation stayed within the bound",
+                f.name()
+            );
         }
     }
 }
@@ -286,7 +308,9 @@ fn integer_dots_are_batch_and_thread_invariant_1_to_600_tokens() {
             for (threads, size) in [(1, 65), (3, 65), (1, 1), (3, 2), (2, 5)] {
                 let kv = project(kernel, threads, false, true, &sub[..size * k], k, qw, 131);
                 assert!(
-                    kv.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    kv.iter()
+                        .zip(&whole)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{kernel:?} {}: {size} tokens on {threads} threads differ",
                     f.name()
                 );
@@ -295,7 +319,8 @@ fn integer_dots_are_batch_and_thread_invariant_1_to_600_tokens() {
                 let lo = (size * 7919) % (n - size + 1);
                 let p = &mut ps[size % 3];
                 let mut kv = vec![0f32; size * n_out];
-                p.run(&rows[lo * k..(lo + size) * k], size, k, q, n_out, &mut kv).unwrap();
+                p.run(&rows[lo * k..(lo + size) * k], size, k, q, n_out, &mut kv)
+                    .unwrap();
                 let want = &all[lo * n_out..(lo + size) * n_out];
                 assert!(
                     kv.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
@@ -347,7 +372,10 @@ fn a_context_takes_the_exact_option() {
         let mut ids = vec![0i64; 16 * ctx.ids_per_token()];
         ctx.hash(&tokens, &[0; 16], &pos, &mut ids).unwrap();
         let (rows, kv) = ctx.stages(layer.layer_id, &ids, 16).unwrap();
-        (rows, kv.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<f32>>())
+        (
+            rows,
+            kv.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<f32>>(),
+        )
     };
     let q = Weights::quant(f, &data, k).unwrap();
     let (rows, twin_kv) = run(Weights::F32(&w), true);
@@ -358,6 +386,10 @@ fn a_context_takes_the_exact_option() {
     let (over, _) = check_bound(&default, &twin_kv, &rows, &w, &wm, k, k_out, true);
     assert_eq!(over, 0, "the default is outside the bound of the twin");
     if !int_kernels().is_empty() && std::env::var_os("ENGRAM_CPU_KERNEL").is_none() {
-        assert_ne!(bits(&default), bits(&exact), "the default took the exact path");
+        assert_ne!(
+            bits(&default),
+            bits(&exact),
+            "the default took the exact path"
+        );
     }
 }

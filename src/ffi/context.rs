@@ -408,7 +408,11 @@ pub extern "C" fn engram_create(
             tuning: Tuning::default(),
         };
         if c.exact_quant_wkv > 1 {
-            bail!(ErrInvalidConfig, "exact_quant_wkv = {}: 0 or 1", c.exact_quant_wkv);
+            bail!(
+                ErrInvalidConfig,
+                "exact_quant_wkv = {}: 0 or 1",
+                c.exact_quant_wkv
+            );
         }
         let mut inner = Context::new(&cc)?.with_exact_quant(c.exact_quant_wkv == 1);
         if c.device_history > 0 {

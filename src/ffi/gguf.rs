@@ -198,9 +198,19 @@ pub extern "C" fn engram_create_from_gguf(
         };
         let model = Box::new(LoadedModel::open(p, &lo)?);
         if o.exact_quant_wkv > 1 {
-            bail!(ErrInvalidConfig, "exact_quant_wkv = {}: 0 or 1", o.exact_quant_wkv);
+            bail!(
+                ErrInvalidConfig,
+                "exact_quant_wkv = {}: 0 or 1",
+                o.exact_quant_wkv
+            );
         }
-        give_context(out, model, &opts, o.device_cache_bytes, o.exact_quant_wkv == 1)
+        give_context(
+            out,
+            model,
+            &opts,
+            o.device_cache_bytes,
+            o.exact_quant_wkv == 1,
+        )
     })
 }
 

@@ -295,7 +295,8 @@ impl Projection {
             !self.exact_quant
                 && matches!(self.kernel, Kernel::Avx512 | Kernel::Avx512Bf16)
                 && std::arch::is_x86_feature_detected!("avx512vnni")
-                && (int_dot_format(fmt) || (self.int_q8_0 && fmt == crate::formats::EngramType::Q8_0))
+                && (int_dot_format(fmt)
+                    || (self.int_q8_0 && fmt == crate::formats::EngramType::Q8_0))
                 && k.is_multiple_of(avx512::QB)
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -413,7 +414,14 @@ impl Projection {
         sink: &Sink,
     ) -> Result<()> {
         let bf16_dot = self.kernel == Kernel::Avx512Bf16;
-        let run = x86::Avx512Run::new(rows, n, k, w, bf16_dot, self.int_dot(w, k).then_some(self.token_scale))?;
+        let run = x86::Avx512Run::new(
+            rows,
+            n,
+            k,
+            w,
+            bf16_dot,
+            self.int_dot(w, k).then_some(self.token_scale),
+        )?;
         self.tasks(n, kvt, sink, |lo, hi, out| run.task(w, lo, hi, out))
     }
 }

@@ -33,14 +33,14 @@ use crate::formats::{BlockQ4K, BlockQ8_0, GgmlBlock};
 use std::arch::x86_64::*;
 
 /// Values per token block (one scale each).
-pub(in crate::cpu::projection) const QB: usize = 256;
+pub(crate) const QB: usize = 256;
 /// Values per sub-block (one sum of codes each, for the `Q4_K` mins).
 const SB: usize = 32;
 
 /// The largest magnitude of a token block's value to its scale `dx`:
 /// `2^(E - 6)` for `2^E <= amax < 2^(E + 1)`, at least `2^-149`; 1 for an
 /// all-zero block, NaN for a non-finite one.
-pub(in crate::cpu::projection) fn block_scale(amax: f32) -> f32 {
+pub(crate) fn block_scale(amax: f32) -> f32 {
     if !amax.is_finite() {
         return f32::NAN;
     }
@@ -68,7 +68,7 @@ fn pow2(e: i32) -> f32 {
 }
 
 /// A call's tokens quantised for the integer dot products.
-pub(in crate::cpu::projection) struct QTokens {
+pub(crate) struct QTokens {
     /// `[n, k]` codes.
     pub q: Vec<i8>,
     /// `[n, k / QB]` block scales.
@@ -81,7 +81,7 @@ impl QTokens {
     /// Quantise `rows` (`[n, k]` bf16 bits, `k` a multiple of [`QB`]) with
     /// `scale` (the block scale of a block's largest magnitude:
     /// [`block_scale`], or another in tests).
-    pub(in crate::cpu::projection) fn new(
+    pub(crate) fn new(
         rows: &[u16],
         n: usize,
         k: usize,
@@ -91,7 +91,11 @@ impl QTokens {
         let mut q = try_vec(n * k, 0i8, "the quantised token rows")?;
         let mut dx = try_vec(n * k / QB, 0f32, "the token block scales")?;
         let mut bsx = try_vec(n * k / SB, 0f32, "the token sub-block sums")?;
-        for (b, (src, dst)) in rows.chunks_exact(QB).zip(q.chunks_exact_mut(QB)).enumerate() {
+        for (b, (src, dst)) in rows
+            .chunks_exact(QB)
+            .zip(q.chunks_exact_mut(QB))
+            .enumerate()
+        {
             let x = |i: usize| crate::formats::bf16_to_f32(src[i]);
             let amax = (0..QB).fold(0f32, |m, i| {
                 let a = x(i).abs();
@@ -247,17 +251,13 @@ unsafe fn tile_q4_k<const R: usize, const TT: usize>(
         let mut a = [[_mm512_setzero_ps(); TT]; R];
         let mut m = [[_mm256_setzero_ps(); TT]; R];
         // Words 0..16 from sub-block 2a's scale, 16..32 from 2a + 1's.
-        let idx = |s: i16| {
-            _mm512_inserti64x4::<1>(
-                _mm512_set1_epi16(s),
-                _mm256_set1_epi16(s + 1),
-            )
-        };
+        let idx = |s: i16| _mm512_inserti64x4::<1>(_mm512_set1_epi16(s), _mm256_set1_epi16(s + 1));
         let sidx = [idx(0), idx(2), idx(4), idx(6)];
         for u in 0..k / QB {
             for i in 0..R {
                 let blk = rows[i].add(u * BlockQ4K::BYTES);
-                let sm = unpack_scales_k4(&*(blk.add(BlockQ4K::SCALES) as *const [u8; K_SCALE_SIZE]));
+                let sm =
+                    unpack_scales_k4(&*(blk.add(BlockQ4K::SCALES) as *const [u8; K_SCALE_SIZE]));
                 let sc8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(sm.as_ptr() as *const _));
                 let sc = _mm512_broadcast_i32x4(sc8);
                 let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
@@ -317,7 +317,7 @@ macro_rules! range_int {
         /// `k` is a multiple of `QB`; rows `lo..hi` are whole rows of the format.
         #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
         #[allow(clippy::too_many_arguments)]
-        pub(in crate::cpu::projection) unsafe fn $name(
+        pub(crate) unsafe fn $name(
             base: *const u8,
             rb: usize,
             x: &QTokens,
