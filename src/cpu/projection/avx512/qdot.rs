@@ -26,9 +26,7 @@
 //!   `hsum(A) - hsum8(M)`.
 
 use crate::batch::try_vec;
-use crate::cpu::projection::avx2::sources::unpack_scales_k4;
 use crate::error::Result;
-use crate::formats::ggml::K_SCALE_SIZE;
 use crate::formats::{BlockQ4K, BlockQ8_0, GgmlBlock};
 use std::arch::x86_64::*;
 
@@ -81,12 +79,7 @@ impl QTokens {
     /// Quantise `rows` (`[n, k]` bf16 bits, `k` a multiple of [`QB`]) with
     /// `scale` (the block scale of a block's largest magnitude:
     /// [`block_scale`], or another in tests).
-    pub(crate) fn new(
-        rows: &[u16],
-        n: usize,
-        k: usize,
-        scale: fn(f32) -> f32,
-    ) -> Result<QTokens> {
+    pub(crate) fn new(rows: &[u16], n: usize, k: usize, scale: fn(f32) -> f32) -> Result<QTokens> {
         assert!(k.is_multiple_of(QB) && rows.len() == n * k);
         let mut q = try_vec(n * k, 0i8, "the quantised token rows")?;
         let mut dx = try_vec(n * k / QB, 0f32, "the token block scales")?;
@@ -154,6 +147,35 @@ unsafe fn f16(p: *const u8) -> f32 {
     unsafe {
         let h = _mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32);
         _mm_cvtss_f32(_mm_cvtph_ps(h))
+    }
+}
+
+/// The 8 scales then the 8 mins of a `Q4_K` block (6 bits each, packed in
+/// the 12 bytes at `p`), as `unpack_scales_k4` gives them, in one register.
+///
+/// # Safety
+/// 16 readable bytes at `p` (the scales and the first codes of a whole
+/// block); avx2.
+#[inline(always)]
+unsafe fn scales_k4(p: *const u8) -> __m128i {
+    // SAFETY: the 16-byte load is readable (the contract); the rest is
+    // register arithmetic.
+    unsafe {
+        // Dwords w0, w1, w2 (the fourth is codes, unused).
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let low6 = _mm_set1_epi32(0x3f3f_3f3f);
+        let low4 = _mm_set1_epi32(0x0f0f_0f0f);
+        let low2 = _mm_set1_epi32(0x0303_0303);
+        // Lane 0: scales 0..4 (w0's low 6 bits), lane 1: mins 0..4 (w1's).
+        let lo = _mm_and_si128(v, low6);
+        // Lane 0: scales 4..8 (w2's low nibbles, w0's top 2 bits above
+        // them), lane 1: mins 4..8 (w2's high nibbles, w1's top bits).
+        let w2 = _mm_shuffle_epi32::<0b1010_1010>(v);
+        let nib = _mm_and_si128(_mm_srlv_epi32(w2, _mm_setr_epi32(0, 4, 0, 0)), low4);
+        let top = _mm_slli_epi32::<4>(_mm_and_si128(_mm_srli_epi32::<6>(v), low2));
+        let hi = _mm_or_si128(nib, top);
+        // Bytes: scales 0..4, 4..8, then mins 0..4, 4..8.
+        _mm_unpacklo_epi32(lo, hi)
     }
 }
 
@@ -256,13 +278,9 @@ unsafe fn tile_q4_k<const R: usize, const TT: usize>(
         for u in 0..k / QB {
             for i in 0..R {
                 let blk = rows[i].add(u * BlockQ4K::BYTES);
-                let sm =
-                    unpack_scales_k4(&*(blk.add(BlockQ4K::SCALES) as *const [u8; K_SCALE_SIZE]));
-                let sc8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(sm.as_ptr() as *const _));
-                let sc = _mm512_broadcast_i32x4(sc8);
-                let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    sm.as_ptr().add(8) as *const _,
-                )));
+                let sm = scales_k4(blk.add(BlockQ4K::SCALES));
+                let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
+                let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(sm, sm)));
                 let mf = _mm256_mul_ps(_mm256_set1_ps(f16(blk.add(BlockQ4K::DMIN))), mn);
                 let d = f16(blk);
                 let mut qv = [zi; 4];
@@ -407,3 +425,46 @@ macro_rules! range_int {
 
 range_int!(range_q8_0_int, tile_q8_0, 2);
 range_int!(range_q4_k_int, tile_q4_k, 2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::projection::avx2::sources::unpack_scales_k4;
+
+    /// `scales_k4` unpacks as the reference `unpack_scales_k4` on every
+    /// byte value in every position (and random blocks).
+    #[test]
+    fn packed_scales_unpack_as_the_reference() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let mut cases: Vec<[u8; 16]> = Vec::new();
+        for pos in 0..12 {
+            for v in 0..=255u8 {
+                let mut b = [0x5Au8; 16];
+                b[pos] = v;
+                cases.push(b);
+            }
+        }
+        let mut z = 0x1234_5678_9ABC_DEF0u64;
+        for _ in 0..4096 {
+            let mut b = [0u8; 16];
+            for x in b.iter_mut() {
+                z ^= z << 13;
+                z ^= z >> 7;
+                z ^= z << 17;
+                *x = z as u8;
+            }
+            cases.push(b);
+        }
+        for b in cases {
+            let want = unpack_scales_k4(b[..12].try_into().unwrap());
+            let mut got = [0u8; 16];
+            // SAFETY: 16 readable bytes; avx2 checked above (srlv).
+            unsafe {
+                _mm_storeu_si128(got.as_mut_ptr() as *mut __m128i, scales_k4(b.as_ptr()));
+            }
+            assert_eq!(got, want, "scales {:x?}", &b[..12]);
+        }
+    }
+}
