@@ -400,11 +400,16 @@ macro_rules! range_int {
                     let te = (tb + TBQ).min(n);
                     let mut o = lo;
                     while o < hi {
-                        let r = (hi - o).min($rmax);
+                        // Decode: 4 rows a tile (one token's registers
+                        // leave room); the tile shape never changes a sum.
+                        let rmax = if n == 1 { 4 } else { $rmax };
+                        let r = (hi - o).min(rmax);
                         let mut t = tb;
                         while t < te {
                             let tt = (te - t).min(4);
-                            if r == $rmax {
+                            if r == 4 && n == 1 {
+                                tile!(4, 1, o, t);
+                            } else if r == $rmax {
                                 tokens!($rmax, o, t, tt);
                             } else {
                                 for q in o..o + r {
