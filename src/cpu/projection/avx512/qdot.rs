@@ -320,8 +320,9 @@ unsafe fn tile_q4_k<const R: usize, const TT: usize>(
     }
 }
 
-/// Tokens per token block: their codes (`TBQ * k` bytes, 1.5 MB at the
-/// V4.1 geometry... kept in L2 while a row tile passes over them).
+/// Tokens per token block: their codes (`TBQ * k` bytes, 384 KB at the
+/// V4.1 geometry) stay in L2 while every row tile of a task passes over
+/// them, each tile summing all of `k` in registers.
 const TBQ: usize = 64;
 
 macro_rules! range_int {
