@@ -393,3 +393,42 @@ fn a_context_takes_the_exact_option() {
         );
     }
 }
+
+/// A shard's output range (`Weights::rows`, as `engram_kv_columns` takes
+/// it) gives those outputs the bits of the whole layer's call on the
+/// integer path.
+#[test]
+fn an_output_range_gives_the_whole_layers_bits() {
+    let (k, n_out, n) = (512usize, 37usize, 9usize);
+    let rows = tokens(n, k, 31);
+    for kernel in int_kernels() {
+        for ty in [EngramType::Q8_0, EngramType::Q4_K] {
+            let f = EngramType::row_format(ty as u32, k).unwrap();
+            let data = weights(ty, n_out, k, 41, false);
+            let q = Weights::quant(f, &data, k).unwrap();
+            let all = project(kernel, 2, false, true, &rows, k, q, n_out);
+            for (lo, hi) in [(0, 1), (3, 10), (5, 37), (36, 37)] {
+                let part = project(
+                    kernel,
+                    2,
+                    false,
+                    true,
+                    &rows,
+                    k,
+                    q.rows(lo, hi, k).unwrap(),
+                    hi - lo,
+                );
+                for t in 0..n {
+                    for o in lo..hi {
+                        assert_eq!(
+                            part[t * (hi - lo) + o - lo].to_bits(),
+                            all[t * n_out + o].to_bits(),
+                            "{kernel:?} {}: outputs {lo}..{hi}, token {t}, output {o}",
+                            f.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
