@@ -432,3 +432,40 @@ fn an_output_range_gives_the_whole_layers_bits() {
         }
     }
 }
+
+/// A token holding an infinity or a NaN gets NaN in every output on the
+/// integer path (docs/numerics.md), and the other tokens of its batch keep
+/// their bits.
+#[test]
+fn a_non_finite_token_gives_nan_and_leaves_the_others_alone() {
+    let (k, n_out, n) = (512usize, 5usize, 4usize);
+    let clean = tokens(n, k, 51);
+    for kernel in int_kernels() {
+        for ty in [EngramType::Q8_0, EngramType::Q4_K] {
+            let f = EngramType::row_format(ty as u32, k).unwrap();
+            let data = weights(ty, n_out, k, 61, false);
+            let q = Weights::quant(f, &data, k).unwrap();
+            let want = project(kernel, 1, false, true, &clean, k, q, n_out);
+            for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+                let mut rows = clean.clone();
+                rows[k + 300] = f32_to_bf16(bad);
+                let got = project(kernel, 1, false, true, &rows, k, q, n_out);
+                for t in 0..n {
+                    for o in 0..n_out {
+                        let (g, w) = (got[t * n_out + o], want[t * n_out + o]);
+                        if t == 1 {
+                            assert!(g.is_nan(), "{kernel:?} {}: {bad} gives {g}", f.name());
+                        } else {
+                            assert_eq!(
+                                g.to_bits(),
+                                w.to_bits(),
+                                "{kernel:?} {}: token {t}",
+                                f.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
