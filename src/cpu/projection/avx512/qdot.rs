@@ -326,7 +326,7 @@ unsafe fn tile_q4_k<const R: usize, const TT: usize>(
 const TBQ: usize = 64;
 
 macro_rules! range_int {
-    ($name:ident, $tile:ident, $rmax:literal) => {
+    ($name:ident, $tile:ident, $rmax:literal, $wide:literal) => {
         /// Rows `lo..hi` (row `o` at `base + o * rb`) against all `n` tokens of
         /// `x` into `out` (`[hi - lo, n]`, f32 sums: the caller rounds them),
         /// by integer dot products (see the module's notes for the order).
@@ -350,11 +350,11 @@ macro_rules! range_int {
             assert!(x.q.len() == n * k && x.dx.len() * QB == n * k && x.bsx.len() * SB == n * k);
             let toks = |t0: usize| {
                 let mut tk = Toks {
-                    q: [x.q.as_ptr(); 4],
-                    dx: [x.dx.as_ptr(); 4],
-                    bsx: [x.bsx.as_ptr(); 4],
+                    q: [x.q.as_ptr(); 8],
+                    dx: [x.dx.as_ptr(); 8],
+                    bsx: [x.bsx.as_ptr(); 8],
                 };
-                for j in 0..4.min(n - t0) {
+                for j in 0..8.min(n - t0) {
                     tk.q[j] = x.q.as_ptr().wrapping_add((t0 + j) * k);
                     tk.dx[j] = x.dx.as_ptr().wrapping_add((t0 + j) * k / QB);
                     tk.bsx[j] = x.bsx.as_ptr().wrapping_add((t0 + j) * k / SB);
@@ -407,6 +407,15 @@ macro_rules! range_int {
                         let r = (hi - o).min(rmax);
                         let mut t = tb;
                         while t < te {
+                            if $wide && te - t >= 8 {
+                                // 8 tokens a row: each row's decoded codes
+                                // and scales serve twice as many tokens.
+                                for q in o..o + r {
+                                    tile!(1, 8, q, t);
+                                }
+                                t += 8;
+                                continue;
+                            }
                             let tt = (te - t).min(4);
                             if r == 4 && n == 1 {
                                 tile!(4, 1, o, t);
@@ -429,8 +438,8 @@ macro_rules! range_int {
     };
 }
 
-range_int!(range_q8_0_int, tile_q8_0, 2);
-range_int!(range_q4_k_int, tile_q4_k, 2);
+range_int!(range_q8_0_int, tile_q8_0, 2, false);
+range_int!(range_q4_k_int, tile_q4_k, 2, true);
 
 #[cfg(test)]
 mod tests {
