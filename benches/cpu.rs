@@ -746,21 +746,43 @@ fn bench_projection(threads: usize) {
         for &n in &ns {
             let x: Vec<u16> = (0..n * K_IN).map(|_| f32_to_bf16(rng.f32())).collect();
             let mut kv = vec![0f32; n * rows];
-            let (mut calls, c0) = (0usize, cpu_seconds());
-            let t = stats(3, 1.0, || {
-                calls += 1;
-                p.run(&x, n, K_IN, w, rows, &mut kv).unwrap()
-            });
-            let cpu = (cpu_seconds() - c0) / calls as f64;
-            let flop = 2.0 * (n * K_IN * rows) as f64;
-            println!(
-                "projection {name} {n} tokens: {} ms, {:.1} GFLOP/s, {:.2} GB/s of wkv; per CPU-second {:.1} GFLOP, {:.2} GB",
-                t.ms(),
-                flop / t.med / 1e9,
-                data.len() as f64 / t.med / 1e9,
-                flop / cpu / 1e9,
-                data.len() as f64 / cpu / 1e9
-            );
+            // Formats with integer dot products (Q8_0's forced: not a
+            // default): the exact f32-twin path first, then the integer
+            // one, in the same run.
+            p.set_int_dot_q8_0(true);
+            let int = p.int_dot(w, K_IN);
+            let mut meds = Vec::new();
+            for exact in if int { vec![true, false] } else { vec![false] } {
+                p.set_exact_quant(exact);
+                let (mut calls, c0) = (0usize, cpu_seconds());
+                let t = stats(3, 1.0, || {
+                    calls += 1;
+                    p.run(&x, n, K_IN, w, rows, &mut kv).unwrap()
+                });
+                let cpu = (cpu_seconds() - c0) / calls as f64;
+                let flop = 2.0 * (n * K_IN * rows) as f64;
+                let path = match (int, exact) {
+                    (false, _) => "",
+                    (true, true) => " exact (f32 twin)",
+                    (true, false) => " integer dots",
+                };
+                println!(
+                    "projection {name}{path} {n} tokens: {} ms, {:.1} GFLOP/s, {:.2} GB/s of wkv; per CPU-second {:.1} GFLOP, {:.2} GB",
+                    t.ms(),
+                    flop / t.med / 1e9,
+                    data.len() as f64 / t.med / 1e9,
+                    flop / cpu / 1e9,
+                    data.len() as f64 / cpu / 1e9
+                );
+                meds.push(t.med);
+            }
+            p.set_exact_quant(false);
+            if int {
+                println!(
+                    "projection {name} {n} tokens: exact time / integer time {:.2}x",
+                    meds[0] / meds[1]
+                );
+            }
         }
     }
 }

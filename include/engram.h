@@ -487,6 +487,19 @@ typedef struct engram_config {
    host tables in place).
    */
   uint64_t device_cache_bytes;
+  /*
+   0 (the default): the CPU backend may multiply a `Q4_K` `wkv` by
+   integer dot products (AVX512-VNNI) on each token's row
+   quantised to int8, within the bound docs/numerics.md derives
+   ("Integer dot products") of the f32 twin (an f32 `wkv` holding the
+   dequantised values); a token's `kv` is still the same bits whatever
+   its batch, the thread count or the path. 1: every GGUF-block `wkv`
+   gives the twin's bits exactly (f32 FMA on the dequantised values, as
+   before this field). Other values are `ENGRAM_STATUS_ERR_INVALID_CONFIG`.
+   The CUDA backend ignores it. (A struct from an older header reads it
+   as 0.)
+   */
+  uint32_t exact_quant_wkv;
 } engram_config;
 
 /*
@@ -633,9 +646,9 @@ enum engram_status engram_set_layer(struct engram_context *ctx,
 
  Layouts accepted (`struct_size`): the 0.2 layout, which ends after
  `mmap_tables` (`tables_dir` reads as NULL), the 0.3 layout, which ends
- after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), the layout that
- ends after `device_cache_bytes` (the shard fields read as the whole
- layer), and the layout of this header.
+ after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), the
+ layout that ends after `device_cache_bytes` (the shard fields read as the
+ whole layer, `exact_quant_wkv` as 0), and the layout of this header.
  */
 typedef struct engram_gguf_options {
   /*
@@ -735,6 +748,14 @@ typedef struct engram_gguf_options {
   uint32_t shard_table_world;
   uint32_t shard_wkv_rank;
   uint32_t shard_wkv_world;
+  /*
+   As in `engram_config`: 0 (the default), a `Q4_K` `wkv` may be
+   multiplied by integer dot products within docs/numerics.md's bound
+   of its f32 twin; 1, every GGUF-block `wkv` gives the twin's bits.
+   Other values are `ENGRAM_STATUS_ERR_INVALID_CONFIG`. (A struct from an
+   older header ends before this field: 0.)
+   */
+  uint32_t exact_quant_wkv;
 } engram_gguf_options;
 
 /*

@@ -58,6 +58,15 @@ pub trait Backend<'w>: Send + Sync {
         Ok(())
     }
 
+    /// `exact`: a GGUF-block `wkv` gives the bits of its f32 twin (an f32
+    /// `wkv` holding its dequantised values); otherwise the CPU backend may
+    /// use integer dot products within docs/numerics.md's bound ("Integer
+    /// dot products"). The CUDA backend ignores it (its quantised paths are
+    /// held to their own bound, docs/testing.md).
+    fn set_exact_quant(&mut self, exact: bool) {
+        let _ = exact;
+    }
+
     /// Layer `li`'s device row cache counts, where it has one.
     fn device_cache_stats(&self, li: usize) -> Option<DeviceCacheStats> {
         let _ = li;

@@ -169,6 +169,19 @@ impl<'w> Context<'w> {
         Ok(self)
     }
 
+    /// `exact`: a GGUF-block `wkv` (`Q8_0`, `Q4_K`, ...) gives, bit for
+    /// bit, the `kv` of an f32 `wkv` holding its dequantised values (its f32
+    /// twin), as before 0.4. Not exact (the default): the CPU backend's
+    /// AVX-512 kernels multiply a `Q4_K` `wkv` by integer dot products
+    /// on the rows quantised to int8, within the bound of docs/numerics.md
+    /// ("Integer dot products"); a token's `kv` is still the same bits
+    /// whatever its batch, the thread count or the path. The CUDA backend
+    /// ignores it.
+    pub fn with_exact_quant(mut self, exact: bool) -> Context<'w> {
+        self.backend.set_exact_quant(exact);
+        self
+    }
+
     /// Layer `layer_id`'s device row cache counts (relaxed atomics, no lock
     /// on the hot path), or `None` where it has none (CPU backend, a device
     /// table, `device_cache_bytes` 0, or a layer not set yet).

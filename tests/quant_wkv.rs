@@ -28,7 +28,10 @@ fn quantised_wkv_matches_the_dense_paths() {
         }
         let deq_bf16: Vec<u16> = deq.iter().map(|&v| f32_to_bf16(v)).collect();
         let run = |wkv: Weights<'_>| {
-            let ctx = Context::new(&tiny.config(Tiny::limits())).unwrap();
+            // The twin's bits need the exact option (tests/int_dot.rs: the default).
+            let ctx = Context::new(&tiny.config(Tiny::limits()))
+                .unwrap()
+                .with_exact_quant(true);
             ctx.set_layer(LayerIn::host(
                 layer.layer_id,
                 &layer.table,

@@ -239,12 +239,15 @@ class Context:
         tables_dir: Optional[PathLike] = None,
         shard_table: Optional[Tuple[int, int]] = None,
         shard_wkv: Optional[Tuple[int, int]] = None,
+        exact_quant_wkv: Optional[bool] = None,
     ) -> "Context":
         """A context from a GGUF file (``engram_create_from_gguf``).
 
         The keyword arguments are ``engram_gguf_options``' fields; one left
         ``None`` keeps the library's default (CPU, the file's eps, 4096
-        tokens, 64 sequences, 131072 positions, one thread, pread tables).
+        tokens, 64 sequences, 131072 positions, one thread, pread tables,
+        integer dot products for a ``Q4_K`` ``wkv``: ``exact_quant_wkv=True``
+        keeps the bits of its f32 twin, docs/numerics.md).
         ``backend`` is ``"cpu"``, ``"cuda"`` or a :class:`Backend`.
         ``shard_table=(rank, world)`` and ``shard_wkv=(rank, world)`` make a
         shard context that loads only its part of ``wkv`` (the
@@ -256,7 +259,7 @@ class Context:
                              max_seqs=max_seqs, max_positions=max_positions, n_threads=n_threads,
                              config_json=config_json, tokenizer_json=tokenizer_json,
                              mmap_tables=mmap_tables, tables_dir=tables_dir, shard_table=shard_table,
-                             shard_wkv=shard_wkv), keep)
+                             shard_wkv=shard_wkv, exact_quant_wkv=exact_quant_wkv), keep)
         out = CTX()
         _check(lib.engram_create_from_gguf(_path(path), ctypes.byref(opts), ctypes.byref(out)),
                "engram_create_from_gguf")
@@ -294,7 +297,7 @@ class Context:
         return cls._adopt(out, opts)
 
     _CONFIG_KEYS = ("backend", "device", "hidden_size", "hc", "head_dim", "eps", "max_tokens",
-                    "max_seqs", "max_positions", "n_threads", "device_history")
+                    "max_seqs", "max_positions", "n_threads", "device_history", "exact_quant_wkv")
 
     @classmethod
     def from_tables(cls, config_json: PathLike, tokenizer_json: PathLike, **config: Any) -> "Context":

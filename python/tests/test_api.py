@@ -330,3 +330,20 @@ def test_from_safetensors_checkpoint():
         assert hw.any()
     raises(S.ERR_IO, engram.Context.from_safetensors, DATA / "dialects" / "checkpoint",
            tokenizer_json=DATA / "no_such_tokenizer.json")
+
+
+def test_exact_quant_wkv_option():
+    # engram_gguf_options.exact_quant_wkv through from_gguf (a field of the
+    # generated struct, not a stray attribute): the tiny model's wkv is not
+    # Q4_K, so both settings give the same bits.
+    from engram import _structs
+    assert "exact_quant_wkv" in [f[0] for f in _structs.engram_gguf_options._fields_]
+    assert "exact_quant_wkv" in [f[0] for f in _structs.engram_config._fields_]
+    outs = []
+    for exact in (None, False, True):
+        with engram.Context.from_gguf(TINY_GGUF, eps=EPS, n_threads=2, exact_quant_wkv=exact) as ctx:
+            ids = prefill(ctx)
+            hw = np.ones((6, 4, 64), np.float32)
+            ctx.apply(1, ids, hw)
+            outs.append(hw)
+    assert all(np.array_equal(o, outs[0]) for o in outs)

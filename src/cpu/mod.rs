@@ -191,6 +191,10 @@ fn host_source(src: TableSource<'_>, bytes: u64, layer_id: u32, what: &str) -> R
 }
 
 impl<'w> Backend<'w> for CpuBackend<'w> {
+    fn set_exact_quant(&mut self, exact: bool) {
+        self.projection.set_exact_quant(exact);
+    }
+
     fn info(&self) -> BackendInfo {
         let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
         BackendInfo {

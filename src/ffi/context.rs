@@ -163,14 +163,26 @@ pub struct EngramConfig {
     /// `engram_set_layer`, nothing kept. The CPU backend ignores it (it reads
     /// host tables in place).
     pub device_cache_bytes: u64,
+    /// 0 (the default): the CPU backend may multiply a `Q4_K` `wkv` by
+    /// integer dot products (AVX512-VNNI) on each token's row
+    /// quantised to int8, within the bound docs/numerics.md derives
+    /// ("Integer dot products") of the f32 twin (an f32 `wkv` holding the
+    /// dequantised values); a token's `kv` is still the same bits whatever
+    /// its batch, the thread count or the path. 1: every GGUF-block `wkv`
+    /// gives the twin's bits exactly (f32 FMA on the dequantised values, as
+    /// before this field). Other values are `ENGRAM_STATUS_ERR_INVALID_CONFIG`.
+    /// The CUDA backend ignores it. (A struct from an older header reads it
+    /// as 0.)
+    pub exact_quant_wkv: u32,
 }
 
 /// The `engram_config` layouts this library reads: its 0.1 layout (up to
-/// `n_threads`, unchanged through 0.2), the 0.3 one (with `device_history`)
-/// and this one (with `device_cache_bytes`).
+/// `n_threads`, unchanged through 0.2), the 0.3 one (with `device_history`),
+/// the one with `device_cache_bytes`, and this one (with `exact_quant_wkv`).
 const CONFIG_LAYOUTS: &[usize] = &[
     std::mem::offset_of!(EngramConfig, device_history),
     std::mem::offset_of!(EngramConfig, device_cache_bytes),
+    std::mem::offset_of!(EngramConfig, exact_quant_wkv),
     size_of::<EngramConfig>(),
 ];
 
@@ -207,6 +219,7 @@ impl Default for EngramConfig {
             n_threads: 1,
             device_history: 0,
             device_cache_bytes: 0,
+            exact_quant_wkv: 0,
         }
     }
 }
@@ -402,7 +415,14 @@ pub extern "C" fn engram_create(
             device: c.device,
             tuning: Tuning::default(),
         };
-        let mut inner = Context::new(&cc)?;
+        if c.exact_quant_wkv > 1 {
+            bail!(
+                ErrInvalidConfig,
+                "exact_quant_wkv = {}: 0 or 1",
+                c.exact_quant_wkv
+            );
+        }
+        let mut inner = Context::new(&cc)?.with_exact_quant(c.exact_quant_wkv == 1);
         if c.device_history > 0 {
             inner = inner.with_device_history(c.device_history as usize)?;
         }

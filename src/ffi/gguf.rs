@@ -15,9 +15,9 @@ use std::ffi::c_char;
 ///
 /// Layouts accepted (`struct_size`): the 0.2 layout, which ends after
 /// `mmap_tables` (`tables_dir` reads as NULL), the 0.3 layout, which ends
-/// after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), the layout that
-/// ends after `device_cache_bytes` (the shard fields read as the whole
-/// layer), and the layout of this header.
+/// after `tables_dir` (`row_cache_bytes` and `device_cache_bytes` read as 0), the
+/// layout that ends after `device_cache_bytes` (the shard fields read as the
+/// whole layer, `exact_quant_wkv` as 0), and the layout of this header.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct EngramGgufOptions {
@@ -94,6 +94,12 @@ pub struct EngramGgufOptions {
     pub shard_table_world: u32,
     pub shard_wkv_rank: u32,
     pub shard_wkv_world: u32,
+    /// As in `engram_config`: 0 (the default), a `Q4_K` `wkv` may be
+    /// multiplied by integer dot products within docs/numerics.md's bound
+    /// of its f32 twin; 1, every GGUF-block `wkv` gives the twin's bits.
+    /// Other values are `ENGRAM_STATUS_ERR_INVALID_CONFIG`. (A struct from an
+    /// older header ends before this field: 0.)
+    pub exact_quant_wkv: u32,
 }
 
 /// The `engram_gguf_options` layouts this library reads: the 0.2 one, which
@@ -132,6 +138,7 @@ impl Default for EngramGgufOptions {
             shard_table_world: 1,
             shard_wkv_rank: 0,
             shard_wkv_world: 1,
+            exact_quant_wkv: 0,
         }
     }
 }
@@ -216,8 +223,21 @@ pub extern "C" fn engram_create_from_gguf(
             tables_dir,
             shard,
         };
+        if o.exact_quant_wkv > 1 {
+            bail!(
+                ErrInvalidConfig,
+                "exact_quant_wkv = {}: 0 or 1",
+                o.exact_quant_wkv
+            );
+        }
         let model = Box::new(LoadedModel::open(p, &lo)?);
-        give_context(out, model, &opts, o.device_cache_bytes)
+        give_context(
+            out,
+            model,
+            &opts,
+            o.device_cache_bytes,
+            o.exact_quant_wkv == 1,
+        )
     })
 }
 
@@ -285,12 +305,15 @@ pub(crate) fn give_context(
     model: Box<LoadedModel>,
     opts: &GgufOptions,
     device_cache_bytes: u64,
+    exact_quant: bool,
 ) -> Result<()> {
     // SAFETY: the context borrows the model inside `model`, a heap allocation
     // that does not move when the box does; the EngramContext owns the box and
     // drops it after the context (field order).
     let m: &'static LoadedModel = unsafe { &*(model.as_ref() as *const _) };
-    let inner = m.context_with_cache(opts, device_cache_bytes)?;
+    let inner = m
+        .context_with_cache(opts, device_cache_bytes)?
+        .with_exact_quant(exact_quant);
     give_object(out, EngramContext::new(inner, Some(model)));
     Ok(())
 }

@@ -197,6 +197,6 @@ pub extern "C" fn engram_create_from_safetensors(
             ..LoadOptions::default()
         };
         let model = Box::new(LoadedModel::open_checkpoint(dir, tok, &lo)?);
-        give_context(out, model, &opts, o.device_cache_bytes)
+        give_context(out, model, &opts, o.device_cache_bytes, false)
     })
 }

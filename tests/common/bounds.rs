@@ -170,3 +170,55 @@ pub fn edge_highway(n: usize, hc: usize, d: usize) -> Vec<f32> {
     }
     out
 }
+
+/// The integer dot products' token block scale (docs/numerics.md, "Integer
+/// dot products"), computed here from its definition: `2^(E - 6)` for the
+/// block's largest magnitude `amax` in `[2^E, 2^(E+1))`, at least `2^-149`
+/// (1 for an all-zero block).
+pub fn int_dot_scale(block: &[f32]) -> f64 {
+    let amax = block.iter().fold(0f64, |m, &v| m.max((v as f64).abs()));
+    if amax == 0.0 {
+        return 1.0;
+    }
+    let e = ((amax.to_bits() >> 52) & 0x7FF) as i32 - 1023;
+    2f64.powi((e - 6).max(-149))
+}
+
+/// Bound on `|kv_int - kv_twin|` for one output of the integer dot
+/// products against the f32 twin (docs/numerics.md derives it): `x` the
+/// token's values, `w` the twin's weights (the dequantised values), `wm`
+/// their magnitudes before the dequantisation's rounding (`|d sc q| +
+/// |dmin m|` for the K-quants, `|w|` for `Q8_0`), `QB = 256` values a token
+/// block with scale `dx_u`:
+///
+///   Q   = sum_u dx_u / 2 * sum_{i in u} |w_i|          (the tokens' int8 rounding)
+///   F   = g_D * sum_i wm_i (|x_i| + dx_u / 2),  g_D = D u / (1 - D u), D = K/256 + 8
+///   T   = u * sum_i wm_i |x_i|                      (the twin's rounding of d1 q - m1)
+///   E   = (K + 2) u sum_i |w_i x_i|                 (the twin's own f32 sum)
+///   A   = K 2^-130                                  (roundings below f32's normal range)
+///
+/// plus, where both sides are rounded to bf16 (`rounded`), one bf16 ulp of
+/// the larger.
+pub fn int_dot_bound(x: &[f32], w: &[f32], wm: &[f32], kv: Option<(f64, f64)>) -> f64 {
+    const QB: usize = 256;
+    let k = x.len();
+    let d = (k / QB) as f64 + 8.0;
+    let g = d * U / (1.0 - d * U);
+    let (mut q, mut f, mut t, mut e) = (0f64, 0f64, 0f64, 0f64);
+    for u in 0..k / QB {
+        let r = u * QB..(u + 1) * QB;
+        let dx = int_dot_scale(&x[r.clone()]);
+        for i in r {
+            let (xi, wi, mi) = ((x[i] as f64).abs(), (w[i] as f64).abs(), wm[i] as f64);
+            q += dx / 2.0 * wi;
+            f += mi * (xi + dx / 2.0);
+            t += mi * xi;
+            e += wi * xi;
+        }
+    }
+    let mut b = q + g * f + U * t + (k as f64 + 2.0) * U * e + k as f64 * 2f64.powi(-130);
+    if let Some((a, c)) = kv {
+        b += ulp_bf16(a.abs().max(c.abs()));
+    }
+    b
+}

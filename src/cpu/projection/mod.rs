@@ -239,6 +239,17 @@ pub struct Projection {
     raw_sums: bool,
     /// Run `Kernel::Amx`'s tiles in software (tests on CPUs without AMX).
     amx_emulated: bool,
+    /// Keep a GGUF-block `wkv` bit-identical to its f32 twin (f32 FMA on the
+    /// dequantised values) instead of the integer dot products
+    /// ([`Projection::set_exact_quant`]).
+    exact_quant: bool,
+    /// The integer path's token block scale from a block's largest
+    /// magnitude (`avx512::block_scale`; tests swap in a wrong one).
+    #[cfg(target_arch = "x86_64")]
+    token_scale: fn(f32) -> f32,
+    /// Integer dot products for `Q8_0` too (tests, benchmarks: measured
+    /// slower than the exact path on Zen 4, so not a default).
+    int_q8_0: bool,
 }
 
 impl Projection {
@@ -251,6 +262,10 @@ impl Projection {
             kernel: Kernel::detect(),
             raw_sums: false,
             amx_emulated: false,
+            exact_quant: false,
+            #[cfg(target_arch = "x86_64")]
+            token_scale: avx512::block_scale,
+            int_q8_0: false,
         })
     }
 
@@ -316,6 +331,64 @@ impl Projection {
     #[doc(hidden)]
     pub fn set_raw_sums(&mut self, raw: bool) {
         self.raw_sums = raw;
+    }
+
+    /// `exact`: every GGUF-block `wkv` gives the bits of an f32 `wkv`
+    /// holding its dequantised values (its f32 twin), on every kernel. Not
+    /// exact (the default): the AVX-512 kernels on a CPU with AVX512-VNNI
+    /// multiply the formats of [`int_dot_format`] by integer dot products
+    /// on the tokens quantised to int8, within the bound of docs/numerics.md
+    /// ("Integer dot products") of the twin; a token's `kv` is still the
+    /// same bits whatever the batch, thread count or path.
+    pub fn set_exact_quant(&mut self, exact: bool) {
+        self.exact_quant = exact;
+    }
+
+    pub fn exact_quant(&self) -> bool {
+        self.exact_quant
+    }
+
+    /// For tests and benchmarks: multiply `Q8_0` by integer dot products
+    /// too when not exact (not a default: slower than the exact path where
+    /// measured, docs/numerics.md).
+    #[doc(hidden)]
+    pub fn set_int_dot_q8_0(&mut self, on: bool) {
+        self.int_q8_0 = on;
+    }
+
+    /// For tests: quantise the integer path's tokens with `scale` (a token
+    /// block's scale from its largest magnitude) instead of the documented
+    /// one, to check that the tests' bound catches a wrong quantisation.
+    #[doc(hidden)]
+    #[cfg(target_arch = "x86_64")]
+    pub fn set_token_scale(&mut self, scale: fn(f32) -> f32) {
+        self.token_scale = scale;
+    }
+
+    /// Whether a run of `w` (`k` values a row) takes the integer dot
+    /// products: not exact, an AVX-512 kernel, AVX512-VNNI, a format of
+    /// [`int_dot_format`], and `k` whole token blocks.
+    pub fn int_dot(&self, w: Weights<'_>, k: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let fmt = match w {
+                Weights::Quant {
+                    format, row_len, ..
+                } if row_len == k => format,
+                _ => return false,
+            };
+            !self.exact_quant
+                && matches!(self.kernel, Kernel::Avx512 | Kernel::Avx512Bf16)
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && (int_dot_format(fmt)
+                    || (self.int_q8_0 && fmt == crate::formats::EngramType::Q8_0))
+                && k.is_multiple_of(avx512::QB)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (w, k);
+            false
+        }
     }
 
     /// `kv[t][o] = bf16(sum_i rows[t][i] * w[o][i])` for `rows` `[n, k]` (bf16
@@ -428,7 +501,14 @@ impl Projection {
         sink: &Sink,
     ) -> Result<()> {
         let bf16_dot = self.kernel == Kernel::Avx512Bf16;
-        let run = x86::Avx512Run::new(rows, n, k, w, bf16_dot)?;
+        let run = x86::Avx512Run::new(
+            rows,
+            n,
+            k,
+            w,
+            bf16_dot,
+            self.int_dot(w, k).then_some(self.token_scale),
+        )?;
         self.tasks(n, kvt, sink, |lo, hi, out| run.task(w, lo, hi, out))
     }
 }
@@ -467,6 +547,16 @@ impl Projection {
             }
         })
     }
+}
+
+/// The GGUF block formats the AVX-512 kernels multiply by integer dot
+/// products unless the engine asks for the exact twin (the decision and its
+/// measurements: docs/numerics.md, "Integer dot products").
+pub fn int_dot_format(format: crate::formats::EngramType) -> bool {
+    use crate::formats::EngramType;
+    // Q8_0 has an integer path too (`Projection::set_int_dot_q8_0`), but it
+    // measured slower than the exact one (docs/numerics.md).
+    matches!(format, EngramType::Q4_K)
 }
 
 /// Where the tasks write `kv` (`[n, n_out]`): each its own output columns,

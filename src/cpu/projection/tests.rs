@@ -152,6 +152,9 @@ fn quantised_weights_match_their_f32_values_at_every_batch_size() {
         for kernel in KERNELS {
             let mut p = projection(2, kernel);
             p.set_raw_sums(true);
+            // The twin's bits need the exact option (the default may take
+            // integer dot products: tests/int_dot.rs).
+            p.set_exact_quant(true);
             let mut p32 = projection(2, kernel);
             p32.set_raw_sums(true);
             for (lo, hi) in [(0, 1), (2, 5), (1, 4), (0, 8), (0, n)] {
@@ -265,6 +268,7 @@ fn quantised_decode_matches_f32_for_1_to_8_tokens_and_odd_sizes() {
             for kernel in KERNELS {
                 let mut p = projection(1, kernel);
                 p.set_raw_sums(true);
+                p.set_exact_quant(true);
                 let mut p32 = projection(1, kernel);
                 p32.set_raw_sums(true);
                 for n in 1..=8usize {

@@ -291,26 +291,50 @@ pub(super) struct Avx512Run {
     dot: bool,
     xs: Vec<f32>,
     xb: Vec<u16>,
+    /// The tokens quantised for the integer dot products (`Q8_0`, `Q4_K`
+    /// when the projection asks for them).
+    xq: Option<avx512::QTokens>,
 }
 
 impl Avx512Run {
     /// The token buffers for `rows` (`[n, k]` bf16 bits) against `w`. Call
     /// it only for `Kernel::Avx512` or (`bf16_dot`) `Kernel::Avx512Bf16`
-    /// (the tasks rely on their CPU features).
+    /// (the tasks rely on their CPU features), and `int_dot` (the token
+    /// block scale of the integer dot products) only where
+    /// `Projection::int_dot` holds.
     pub(super) fn new(
         rows: &[u16],
         n: usize,
         k: usize,
         w: Weights<'_>,
         bf16_dot: bool,
+        int_dot: Option<fn(f32) -> f32>,
     ) -> Result<Avx512Run> {
+        if let Some(scale) = int_dot {
+            let xq = avx512::QTokens::new(rows, n, k, scale)?;
+            return Ok(Avx512Run {
+                n,
+                k,
+                dot: false,
+                xs: Vec::new(),
+                xb: Vec::new(),
+                xq: Some(xq),
+            });
+        }
         let dot = bf16_dot && matches!(w, Weights::Bf16(_) | Weights::Fp8Block(_));
         let (xs, xb) = if dot {
             (Vec::new(), avx512::pack_bf16(rows, n, k)?)
         } else {
             (avx512::pair_split(rows, n, k)?, Vec::new())
         };
-        Ok(Avx512Run { n, k, dot, xs, xb })
+        Ok(Avx512Run {
+            n,
+            k,
+            dot,
+            xs,
+            xb,
+            xq: None,
+        })
     }
 
     /// One task: output rows `lo..hi` of `w` into `out` (`[hi - lo, n]`).
@@ -397,6 +421,20 @@ impl Avx512Run {
     ) -> Result<()> {
         let (n, k, xs) = (self.n, self.k, &self.xs);
         let (p, rb) = (data.as_ptr(), format.row_bytes(k));
+        if let Some(xq) = &self.xq {
+            // SAFETY: `xq` is built only when the projection's `int_dot`
+            // held: an AVX-512 kernel (avx512f, avx512bw, avx2, fma, f16c)
+            // on a CPU with avx512vnni, `k` a multiple of `QB`, and the
+            // format `Q8_0` or `Q4_K`; `data` holds rows `lo..hi` of `rb`
+            // bytes, whole blocks (`Weights::quant` checked).
+            return unsafe {
+                match format {
+                    EngramType::Q8_0 => avx512::range_q8_0_int(p, rb, xq, n, k, lo, hi, out),
+                    EngramType::Q4_K => avx512::range_q4_k_int(p, rb, xq, n, k, lo, hi, out),
+                    _ => unreachable!("{} has no integer dot products", format.name()),
+                }
+            };
+        }
         // SAFETY: in every arm, the features of every AVX-512 run (avx512f,
         // avx512bw, avx2, fma, f16c); `data` holds rows `lo..hi` of `rb`
         // bytes, each `k / VALUES` whole blocks of `format` (`Weights::quant`

@@ -10,8 +10,10 @@ use crate::formats::bf16_to_f32;
 use std::arch::x86_64::*;
 
 mod dp;
+mod qdot;
 mod quant;
 pub(super) use dp::pack_bf16;
+pub(super) use qdot::{block_scale, range_q4_k_int, range_q8_0_int, QTokens, QB};
 use quant::{F16, F32, Q2K, Q3K, Q4K, Q4_0, Q5K, Q6K, Q8_0};
 
 macro_rules! entry {
