@@ -842,6 +842,19 @@ fn bench_apply(threads: usize, main: bool) {
 /// scales finite and small.
 /// `rows` rows of `K_IN` weights of format `ty`, random with finite scales.
 fn wkv_rows(ty: EngramType, rows: usize, rng: &mut Rng) -> Vec<u8> {
+    if ty == EngramType::Fp8E4m3E8m0Block {
+        // The checkpoint's fp8: codes (no NaN), then 128 x 128 block scales
+        // 2^-16..2^-9 (as the checkpoint's).
+        let n_codes = rows * K_IN;
+        let n_scales = rows.div_ceil(128) * K_IN.div_ceil(128);
+        return (0..n_codes + n_scales)
+            .map(|i| match rng.next() as u8 {
+                b if i >= n_codes => 111 + b % 8,
+                b if b & 0x7F == 0x7F => b ^ 1,
+                b => b,
+            })
+            .collect();
+    }
     let fmt = EngramType::row_format(ty as u32, K_IN).unwrap();
     let mut data = vec![0u8; fmt.row_bytes(K_IN) * rows];
     let bb = fmt.block().map_or(2, |(_, bytes)| bytes);
@@ -862,9 +875,15 @@ fn wkv_rows(ty: EngramType, rows: usize, rng: &mut Rng) -> Vec<u8> {
     data
 }
 
-fn weights_of(ty: EngramType, layer: &[u8]) -> Weights<'_> {
+fn weights_of(ty: EngramType, layer: &[u8], rows: usize) -> Weights<'_> {
     match ty {
         EngramType::Bf16 => Weights::Bf16(bytemuck_u16(layer)),
+        EngramType::Fp8E4m3E8m0Block => {
+            let (codes, scales) = layer.split_at(rows * K_IN);
+            Weights::Fp8Block(
+                engram::formats::Fp8Blocks::new(codes, scales, K_IN, 128, 128).unwrap(),
+            )
+        }
         _ => Weights::quant(
             EngramType::row_format(ty as u32, K_IN).unwrap(),
             layer,
@@ -876,7 +895,7 @@ fn weights_of(ty: EngramType, layer: &[u8]) -> Weights<'_> {
 
 /// The projection alone (one V4.1 layer's wkv, bf16 and GGUF formats), for
 /// kernel work: `ENGRAM_BENCH_ONLY=projection` (`ENGRAM_BENCH_NS=1,8,...`,
-/// `ENGRAM_BENCH_FORMATS=bf16,q8_0,q4_0,q2_K..q6_K`, `ENGRAM_BENCH_ROWS=N`: output rows,
+/// `ENGRAM_BENCH_FORMATS=bf16,fp8,q8_0,q4_0,q2_K..q6_K` (fp8: the checkpoint's block-scaled), `ENGRAM_BENCH_ROWS=N`: output rows,
 /// default the layer's; a few hundred keep `wkv` in L2, which measures the
 /// kernel's decoding rate without the memory's). Rates per CPU-second too:
 /// the machine is shared, and CPU time leaves out the time others took.
@@ -894,6 +913,7 @@ fn bench_projection(threads: usize) {
     for name in formats.split(',') {
         let ty = match name {
             "bf16" => EngramType::Bf16,
+            "fp8" => EngramType::Fp8E4m3E8m0Block,
             "q8_0" => EngramType::Q8_0,
             "q4_K" => EngramType::Q4_K,
             "q2_K" => EngramType::Q2_K,
@@ -904,7 +924,7 @@ fn bench_projection(threads: usize) {
             _ => panic!("format {name}?"),
         };
         let data = wkv_rows(ty, rows, &mut rng);
-        let w = weights_of(ty, &data);
+        let w = weights_of(ty, &data, rows);
         for &n in &ns {
             let x: Vec<u16> = (0..n * K_IN).map(|_| f32_to_bf16(rng.f32())).collect();
             let mut kv = vec![0f32; n * rows];
