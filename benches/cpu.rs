@@ -395,13 +395,26 @@ struct GgmlRun {
 fn build_ggml_peer(native: &str) -> Option<PathBuf> {
     // This binary is target/<profile>/deps/cpu-*; the libengram.so cargo
     // built it with sits beside it, and the target directory two levels up.
+    // A binary run from elsewhere names them: ENGRAM_LIB_DIR, CARGO_TARGET_DIR.
     let exe = std::env::current_exe().ok()?;
-    let lib_dir = exe.parent()?;
-    let target = lib_dir.parent()?.parent()?;
+    let lib_dir = std::env::var_os("ENGRAM_LIB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| exe.parent().unwrap_or(Path::new(".")).to_path_buf());
+    if !lib_dir.join("libengram.so").exists() {
+        println!(
+            "(no libengram.so in {}: set ENGRAM_LIB_DIR for the ggml peer)",
+            lib_dir.display()
+        );
+        return None;
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .or_else(|| Some(lib_dir.parent()?.parent()?.to_path_buf()))
+        .unwrap_or_else(|| root().join("target"));
     let out = std::process::Command::new("bash")
         .arg(root().join("bench/ggml/build.sh"))
         .env("ENGRAM_GGML_NATIVE", native)
-        .env("ENGRAM_LIB_DIR", lib_dir)
+        .env("ENGRAM_LIB_DIR", &lib_dir)
         .env("CARGO_TARGET_DIR", target)
         .stderr(std::process::Stdio::inherit())
         .output()

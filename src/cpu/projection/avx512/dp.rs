@@ -336,7 +336,10 @@ mod tests {
     /// kept out of it (the f32 path flushes what would be subnormal).
     #[test]
     fn the_integer_fp8_widening_gives_the_f32_widenings_bits() {
-        if !super::super::super::Kernel::Avx512Bf16.supported() {
+        if !(is_x86_feature_detected!("avx512bf16")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("f16c"))
+        {
             eprintln!("no avx512bf16 here: skipped");
             return;
         }
@@ -346,8 +349,8 @@ mod tests {
             for chunk in codes.chunks(32) {
                 let mut c = [0u8; 32];
                 c[..chunk.len()].copy_from_slice(chunk);
-                // SAFETY: this CPU has avx512bf16 (checked above), so the
-                // avx512f/bw and f16c these need; 32 bytes at `c`.
+                // SAFETY: this CPU has avx512bf16, avx512bw and f16c
+                // (checked above; avx512bw implies avx512f); 32 bytes at `c`.
                 let (a, b) = unsafe {
                     (
                         fp8_chunk_int(c.as_ptr(), scale),
