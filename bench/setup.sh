@@ -15,6 +15,10 @@ fi
 
 # The ggml peer (issue 19): ggml's CPU backend from the llama.cpp sources that
 # llama-cpp-python 0.3.36's sdist vendors (built once, cached outside the
-# checkout), and the C++ driver that `cargo bench --bench cpu` runs.
+# checkout), and the C++ driver that `cargo bench --bench cpu` runs, for
+# both ggml builds it compares against: the portable AVX2 one and the one
+# for this CPU (GGML_NATIVE=ON). The bench builds them itself when they are
+# missing; building them here takes that wait out of its first run.
 cd ..
-bash bench/ggml/build.sh
+bash bench/ggml/build.sh >/dev/null
+ENGRAM_GGML_NATIVE=1 bash bench/ggml/build.sh >/dev/null

@@ -3,8 +3,8 @@
 //! the roofline and against ggml's CPU backend (llama.cpp's engram op chain,
 //! bench/ggml/ggml_peer.cpp), all measured in this one run.
 //!
-//!     bash bench/setup.sh            # once: numpy + torch in bench/.venv, the ggml peer
-//!     cargo bench --bench cpu
+//!     bash bench/setup.sh            # once: numpy + torch in bench/.venv
+//!     cargo bench --bench cpu        # builds the ggml peers itself (cached)
 //!
 //! Environment: `ENGRAM_BENCH_THREADS=N` (threads; default all),
 //! `ENGRAM_CPU_KERNEL=portable|avx2|avx512|avx512bf16|amx` (force a
@@ -15,8 +15,11 @@
 //! torch other than bench/.venv's), `ENGRAM_ROOT` (the source tree, for a
 //! binary run away from it: scripts/cpu-kernels-check.sh).
 //!
-//! Without bench/.venv the Python peers are skipped and said to be; without
-//! target/ggml-peer/ggml_peer, the ggml peer.
+//! Without bench/.venv the Python peers are skipped and said to be. The ggml
+//! peer is built by the bench (bench/ggml/build.sh: ggml for this CPU and
+//! ggml's portable AVX2 build, each cached; `ENGRAM_BENCH_GGML=native|avx2`
+//! runs one); a build that fails (no cmake, no network for its sources the
+//! first time) is skipped and said to be.
 
 use engram::cpu::projection::{Kernel, Projection};
 use engram::formats::f32_to_bf16;
@@ -323,11 +326,7 @@ fn main() {
         Kernel::detect()
     );
     println!("CPU features: {}", engram::cpu::projection::cpu_features());
-    if let Ok(m) = std::fs::read_to_string("/proc/cpuinfo") {
-        if let Some(l) = m.lines().find(|l| l.starts_with("model name")) {
-            println!("CPU: {}", l.split(':').nth(1).unwrap_or("").trim());
-        }
-    }
+    println!("CPU: {}; AVX-512/AMX flags: {}", cpu_model(), simd_flags());
     if python().is_none() {
         println!("(bench/.venv missing: run `bash bench/setup.sh` for the numpy and PyTorch peers; skipping them)");
     }
@@ -348,32 +347,209 @@ fn main() {
 
 /// The ggml peer: llama.cpp's DeepSeek-V4.1 engram op chain on ggml's CPU
 /// backend against `engram_apply`, same weights, row ids and threads, in one
-/// C++ process (bench/ggml/ggml_peer.cpp; built by `bash bench/setup.sh`). It
-/// links target/release/libengram.so, the library this bench also builds.
-/// `ENGRAM_BENCH_NS`, `ENGRAM_BENCH_FORMATS` (bf16,q8_0,q4_K,q2_K) and
-/// `ENGRAM_BENCH_TABLES` (q8_0,fp8) narrow it; `ENGRAM_BENCH_REPS` sets the
-/// repetitions.
+/// C++ process (bench/ggml/ggml_peer.cpp) per ggml build: ggml built for this
+/// CPU (`GGML_NATIVE=ON`, as a user's build is; its AMX-INT8 path where the
+/// CPU has AMX), the main peer, and the portable AVX2 build. Each driver is
+/// built (cached) by bench/ggml/build.sh against the libengram this bench was
+/// built with (the `libengram.so` beside this binary).
+/// `ENGRAM_BENCH_GGML=native,avx2` picks the builds, `ENGRAM_BENCH_NS`,
+/// `ENGRAM_BENCH_FORMATS` (bf16,fp8,q8_0,q4_K,q2_K) and
+/// `ENGRAM_BENCH_TABLES` (q8_0,fp8) narrow the cells; `ENGRAM_BENCH_REPS`
+/// sets the repetitions.
 fn bench_ggml(threads: usize) {
-    let driver = root().join("target/ggml-peer/ggml_peer");
-    if !driver.exists() {
-        println!("\n(ggml peer missing: run `bash bench/setup.sh` to build it; skipping it)");
-        return;
+    let want = std::env::var("ENGRAM_BENCH_GGML").unwrap_or("native,avx2".into());
+    let mut runs: Vec<GgmlRun> = Vec::new();
+    for (name, native) in [("native", "1"), ("avx2", "0")] {
+        if !want.split(',').any(|w| w == name) {
+            continue;
+        }
+        let Some(driver) = build_ggml_peer(native) else {
+            println!("\n(ggml peer, {name} build: could not be built, see above; skipping it)");
+            continue;
+        };
+        let version = std::fs::read_to_string(driver.with_file_name("GGML_VERSION"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        println!("\n## ggml peer, {name} build: {version}");
+        let cells = run_ggml_peer(&driver, threads);
+        runs.push(GgmlRun { name, cells });
     }
-    if let Ok(v) = std::fs::read_to_string(root().join("target/ggml-peer/GGML_VERSION")) {
-        println!("\n## ggml peer: {}", v.trim());
+    print_ggml_table(threads, &runs);
+}
+
+/// One cell of a ggml driver's run (its `result` line).
+struct GgmlCell {
+    key: String,
+    ggml_ms: f64,
+    engram_ms: f64,
+    reps: u32,
+    weights: String,
+}
+
+struct GgmlRun {
+    name: &'static str,
+    cells: Vec<GgmlCell>,
+}
+
+/// Builds (or finds up to date) the driver for one ggml build: its path.
+fn build_ggml_peer(native: &str) -> Option<PathBuf> {
+    // This binary is target/<profile>/deps/cpu-*; the libengram.so cargo
+    // built it with sits beside it, and the target directory two levels up.
+    // A binary run from elsewhere names them: ENGRAM_LIB_DIR, CARGO_TARGET_DIR.
+    let exe = std::env::current_exe().ok()?;
+    let lib_dir = std::env::var_os("ENGRAM_LIB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| exe.parent().unwrap_or(Path::new(".")).to_path_buf());
+    if !lib_dir.join("libengram.so").exists() {
+        println!(
+            "(no libengram.so in {}: set ENGRAM_LIB_DIR for the ggml peer)",
+            lib_dir.display()
+        );
+        return None;
     }
-    let mut cmd = std::process::Command::new(&driver);
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .or_else(|| Some(lib_dir.parent()?.parent()?.to_path_buf()))
+        .unwrap_or_else(|| root().join("target"));
+    let out = std::process::Command::new("bash")
+        .arg(root().join("bench/ggml/build.sh"))
+        .env("ENGRAM_GGML_NATIVE", native)
+        .env("ENGRAM_LIB_DIR", &lib_dir)
+        .env("CARGO_TARGET_DIR", target)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .ok()?;
+    let path = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()?
+        .to_string();
+    (out.status.success() && Path::new(&path).exists()).then(|| PathBuf::from(path))
+}
+
+/// Runs one driver, its lines shown as they come, and returns its cells.
+fn run_ggml_peer(driver: &Path, threads: usize) -> Vec<GgmlCell> {
+    use std::io::BufRead;
+    let mut cmd = std::process::Command::new(driver);
     cmd.arg(threads.to_string());
     if let Ok(r) = std::env::var("ENGRAM_BENCH_REPS") {
         cmd.arg(r);
     }
-    match cmd.status() {
-        Ok(s) if s.success() => {}
-        Ok(s) => panic!(
-            "ggml peer failed ({s}): its results disagree with libengram's or it could not run"
-        ),
-        Err(e) => panic!("ggml peer {}: {e}", driver.display()),
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("ggml peer {}: {e}", driver.display()));
+    let mut cells = Vec::new();
+    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        match line.strip_prefix("result ") {
+            Some(r) => cells.push(parse_ggml_result(r)),
+            None => println!("{line}"),
+        }
     }
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "ggml peer failed ({status}): its results disagree with libengram's or it could not run"
+    );
+    cells
+}
+
+/// `wkv=.. table=.. n=.. ggml_ms=.. engram_ms=.. reps=.. agree=.. weights=..`.
+fn parse_ggml_result(r: &str) -> GgmlCell {
+    let field = |k: &str| {
+        r.split(' ')
+            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("ggml peer result without {k}: {r}"))
+    };
+    let num = |k: &str| field(k).parse::<f64>().unwrap();
+    GgmlCell {
+        key: format!("{} | {} | {}", field("wkv"), field("table"), field("n")),
+        ggml_ms: num("ggml_ms"),
+        engram_ms: num("engram_ms"),
+        reps: num("reps") as u32,
+        weights: field("weights").to_string(),
+    }
+}
+
+/// The CPU's AVX-512 and AMX flags as /proc/cpuinfo (lscpu) names them.
+fn simd_flags() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags: Vec<&str> = info
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("")
+        .split_whitespace()
+        .filter(|f| f.starts_with("avx512") || f.starts_with("amx") || *f == "avx_vnni")
+        .collect();
+    let amx = if flags.iter().any(|f| f.starts_with("amx")) {
+        ""
+    } else {
+        " (no AMX)"
+    };
+    format!("{}{amx}", flags.join(" "))
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|m| {
+            let l = m.lines().find(|l| l.starts_with("model name"))?;
+            Some(l.split(':').nth(1)?.trim().to_string())
+        })
+        .unwrap_or("unknown".into())
+}
+
+/// Both builds side by side: each ratio is ggml's time over libengram's
+/// measured in the same driver run (alternating), so each build's column
+/// has its own libengram time.
+fn print_ggml_table(threads: usize, runs: &[GgmlRun]) {
+    let Some(first) = runs.first() else { return };
+    println!(
+        "\n## libengram against ggml, {} (ggml time / libengram time, each pair alternated in one process; > 1: libengram faster), {threads} threads",
+        runs.iter()
+            .map(|r| format!("ggml {}", r.name))
+            .collect::<Vec<_>>()
+            .join(" and ")
+    );
+    println!("CPU: {}; {}", cpu_model(), simd_flags());
+    let mut head = "| wkv | table rows | tokens |".to_string();
+    let mut rule = "|---|---|---:|".to_string();
+    for r in runs {
+        let n = r.name;
+        head += &format!(" libengram ms | ggml {n} ms | ggml {n} weights | ggml {n} / libengram |");
+        rule += "---:|---:|---|---:|";
+    }
+    println!("{head}\n{rule}");
+    for c in &first.cells {
+        let mut line = format!("| {} |", c.key);
+        for r in runs {
+            match r.cells.iter().find(|o| o.key == c.key) {
+                Some(o) => {
+                    line += &format!(
+                        " {:.2} | {:.2} | {} | {:.2} |",
+                        o.engram_ms,
+                        o.ggml_ms,
+                        o.weights,
+                        o.ggml_ms / o.engram_ms
+                    )
+                }
+                None => line += " - | - | - | - |",
+            }
+        }
+        println!("{line}");
+    }
+    let reps: Vec<String> = runs
+        .iter()
+        .flat_map(|r| r.cells.iter().map(|c| c.reps.to_string()))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    println!(
+        "(medians of {} repetitions a cell; every cell agreed within the driver's bounds)",
+        reps.join("/")
+    );
 }
 
 fn bench_hash() {
@@ -680,6 +856,19 @@ fn bench_apply(threads: usize, main: bool) {
 /// scales finite and small.
 /// `rows` rows of `K_IN` weights of format `ty`, random with finite scales.
 fn wkv_rows(ty: EngramType, rows: usize, rng: &mut Rng) -> Vec<u8> {
+    if ty == EngramType::Fp8E4m3E8m0Block {
+        // The checkpoint's fp8: codes (no NaN), then 128 x 128 block scales
+        // 2^-16..2^-9 (as the checkpoint's).
+        let n_codes = rows * K_IN;
+        let n_scales = rows.div_ceil(128) * K_IN.div_ceil(128);
+        return (0..n_codes + n_scales)
+            .map(|i| match rng.next() as u8 {
+                b if i >= n_codes => 111 + b % 8,
+                b if b & 0x7F == 0x7F => b ^ 1,
+                b => b,
+            })
+            .collect();
+    }
     let fmt = EngramType::row_format(ty as u32, K_IN).unwrap();
     let mut data = vec![0u8; fmt.row_bytes(K_IN) * rows];
     let bb = fmt.block().map_or(2, |(_, bytes)| bytes);
@@ -700,9 +889,15 @@ fn wkv_rows(ty: EngramType, rows: usize, rng: &mut Rng) -> Vec<u8> {
     data
 }
 
-fn weights_of(ty: EngramType, layer: &[u8]) -> Weights<'_> {
+fn weights_of(ty: EngramType, layer: &[u8], rows: usize) -> Weights<'_> {
     match ty {
         EngramType::Bf16 => Weights::Bf16(bytemuck_u16(layer)),
+        EngramType::Fp8E4m3E8m0Block => {
+            let (codes, scales) = layer.split_at(rows * K_IN);
+            Weights::Fp8Block(
+                engram::formats::Fp8Blocks::new(codes, scales, K_IN, 128, 128).unwrap(),
+            )
+        }
         _ => Weights::quant(
             EngramType::row_format(ty as u32, K_IN).unwrap(),
             layer,
@@ -714,7 +909,7 @@ fn weights_of(ty: EngramType, layer: &[u8]) -> Weights<'_> {
 
 /// The projection alone (one V4.1 layer's wkv, bf16 and GGUF formats), for
 /// kernel work: `ENGRAM_BENCH_ONLY=projection` (`ENGRAM_BENCH_NS=1,8,...`,
-/// `ENGRAM_BENCH_FORMATS=bf16,q8_0,q4_0,q2_K..q6_K`, `ENGRAM_BENCH_ROWS=N`: output rows,
+/// `ENGRAM_BENCH_FORMATS=bf16,fp8,q8_0,q4_0,q2_K..q6_K` (fp8: the checkpoint's block-scaled), `ENGRAM_BENCH_ROWS=N`: output rows,
 /// default the layer's; a few hundred keep `wkv` in L2, which measures the
 /// kernel's decoding rate without the memory's). Rates per CPU-second too:
 /// the machine is shared, and CPU time leaves out the time others took.
@@ -732,6 +927,7 @@ fn bench_projection(threads: usize) {
     for name in formats.split(',') {
         let ty = match name {
             "bf16" => EngramType::Bf16,
+            "fp8" => EngramType::Fp8E4m3E8m0Block,
             "q8_0" => EngramType::Q8_0,
             "q4_K" => EngramType::Q4_K,
             "q2_K" => EngramType::Q2_K,
@@ -742,7 +938,7 @@ fn bench_projection(threads: usize) {
             _ => panic!("format {name}?"),
         };
         let data = wkv_rows(ty, rows, &mut rng);
-        let w = weights_of(ty, &data);
+        let w = weights_of(ty, &data, rows);
         for &n in &ns {
             let x: Vec<u16> = (0..n * K_IN).map(|_| f32_to_bf16(rng.f32())).collect();
             let mut kv = vec![0f32; n * rows];

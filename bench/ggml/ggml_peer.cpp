@@ -42,11 +42,20 @@
 // untimed one of its own (on the next layer), so that its threads are awake
 // and the other side's have stopped spinning. Median of the repetitions.
 //
+// Weights: ggml's wkv sits where llama.cpp puts a CPU weight of its type: in
+// the first of the CPU backend's extra buffer types whose mul_mat takes it
+// (AMX on a CPU with AMX-INT8, then the repacked layouts: Q4_K on AVX2,
+// Q2_K on AVX-512, ...), copied there (and repacked) once per layer; else in
+// place, the same bytes libengram reads. ENGRAM_GGML_EXTRA_BUFTS=0 keeps
+// every format in place (llama.cpp's --no-repack). Each cell names where.
+//
 // Usage: ggml_peer THREADS [REPS]   (ENGRAM_BENCH_NS=1,8,64,512,
 //        ENGRAM_BENCH_FORMATS=bf16,fp8,q8_0,q4_K,q2_K, ENGRAM_BENCH_TABLES=q8_0,fp8;
 //        wkv fp8 is the checkpoint's block-scaled fp8, which ggml gets as bf16)
 #include "engram.h"
 
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
 
@@ -245,6 +254,71 @@ engram_context *make_context(const Model &m, uint32_t threads) {
     return ctx;
 }
 
+// Where llama.cpp puts a CPU weight of type `t` (llama-model.cpp,
+// select_weight_buft): the first extra buffer type of the CPU device whose
+// supports_op takes a mul_mat of it by a 512-token f32 batch; nullptr: plain
+// host memory (or ENGRAM_GGML_EXTRA_BUFTS=0).
+ggml_backend_buffer_type_t weight_buft(ggml_type t) {
+    const char *env = std::getenv("ENGRAM_GGML_EXTRA_BUFTS");
+    if (env && std::string(env) == "0") return nullptr;
+    ggml_backend_reg_t reg = ggml_backend_cpu_reg();
+    ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, 0);
+    auto get = (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(
+        reg, "ggml_backend_dev_get_extra_bufts");
+    if (!get) return nullptr;
+    ggml_init_params p = {ggml_tensor_overhead() * 4, nullptr, true};
+    ggml_context *c = ggml_init(p);
+    ggml_tensor *w = ggml_new_tensor_2d(c, t, K_IN, K_OUT);
+    ggml_tensor *op = ggml_mul_mat(c, w, ggml_new_tensor_2d(c, GGML_TYPE_F32, K_IN, 512));
+    ggml_backend_buffer_type_t chosen = nullptr;
+    for (ggml_backend_buffer_type_t *b = get(dev); b && *b && !chosen; b++) {
+        ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(*b, 0);
+        w->buffer = probe;
+        if (ggml_backend_dev_supports_op(dev, op)) chosen = *b;
+        w->buffer = nullptr;
+        ggml_backend_buffer_free(probe);
+    }
+    ggml_free(c);
+    return chosen;
+}
+
+// One layer's wkv as ggml reads it: `bytes` in place (buffer nullptr), or a
+// tensor of its own in an extra buffer type, set (repacked) from `bytes`.
+struct PlacedWkv {
+    void *data = nullptr;
+    ggml_backend_buffer_t buffer = nullptr;
+    void *extra = nullptr;
+    ggml_context *ctx = nullptr;
+};
+
+PlacedWkv place_wkv(ggml_type t, ggml_backend_buffer_type_t buft, void *bytes) {
+    PlacedWkv p;
+    p.data = bytes;
+    if (!buft) return p;
+    ggml_init_params ip = {ggml_tensor_overhead() * 2, nullptr, true};
+    p.ctx = ggml_init(ip);
+    ggml_tensor *w = ggml_new_tensor_2d(p.ctx, t, K_IN, K_OUT);
+    p.buffer = ggml_backend_alloc_ctx_tensors_from_buft(p.ctx, buft);
+    if (!p.buffer) die(std::string("cannot allocate wkv in ") + ggml_backend_buft_name(buft));
+    ggml_backend_tensor_set(w, bytes, 0, ggml_nbytes(w));
+    p.data = w->data;
+    p.extra = w->extra;
+    return p;
+}
+
+void free_placed(PlacedWkv &p) {
+    if (p.buffer) ggml_backend_buffer_free(p.buffer);
+    if (p.ctx) ggml_free(p.ctx);
+    p = PlacedWkv{};
+}
+
+// Point the graph's wkv placeholder at one layer's weights.
+void point_wkv(ggml_tensor *t, const PlacedWkv &p) {
+    t->data = p.data;
+    t->buffer = p.buffer;
+    t->extra = p.extra;
+}
+
 // The graph of one layer's engram forward for n tokens; `wkv`, `ids` and `h`
 // are placeholders whose data pointers the caller sets before each compute.
 struct Graph {
@@ -255,7 +329,8 @@ struct Graph {
     std::vector<uint8_t> work;
 };
 
-Graph build_graph(int64_t n, ggml_type wkv_type, ggml_tensor *table, ggml_tensor *q, ggml_tensor *k, int threads) {
+Graph build_graph(int64_t n, ggml_type wkv_type, const PlacedWkv &wkv0, ggml_tensor *table, ggml_tensor *q,
+                  ggml_tensor *k, int threads) {
     Graph g;
     size_t mem = ggml_tensor_overhead() * 64 + ggml_graph_overhead() +
                  (size_t)n * (size_t)(COLS * HD + K_OUT + 8 * HC * D) * 4 + (16u << 20);
@@ -267,6 +342,7 @@ Graph build_graph(int64_t n, ggml_type wkv_type, ggml_tensor *table, ggml_tensor
         ggml_init_params np = {ggml_tensor_overhead() * 4, nullptr, true};
         ggml_context *meta = ggml_init(np);
         g.wkv = ggml_new_tensor_2d(meta, wkv_type, K_IN, K_OUT);
+        point_wkv(g.wkv, wkv0);  // the plan's work size depends on where wkv is
         g.ids = ggml_new_tensor_1d(meta, GGML_TYPE_I32, COLS * n);
         g.h = ggml_new_tensor_3d(meta, GGML_TYPE_F32, D, HC, n);
         // (meta lives as long as the process: a few hundred bytes per graph.)
@@ -328,6 +404,14 @@ int main(int argc, char **argv) {
     }
     const std::vector<std::string> tables = list_env("ENGRAM_BENCH_TABLES", "q8_0,fp8");
     ggml_cpu_init();
+    // ggml's debug lines ("repack: repack tensor ...", one a layer) are not for this output.
+    ggml_log_set(
+        [](ggml_log_level level, const char *text, void *) {
+            static ggml_log_level last = GGML_LOG_LEVEL_INFO;
+            if (level != GGML_LOG_LEVEL_CONT) last = level;
+            if (last != GGML_LOG_LEVEL_DEBUG) std::fputs(text, stderr);
+        },
+        nullptr);
     std::printf("# ggml peer: ggml %s (commit %s), libengram %s; %d threads on both sides; V4.1 geometry "
                 "(D %lld, hc %lld, C %lld, Hd %lld; wkv [%lld x %lld])\n",
                 ggml_version(), ggml_commit(), ENGRAM_VERSION_STRING, threads, (long long)D, (long long)HC,
@@ -405,6 +489,12 @@ int main(int argc, char **argv) {
                 fill_wkv(f, wkv[l], layer_bytes, rng);
             }
         }
+        // ggml's view of each layer: in place, or its own copy where llama.cpp would put it.
+        ggml_backend_buffer_type_t buft = weight_buft(f.gtype);
+        const std::string where = buft ? ggml_backend_buft_name(buft) : "in place";
+        std::vector<PlacedWkv> placed(nl);
+        for (uint32_t l = 0; l < nl; l++) placed[l] = place_wkv(f.gtype, buft, wkv[l]);
+        std::printf("# wkv %s: ggml's weights %s\n", f.name.c_str(), where.c_str());
         for (const std::string &tname : tables) {
             const bool is_fp8 = tname == "fp8";
             if (!is_fp8 && tname != "q8_0") die("unknown table format " + tname);
@@ -443,11 +533,11 @@ int main(int argc, char **argv) {
                             gids[l][(size_t)(t * COLS + c)] = (int32_t)ids[(size_t)((t * nl + l) * COLS + c)];
                 std::vector<float> x0((size_t)(n * HC * D));
                 for (auto &v : x0) v = rng.f32();
-                Graph g = build_graph(n, f.gtype, is_fp8 ? t_fp8 : t_q8, t_q, t_k, threads);
+                Graph g = build_graph(n, f.gtype, placed[0], is_fp8 ? t_fp8 : t_q8, t_q, t_k, threads);
 
                 // --- agreement, layer 0, clean input ---
                 std::vector<float> hg = x0, he = x0;
-                g.wkv->data = wkv[0];
+                point_wkv(g.wkv, placed[0]);
                 g.ids->data = gids[0].data();
                 g.h->data = hg.data();
                 compute(g);
@@ -501,7 +591,7 @@ int main(int argc, char **argv) {
                 for (int r = -1; r < reps; r++) {
                     double t2 = 0, t3 = 0;
                     layer = (layer + 1) % nl;
-                    g.wkv->data = wkv[layer];
+                    point_wkv(g.wkv, placed[layer]);
                     g.ids->data = gids[layer].data();
                     // Each side runs once untimed (the next layer) right
                     // before its timed call: its threads are awake and the
@@ -512,7 +602,7 @@ int main(int argc, char **argv) {
                     // 1-token graphs took 2-4x longer).
                     compute(g);
                     layer = (layer + 1) % nl;
-                    g.wkv->data = wkv[layer];
+                    point_wkv(g.wkv, placed[layer]);
                     g.ids->data = gids[layer].data();
                     double t0 = now_s();
                     compute(g);
@@ -539,12 +629,17 @@ int main(int argc, char **argv) {
                             cell.t_ggml / cell.t_engram, reps, nl,
                             rows_exact ? "exact" : (std::to_string(cell.rows_err)).c_str(), cell.kv_err, cell.out_err,
                             ok ? "" : " DISAGREE");
+                // One line for benches/cpu.rs to read (the line above is for people).
+                std::printf("result wkv=%s table=%s n=%lld ggml_ms=%.4f engram_ms=%.4f reps=%d agree=%d weights=%s\n",
+                            f.name.c_str(), tname.c_str(), (long long)n, cell.t_ggml * 1e3, cell.t_engram * 1e3, reps,
+                            ok ? 1 : 0, buft ? ggml_backend_buft_name(buft) : "in-place");
                 std::fflush(stdout);
                 cells.push_back(cell);
                 ggml_free(g.ctx);
             }
             engram_free(ctx);
         }
+        for (auto &p : placed) free_placed(p);
         for (auto *p : wkv) std::free(p);
         for (auto *p : codes) std::free(p);
         for (auto *p : scales) std::free(p);
