@@ -122,8 +122,11 @@ int main(void) {
         engram_status st = open_gguf(&o);
         check(st == ENGRAM_STATUS_OK, "GGUF with exact_quant_wkv 1: OK (got %d: %s)", (int)st, engram_last_error());
         memset(&o, 0xEE, sizeof o);
-        engram_gguf_options_init_sized(&o, offsetof(engram_gguf_options, exact_quant_wkv));
-        check(o.exact_quant_wkv == 0xEEEEEEEEu, "init of the older GGUF layout writes nothing past it");
+        /* The older layout ends where the shard fields begin: this header's
+         * last fields (the shard spec, exact_quant_wkv) came in one layout. */
+        engram_gguf_options_init_sized(&o, offsetof(engram_gguf_options, shard_table_rank));
+        check(o.shard_table_world == 0xEEEEEEEEu && o.exact_quant_wkv == 0xEEEEEEEEu,
+              "init of the older GGUF layout writes nothing past it");
         st = open_gguf(&o);
         check(st == ENGRAM_STATUS_OK, "GGUF options of the older layout: OK (got %d: %s)", (int)st,
               engram_last_error());
