@@ -339,8 +339,7 @@ fn integer_dots_are_batch_and_thread_invariant_1_to_600_tokens() {
 /// (`engram_config.exact_quant_wkv = 1`) the twin's bits.
 #[test]
 fn a_context_takes_the_exact_option() {
-    use common::{DeviceCalls, Tiny};
-    use engram::{Context, LayerIn};
+    use common::Tiny;
     let tiny = Tiny::load();
     let (d, hc, hd, cols) = (tiny.d, tiny.hc, tiny.hd, tiny.cols());
     let (k, k_out) = (cols * hd, d * (hc + 1));
@@ -348,30 +347,12 @@ fn a_context_takes_the_exact_option() {
         eprintln!("K = {k}: no whole token blocks, nothing to check");
         return;
     }
-    let layer = &tiny.layers[0];
     let ty = EngramType::Q4_K;
     let f = EngramType::row_format(ty as u32, k).unwrap();
     let data = weights(ty, k_out, k, 77, false);
     let (w, wm) = twin(ty, &data, k);
     let run = |wkv: Weights<'_>, exact: bool| {
-        let ctx = Context::new(&tiny.config(Tiny::limits()))
-            .unwrap()
-            .with_exact_quant(exact);
-        ctx.set_layer(LayerIn::host(
-            layer.layer_id,
-            &layer.table,
-            EngramType::row_format(layer.format as u32, hd).unwrap(),
-            layer.rows,
-            wkv,
-            layer.q.weights(),
-            layer.k.weights(),
-        ))
-        .unwrap();
-        let tokens: Vec<i32> = (0..16).map(|i| i * 7 % 48).collect();
-        let pos: Vec<i32> = (0..16).collect();
-        let mut ids = vec![0i64; 16 * ctx.ids_per_token()];
-        ctx.hash(&tokens, &[0; 16], &pos, &mut ids).unwrap();
-        let (rows, kv) = ctx.stages(layer.layer_id, &ids, 16).unwrap();
+        let (rows, kv) = tiny.stages_with_wkv(wkv, exact);
         (
             rows,
             kv.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<f32>>(),

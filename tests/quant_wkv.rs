@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use engram::formats::{bf16_to_f32, dequant_row_f32, f32_to_bf16};
-use engram::{Context, EngramType, LayerIn, Weights};
+use engram::{EngramType, Weights};
 
 #[test]
 fn quantised_wkv_matches_the_dense_paths() {
@@ -27,27 +27,8 @@ fn quantised_wkv_matches_the_dense_paths() {
             dequant_row_f32(fmt, &bytes[o * rb..(o + 1) * rb], row).unwrap();
         }
         let deq_bf16: Vec<u16> = deq.iter().map(|&v| f32_to_bf16(v)).collect();
-        let run = |wkv: Weights<'_>| {
-            // The twin's bits need the exact option (tests/int_dot.rs: the default).
-            let ctx = Context::new(&tiny.config(Tiny::limits()))
-                .unwrap()
-                .with_exact_quant(true);
-            ctx.set_layer(LayerIn::host(
-                layer.layer_id,
-                &layer.table,
-                EngramType::row_format(layer.format as u32, hd).unwrap(),
-                layer.rows,
-                wkv,
-                layer.q.weights(),
-                layer.k.weights(),
-            ))
-            .unwrap();
-            let tokens: Vec<i32> = (0..16).map(|i| i * 7 % 48).collect();
-            let pos: Vec<i32> = (0..16).collect();
-            let mut ids = vec![0i64; 16 * ctx.ids_per_token()];
-            ctx.hash(&tokens, &[0; 16], &pos, &mut ids).unwrap();
-            ctx.stages(layer.layer_id, &ids, 16).unwrap()
-        };
+        // The twin's bits need the exact option (tests/int_dot.rs: the default).
+        let run = |wkv: Weights<'_>| tiny.stages_with_wkv(wkv, true);
         let (rows, kv_q) = run(Weights::quant(fmt, &bytes, k_in).unwrap());
         let (_, kv_f32) = run(Weights::F32(&deq));
         let (_, kv_bf16) = run(Weights::Bf16(&deq_bf16));

@@ -332,6 +332,31 @@ impl Tiny {
         }
     }
 
+    /// Layer 0 with `wkv` in place of its own, through a CPU context
+    /// (`with_exact_quant(exact)`): the rows and `kv` (bf16 bits) of a fixed
+    /// 16-token step (`DeviceCalls::stages`).
+    pub fn stages_with_wkv(&self, wkv: Weights<'_>, exact: bool) -> (Vec<u16>, Vec<u16>) {
+        let layer = &self.layers[0];
+        let ctx = Context::new(&self.config(Tiny::limits()))
+            .unwrap()
+            .with_exact_quant(exact);
+        ctx.set_layer(LayerIn::host(
+            layer.layer_id,
+            &layer.table,
+            EngramType::row_format(layer.format as u32, self.hd).unwrap(),
+            layer.rows,
+            wkv,
+            layer.q.weights(),
+            layer.k.weights(),
+        ))
+        .unwrap();
+        let tokens: Vec<i32> = (0..16).map(|i| i * 7 % 48).collect();
+        let pos: Vec<i32> = (0..16).collect();
+        let mut ids = vec![0i64; 16 * ctx.ids_per_token()];
+        ctx.hash(&tokens, &[0; 16], &pos, &mut ids).unwrap();
+        ctx.stages(layer.layer_id, &ids, 16).unwrap()
+    }
+
     pub fn limits() -> Limits {
         Limits {
             max_tokens: 64,
