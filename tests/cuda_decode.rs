@@ -22,9 +22,8 @@
 
 mod common;
 
-use common::device::{device, emulated, real, simt_library, Dev};
+use common::device::{device, own_device, own_emulator, Dev};
 use common::*;
-use engram::cuda::emu::Emulator;
 use engram::cuda::gpu::{DevBuf, Gpu};
 use engram::formats::{bf16_to_f32, f32_to_bf16};
 use engram::hash::{derive_offsets, derive_primes_uniform};
@@ -456,9 +455,7 @@ fn for_1_to_8_tokens_the_bits_are_the_gemv_kernels() {
 #[test]
 fn a_batch_over_the_decode_limit_takes_the_path_before() {
     // An emulated device of its own: the launches counted are this test's.
-    let Some(dev) = real().or_else(|| own_emulator().map(|(d, _)| d)) else {
-        return;
-    };
+    let Some(dev) = own_device() else { return };
     let m = Model::new(dev.clone());
     let ctx = m.context(None, Some(4));
     let (gather, decode) = (
@@ -492,21 +489,6 @@ fn a_batch_over_the_decode_limit_takes_the_path_before() {
             );
         }
     }
-}
-
-/// A fresh emulated device of its own (its hooks are per device).
-fn own_emulator() -> Option<(Dev, Arc<Emulator>)> {
-    emulated()?;
-    let p = simt_library().expect("the SIMT library").expect("built");
-    let emu = Emulator::load(&p).expect("load the SIMT library");
-    let gpu: Arc<dyn Gpu> = emu.clone();
-    Some((
-        Dev {
-            gpu,
-            emu: Some(emu.clone()),
-        },
-        emu,
-    ))
 }
 
 /// The decode kernel with its gate needs no cooperative launch and no

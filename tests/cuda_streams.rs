@@ -22,31 +22,14 @@
 
 mod common;
 
-use common::device::{device, emulated, simt_library, Dev};
+use common::device::{device, own_device, own_emulator, Dev};
 use common::*;
-use engram::cuda::emu::Emulator;
-use engram::cuda::gpu::{DevBuf, Gpu};
+use engram::cuda::gpu::DevBuf;
 use engram::cuda::sys;
 use engram::formats::{bf16_to_f32, f32_to_bf16};
 use engram::memory::Region;
 use engram::{Context, ContextConfig, EngramBackend, EngramStatus, EngramType, LayerIn, RowIds};
 use std::ffi::c_void;
-use std::sync::Arc;
-
-/// A fresh emulated device of its own (None where the emulation cannot be had).
-fn own_emulator() -> Option<(Dev, Arc<Emulator>)> {
-    emulated()?;
-    let p = simt_library().expect("the SIMT library").expect("built");
-    let emu = Emulator::load(&p).expect("load the SIMT library");
-    let gpu: Arc<dyn Gpu> = emu.clone();
-    Some((
-        Dev {
-            gpu,
-            emu: Some(emu.clone()),
-        },
-        emu,
-    ))
-}
 
 /// An emulated stream handle (never dereferenced by the emulation).
 fn fake_stream(i: usize) -> *mut c_void {
@@ -283,7 +266,8 @@ fn set_layer_waits_for_the_last_apply_not_for_the_context() {
 /// row ids (int64: 8 bytes) and the highway (its element size).
 #[test]
 fn misaligned_device_pointers_are_refused_and_nothing_is_queued() {
-    let Some(dev) = device() else { return };
+    // A device of its own: the launches counted are this test's.
+    let Some(dev) = own_device() else { return };
     let tiny = Tiny::load();
     let m = dev_model(&dev, &tiny);
     let ctx = cuda_context(&dev, &tiny, &m);

@@ -136,6 +136,30 @@ pub fn emulated() -> Option<Dev> {
     emu
 }
 
+/// A fresh emulated device of its own, with its own launch counts and
+/// deferral (`None` where the emulation cannot be had, having said why). The
+/// tests of a binary run in parallel on the shared [`emulated`] device, so a
+/// test that asserts a count of launches, or defers streams, takes this one.
+pub fn own_emulator() -> Option<(Dev, Arc<Emulator>)> {
+    emulated()?;
+    let p = simt_library().expect("the SIMT library").expect("built");
+    let emu = Emulator::load(&p).expect("load the SIMT library");
+    let gpu: Arc<dyn Gpu> = emu.clone();
+    Some((
+        Dev {
+            gpu,
+            emu: Some(emu.clone()),
+        },
+        emu,
+    ))
+}
+
+/// The GPU if there is one, else [`own_emulator`]'s device: for a test that
+/// counts launches on the emulation and runs on the GPU as well.
+pub fn own_device() -> Option<Dev> {
+    real().or_else(|| own_emulator().map(|(d, _)| d))
+}
+
 /// `libengram_simt.so` for this tree's kernels, built if needed
 /// (`ENGRAM_SIMT_LIB` names a prebuilt one); `Ok(None)` without a compiler.
 pub fn simt_library() -> Result<Option<PathBuf>, String> {
