@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::device::{device, skip, Dev};
+use common::device::{dev_model, device, skip, Dev, DevWeights};
 use common::*;
 use engram::backend::{TableIn, TableSource};
 use engram::cuda::gpu::DevBuf;
@@ -39,22 +39,6 @@ fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny, cache: u64, policy: PolicyKind) -
     Context::new(&cfg)
         .and_then(|c| c.with_device_cache_policy(cache, policy))
         .expect("create a CUDA context")
-}
-
-struct DevWeights {
-    table: DevBuf,
-    wkv: DevBuf,
-    q: DevBuf,
-    k: DevBuf,
-}
-
-fn dev_weights(dev: &Dev, l: &LayerData) -> DevWeights {
-    DevWeights {
-        table: dev.upload(&l.table),
-        wkv: dev.upload(&dense_bytes(&l.wkv)),
-        q: dev.upload(&dense_bytes(&l.q)),
-        k: dev.upload(&dense_bytes(&l.k)),
-    }
 }
 
 fn layer_with<'w>(l: &LayerData, source: TableSource<'w>, w: &DevWeights) -> LayerIn<'w> {
@@ -144,7 +128,7 @@ fn run_step(
 fn cached_rows_are_the_device_tables_and_the_uncached_tables_bits() {
     let Some(dev) = device() else { return };
     let tiny = Tiny::load();
-    let w: Vec<DevWeights> = tiny.layers.iter().map(|l| dev_weights(&dev, l)).collect();
+    let w = dev_model(&dev, &tiny);
     let dir = std::env::temp_dir().join(format!("engram-devcache-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tables.bin");
@@ -308,7 +292,7 @@ fn predict(
 fn hits_and_misses_are_what_the_policy_predicts() {
     let Some(dev) = device() else { return };
     let tiny = Tiny::load();
-    let w: Vec<DevWeights> = tiny.layers.iter().map(|l| dev_weights(&dev, l)).collect();
+    let w = dev_model(&dev, &tiny);
     let (cols, per) = (tiny.cols(), tiny.cols() * tiny.layers.len());
     // A hand-made sequence: a hot row in every call, rows coming back after
     // being evicted, duplicates within a call, a dead token.
@@ -415,7 +399,7 @@ fn hits_and_misses_are_what_the_policy_predicts() {
 fn staged_device_ids_read_hits_from_the_cache_and_unstaged_rows_are_reported() {
     let Some(dev) = device() else { return };
     let tiny = Tiny::load();
-    let w: Vec<DevWeights> = tiny.layers.iter().map(|l| dev_weights(&dev, l)).collect();
+    let w = dev_model(&dev, &tiny);
     let on_device = cuda_context(&dev, &tiny, 0, PolicyKind::Lru);
     let host = cuda_context(&dev, &tiny, 5 * 2 * tiny.hd as u64, PolicyKind::S3Fifo);
     for (i, l) in tiny.layers.iter().enumerate() {
@@ -480,7 +464,7 @@ fn staged_device_ids_read_hits_from_the_cache_and_unstaged_rows_are_reported() {
 fn a_budget_the_device_cannot_give_is_err_capacity_and_nothing_is_kept() {
     let Some(dev) = device() else { return };
     let tiny = Tiny::load();
-    let w: Vec<DevWeights> = tiny.layers.iter().map(|l| dev_weights(&dev, l)).collect();
+    let w = dev_model(&dev, &tiny);
     for budget in [u64::MAX, 1u64 << 50] {
         let ctx = cuda_context(&dev, &tiny, budget, PolicyKind::Lru);
         let (dev_bytes, pinned) = (ctx.info().device_bytes, ctx.info().host_bytes);
@@ -566,7 +550,7 @@ fn deferred_work_on_two_streams_keeps_the_bits() {
         return;
     };
     let tiny = Tiny::load();
-    let w: Vec<DevWeights> = tiny.layers.iter().map(|l| dev_weights(&dev, l)).collect();
+    let w = dev_model(&dev, &tiny);
     let on_device = cuda_context(&dev, &tiny, 0, PolicyKind::Lru);
     let host = cuda_context(&dev, &tiny, 3 * 2 * tiny.hd as u64, PolicyKind::Clock);
     for (i, l) in tiny.layers.iter().enumerate() {

@@ -18,7 +18,7 @@
 mod common;
 
 use common::bounds::*;
-use common::device::{device, emulated, Dev};
+use common::device::{dev_model, device, emulated, Dev, DevWeights};
 use common::golden_calls as calls;
 use common::*;
 use engram::cuda::gpu::DevBuf;
@@ -58,28 +58,6 @@ fn sync(dev: &Dev, s: sys::CUstream) {
     dev.gpu.stream_synchronize(s as *mut c_void).unwrap();
 }
 
-/// The tiny model's weights on the device.
-struct DevModel {
-    layers: Vec<(DevBuf, DevBuf, DevBuf, DevBuf)>,
-}
-
-fn dev_model(dev: &Dev, tiny: &Tiny) -> DevModel {
-    DevModel {
-        layers: tiny
-            .layers
-            .iter()
-            .map(|l| {
-                (
-                    dev.upload(&l.table),
-                    dev.upload(&dense_bytes(&l.wkv)),
-                    dev.upload(&dense_bytes(&l.q)),
-                    dev.upload(&dense_bytes(&l.k)),
-                )
-            })
-            .collect(),
-    }
-}
-
 /// The projection a test context uses for few tokens: the defaults (the
 /// decode kernel up to `DEFAULT_DECODE_MAX_TOKENS`), or with the decode
 /// kernel off, the GEMV kernels up to 8 tokens or cuBLAS for every call.
@@ -92,7 +70,7 @@ enum Proj {
 
 /// A CUDA context of the tiny model on `dev` with both layers set, its
 /// projection `proj`.
-fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny, m: &DevModel, proj: Proj) -> Context<'a> {
+fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny, m: &[DevWeights], proj: Proj) -> Context<'a> {
     let mut cfg = tiny.config(Tiny::limits());
     cfg.backend = EngramBackend::Cuda as u32;
     (
@@ -105,19 +83,9 @@ fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny, m: &DevModel, proj: Proj) -> Cont
     };
     cfg.tuning.cuda.device = Some(dev.gpu.clone());
     let ctx = Context::new(&cfg).expect("create a CUDA context");
-    for (l, (t, w, q, k)) in tiny.layers.iter().zip(&m.layers) {
-        ctx.set_layer_device(&DeviceLayerIn {
-            layer_id: l.layer_id,
-            table: t.ptr,
-            table_rows: l.rows,
-            table_type: l.format as u32,
-            wkv: w.ptr,
-            wkv_type: dense_type(&l.wkv),
-            q: q.ptr,
-            k: k.ptr,
-            qk_type: dense_type(&l.q),
-        })
-        .expect("set_layer_device");
+    for (l, w) in tiny.layers.iter().zip(m) {
+        ctx.set_layer_device(&w.layer_in(l))
+            .expect("set_layer_device");
     }
     ctx
 }
@@ -726,7 +694,7 @@ fn errors_found_on_the_device_leave_the_token_and_are_reported_once() {
     let mut table = l.table.clone();
     let rb = tiny.hd + tiny.hd / 32;
     table[row * rb + 3] = 0x7F;
-    m.layers[li].0.write(&table).unwrap();
+    m[li].table.write(&table).unwrap();
     let hw = dev.upload(&hw_in);
     ctx.apply_device(l.layer_id, RowIds::Host(&ids), n, hw.ptr, 0, null)
         .expect("queued");
@@ -753,7 +721,7 @@ fn errors_found_on_the_device_leave_the_token_and_are_reported_once() {
         if what == "non-finite" {
             table[row * rb] = 0x7E; // 448 * 2^127 overflows
         }
-        m.layers[li].0.write(&table).unwrap();
+        m[li].table.write(&table).unwrap();
         let e = ctx
             .stages_device(l.layer_id, RowIds::Host(&ids), n)
             .unwrap_err();
@@ -765,7 +733,7 @@ fn errors_found_on_the_device_leave_the_token_and_are_reported_once() {
         );
         assert!(e.message.contains(status_word), "{what}: {}", e.message);
     }
-    m.layers[li].0.write(&l.table).unwrap();
+    m[li].table.write(&l.table).unwrap();
 }
 
 #[test]
@@ -804,33 +772,20 @@ fn device_arguments_are_checked() {
     assert_eq!(e.status, EngramStatus::ErrCapacity, "{}", e.message);
     // A table shorter than it claims.
     let l = &tiny.layers[0];
-    let (t, w, q, k) = &m.layers[0];
+    let good = m[0].layer_in(l);
     let e = ctx
         .set_layer_device(&DeviceLayerIn {
-            layer_id: l.layer_id,
-            table: t.ptr,
             table_rows: l.rows * 2,
-            table_type: l.format as u32,
-            wkv: w.ptr,
-            wkv_type: dense_type(&l.wkv),
-            q: q.ptr,
-            k: k.ptr,
-            qk_type: dense_type(&l.q),
+            ..good
         })
         .unwrap_err();
     assert_eq!(e.status, EngramStatus::ErrInvalidArgument, "{}", e.message);
     // A wkv shorter than a quantised type's size says so.
     let e = ctx
         .set_layer_device(&DeviceLayerIn {
-            layer_id: l.layer_id,
-            table: t.ptr,
-            table_rows: l.rows,
-            table_type: l.format as u32,
-            wkv: t.ptr,
+            wkv: good.table,
             wkv_type: EngramType::Q8_0 as u32,
-            q: q.ptr,
-            k: k.ptr,
-            qk_type: dense_type(&l.q),
+            ..good
         })
         .unwrap_err();
     assert_eq!(e.status, EngramStatus::ErrInvalidArgument, "{}", e.message);

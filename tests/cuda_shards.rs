@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::device::{device, Dev};
+use common::device::{dev_model, device, Dev, DevWeights};
 use common::*;
 use engram::backend::DevValues;
 use engram::cuda::gpu::DevBuf;
@@ -23,7 +23,7 @@ use engram::{Context, EngramBackend, EngramStatus, HighwayType, ShardSpec, Split
 fn cuda_ctx<'a>(
     dev: &Dev,
     tiny: &'a Tiny,
-    bufs: &[(DevBuf, DevBuf, DevBuf, DevBuf)],
+    bufs: &[DevWeights],
     lim: (Option<usize>, Option<usize>),
 ) -> Context<'a> {
     let mut cfg = tiny.config(Tiny::limits());
@@ -34,19 +34,9 @@ fn cuda_ctx<'a>(
     ) = lim;
     cfg.tuning.cuda.device = Some(dev.gpu.clone());
     let ctx = Context::new(&cfg).expect("a CUDA context");
-    for (l, (t, w, q, k)) in tiny.layers.iter().zip(bufs) {
-        ctx.set_layer_device(&DeviceLayerIn {
-            layer_id: l.layer_id,
-            table: t.ptr,
-            table_rows: l.rows,
-            table_type: l.format as u32,
-            wkv: w.ptr,
-            wkv_type: dense_type(&l.wkv),
-            q: q.ptr,
-            k: k.ptr,
-            qk_type: dense_type(&l.q),
-        })
-        .expect("set_layer_device");
+    for (l, w) in tiny.layers.iter().zip(bufs) {
+        ctx.set_layer_device(&w.layer_in(l))
+            .expect("set_layer_device");
     }
     ctx
 }
@@ -69,18 +59,7 @@ const NULL: *mut std::ffi::c_void = std::ptr::null_mut();
 fn split_calls_on_the_device_give_the_whole_layers_bits() {
     let Some(dev) = device() else { return };
     let tiny = Tiny::load();
-    let bufs: Vec<_> = tiny
-        .layers
-        .iter()
-        .map(|l| {
-            (
-                dev.upload(&l.table),
-                dev.upload(&dense_bytes(&l.wkv)),
-                dev.upload(&dense_bytes(&l.q)),
-                dev.upload(&dense_bytes(&l.k)),
-            )
-        })
-        .collect();
+    let bufs = dev_model(&dev, &tiny);
     let (hd, heads, n1) = (tiny.hd, tiny.heads, tiny.ngram - 1);
     let (k_in, k_out) = (tiny.cols() * hd, tiny.d * (tiny.hc + 1));
     let lid = tiny.layers[0].layer_id;
@@ -211,18 +190,7 @@ fn engram_part(total: usize, rank: u32, world: u32) -> (usize, usize) {
 fn bad_device_arguments_are_refused_with_nothing_queued() {
     let Some(dev) = device() else { return };
     let tiny = Tiny::load();
-    let bufs: Vec<_> = tiny
-        .layers
-        .iter()
-        .map(|l| {
-            (
-                dev.upload(&l.table),
-                dev.upload(&dense_bytes(&l.wkv)),
-                dev.upload(&dense_bytes(&l.q)),
-                dev.upload(&dense_bytes(&l.k)),
-            )
-        })
-        .collect();
+    let bufs = dev_model(&dev, &tiny);
     let (hd, heads) = (tiny.hd, tiny.heads);
     let k_in = tiny.cols() * hd;
     let lid = tiny.layers[0].layer_id;

@@ -22,9 +22,8 @@
 
 mod common;
 
-use common::device::{device, own_device, own_emulator, Dev};
+use common::device::{dev_model, device, own_device, own_emulator, Dev, DevWeights};
 use common::*;
-use engram::cuda::gpu::DevBuf;
 use engram::cuda::sys;
 use engram::formats::{bf16_to_f32, f32_to_bf16};
 use engram::memory::Region;
@@ -36,36 +35,6 @@ fn fake_stream(i: usize) -> *mut c_void {
     (0x1000 * i) as *mut c_void
 }
 
-/// The tiny model's weights on the device, per layer: table, wkv, q, k.
-fn dev_model(dev: &Dev, tiny: &Tiny) -> Vec<[DevBuf; 4]> {
-    tiny.layers
-        .iter()
-        .map(|l| {
-            [
-                dev.upload(&l.table),
-                dev.upload(&dense_bytes(&l.wkv)),
-                dev.upload(&dense_bytes(&l.q)),
-                dev.upload(&dense_bytes(&l.k)),
-            ]
-        })
-        .collect()
-}
-
-fn layer_in(tiny: &Tiny, li: usize, b: &[DevBuf; 4]) -> DeviceLayerIn {
-    let l = &tiny.layers[li];
-    DeviceLayerIn {
-        layer_id: l.layer_id,
-        table: b[0].ptr,
-        table_rows: l.rows,
-        table_type: l.format as u32,
-        wkv: b[1].ptr,
-        wkv_type: dense_type(&l.wkv),
-        q: b[2].ptr,
-        k: b[3].ptr,
-        qk_type: dense_type(&l.q),
-    }
-}
-
 /// The tiny model's configuration on the CUDA backend of `dev`.
 fn cuda_config<'a>(dev: &Dev, tiny: &'a Tiny) -> ContextConfig<'a> {
     let mut cfg = tiny.config(Tiny::limits());
@@ -74,10 +43,10 @@ fn cuda_config<'a>(dev: &Dev, tiny: &'a Tiny) -> ContextConfig<'a> {
     cfg
 }
 
-fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny, m: &[[DevBuf; 4]]) -> Context<'a> {
+fn cuda_context<'a>(dev: &Dev, tiny: &'a Tiny, m: &[DevWeights]) -> Context<'a> {
     let ctx = Context::new(&cuda_config(dev, tiny)).expect("create a CUDA context");
-    for (li, b) in m.iter().enumerate() {
-        ctx.set_layer_device(&layer_in(tiny, li, b))
+    for (l, w) in tiny.layers.iter().zip(m) {
+        ctx.set_layer_device(&w.layer_in(l))
             .expect("set_layer_device");
     }
     ctx
@@ -233,10 +202,11 @@ fn set_layer_waits_for_the_last_apply_not_for_the_context() {
         emu.set_deferred(true);
         ctx.apply_device(lid, RowIds::Host(&ids), n, hw.ptr, 0, s)
             .unwrap();
-        ctx.set_layer_device(&layer_in(&tiny, li, &copy[li]))
+        ctx.set_layer_device(&copy[li].layer_in(&tiny.layers[li]))
             .unwrap();
         // The engine may free the old weights now: poison them.
-        for b in &m[li] {
+        let old = &m[li];
+        for b in [&old.table, &old.wkv, &old.q, &old.k] {
             // SAFETY: emulated device memory is host memory of `b.bytes`.
             unsafe { std::ptr::write_bytes(b.ptr as *mut u8, 0xFF, b.bytes) };
         }
@@ -347,14 +317,14 @@ fn a_token_gets_the_same_bits_in_every_batch_up_to_the_gemv_bound() {
             f32_to_bf16(sign * (1.0 + ((i / k_in) % 4) as f32 / 4.0))
         })
         .collect();
-    m[li][0] = dev.upload(&table);
-    m[li][1] = dev.upload(&wkv);
+    m[li].table = dev.upload(&table);
+    m[li].wkv = dev.upload(&wkv);
     let qk: Vec<u16> = (0..tiny.hc * tiny.d).map(|_| f32_to_bf16(1.0)).collect();
-    m[li][2] = dev.upload(&qk);
-    m[li][3] = dev.upload(&qk);
+    m[li].q = dev.upload(&qk);
+    m[li].k = dev.upload(&qk);
     let cfg = cuda_config(&dev, &tiny);
     let ctx = Context::new(&cfg).expect("create a CUDA context");
-    let mut l = layer_in(&tiny, li, &m[li]);
+    let mut l = m[li].layer_in(&tiny.layers[li]);
     l.wkv_type = EngramType::Bf16 as u32;
     l.qk_type = EngramType::Bf16 as u32;
     ctx.set_layer_device(&l).unwrap();
@@ -496,7 +466,7 @@ fn a_graph_recaptured_after_set_layer_uses_the_new_weights() {
     };
     let want_old = direct(&ctx);
     capture_and_replay(&want_old);
-    let mut l = layer_in(&tiny, li, &m[li]);
+    let mut l = m[li].layer_in(&tiny.layers[li]);
     l.wkv = w2.ptr;
     ctx.set_layer_device(&l).unwrap();
     let want_new = direct(&ctx);
@@ -593,31 +563,31 @@ fn host_copies_wait_for_the_own_stream_not_the_context() {
     );
 }
 
-/// Layer `l`'s table, q and k on the device (`b`), with a block fp8 `wkv` of
+/// Layer `l`'s table, q and k on the device (`w`), with a block fp8 `wkv` of
 /// `codes` and `scales` in 128 x 128 blocks.
 fn fp8_layer<'a>(
     l: &LayerData,
-    b: &[DevBuf; 4],
+    w: &DevWeights,
     codes: Region<'a>,
     scales: Region<'a>,
 ) -> LayerIn<'a> {
     // SAFETY: device buffers of the sizes the geometry implies (the tiny
     // model's table, q and k), alive for the test.
-    let mut w = unsafe {
+    let mut li = unsafe {
         LayerIn::raw(
             l.layer_id,
-            b[0].ptr,
+            w.table.ptr,
             l.format as u32,
             l.rows,
             0,
             EngramType::Fp8E4m3E8m0Block as u32,
-            b[2].ptr,
-            b[3].ptr,
+            w.q.ptr,
+            w.k.ptr,
             dense_type(&l.q),
         )
     };
-    w.wkv = codes;
-    w.wkv_scales = Some(scales);
-    w.wkv_block = (128, 128);
-    w
+    li.wkv = codes;
+    li.wkv_scales = Some(scales);
+    li.wkv_block = (128, 128);
+    li
 }

@@ -8,9 +8,8 @@
 
 mod common;
 
-use common::device::{emulated, real};
+use common::device::{emulated, real, DevWeights};
 use common::*;
-use engram::cuda::gpu::DevBuf;
 use engram::{Context, EngramBackend, EngramStatus, RowIds};
 
 const NULL: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -23,23 +22,8 @@ fn apply_layer0(
 ) -> engram::Result<Vec<u32>> {
     let ctx = Context::new(cfg)?;
     let l = &tiny.layers[0];
-    let bufs: [DevBuf; 4] = [
-        dev.upload(&l.table),
-        dev.upload(&dense_bytes(&l.wkv)),
-        dev.upload(&dense_bytes(&l.q)),
-        dev.upload(&dense_bytes(&l.k)),
-    ];
-    ctx.set_layer_device(&DeviceLayerIn {
-        layer_id: l.layer_id,
-        table: bufs[0].ptr,
-        table_rows: l.rows,
-        table_type: l.format as u32,
-        wkv: bufs[1].ptr,
-        wkv_type: dense_type(&l.wkv),
-        q: bufs[2].ptr,
-        k: bufs[3].ptr,
-        qk_type: dense_type(&l.q),
-    })?;
+    let w = DevWeights::upload(dev, l);
+    ctx.set_layer_device(&w.layer_in(l))?;
     let n = 5;
     let mut ids = vec![0i64; n * ctx.ids_per_token()];
     ctx.hash(&[3, 1, -1, 4, 1], &[0; 5], &[0, 1, 2, 3, 4], &mut ids)?;

@@ -18,6 +18,7 @@
 //! binary of a run shares one build (~20 s). The build itself is
 //! `simt_build.rs`, which `tools/engram-emu` shares.
 
+use super::{dense_bytes, dense_type, DeviceLayerIn, LayerData, Tiny};
 use engram::cuda::emu::Emulator;
 use engram::cuda::gpu::{DevBuf, Gpu};
 use std::path::{Path, PathBuf};
@@ -46,6 +47,49 @@ impl Dev {
     pub fn alloc(&self, bytes: usize) -> DevBuf {
         DevBuf::new(&self.gpu, bytes, "test data").expect("alloc")
     }
+}
+
+/// A layer of the tiny model on a device: its table, `wkv`, `q` and `k` as
+/// the golden holds them.
+pub struct DevWeights {
+    pub table: DevBuf,
+    pub wkv: DevBuf,
+    pub q: DevBuf,
+    pub k: DevBuf,
+}
+
+impl DevWeights {
+    pub fn upload(dev: &Dev, l: &LayerData) -> Self {
+        DevWeights {
+            table: dev.upload(&l.table),
+            wkv: dev.upload(&dense_bytes(&l.wkv)),
+            q: dev.upload(&dense_bytes(&l.q)),
+            k: dev.upload(&dense_bytes(&l.k)),
+        }
+    }
+
+    /// Layer `l`'s `set_layer_device` input over these buffers.
+    pub fn layer_in(&self, l: &LayerData) -> DeviceLayerIn {
+        DeviceLayerIn {
+            layer_id: l.layer_id,
+            table: self.table.ptr,
+            table_rows: l.rows,
+            table_type: l.format as u32,
+            wkv: self.wkv.ptr,
+            wkv_type: dense_type(&l.wkv),
+            q: self.q.ptr,
+            k: self.k.ptr,
+            qk_type: dense_type(&l.q),
+        }
+    }
+}
+
+/// Every layer of the tiny model on `dev`.
+pub fn dev_model(dev: &Dev, tiny: &Tiny) -> Vec<DevWeights> {
+    tiny.layers
+        .iter()
+        .map(|l| DevWeights::upload(dev, l))
+        .collect()
 }
 
 /// Say that the calling test checks nothing in this configuration, and why:
