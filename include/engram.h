@@ -882,18 +882,13 @@ typedef struct engram_safetensors_options {
    */
   uint64_t device_cache_bytes;
   /*
-   A shard context (docs/sharding.md "Shard contexts"): the context
-   holds part `shard_table_rank` of `shard_table_world` of every layer's
-   table rows and part `shard_wkv_rank` of `shard_wkv_world` of `wkv`'s
-   outputs, as `engram_context_set_shard` makes it, and the loader reads
-   (and converts) only that part of `wkv` and its scales, so a rank's
-   memory for `wkv` is its share (`engram_context_memory`); table rows
-   are read only when gathered, only the rank's. A later
-   `engram_context_set_shard` may narrow the part but not leave it.
-   `(0, 1, 0, 1)` (the default): the whole layer. A world of 0 or a rank
-   not below its world is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` at create.
-   (A struct from an older header ends before these fields: the whole
-   layer.)
+   As in `engram_gguf_options`: a shard context (docs/sharding.md
+   "Shard contexts") holding part `shard_table_rank` of
+   `shard_table_world` of every layer's table rows and part
+   `shard_wkv_rank` of `shard_wkv_world` of `wkv`'s outputs, the loader
+   reading only that part of `wkv` and its scales. `(0, 1, 0, 1)` (the
+   default): the whole layer. (A struct from an older header ends before
+   these fields: the whole layer.)
    */
   uint32_t shard_table_rank;
   uint32_t shard_table_world;

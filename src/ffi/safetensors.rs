@@ -67,18 +67,13 @@ pub struct EngramSafetensorsOptions {
     /// default: none; ignored by the CPU backend). (A struct from a 0.3
     /// header ends before this field.)
     pub device_cache_bytes: u64,
-    /// A shard context (docs/sharding.md "Shard contexts"): the context
-    /// holds part `shard_table_rank` of `shard_table_world` of every layer's
-    /// table rows and part `shard_wkv_rank` of `shard_wkv_world` of `wkv`'s
-    /// outputs, as `engram_context_set_shard` makes it, and the loader reads
-    /// (and converts) only that part of `wkv` and its scales, so a rank's
-    /// memory for `wkv` is its share (`engram_context_memory`); table rows
-    /// are read only when gathered, only the rank's. A later
-    /// `engram_context_set_shard` may narrow the part but not leave it.
-    /// `(0, 1, 0, 1)` (the default): the whole layer. A world of 0 or a rank
-    /// not below its world is `ENGRAM_STATUS_ERR_INVALID_ARGUMENT` at create.
-    /// (A struct from an older header ends before these fields: the whole
-    /// layer.)
+    /// As in `engram_gguf_options`: a shard context (docs/sharding.md
+    /// "Shard contexts") holding part `shard_table_rank` of
+    /// `shard_table_world` of every layer's table rows and part
+    /// `shard_wkv_rank` of `shard_wkv_world` of `wkv`'s outputs, the loader
+    /// reading only that part of `wkv` and its scales. `(0, 1, 0, 1)` (the
+    /// default): the whole layer. (A struct from an older header ends before
+    /// these fields: the whole layer.)
     pub shard_table_rank: u32,
     pub shard_table_world: u32,
     pub shard_wkv_rank: u32,
