@@ -134,10 +134,7 @@ fn split_calls_on_the_device_give_the_whole_layers_bits() {
                     ctx.kv_columns_device(lid, n, fv, (o0, o1), mv, NULL)
                         .unwrap();
                     let m = mine.read::<u16>(n * (o1 - o0)).unwrap();
-                    for t in 0..n {
-                        kv[t * k_out + o0..t * k_out + o1]
-                            .copy_from_slice(&m[t * (o1 - o0)..(t + 1) * (o1 - o0)]);
-                    }
+                    join_columns(&mut kv, k_out, (o0, o1), &m);
                 }
                 // The joined kv of the live tokens is read_back's.
                 for t in (0..n).filter(|&t| t != 2) {

@@ -148,10 +148,7 @@ fn check_model(which: &str, mmap: bool) {
                     SplitOut::F32(&mut mine),
                 )
                 .unwrap();
-                for t in 0..n {
-                    kv[t * k_out + o0..t * k_out + o1]
-                        .copy_from_slice(&mine[t * (o1 - o0)..(t + 1) * (o1 - o0)]);
-                }
+                join_columns(&mut kv, k_out, (o0, o1), &mine);
             }
             let last = &ctxs[ctxs.len() - 1];
             last.gate_from_kv(l, &ids, n, SplitIn::F32(&kv), Highway::F32(&mut hw))

@@ -104,10 +104,7 @@ fn fp8_wkv_and_table_shards_give_apply_bits_with_every_kernel() {
                     SplitOut::F32(&mut mine),
                 )
                 .unwrap();
-                for t in 0..n {
-                    kv[t * k_out + o0..t * k_out + o1]
-                        .copy_from_slice(&mine[t * (o1 - o0)..(t + 1) * (o1 - o0)]);
-                }
+                join_columns(&mut kv, k_out, (o0, o1), &mine);
             }
             let mut a = x.clone();
             whole

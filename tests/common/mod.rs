@@ -121,6 +121,17 @@ pub fn f32_bits(v: &Value) -> Vec<f32> {
         .collect()
 }
 
+/// Put one rank's `kv` columns `[o0, o1)` (`part`: `[n, o1 - o0]`) into the
+/// joined `kv` (`[n, k_out]`), as an engine's all-gather joins them.
+pub fn join_columns<T: Copy>(kv: &mut [T], k_out: usize, (o0, o1): (usize, usize), part: &[T]) {
+    if o1 == o0 {
+        return;
+    }
+    for (row, p) in kv.chunks_exact_mut(k_out).zip(part.chunks_exact(o1 - o0)) {
+        row[o0..o1].copy_from_slice(p);
+    }
+}
+
 // ---- the tiny model ----
 
 /// A layer's weights, owned; borrowed by the context.
