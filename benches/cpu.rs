@@ -995,10 +995,11 @@ fn bench_bf16(threads: usize, bw: f64, rng: &mut Rng) {
         .collect();
     let ws: Vec<Weights<'_>> = wkv.chunks(K_IN * K_OUT).map(Weights::Bf16).collect();
     let ctx = model.context(threads, &ws);
-    // Our kernel's GEMM rate on a large problem (the projection alone).
-    let gemm_ours = {
+    // A kernel's GEMM rate on a large problem (the projection alone); `None`:
+    // the kernel this run uses.
+    let mut gemm_rate = |kernel: Option<Kernel>| {
         let mut p = Projection::new(threads).unwrap();
-        if let Some(k) = kernel_env() {
+        if let Some(k) = kernel {
             p.set_kernel(k);
         }
         let (n, o) = (512usize, 2048usize);
@@ -1010,20 +1011,12 @@ fn bench_bf16(threads: usize, bw: f64, rng: &mut Rng) {
         });
         2.0 * (n * o * K_IN) as f64 / t
     };
+    let gemm_ours = gemm_rate(kernel_env());
     // Where the amx kernel runs, the avx512 kernel's rate in the same run
     // (its floor: what the machine gave before AMX).
     let uses_amx = kernel_env().unwrap_or(Kernel::detect()) == Kernel::Amx;
     if uses_amx {
-        let mut p = Projection::new(threads).unwrap();
-        p.set_kernel(Kernel::Avx512);
-        let (n, o) = (512usize, 2048usize);
-        let x: Vec<u16> = (0..n * K_IN).map(|_| f32_to_bf16(rng.f32())).collect();
-        let mut kv = vec![0f32; n * o];
-        let t = median(3, 0.5, || {
-            p.run(&x, n, K_IN, Weights::Bf16(&wkv[..o * K_IN]), o, &mut kv)
-                .unwrap()
-        });
-        let g = 2.0 * (n * o * K_IN) as f64 / t;
+        let g = gemm_rate(Some(Kernel::Avx512));
         println!(
             "GEMM rate (512 x 2048 x {K_IN}): amx {:.1} GFLOP/s, avx512 {:.1} GFLOP/s (amx/avx512 {:.2}x)",
             gemm_ours / 1e9,
