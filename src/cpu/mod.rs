@@ -199,7 +199,7 @@ impl<'w> Backend<'w> for CpuBackend<'w> {
         let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
         BackendInfo {
             kind: EngramBackend::Cpu,
-            kernel: format!("{:?}", self.kernel()).to_lowercase(),
+            kernel: self.kernel().c_name().to_string_lossy().into_owned(),
             host_bytes: layers.iter().flatten().map(|l| l.qk.len() * 4).sum(),
             device_bytes: 0,
             stage: self.stager.stats(),

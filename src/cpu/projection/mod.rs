@@ -110,16 +110,29 @@ impl Kernel {
         }
     }
 
-    /// A kernel by its name (`portable`, `avx2`, `avx512`, `avx512bf16`,
-    /// `amx`), as benchmarks and tests name them.
+    /// A kernel by its name ([`Kernel::c_name`], any case), as
+    /// `ENGRAM_CPU_KERNEL`, benchmarks and tests name them.
     pub fn from_name(name: &str) -> Option<Kernel> {
-        match name.to_ascii_lowercase().as_str() {
-            "portable" => Some(Kernel::Portable),
-            "avx2" => Some(Kernel::Avx2),
-            "avx512" => Some(Kernel::Avx512),
-            "avx512bf16" => Some(Kernel::Avx512Bf16),
-            "amx" => Some(Kernel::Amx),
-            _ => None,
+        [
+            Kernel::Portable,
+            Kernel::Avx2,
+            Kernel::Avx512,
+            Kernel::Avx512Bf16,
+            Kernel::Amx,
+        ]
+        .into_iter()
+        .find(|k| k.c_name().to_bytes().eq_ignore_ascii_case(name.as_bytes()))
+    }
+
+    /// The kernel's name (`portable`, `avx2`, `avx512`, `avx512bf16`, `amx`),
+    /// NUL-terminated (`engram_context_info`'s `cpu_kernel`).
+    pub fn c_name(self) -> &'static std::ffi::CStr {
+        match self {
+            Kernel::Portable => c"portable",
+            Kernel::Avx2 => c"avx2",
+            Kernel::Avx512 => c"avx512",
+            Kernel::Avx512Bf16 => c"avx512bf16",
+            Kernel::Amx => c"amx",
         }
     }
 }
@@ -135,20 +148,6 @@ pub fn amx_status() -> std::result::Result<(), String> {
     #[cfg(not(target_arch = "x86_64"))]
     {
         Err("not x86-64".to_string())
-    }
-}
-
-impl Kernel {
-    /// The kernel's name as `ENGRAM_CPU_KERNEL` spells it, NUL-terminated
-    /// (`engram_context_info`'s `cpu_kernel`).
-    pub fn c_name(self) -> &'static std::ffi::CStr {
-        match self {
-            Kernel::Portable => c"portable",
-            Kernel::Avx2 => c"avx2",
-            Kernel::Avx512 => c"avx512",
-            Kernel::Avx512Bf16 => c"avx512bf16",
-            Kernel::Amx => c"amx",
-        }
     }
 }
 
