@@ -591,19 +591,15 @@ impl LoadedModel {
                     scales: None,
                 })
             }
-            WeightSource::F16 if held.bytes == b.bytes => {
-                let raw = self.read_blob(b)?;
-                let (data, ty) = convert_f16(raw.as_slice(), &b.name, f16_to_f32, None)?;
-                Ok(LoadedWeight {
-                    data: WeightData::Owned(data),
-                    ty,
-                    scales: None,
-                })
-            }
             WeightSource::F16 => {
-                let exact = self.f16_exact(b, f16_to_f32)?;
+                // A part takes the whole weight's choice of format.
+                let whole_exact = if held.bytes == b.bytes {
+                    None
+                } else {
+                    Some(self.f16_exact(b, f16_to_f32)?)
+                };
                 let raw = self.read_blob(&held)?;
-                let (data, ty) = convert_f16(raw.as_slice(), &b.name, f16_to_f32, Some(exact))?;
+                let (data, ty) = convert_f16(raw.as_slice(), &b.name, f16_to_f32, whole_exact)?;
                 Ok(LoadedWeight {
                     data: WeightData::Owned(data),
                     ty,
